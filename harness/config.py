@@ -1,0 +1,303 @@
+"""harness.toml -> a typed, validated `Config`.
+
+Every problem is one `ConfigError` naming the file, the dotted key and what was expected, e.g.
+`harness.toml: hosts.gpu.container.shm_size: expected a string like "16g", got 16`.
+
+The schema lives in the dataclasses below: each field's type annotation is what the TOML value
+must be, so adding an option is adding a field (with a default and a comment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from harness.errors import ConfigError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG_NAME = "harness.toml"
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SIZE_RE = re.compile(r"^\d+[bkmgBKMG]?$")
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """How stages run inside Docker on a host whose runtime is "docker"."""
+
+    image: str = "harness-eagle3"  # repository name; the tag is a content hash of container/
+    base_image: str = "vllm/vllm-openai:v0.33.0"  # build argument BASE_IMAGE
+    dockerfile: str = "container/Dockerfile"
+    gpus: Union[str, int, list[int]] = "all"  # "all", a count, or a list of device indices
+    shm_size: str = "16g"
+    ipc: str = "host"
+    mounts: list[str] = field(default_factory=list)  # "host_path:container_path[:ro]"
+    ca_bundle: str = ""  # host path of an extra CA bundle (TLS-inspecting proxies); "" for none
+    build_args: dict[str, str] = field(default_factory=dict)
+    python: str = "python3"  # interpreter inside the image
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One machine. Exactly one of `ssh` or `local = true`."""
+
+    name: str = ""
+    ssh: str = ""  # "user@host:port", "host", or an alias from ~/.ssh/config
+    local: bool = False
+    workdir: str = "~/harness"  # where synced code, runs and outputs live on the host
+    runtime: Literal["docker", "host"] = "host"
+    python: str = "python3"  # interpreter on the host (runtime = "host")
+    env: list[str] = field(default_factory=list)  # names passed through; values never stored
+    identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
+    connect_timeout: float = 10.0
+    data_dir: str = ""  # where large outputs go if not under workdir
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+
+    @property
+    def is_local(self) -> bool:
+        return self.local
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """Several hosts used as one (multi-node torchrun, parallel sync/build)."""
+
+    name: str = ""
+    hosts: list[str] = field(default_factory=list)
+    rdzv_port: int = 29500  # c10d rendezvous port on the first host
+    rdzv_host: str = ""  # address the other nodes use to reach the first; default: its ssh host
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """What `harness sync` pushes (paths relative to the config file's directory)."""
+
+    paths: list[str] = field(default_factory=lambda: ["remote_scripts", "container", "harness.toml"])
+    exclude: list[str] = field(default_factory=list)  # gitignore-style patterns
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The EAGLE-3 pipeline. Paths are on the host, relative to the workdir unless absolute.
+
+    `stages.<name>` tables hold extra command-line options passed to that stage's script,
+    e.g. `[pipeline.stages.train] epochs = 20` becomes `--epochs 20`.
+    """
+
+    verifier: str = "outputs/tiny-verifier"
+    data: str = "outputs/chat.jsonl"
+    output_dir: str = "outputs"
+    max_seq_len: int = 256
+    target_layer_ids: list[int] = field(default_factory=list)  # empty: [2, N//2, N-3]
+    speculative_tokens: int = 3
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    hosts: dict[str, HostConfig]
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+    @property
+    def root(self) -> Path:
+        """Directory the config lives in: sync paths are relative to it."""
+        return self.path.parent
+
+    def host(self, name: str) -> HostConfig:
+        if name in self.hosts:
+            return self.hosts[name]
+        known = ", ".join(sorted(self.hosts)) or "none"
+        raise ConfigError(str(self.path), f"hosts.{name}", f"unknown host (configured: {known})")
+
+    def targets(self, name: str) -> list[HostConfig]:
+        """A host name or a group name -> the hosts it stands for, in order."""
+        if name in self.groups:
+            return [self.host(h) for h in self.groups[name].hosts]
+        if name in self.hosts:
+            return [self.hosts[name]]
+        known = ", ".join(sorted([*self.hosts, *self.groups])) or "none"
+        raise UsageError(f"{self.path}: unknown host or group {name!r} (configured: {known})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def find_config(explicit: str | os.PathLike[str] | None = None) -> Path:
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"{path}: config file not found")
+        return path
+    path = Path.cwd() / DEFAULT_CONFIG_NAME
+    if not path.is_file():
+        raise UsageError(f"no {DEFAULT_CONFIG_NAME} in {Path.cwd()} (run `harness init` or pass --config PATH)")
+    return path
+
+
+def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
+    path = find_config(explicit)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), "(syntax)", f"invalid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "(encoding)", "expected UTF-8 text") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: dict[str, Any], path: Path) -> Config:
+    file = str(path)
+    _reject_unknown(file, "", raw, {"hosts", "groups", "sync", "pipeline"})
+    hosts_raw = raw.get("hosts", {})
+    _expect(file, "hosts", hosts_raw, dict, "a table of [hosts.NAME] tables")
+    hosts: dict[str, HostConfig] = {}
+    for name, table in hosts_raw.items():
+        key = f"hosts.{name}"
+        if not HOST_NAME_RE.match(name):
+            raise ConfigError(file, key, "host names are letters, digits, '.', '_' and '-'")
+        _expect(file, key, table, dict, "a table")
+        host = _build(HostConfig, {**table, "name": name}, file, key)
+        _validate_host(file, key, host)
+        hosts[name] = host
+
+    groups: dict[str, GroupConfig] = {}
+    groups_raw = raw.get("groups", {})
+    _expect(file, "groups", groups_raw, dict, "a table of [groups.NAME] tables")
+    for name, table in groups_raw.items():
+        key = f"groups.{name}"
+        _expect(file, key, table, dict, "a table")
+        group = _build(GroupConfig, {**table, "name": name}, file, key)
+        if name in hosts:
+            raise ConfigError(file, key, "a group cannot have the name of a host")
+        if not group.hosts:
+            raise ConfigError(file, f"{key}.hosts", "expected at least one host name")
+        for h in group.hosts:
+            if h not in hosts:
+                raise ConfigError(file, f"{key}.hosts", f"unknown host {h!r} (configured: {', '.join(sorted(hosts)) or 'none'})")
+        if len(set(group.hosts)) != len(group.hosts):
+            raise ConfigError(file, f"{key}.hosts", "a host appears twice")
+        groups[name] = group
+
+    sync = _build(SyncConfig, raw.get("sync", {}), file, "sync")
+    for p in sync.paths:
+        if os.path.isabs(p) or ".." in Path(p).parts:
+            raise ConfigError(file, "sync.paths", f"expected paths inside the project, got {p!r}")
+    pipeline = _build(PipelineConfig, raw.get("pipeline", {}), file, "pipeline")
+    return Config(path=path.resolve(), hosts=hosts, groups=groups, sync=sync, pipeline=pipeline)
+
+
+def _validate_host(file: str, key: str, host: HostConfig) -> None:
+    if host.local and host.ssh:
+        raise ConfigError(file, key, "set either ssh = \"user@host[:port]\" or local = true, not both")
+    if not host.local and not host.ssh:
+        raise ConfigError(file, key, "expected ssh = \"user@host[:port]\" (or an ~/.ssh/config alias) or local = true")
+    for name in host.env:
+        if not ENV_NAME_RE.match(name):
+            raise ConfigError(file, f"{key}.env", f"expected environment variable names, got {name!r}")
+    if host.connect_timeout <= 0:
+        raise ConfigError(file, f"{key}.connect_timeout", "expected a positive number of seconds")
+    c = host.container
+    if not SIZE_RE.match(c.shm_size):
+        raise ConfigError(file, f"{key}.container.shm_size", f'expected a size like "16g", got {c.shm_size!r}')
+    if isinstance(c.gpus, str) and c.gpus not in ("all", "none"):
+        raise ConfigError(file, f"{key}.container.gpus", f'expected "all", "none", a count or a list of indices, got {c.gpus!r}')
+    if isinstance(c.gpus, int) and c.gpus < 0:
+        raise ConfigError(file, f"{key}.container.gpus", "expected a count >= 0")
+    for m in c.mounts:
+        parts = m.split(":")
+        if len(parts) not in (2, 3) or not parts[0] or not parts[1].startswith("/") or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise ConfigError(file, f"{key}.container.mounts", f'expected "host_path:/container/path[:ro]", got {m!r}')
+
+
+def _reject_unknown(file: str, prefix: str, table: dict[str, Any], allowed: set[str]) -> None:
+    for k in table:
+        if k not in allowed:
+            where = f"{prefix}.{k}" if prefix else k
+            raise ConfigError(file, where, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+
+
+def _expect(file: str, key: str, value: Any, typ: type, what: str) -> None:
+    if not isinstance(value, typ):
+        raise ConfigError(file, key, f"expected {what}, got {_describe(value)}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"boolean {value}".lower()
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _build(cls: type, table: Any, file: str, prefix: str) -> Any:
+    """Build dataclass `cls` from a TOML table, checking every key and type."""
+    _expect(file, prefix, table, dict, "a table")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _reject_unknown(file, prefix, table, set(fields))
+    kwargs = {}
+    for name, value in table.items():
+        key = f"{prefix}.{name}"
+        kwargs[name] = _coerce(hints[name], value, file, key)
+    return cls(**kwargs)
+
+
+def _coerce(typ: Any, value: Any, file: str, key: str) -> Any:
+    origin = typing.get_origin(typ)
+    if dataclasses.is_dataclass(typ):
+        return _build(typ, value, file, key)
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(file, key, f"expected one of {', '.join(repr(c) for c in choices)}, got {_describe(value)}")
+        return value
+    if origin is Union:
+        for option in typing.get_args(typ):
+            try:
+                return _coerce(option, value, file, key)
+            except ConfigError:
+                continue
+        names = " or ".join(_type_name(o) for o in typing.get_args(typ))
+        raise ConfigError(file, key, f"expected {names}, got {_describe(value)}")
+    if origin is list:
+        (item,) = typing.get_args(typ)
+        _expect(file, key, value, list, f"a list of {_type_name(item)}")
+        return [_coerce(item, v, file, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(typ)
+        _expect(file, key, value, dict, "a table")
+        return {k: _coerce(item, v, file, f"{key}.{k}") for k, v in value.items()}
+    if typ is Any:
+        return value
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(file, key, f"expected a number, got {_describe(value)}")
+        return float(value)
+    if typ is int and isinstance(value, bool):
+        raise ConfigError(file, key, f"expected an integer, got {_describe(value)}")
+    if not isinstance(value, typ):
+        raise ConfigError(file, key, f"expected {_type_name(typ)}, got {_describe(value)}")
+    return value
+
+
+def _type_name(typ: Any) -> str:
+    origin = typing.get_origin(typ)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(typ)[0])}"
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}.get(typ, getattr(typ, "__name__", str(typ)))

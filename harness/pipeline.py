@@ -1,0 +1,133 @@
+"""The stage graph: which script each stage runs, with which arguments, in which order.
+
+A stage is a plain command line (`python remote_scripts/<script>.py --flag value ...`) that any
+engineer can also run by hand on the GPU box. Paths are relative to the host's workdir (the
+job's working directory) unless absolute. `[pipeline.stages.<name>]` tables in harness.toml add or
+override flags: `epochs = 20` -> `--epochs 20`, `compile = true` -> `--compile`,
+`layers = [2, 5]` -> `--layers 2 5`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.config import PipelineConfig
+from harness.errors import UsageError
+
+SCRIPTS_DIR = "remote_scripts"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    script: str  # file under remote_scripts/
+    summary: str
+    distributed: bool = False  # launched with torchrun over the host's GPUs (and across hosts)
+
+
+STAGES: dict[str, Stage] = {
+    s.name: s
+    for s in [
+        Stage("verifier", "make_tiny_verifier.py", "build (and briefly train) the tiny demo verifier and its chat data"),
+        Stage("prepare", "prepare_data.py", "tokenize chat data with the verifier's chat template"),
+        Stage("extract", "extract_hidden_states.py", "verifier hidden states -> hs_<i>.safetensors", distributed=True),
+        Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True),
+        Stage("evaluate", "evaluate.py", "acceptance length of the draft against the verifier"),
+        Stage("export", "export.py", "a checkpoint vLLM can serve, and its vllm serve command"),
+    ]
+}
+# The full chain on a real verifier; the demo prepends "verifier".
+DEFAULT_CHAIN = ["prepare", "extract", "train", "evaluate", "export"]
+DEMO_CHAIN = ["verifier", *DEFAULT_CHAIN]
+
+
+@dataclass(frozen=True)
+class StagePaths:
+    """Where each stage reads and writes, relative to the workdir."""
+
+    verifier: str
+    data: str
+    prepared: str
+    hidden_states: str
+    checkpoints: str
+    evaluation: str
+    export: str
+
+    @classmethod
+    def from_config(cls, p: PipelineConfig) -> "StagePaths":
+        out = p.output_dir.rstrip("/")
+        return cls(
+            verifier=p.verifier,
+            data=p.data,
+            prepared=f"{out}/prepared",
+            hidden_states=f"{out}/hidden_states",
+            checkpoints=f"{out}/checkpoints",
+            evaluation=f"{out}/eval",
+            export=f"{out}/export",
+        )
+
+
+def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
+    """The flags the harness passes to a stage, before the config's overrides."""
+    paths = StagePaths.from_config(p)
+    layers = {"layers": p.target_layer_ids} if p.target_layer_ids else {}
+    by_stage: dict[str, dict[str, Any]] = {
+        "verifier": {"output": paths.verifier, "data_out": paths.data},
+        "prepare": {"verifier": paths.verifier, "data": paths.data, "output": paths.prepared, "max_seq_len": p.max_seq_len},
+        "extract": {"verifier": paths.verifier, "prepared": paths.prepared, "output": paths.hidden_states, **layers},
+        "train": {
+            "verifier": paths.verifier,
+            "prepared": paths.prepared,
+            "hidden_states": paths.hidden_states,
+            "output": paths.checkpoints,
+            "speculative_tokens": p.speculative_tokens,
+        },
+        "evaluate": {
+            "verifier": paths.verifier,
+            "draft": paths.checkpoints,
+            "data": paths.data,
+            "output": paths.evaluation,
+            "speculative_tokens": p.speculative_tokens,
+        },
+        "export": {"draft": paths.checkpoints, "verifier": paths.verifier, "output": paths.export},
+    }
+    return by_stage[stage]
+
+
+def to_flags(args: dict[str, Any]) -> list[str]:
+    """{"max_seq_len": 256, "compile": True, "layers": [2, 5]} -> ["--max-seq-len", "256", "--compile", "--layers", "2", "5"]."""
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_path: str | None = None) -> list[str]:
+    """The command line of one stage (without a torchrun launcher; see jobs for that)."""
+    if stage not in STAGES:
+        raise UsageError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+    args = {**default_args(stage, p), **p.stages.get(stage, {})}
+    if events_path:
+        args["events"] = events_path
+    return [python, f"{SCRIPTS_DIR}/{STAGES[stage].script}", *to_flags(args)]
+
+
+def resolve_chain(requested: list[str]) -> list[str]:
+    """Validate stage names; "all" means the default chain. Order is kept as given."""
+    if not requested or requested == ["all"]:
+        return list(DEFAULT_CHAIN)
+    if requested == ["demo"]:
+        return list(DEMO_CHAIN)
+    unknown = [s for s in requested if s not in STAGES]
+    if unknown:
+        raise UsageError(f"unknown stage {unknown[0]!r} (stages: {', '.join(STAGES)}, or 'all')")
+    return requested

@@ -1,0 +1,134 @@
+"""The transport interface: how the laptop reaches one host.
+
+Everything above this layer (sync, pull, runtimes, jobs, inspect, doctor) talks to a host only
+through a `Transport`, so the embedded default (LocalTransport) and a GPU box (SSHTransport) run
+the same code path.
+
+Commands are argument vectors, never shell strings: the transport quotes them for the remote
+shell in one place (`quote_argv`). Where a pipeline or redirection is really needed, callers pass
+`["sh", "-c", script, "sh", *args]` and keep user data in the positional args.
+"""
+
+from __future__ import annotations
+
+import abc
+import shlex
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from harness.errors import RemoteCommandError
+
+# A sink for streamed output: called with each chunk as it arrives.
+OutputSink = Callable[[bytes], None]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stdout: bytes = b""  # empty when stdout was streamed to a sink
+    stderr: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class RemoteStat:
+    size: int
+    mode: int  # st_mode, with the file type bits
+    mtime: float
+    is_dir: bool
+    is_link: bool
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """The one place an argument vector becomes a POSIX shell command line."""
+    if not argv:
+        raise ValueError("empty command")
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class Transport(abc.ABC):
+    """One host. Open once per CLI command and reuse for every operation (`with connect(...)`)."""
+
+    #: the configured host name, for messages
+    name: str
+
+    # -- commands -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        timeout: float | None = None,
+    ) -> RunResult:
+        """Run argv on the host and wait for it.
+
+        stdout/stderr: None captures into the result; a sink receives chunks live, in order.
+        env: extra variables for this command. Their values never appear on a command line
+        (remote `ps`, sshd logs) nor in any file: secrets travel this way.
+        """
+
+    def check(self, argv: Sequence[str], **kwargs) -> RunResult:
+        """run() that raises RemoteCommandError on a non-zero exit (for our own helper commands)."""
+        result = self.run(argv, **kwargs)
+        if result.exit_code != 0:
+            raise RemoteCommandError(quote_argv(argv), result.exit_code, result.stderr.decode("utf-8", "replace"))
+        return result
+
+    @abc.abstractmethod
+    def run_pty(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> int:
+        """Run argv interactively on a real PTY wired to this terminal (window size, Ctrl-C);
+        return its exit code."""
+
+    @abc.abstractmethod
+    def local_argv(self, argv: Sequence[str]) -> list[str]:
+        """A command line for THIS machine that runs argv on the host, with stdin/stdout piped
+        straight through (OpenSSH for SSH hosts, argv itself for the local host). Used for bulk
+        byte streams, which OpenSSH moves about twice as fast as paramiko."""
+
+    # -- files ------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put_bytes(self, data: bytes, path: str, mode: int | None = None) -> None:
+        """Write a small file atomically (temporary name, then rename); parents are created."""
+
+    @abc.abstractmethod
+    def get_bytes(self, path: str) -> bytes:
+        """Read a small file. Raises FileNotFoundError."""
+
+    @abc.abstractmethod
+    def stat(self, path: str) -> RemoteStat | None:
+        """lstat() of path on the host, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def home(self) -> str:
+        """The user's home directory on the host (to expand `~` in configured paths)."""
+
+    def expand(self, path: str) -> str:
+        """Expand a leading `~` the way the host sees it."""
+        if path == "~" or path.startswith("~/"):
+            return self.home() + path[1:]
+        return path
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,112 @@
+"""Stage progress as JSON lines: the seam between the GPU side and the laptop.
+
+Each stage appends one JSON object per line to `events.jsonl` (path from `--events` or the
+HARNESS_EVENTS environment variable; when neither is set, events are only echoed to stderr
+as human-readable lines, so a stage run by hand stays readable).
+
+Schema, one object per line, every object has "t" (unix seconds), "stage" and "event":
+  {"event": "started",  "args": {...}}                               stage began
+  {"event": "progress", "step": k, "total": n, "unit": "samples"}    k of n done
+  {"event": "metric",   "step": k, "metrics": {"loss": 1.2, ...}}   numbers for curves
+  {"event": "artifact", "path": "...", "kind": "checkpoint"}         a file/dir worth pulling
+  {"event": "message",  "text": "..."}                               a human note
+  {"event": "finished", "status": "ok" | "failed", "error": "..."}   stage ended
+
+The laptop (harness.jobs / the CLI) renders progress events as bars and metric events as tables
+and plots. This module never imports harness (remote_scripts/ must run without it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+EVENTS_ENV = "HARNESS_EVENTS"
+
+
+class EventLog:
+    def __init__(self, stage: str, path: str | None = None, echo: bool = True):
+        self.stage = stage
+        self.path = path or os.environ.get(EVENTS_ENV) or None
+        self.echo = echo
+        self._last_progress_echo = 0.0
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        record = {"t": round(time.time(), 3), "stage": self.stage, "event": event, **fields}
+        if self.path:
+            # One write() per line with O_APPEND: concurrent writers (ranks) never interleave lines.
+            line = (json.dumps(record, default=str) + "\n").encode()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        if self.echo:
+            self._echo(event, fields)
+
+    def _echo(self, event: str, fields: dict[str, Any]) -> None:
+        if event == "progress":
+            now = time.monotonic()
+            done = fields.get("step") == fields.get("total")
+            if now - self._last_progress_echo < 5.0 and not done:
+                return  # keep plain logs readable: at most one progress line per 5 s
+            self._last_progress_echo = now
+            text = f"{fields.get('step')}/{fields.get('total')} {fields.get('unit', '')}".strip()
+        elif event == "metric":
+            metrics = fields.get("metrics", {})
+            text = f"step {fields.get('step')}: " + " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+        elif event == "artifact":
+            text = f"wrote {fields.get('kind', 'artifact')}: {fields.get('path')}"
+        elif event == "message":
+            text = str(fields.get("text"))
+        elif event == "finished":
+            text = f"finished: {fields.get('status')}" + (f" ({fields['error']})" if fields.get("error") else "")
+        else:
+            text = json.dumps(fields, default=str)[:200]
+        print(f"[{self.stage}] {event}: {text}", file=sys.stderr, flush=True)
+
+    # Convenience wrappers: the names say what the laptop will show.
+    def started(self, **args: Any) -> None:
+        self.emit("started", args=args)
+
+    def progress(self, step: int, total: int, unit: str = "steps") -> None:
+        self.emit("progress", step=step, total=total, unit=unit)
+
+    def metric(self, step: int, **metrics: float) -> None:
+        self.emit("metric", step=step, metrics=metrics)
+
+    def artifact(self, path: str, kind: str) -> None:
+        self.emit("artifact", path=os.path.abspath(path), kind=kind)
+
+    def message(self, text: str) -> None:
+        self.emit("message", text=text)
+
+    def finished(self, status: str = "ok", error: str | None = None, **extra: Any) -> None:
+        fields: dict[str, Any] = {"status": status, **extra}
+        if error:
+            fields["error"] = error
+        self.emit("finished", **fields)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    """Parse an events.jsonl, skipping a torn last line (the writer may be mid-append)."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
