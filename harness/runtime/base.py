@@ -1,0 +1,38 @@
+"""How a command runs on a host: directly (HostRuntime) or inside the ML container (DockerRuntime).
+
+A runtime turns "run this argv in the stage environment" into a host-level argv that a Transport
+executes. Jobs, `harness exec`, `harness shell`, `harness inspect` and doctor all go through
+`wrap`, so they see exactly the interpreter, image, mounts and environment the stages see.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Sequence
+
+from harness.config import HostConfig
+
+
+@dataclass(frozen=True)
+class WrapOptions:
+    interactive: bool = False  # keep stdin open and allocate a TTY inside (shell, exec --pty)
+    env_names: tuple[str, ...] = ()  # variables passed through BY NAME (values come from the
+    # transport's env, never from the command line)
+    labels: tuple[tuple[str, str], ...] = ()  # docker labels (run id, stage)
+    name: str | None = None  # container name (detached jobs)
+
+
+class Runtime(abc.ABC):
+    def __init__(self, host: HostConfig, workdir: str):
+        self.host = host
+        self.workdir = workdir  # absolute, already expanded on the host
+
+    @property
+    @abc.abstractmethod
+    def python(self) -> str:
+        """The interpreter the stages use, as named inside the runtime."""
+
+    @abc.abstractmethod
+    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
+        """Host-level argv that runs `argv` in the stage environment with cwd = workdir."""
