@@ -45,6 +45,10 @@ class ContainerConfig:
     ca_bundle: str = ""  # host path of an extra CA bundle (TLS-inspecting proxies); "" for none
     build_args: dict[str, str] = field(default_factory=dict)
     python: str = "python3"  # interpreter inside the image
+    # docker --ulimit NAME=VALUE (-1: unlimited), merged over these defaults: memlock unlimited
+    # (NCCL/RDMA), 64 MiB stack. An engine that may not raise the host's hard limit (unprivileged)
+    # needs a value within it.
+    ulimits: dict[str, int] = field(default_factory=lambda: {"memlock": -1, "stack": 67108864})
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class GroupConfig:
     hosts: list[str] = field(default_factory=list)
     rdzv_port: int = 29500  # c10d rendezvous port on the first host
     rdzv_host: str = ""  # address the other nodes use to reach the first; default: its ssh host
+    nproc_per_node: int = 0  # processes per host under torchrun; 0: the host's GPU count (at least 1)
+    watchdog_timeout: float = 60.0  # a node silent this long (or failed) stops the others (see harness/multinode.py)
 
 
 @dataclass(frozen=True)

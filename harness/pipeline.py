@@ -35,6 +35,8 @@ STAGES: dict[str, Stage] = {
         Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True),
         Stage("evaluate", "evaluate.py", "acceptance length of the draft against the verifier"),
         Stage("export", "export.py", "a checkpoint vLLM can serve, and its vllm serve command"),
+        # Not in any chain: the multi-node smoke test (real DDP steps that check their results).
+        Stage("dist_check", "dist_check.py", "torch.distributed smoke test: all_reduce + DDP steps, checked", distributed=True),
     ]
 }
 # The full chain on a real verifier; the demo prepends "verifier".
@@ -91,6 +93,7 @@ def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
             "speculative_tokens": p.speculative_tokens,
         },
         "export": {"draft": paths.checkpoints, "verifier": paths.verifier, "output": paths.export},
+        "dist_check": {},
     }
     return by_stage[stage]
 

@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.sshd",
     "tests.fixtures.docker_engine",
     "tests.fixtures.pipeline_data",
+    "tests.fixtures.netns",
 ]

@@ -11,6 +11,7 @@ import threading
 from typing import Mapping, Sequence
 
 from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport
+from harness.transport.remote_shell import env_payload
 
 
 class LocalTransport(Transport):
@@ -28,11 +29,16 @@ class LocalTransport(Transport):
         stderr: OutputSink | None = None,
         timeout: float | None = None,
     ) -> RunResult:
+        if env:
+            env_payload(env)  # the same rules as SSH (no newline/NUL), so both transports agree
         full_env = {**os.environ, **(env or {})}
+        workdir = self.expand(cwd) if cwd else None
+        if workdir is not None and not os.path.isdir(workdir):
+            return RunResult(2, b"", f"cd: {cwd}: No such file or directory\n".encode())
         try:
             proc = subprocess.Popen(
                 list(argv),
-                cwd=self.expand(cwd) if cwd else None,
+                cwd=workdir,
                 env=full_env,
                 stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -40,8 +46,8 @@ class LocalTransport(Transport):
             )
         except FileNotFoundError:
             return RunResult(127, b"", f"{argv[0]}: command not found\n".encode())
-        except NotADirectoryError:
-            return RunResult(1, b"", f"cd: {cwd}: not a directory\n".encode())
+        except PermissionError:
+            return RunResult(126, b"", f"{argv[0]}: permission denied\n".encode())
         captured: dict[str, list[bytes]] = {"out": [], "err": []}
 
         def pump(stream, sink: OutputSink | None, key: str) -> None:
@@ -88,8 +94,11 @@ class LocalTransport(Transport):
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            if mode is not None:
-                os.chmod(tmp, mode)
+            if mode is None:  # like a plainly created file (mkstemp makes 0600)
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.chmod(tmp, mode)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

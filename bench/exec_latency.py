@@ -1,0 +1,67 @@
+"""Warm `harness exec HOST -- true` against `ssh -o ControlMaster=auto -o ControlPersist=60 HOST true`.
+
+Starts the same OpenSSH test bed as the tests (tests/fixtures/sshd.py), warms both paths once,
+then runs them alternately N times each and prints the median of each and their ratio
+(target: ratio <= 1.5).
+
+    python bench/exec_latency.py [-n 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fixtures.sshd import start_testbed, stop_testbed, write_harness_config  # noqa: E402
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, env=env, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=30, help="runs of each command")
+    args = parser.parse_args()
+
+    # An installed package has its bytecode compiled (pip does it); an editable checkout under
+    # PYTHONDONTWRITEBYTECODE=1 would recompile harness on every run. Compile it once, like pip.
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "harness"), quiet=1)
+
+    work = Path(tempfile.mkdtemp(prefix="harness-bench-"))
+    testbed = start_testbed(work / "sshd")
+    try:
+        config = write_harness_config(work, testbed)
+        env = testbed.env()
+        harness = [sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "true"]
+        ssh = ["ssh", "-F", str(testbed.ssh_config), "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
+               "-o", f"ControlPath={testbed.control_dir}/bench-%C", "box", "true"]
+        timed(harness, env), timed(ssh, env)  # first runs open the master connections
+        times: dict[str, list[float]] = {"harness exec": [], "ssh (ControlMaster)": []}
+        for _ in range(args.n):
+            times["harness exec"].append(timed(harness, env))
+            times["ssh (ControlMaster)"].append(timed(ssh, env))
+        medians = {k: statistics.median(v) for k, v in times.items()}
+        for k, v in times.items():
+            print(f"{k:22s} median {medians[k] * 1000:7.1f} ms   min {min(v) * 1000:7.1f} ms   (n={len(v)})")
+        ratio = medians["harness exec"] / medians["ssh (ControlMaster)"]
+        print(f"ratio harness/ssh: {ratio:.2f} (target <= 1.5)")
+    finally:
+        stop_testbed(testbed)
+
+
+if __name__ == "__main__":
+    main()

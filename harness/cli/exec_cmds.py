@@ -1,0 +1,27 @@
+"""`harness exec HOST [--pty] -- CMD ARGS...` (the logic lives in harness.remote_exec)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("exec", context_settings={"ignore_unknown_options": True})
+@click.option("--pty", is_flag=True, help="Allocate a terminal (interactive programs; Ctrl-C reaches them).")
+@click.argument("host")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND on HOST in its workdir (inside its container when runtime = "docker").
+
+    Output streams live; harness exits with the command's exit code. Put `--` before the
+    command so that its options are not taken for harness's own.
+    """
+    from harness.remote_exec import exec_on_host
+
+    app = ctx.obj
+    try:
+        code = exec_on_host(app.host(host), list(command), pty=pty, options=app.connect_options(),
+                            transport_factory=lambda: app.transport(host))
+    finally:
+        app.close()
+    ctx.exit(code)

@@ -1,0 +1,206 @@
+"""`harness sync` and `harness pull` (the logic lives in harness.sync and harness.transfer)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+import click
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[files]}"),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+# -------------------------------------------------------------------------------------------------
+# sync
+
+
+@click.command("sync")
+@click.argument("host")
+@click.option("--dry-run", "-n", is_flag=True, help="List what would be sent and deleted; change nothing.")
+@click.pass_context
+def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
+    """Push the configured sync paths to HOST's workdir (a group: to each of its hosts).
+
+    Only files whose content changed move (by SHA-256, against a manifest kept on the host).
+    Files an earlier sync put there and that are gone here are deleted, only inside the synced
+    paths; everything else on the host (runs/, outputs, data) is never touched.
+    """
+    from harness.sync import SyncResult, manifest_digest, prepare_sync, run_sync
+
+    app = ctx.obj
+    config = app.config
+    paths = list(config.sync.paths)
+    config_rel = os.path.relpath(config.path, config.root)
+    if not config_rel.startswith("..") and config_rel not in paths:
+        paths.append(config_rel)  # the config itself always goes (it may have another name)
+    try:
+        for target in config.targets(host):
+            transport = app.transport(target.name)
+            plan = prepare_sync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude)
+            if dry_run:
+                _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                continue
+            if plan.is_noop:
+                result = run_sync(transport, config.root, target.workdir, plan)
+            else:
+                progress = _progress()
+                with progress:
+                    task = progress.add_task(f"sync {target.name}", total=plan.upload_bytes, files=f"0/{len(plan.upload)} files")
+
+                    def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload)) -> None:
+                        # bytes on the wire include tar headers: cap at the payload total
+                        _progress.update(_task, completed=min(sent, plan.upload_bytes), files=f"{files}/{_n} files")
+
+                    result = run_sync(transport, config.root, target.workdir, plan, python=target.python, progress=on_progress)
+                    progress.update(task, completed=plan.upload_bytes)
+            _print_summary(target.name, result)
+    finally:
+        app.close()
+
+
+def _print_plan(host: str, result) -> None:
+    plan = result.plan
+    for p in plan.upload:
+        click.echo(f"send    {p}")
+    for p in plan.delete:
+        click.echo(f"delete  {p}")
+    for p, why in plan.local.skipped:
+        click.echo(f"skip    {p}: {why}", err=True)
+    for p in plan.ignored_manifest_entries:
+        click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
+    click.echo(f"{host}: would send {len(plan.upload)} files ({_human(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
+
+
+def _print_summary(host: str, result) -> None:
+    plan = result.plan
+    for p, why in plan.local.skipped:
+        click.echo(f"skipped {p}: {why}", err=True)
+    unchanged = len(plan.local.entries) - len(plan.upload)
+    click.echo(
+        f"{host}: sent {result.files_sent} files ({_human(result.bytes_sent)}), deleted {result.deleted}, "
+        f"{unchanged} unchanged; code digest {result.manifest_digest[:12]}",
+        err=True,
+    )
+
+
+# -------------------------------------------------------------------------------------------------
+# pull
+
+
+def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str]:
+    """(remote path, default local dir) for a path or a run id."""
+    from harness.jobs import RUN_ID_RE, RUNS_DIR
+
+    host = app.host(host_name)
+    workdir = host.workdir.rstrip("/")  # `~` is expanded on the host
+    if what == "last" or RUN_ID_RE.match(what):
+        from harness.jobs import Jobs
+
+        run_id = what if what != "last" else Jobs(app.config, host, transport).resolve_run_id("last")
+        return f"{workdir}/{RUNS_DIR}/{run_id}", os.path.join("runs", run_id)
+    path = what
+    if not path.startswith(("/", "~")):
+        path = f"{workdir}/{path}"  # relative paths are relative to the host's workdir
+    return path, posixpath.basename(path.rstrip("/")) or "pulled"
+
+
+@click.command("pull")
+@click.argument("host")
+@click.argument("remote")
+@click.argument("local_dir", required=False)
+@click.option("--include", multiple=True, metavar="PATTERN", help="Only paths matching (gitignore-style; repeatable).")
+@click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
+@click.option("--latest-checkpoint", is_flag=True, help="Only the newest checkpoint directory, plus run records and logs.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Parallel OpenSSH streams.")
+@click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
+@click.pass_context
+def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, jobs: int, dry_run: bool) -> None:
+    """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last') from
+    HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
+
+    Every file is checked against its SHA-256 computed on the host and renamed into place only
+    once verified; an interrupted pull resumes from the bytes already received; names that would
+    land outside LOCAL_DIR are refused.
+    """
+    from harness.transfer import PullOptions, PullProgress
+    from harness.transfer import pull as pull_tree
+
+    app = ctx.obj
+    code = 0
+    try:
+        transport = app.transport(host)
+        remote_path, default_dir = _remote_path(app, host, transport, remote)
+        destination = local_dir or default_dir
+        options = PullOptions(include=tuple(include), exclude=tuple(exclude), latest_checkpoint=latest_checkpoint, jobs=jobs, python=app.host(host).python, dry_run=dry_run)
+        if dry_run:
+            report = pull_tree(transport, remote_path, destination, options)
+            for p in report.planned:
+                click.echo(f"fetch   {p}")
+        else:
+            bar = _progress()
+
+            class Bar(PullProgress):
+                def __init__(self):
+                    self.task = None  # added once the listing is in
+                    self.total_files = 0
+                    self.files = 0
+
+                def start(self, files: int, total_bytes: int, done_bytes: int) -> None:
+                    self.total_files = files
+                    if self.task is None:
+                        self.task = bar.add_task(f"pull {host}", total=total_bytes, files="")
+                    bar.update(self.task, total=total_bytes, completed=done_bytes, files=f"{self.files}/{files} files")
+
+                def advance(self, nbytes: int) -> None:
+                    bar.update(self.task, advance=nbytes)
+
+                def file_done(self, rel: str) -> None:
+                    self.files += 1
+                    bar.update(self.task, files=f"{self.files}/{self.total_files} files")
+
+            with bar:
+                report = pull_tree(transport, remote_path, destination, options, Bar())
+        for name, why in report.refused:
+            click.echo(f"refused {name}: {why}", err=True)
+        for name, why in report.failed:
+            click.echo(f"failed  {name}: {why}", err=True)
+        if not dry_run:
+            rate = report.bytes_received / report.seconds if report.seconds else 0
+            click.echo(
+                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({_human(report.bytes_received)} at {_human(rate)}/s"
+                + (f", {_human(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
+                + f"), {len(report.identical)} already identical, {len(report.links)} links",
+                err=True,
+            )
+        if not report.ok:
+            click.echo(f"harness: error: {len(report.refused)} refused, {len(report.failed)} failed (nothing unverified was kept)", err=True)
+            code = 1
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: run the same command again to resume", err=True)
+        code = 130
+    finally:
+        app.close()
+    ctx.exit(code)
+

@@ -1,0 +1,53 @@
+"""The shape of a preflight check (model: SkyPilot's doctor).
+
+A check is a plain function `check(runner, host) -> CheckResult`. It reaches the host only through
+`runner.run(argv)`, a Transport in real use and a small fake in unit tests, so every check is
+testable without SSH. Checks never raise for a finding: they return fail with a one-line fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Literal, Protocol, Sequence
+
+from harness.config import HostConfig
+from harness.transport.base import RunResult
+
+Status = Literal["ok", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    message: str  # one line: what was found
+    fix: str = ""  # one line: what to do about it (empty when ok)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class CommandRunner(Protocol):
+    """What a check needs from a host. A Transport satisfies it."""
+
+    def run(self, argv: Sequence[str], **kwargs) -> RunResult: ...
+
+
+Check = Callable[[CommandRunner, HostConfig], CheckResult]
+
+
+def run_checks(runner: CommandRunner, host: HostConfig, checks: Sequence[Check]) -> list[CheckResult]:
+    """Run every check; one that crashes becomes a fail naming the error, never a traceback."""
+    from harness.errors import HarnessError
+
+    results = []
+    for check in checks:
+        try:
+            results.append(check(runner, host))
+        except HarnessError as e:
+            results.append(CheckResult(_name(check), "fail", str(e), "fix the connection problem above, then re-run doctor"))
+    return results
+
+
+def _name(check: Check) -> str:
+    return check.__name__.removeprefix("check_")

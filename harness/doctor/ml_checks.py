@@ -1,0 +1,448 @@
+"""The ML checks of `harness doctor`: will the configured EAGLE-3 run work on this host?
+
+Facts come from the host in few round trips: ONE probe (harness/remote/ml_probe.py) run by the
+stage interpreter through the host's runtime (inside the container: versions, GPUs visible,
+a FlexAttention forward+backward, the verifier's config.json, the sample count), one `df` on
+the host, and `docker image inspect` for the image tag. Each check is a pure verdict on those
+facts plus the configuration, so the verdicts are unit-tested with a fake command runner.
+
+`ml_checks(config, host)` returns the checks, sharing one gathering per doctor run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from harness import compat
+from harness.config import Config, HostConfig
+from harness.doctor.base import Check, CheckResult, CommandRunner
+from harness.pipeline import StagePaths
+
+PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
+PROBE_MARKER = "@@harness-ml-probe@@ "
+PROBE_TIMEOUT_S = 900.0  # torch import + a first Triton compile of flex attention
+BF16_BYTES = 2
+DEFAULT_TARGET_LAYERS = 3  # speculators' default [2, N//2, N-3]
+GIB = 2**30
+DISK_HEADROOM = 1.2  # checkpoints and logs share the disk with the hidden states
+
+FLEX_IMPLS = ("simple_flex_attention", "flex_attention")
+ATTN_IMPLS = (*FLEX_IMPLS, "sdpa", "eager")
+LOSS_IMPLS = ("fused", "eager")
+# Keys of [pipeline.stages.train] the checks read (speculators' own names for the settings).
+ATTN_KEYS = ("draft_attn_impl", "attn_implementation", "attention")
+LOSS_KEY = "loss_implementation"
+COMPILE_KEY = "compile"
+MASK_KEY = "mask"  # "block" (a flex BlockMask) or "dense"
+
+# docker's words when the container cannot get a GPU (no NVIDIA runtime / toolkit)
+GPU_RUNTIME_ERRORS = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime name: nvidia", "libnvidia-ml")
+NO_IMAGE_ERRORS = ("Unable to find image", "No such image", "pull access denied", "manifest unknown")
+
+
+# ---------------------------------------------------------------------------------------------
+# What the configured run needs (laptop side)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    verifier: str
+    data: str
+    prepared: str
+    hidden_states: str
+    max_seq_len: int
+    target_layer_ids: list[int]
+    train: dict[str, Any]
+
+    @classmethod
+    def from_config(cls, config: Config) -> "RunPlan":
+        p = config.pipeline
+        paths = StagePaths.from_config(p)
+        return cls(paths.verifier, paths.data, paths.prepared, paths.hidden_states, p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})))
+
+    @property
+    def saved_layers(self) -> int:
+        """k + 1: the k target (auxiliary) layers plus the verifier's last hidden state."""
+        return (len(self.target_layer_ids) or DEFAULT_TARGET_LAYERS) + 1
+
+    @property
+    def attention(self) -> str:
+        for key in ATTN_KEYS:
+            if key in self.train:
+                return str(self.train[key])
+        return "simple_flex_attention"  # speculators' default
+
+    @property
+    def loss(self) -> str:
+        return str(self.train.get(LOSS_KEY, "fused"))  # speculators' default
+
+
+def hidden_state_bytes(samples: int, seq_len: int, layers: int, hidden: int) -> int:
+    """samples x seq_len x (k+1) x hidden x 2 bytes (bf16): an upper bound, as samples shorter
+    than max_seq_len store fewer tokens."""
+    return samples * seq_len * layers * hidden * BF16_BYTES
+
+
+# ---------------------------------------------------------------------------------------------
+# Facts from the host
+
+
+@dataclass
+class ProbeOutcome:
+    facts: dict[str, Any] | None  # None when the probe did not answer
+    exit_code: int = 0
+    error: str = ""  # stderr's last lines when it did not answer
+
+
+@dataclass(frozen=True)
+class FreeSpace:
+    path: str  # as configured
+    existing: str  # the nearest existing directory that df measured
+    free_bytes: int
+
+
+# df of each path (relative to the workdir unless absolute) at its nearest existing parent.
+_DF_SCRIPT = r'''
+w=$1; shift
+case $w in "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; esac
+for p in "$@"; do
+  case $p in "~") d=$HOME;; "~/"*) d=$HOME/${p#"~/"};; /*) d=$p;; *) d=$w/$p;; esac
+  while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
+  printf '%s\t%s\t%s\n' "$p" "$d" "$(df -Pk -- "$d" | tail -n 1)"
+done
+'''
+
+
+def free_space(runner: CommandRunner, workdir: str, paths: list[str]) -> dict[str, FreeSpace]:
+    r = runner.run(["sh", "-c", _DF_SCRIPT, "sh", workdir, *paths])
+    out: dict[str, FreeSpace] = {}
+    for line in r.stdout.decode("utf-8", "replace").splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3:
+            continue
+        fields = parts[2].split()
+        try:
+            out[parts[0]] = FreeSpace(parts[0], parts[1], int(fields[3]) * 1024)
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def parse_probe(stdout: bytes) -> dict[str, Any] | None:
+    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
+        if line.startswith(PROBE_MARKER):
+            return json.loads(line[len(PROBE_MARKER):])
+    return None
+
+
+def _tail(data: bytes, lines: int = 3) -> str:
+    text = [l.strip() for l in data.decode("utf-8", "replace").strip().splitlines() if l.strip()]
+    return " | ".join(text[-lines:])
+
+
+class MLDoctor:
+    """Gathers the host's facts once (lazily, on first use by a check) for all ML checks."""
+
+    def __init__(self, config: Config, host: HostConfig, runtime_factory: Callable | None = None, image_ref_factory: Callable | None = None):
+        self.config = config
+        self.host = host
+        self.plan = RunPlan.from_config(config)
+        self._runtime_factory = runtime_factory
+        self._image_ref_factory = image_ref_factory
+        self._probe: ProbeOutcome | None = None
+        self._space: dict[str, FreeSpace] | None = None
+
+    def runtime(self, runner):
+        if self._runtime_factory is not None:
+            return self._runtime_factory(self.host, runner)
+        from harness.runtime import runtime_for
+
+        return runtime_for(self.host, runner)
+
+    def probe(self, runner: CommandRunner) -> ProbeOutcome:
+        if self._probe is None:
+            runtime = self.runtime(runner)
+            request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
+            argv = runtime.wrap([runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
+            r = runner.run(argv, timeout=PROBE_TIMEOUT_S)
+            facts = parse_probe(r.stdout)
+            self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
+        return self._probe
+
+    def space(self, runner: CommandRunner) -> dict[str, FreeSpace]:
+        if self._space is None:
+            paths = [self.plan.hidden_states] + ([self.host.data_dir] if self.host.data_dir else [])
+            self._space = free_space(runner, self.host.workdir, paths)
+        return self._space
+
+    def image_refs(self) -> tuple[str, str]:
+        """(the tag of the image for the current container/, the tag stages run)."""
+        if self._image_ref_factory is not None:
+            return self._image_ref_factory(self.config, self.host)
+        from harness.runtime.image import current_ref, gather_inputs, image_ref
+
+        inputs = gather_inputs(self.config, self.host)
+        return image_ref(self.host.container, inputs.content_hash), current_ref(self.host.container)
+
+    # -- the checks -------------------------------------------------------------------------
+
+    def checks(self) -> list[Check]:
+        def check_hidden_state_disk(runner, host):
+            return verdict_hidden_state_disk(self.plan, self.probe(runner), self.space(runner), host)
+
+        def check_gpus_in_stage_env(runner, host):
+            return verdict_gpus_in_stage_env(self.probe(runner), host)
+
+        def check_image_current(runner, host):
+            if host.runtime != "docker":
+                return CheckResult("image", "ok", 'no image: runtime = "host"')
+            try:
+                current, latest = self.image_refs()
+            except Exception as e:  # no container/ next to harness.toml, unreadable files
+                return CheckResult("image", "warn", f"cannot compute the image tag here: {e}", "run doctor from the project (next to container/)")
+            return verdict_image(current, _image_id(runner, current), latest, _image_id(runner, latest), host)
+
+        def check_library_versions(runner, host):
+            return verdict_library_versions(self.probe(runner), host)
+
+        def check_flex_attention(runner, host):
+            return verdict_flex_attention(self.probe(runner))
+
+        def check_verifier_config(runner, host):
+            return verdict_verifier_config(self.plan, self.probe(runner))
+
+        def check_verifier_dtype(runner, host):
+            return verdict_verifier_dtype(self.probe(runner))
+
+        def check_target_layers(runner, host):
+            return verdict_target_layers(self.plan, self.probe(runner))
+
+        def check_train_settings(runner, host):
+            return verdict_train_settings(self.plan, self.probe(runner))
+
+        return [
+            check_image_current, check_gpus_in_stage_env, check_library_versions, check_flex_attention,
+            check_verifier_config, check_verifier_dtype, check_target_layers, check_hidden_state_disk,
+            check_train_settings,
+        ]
+
+
+def ml_checks(config: Config, host: HostConfig) -> list[Check]:
+    """The ML check group for one host (registered in harness.doctor)."""
+    return MLDoctor(config, host).checks()
+
+
+def _image_id(runner: CommandRunner, ref: str) -> str | None:
+    r = runner.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    if r.exit_code != 0:
+        return None  # no such image (or no engine: the docker check says which)
+    return r.stdout.decode("utf-8", "replace").strip() or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts (pure)
+
+
+def _not_probed(name: str, probe: ProbeOutcome) -> CheckResult:
+    return CheckResult(name, "warn", f"not checked: the stage interpreter did not answer (exit {probe.exit_code}): {probe.error}", "fix the gpus/image check above, then re-run doctor")
+
+
+def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckResult:
+    """A GPU visible where the stages run (inside the container: the NVIDIA runtime works),
+    how many, the driver, and whether torch can use them."""
+    name = "gpus"
+    where = "inside the container" if host.runtime == "docker" else "to the stage interpreter"
+    if probe.facts is None:
+        if any(e in probe.error for e in GPU_RUNTIME_ERRORS):
+            return CheckResult(name, "fail", f"a container cannot get a GPU: {probe.error}", "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker && systemctl restart docker`")
+        if any(e in probe.error for e in NO_IMAGE_ERRORS):
+            return CheckResult(name, "fail", f"the image is not on the host: {probe.error}", f"harness build {host.name}")
+        return CheckResult(name, "fail", f"the stage interpreter did not start (exit {probe.exit_code}): {probe.error}", f"try it by hand: harness exec {host.name} python3 -c 'print(1)'")
+    if host.runtime == "docker" and host.container.gpus in ("none", 0, []):
+        return CheckResult(name, "warn", "no GPUs requested (container.gpus = \"none\"): the stages run on the CPU", 'set container.gpus = "all" for real runs')
+    smi, torch = probe.facts["nvidia_smi"], probe.facts["torch"]
+    gpus = smi.get("gpus") or []
+    if not gpus:
+        why = smi.get("error") or "no GPU listed"
+        if host.runtime == "docker" and not smi.get("found"):
+            why += " (the NVIDIA runtime mounts nvidia-smi into GPU containers: is it configured?)"
+        return CheckResult(name, "warn" if host.runtime != "docker" else "fail", f"no GPU visible {where}: {why}", "install the NVIDIA driver (and the NVIDIA Container Toolkit for docker), then re-run doctor")
+    names = sorted({g[0] for g in gpus})
+    driver = gpus[0][1] if len(gpus[0]) > 1 else "?"
+    message = f"{len(gpus)} GPU(s) visible {where}: {', '.join(names)} (driver {driver})"
+    if "import_error" in torch:
+        return CheckResult(name, "warn", message + "; torch does not import", "see the library-versions check")
+    if not torch.get("cuda_available"):
+        cpu_build = "+cpu" in (torch.get("version") or "") or not torch.get("cuda_version")
+        why = "torch is a CPU-only build" if cpu_build else f"torch (CUDA {torch.get('cuda_version')}) cannot use them: {torch.get('cuda_error', 'driver too old for this CUDA?')}"
+        return CheckResult(name, "fail", f"{message}, but {why}", "install a CUDA build of torch matching the driver (the image's base pins it)")
+    if len(torch.get("devices") or []) != len(gpus):
+        return CheckResult(name, "warn", f"{message}, but torch sees {len(torch['devices'])}", "check CUDA_VISIBLE_DEVICES in the stage environment")
+    caps = sorted({"sm_%d%d" % tuple(d["capability"]) for d in torch["devices"]})
+    return CheckResult(name, "ok", f"{message}; torch {torch.get('version')} (CUDA {torch.get('cuda_version')}) uses them ({', '.join(caps)})")
+
+
+def verdict_image(current_ref: str, current_id: str | None, latest_ref: str, latest_id: str | None, host: HostConfig) -> CheckResult:
+    if current_id is None:
+        return CheckResult("image", "fail", f"{current_ref} (the image for the current container/ and remote_scripts/) is not built on {host.name}", f"harness build {host.name}")
+    if latest_id != current_id:
+        return CheckResult("image", "warn", f"{latest_ref} is not the current build {current_ref}: stages would run an older image", f"harness build {host.name} (re-tags, nothing rebuilds)")
+    return CheckResult("image", "ok", f"{current_ref} built and current ({current_id[:19]})")
+
+
+def verdict_library_versions(probe: ProbeOutcome, host: HostConfig) -> CheckResult:
+    name = "versions"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    installed: dict[str, str | None] = probe.facts["versions"]
+    shown = ", ".join(f"{p}=={installed.get(p)}" for p in (*compat.REQUIRED, *compat.OPTIONAL) if installed.get(p))
+    fix_build = f"pin the versions in container/requirements.txt and run harness build {host.name}" if host.runtime == "docker" else "install the pinned versions (container/requirements.txt) in the host's python"
+    missing = [p for p in compat.REQUIRED if not installed.get(p)]
+    if missing:
+        return CheckResult(name, "fail", f"not installed: {', '.join(missing)}" + (f" (found {shown})" if shown else ""), fix_build)
+    torch = probe.facts.get("torch") or {}
+    if "import_error" in torch:
+        return CheckResult(name, "fail", f"torch {installed['torch']} is installed but does not import: {torch['import_error']}", fix_build)
+    try:
+        broken = compat.violations(installed)
+    except ValueError as e:
+        return CheckResult(name, "warn", f"cannot compare versions ({e}): {shown}", "check the versions by hand against harness/compat.py")
+    if broken:
+        return CheckResult(name, "fail", "; ".join(str(v) for v in broken), fix_build)
+    unvetted = [f"{p} {installed[p]}" for p in ("speculators", "vllm") if installed.get(p) and compat.vetted(p) and installed[p] not in compat.vetted(p)]
+    if unvetted:
+        return CheckResult(name, "warn", f"{shown}; not in the compatibility matrix: {', '.join(unvetted)}", "vet them and add rows to harness/compat.py, or pin the vetted versions")
+    return CheckResult(name, "ok", shown + ("" if installed.get("vllm") else " (no vllm: the transformers extraction backend only)"))
+
+
+def verdict_flex_attention(probe: ProbeOutcome) -> CheckResult:
+    name = "flex-attention"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    flex, torch = probe.facts["flex"], probe.facts["torch"]
+    if flex["status"] == "skipped":
+        return CheckResult(name, "warn", f"not tested: {flex.get('reason')}", "see the library-versions check")
+    device = (torch.get("devices") or [{}])[0]
+    smem = device.get("smem_per_block_optin")
+    gpu = f"{device.get('name')} sm_{''.join(map(str, device.get('capability', [])))}" if device else "CPU"
+    smem_text = f", {smem // 1024} KiB shared memory per block" if smem else ""
+    if flex.get("device") == "cpu":
+        return CheckResult(name, "warn", f"no CUDA GPU: {flex.get('error') or 'FlexAttention backward is unsupported on CPU'}", 'CPU hosts run only the demo: [pipeline.stages.train] draft_attn_impl = "sdpa"')
+    if flex["status"] == "ok":
+        return CheckResult(name, "ok", f"torch.compile(flex_attention) forward+backward with a BlockMask runs on {gpu} (head_dim {flex.get('head_dim')}{smem_text}, {flex.get('elapsed_s')} s)")
+    need = f" (needs {flex['smem_required'] // 1024} KiB shared memory per block, the GPU has {flex['smem_limit'] // 1024} KiB)" if flex.get("smem_required") else ""
+    small = flex.get("small_tiles")
+    if small and small.get("status") == "ok":
+        tiles = ", ".join(f"{k}={v}" for k, v in small["kernel_options"].items())
+        return CheckResult(name, "warn", f"the default flex tiles do not fit {gpu}{need}; smaller tiles work", f"train with flex kernel_options {{{tiles}}} (or draft_attn_impl = \"sdpa\")")
+    return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'use draft_attn_impl = "sdpa" in [pipeline.stages.train], or a torch/triton that supports this GPU')
+
+
+def verdict_verifier_config(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+    name = "verifier"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    v = probe.facts["verifier"]
+    if not v.get("found"):
+        return CheckResult(name, "warn", f"{v.get('error')} (on the host, relative to the workdir)", f"check pipeline.verifier = {plan.verifier!r} (a model directory, or a hub id already in the Hugging Face cache); the demo builds it with the verifier stage")
+    missing = [k for k in ("num_hidden_layers", "hidden_size") if not v.get(k)]
+    where = f"nested text_config (model_type {v.get('model_type')} -> {v.get('text_model_type')})" if v.get("nested_text_config") else f"model_type {v.get('model_type')}"
+    if missing:
+        return CheckResult(name, "fail", f"{plan.verifier}: {where} has no {', '.join(missing)}", "point pipeline.verifier at the language model's config (for multimodal models, its text_config must hold these)")
+    return CheckResult(name, "ok", f"{plan.verifier}: {where}, {v['num_hidden_layers']} layers, hidden {v['hidden_size']}")
+
+
+def verdict_verifier_dtype(probe: ProbeOutcome) -> CheckResult:
+    name = "verifier-dtype"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    v = probe.facts["verifier"]
+    if not v.get("found"):
+        return CheckResult(name, "warn", "not checked: no verifier config", "see the verifier check")
+    dtype = str(v.get("dtype") or "").replace("torch.", "")
+    if dtype == "bfloat16":
+        return CheckResult(name, "ok", "bfloat16, as the hidden states are stored")
+    if not dtype:
+        return CheckResult(name, "warn", "the config names no dtype: the verifier may load in float32 (twice the memory)", "set \"dtype\": \"bfloat16\" in the verifier's config.json")
+    if dtype == "float16":
+        return CheckResult(name, "warn", "float16 verifier; hidden states are stored as bfloat16, which keeps fewer mantissa bits", "extract in bfloat16 if the model was trained in it, or check the draft's acceptance")
+    return CheckResult(name, "warn", f"{dtype} verifier; hidden states are stored as bfloat16 (2 bytes): extraction casts them", "load the verifier in bfloat16 to halve its memory")
+
+
+def default_target_layers(num_layers: int) -> list[int]:
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def verdict_target_layers(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+    name = "target-layers"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    v = probe.facts["verifier"]
+    n = v.get("num_hidden_layers")
+    if not v.get("found") or not n:
+        return CheckResult(name, "warn", "not checked: no layer count from the verifier config", "see the verifier check")
+    explicit = bool(plan.target_layer_ids)
+    ids = plan.target_layer_ids if explicit else default_target_layers(n)
+    source = "pipeline.target_layer_ids" if explicit else "speculators' default [2, N//2, N-3]"
+    if min(ids) < 0 or max(ids) > n or len(set(ids)) != len(ids):
+        fix = "set pipeline.target_layer_ids to distinct layers in [0, %d)" % n
+        if not explicit:
+            fix = f"the default needs N >= 7 layers: {fix}"
+        return CheckResult(name, "fail", f"{source} = {ids} is invalid for a verifier with N = {n} layers (distinct ids in [0, {n}] needed)", fix)
+    if n in ids:
+        return CheckResult(name, "warn", f"{source} = {ids} includes {n}, the final hidden state, which is already saved as the last layer", f"use ids < {n}")
+    return CheckResult(name, "ok", f"{source} = {ids} (N = {n})")
+
+
+def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[str, FreeSpace], host: HostConfig) -> CheckResult:
+    name = "hidden-state-disk"
+    target = space.get(plan.hidden_states)
+    if target is None:
+        return CheckResult(name, "warn", f"cannot measure free space for {plan.hidden_states} under {host.workdir}", "check that df works on the host")
+    free = f"{target.free_bytes / GIB:.1f} GiB free at {target.existing}"
+    data = space.get(host.data_dir) if host.data_dir else None
+    if probe.facts is None:
+        return CheckResult(name, "warn", f"{free}; the need is unknown: the stage interpreter did not answer", "fix the gpus/image check above, then re-run doctor")
+    samples, hidden = probe.facts["samples"], probe.facts["verifier"].get("hidden_size")
+    if samples.get("count") is None or not hidden:
+        why = samples.get("source") if samples.get("count") is None else "no hidden_size in the verifier config"
+        return CheckResult(name, "warn", f"{free}; cannot size the hidden states yet: {why}", "run the prepare stage (and make the verifier available), then re-run doctor")
+    need = hidden_state_bytes(samples["count"], plan.max_seq_len, plan.saved_layers, hidden)
+    formula = f"{samples['count']} samples x {plan.max_seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {need / GIB:.2f} GiB at most"
+    message = f"hidden states need {formula}; {free}"
+    elsewhere = f" (data_dir {host.data_dir} has {data.free_bytes / GIB:.1f} GiB free)" if data and data.free_bytes > target.free_bytes else ""
+    if target.free_bytes < need:
+        return CheckResult(name, "fail", message, f"free space, or set pipeline.output_dir to a larger disk{elsewhere}")
+    if target.free_bytes < need * DISK_HEADROOM:
+        return CheckResult(name, "warn", message + "; little room left for checkpoints", f"free space, or set pipeline.output_dir to a larger disk{elsewhere}")
+    return CheckResult(name, "ok", message)
+
+
+def verdict_train_settings(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+    """The train stage's attention and loss implementations against known-bad combinations."""
+    name = "train-settings"
+    attn, loss = plan.attention, plan.loss
+    if attn not in ATTN_IMPLS:
+        return CheckResult(name, "fail", f"unknown attention implementation {attn!r}", f"use one of: {', '.join(ATTN_IMPLS)}")
+    if loss not in LOSS_IMPLS:
+        return CheckResult(name, "fail", f"unknown loss implementation {loss!r}", f"use one of: {', '.join(LOSS_IMPLS)}")
+    setting = f"attention {attn}, loss {loss}"
+    if attn not in FLEX_IMPLS and str(plan.train.get(MASK_KEY, "")).lower() in ("block", "blockmask", "block_mask"):
+        return CheckResult(name, "fail", f"{setting}: {attn} cannot take a flex BlockMask (mask = \"block\")", 'use draft_attn_impl = "simple_flex_attention" with a BlockMask, or mask = "dense" with sdpa/eager')
+    if probe.facts is None:
+        return CheckResult(name, "warn", f"{setting}; not checked against the host: the stage interpreter did not answer", "fix the gpus/image check above, then re-run doctor")
+    torch = probe.facts.get("torch") or {}
+    cuda = bool(torch.get("cuda_available"))
+    if attn in FLEX_IMPLS and not cuda:
+        return CheckResult(name, "fail", f"{setting}: no CUDA GPU, and FlexAttention has no backward on CPU", 'set [pipeline.stages.train] draft_attn_impl = "sdpa" on CPU hosts')
+    # speculators compiles the draft's forward whenever CUDA is available; `compile` forces it
+    compiled = cuda or bool(plan.train.get(COMPILE_KEY))
+    torch_version = probe.facts["versions"].get("torch") or torch.get("version")
+    if compiled and loss == "fused" and torch_version:
+        for bad in compat.KNOWN_BAD:
+            if bad.package == "torch" and bad.setting == "fused loss under torch.compile" and compat.matches(torch_version, bad.spec):
+                return CheckResult(name, "fail", f"{setting} on torch {torch_version}: {bad.problem}", bad.fix)
+    return CheckResult(name, "ok", f"{setting}" + (" under torch.compile" if compiled else "") + f" on {'CUDA' if cuda else 'CPU'}")

@@ -1,0 +1,470 @@
+"""One run across the hosts of a group: torchrun multi-node launches, watched and stopped as one.
+
+`harness run GROUP STAGES...` starts the SAME run id on every host of `[groups.GROUP]`, each under
+its own detached supervisor (harness.jobs), so every node's state, log and events live in its own
+<workdir>/runs/<run_id>/ and `harness status|logs|cancel HOST RUN` still work per host. Which
+stages run where:
+
+  * distributed stages (extract, train, dist_check) run on every node, each under
+    remote_scripts/node_launcher.py: torchrun --nnodes N --node-rank i --nproc-per-node G
+    --rdzv-backend c10d --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID, plus a peer watchdog;
+  * plain stages before the first distributed one (verifier, prepare) run on every node: each
+    node needs those inputs in its own workdir;
+  * plain stages after the last distributed one (evaluate, export) run on node 0 only: they
+    read what rank 0 wrote.
+
+Stopping everything when one node fails, with a bound on the time:
+  1. Attached (`harness run GROUP ...` without --detach): `GroupRun.watch` polls every node each
+     second; the first node that fails, is cancelled or stops answering (unreachable for
+     `unreachable_s`) makes it cancel all the others (supervisor cancel: SIGTERM, grace,
+     SIGKILL). Bound: poll + unreachable_s + grace.
+  2. Laptop gone: each node's watchdog (node_launcher.py) stops its torchrun when a peer posts a
+     failure or cancel, when a peer's heartbeat stalls for the group's `watchdog_timeout`, or
+     when node 0's store is gone that long. Bound: watchdog_timeout + grace + one heartbeat.
+     A crashed rank is faster: its peers' collectives fail at once (connection reset) and
+     torchrun runs with --max-restarts 0.
+  3. A collective that hangs without any peer dying is bounded by the stage's own process
+     group timeout (dist_check --timeout, NCCL's watchdog for train).
+
+The NCCL/Gloo environment of this process (NCCL_*, GLOO_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*;
+e.g. NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_NVLS_ENABLE=0) is passed to every node the
+way secrets are: values on the supervisor's stdin, names only in the run record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from harness.config import Config, GroupConfig, HostConfig
+from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, new_run_id
+from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
+
+if TYPE_CHECKING:
+    from harness.transport.base import Transport
+
+NODE_LAUNCHER = f"{SCRIPTS_DIR}/node_launcher.py"
+# Environment families that configure the collectives; passed through from the laptop.
+DIST_ENV_RE = re.compile(r"^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|TORCH_CPP_LOG_LEVEL$|TORCHELASTIC_)")
+POLL_S = 1.0
+UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
+
+# Host 0 answers with a free port pair (P for the rendezvous, P+1 for the watchdog store).
+PORT_PROBE = (
+    "import socket, sys\n"
+    "def free(p):\n"
+    "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "    try:\n"
+    "        s.bind(('', p)); return True\n"
+    "    except OSError:\n"
+    "        return False\n"
+    "    finally:\n"
+    "        s.close()\n"
+    "want = int(sys.argv[1])\n"
+    "if want and free(want) and free(want + 1):\n"
+    "    print(want); sys.exit(0)\n"
+    "for _ in range(50):\n"
+    "    s = socket.socket(); s.bind(('', 0)); p = s.getsockname()[1]; s.close()\n"
+    "    if p < 65535 and free(p) and free(p + 1):\n"
+    "        print(p); sys.exit(0)\n"
+    "sys.exit(1)\n"
+)
+
+
+def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The collectives' settings from this process's environment (values stay in memory)."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in environ.items() if DIST_ENV_RE.match(k)}
+
+
+def stages_for_node(stages: Sequence[str], rank: int) -> list[str]:
+    """Which of a group run's stages node `rank` runs (see the module docstring)."""
+    dist = [i for i, s in enumerate(stages) if STAGES[s].distributed]
+    if rank == 0 or not dist:  # no distributed stage: every node runs them all
+        return list(stages)
+    return [s for i, s in enumerate(stages) if i <= dist[-1]]
+
+
+@dataclass(frozen=True)
+class GroupLaunch:
+    """What every node of one group run agrees on."""
+
+    group: str
+    hosts: tuple[str, ...]
+    run_id: str
+    rdzv_host: str
+    rdzv_port: int
+    nproc_per_node: int  # 0: each host's GPU count (at least 1)
+    watchdog_timeout: float
+    grace_s: float
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.rdzv_host}]" if ":" in self.rdzv_host else self.rdzv_host
+        return f"{host}:{self.rdzv_port}"
+
+
+class NodeJobs(Jobs):
+    """Jobs on one node of a group run: distributed stages go through node_launcher.py."""
+
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", launch: GroupLaunch, rank: int):
+        super().__init__(config, host, transport)
+        self.launch = launch
+        self.rank = rank
+
+    def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
+        argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+        if not STAGES[stage].distributed:
+            return argv
+        launch = self.launch
+        per_node = launch.nproc_per_node or max(1, nproc)
+        # The watchdog stops torchrun within its own grace, before the supervisor's SIGKILL.
+        inner_grace = max(1.0, min(launch.grace_s - 2.0, launch.grace_s * 0.8))
+        return [
+            argv[0], NODE_LAUNCHER,
+            "--node-rank", str(self.rank), "--nnodes", str(len(launch.hosts)), "--nproc-per-node", str(per_node),
+            "--endpoint", launch.endpoint, "--run-id", launch.run_id, "--node-names", ",".join(launch.hosts),
+            "--peer-timeout", f"{launch.watchdog_timeout:g}", "--grace", f"{inner_grace:g}",
+            "--events", events_path, "--stage", stage,
+            "--", *argv[1:],
+        ]
+
+    def stage_env(self) -> dict[str, str]:
+        return {**super().stage_env(), **distributed_env()}
+
+    def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
+        record = super()._record(run_id, stages, grace_s, image)
+        record["group"] = {
+            **dataclasses.asdict(self.launch),
+            "hosts": list(self.launch.hosts),
+            "node_rank": self.rank,
+            "nnodes": len(self.launch.hosts),
+            "endpoint": self.launch.endpoint,
+            "env_names": sorted(distributed_env()),  # names only
+        }
+        return record
+
+
+# ---------------------------------------------------------------------------------------------
+# Parallel helpers
+
+
+def parallel(items: Sequence[Any], fn: Callable[[Any], Any]) -> list[tuple[Any, Any, BaseException | None]]:
+    """fn(item) for every item at once (one thread each); [(item, result, error)] in order."""
+    results: list[Any] = [None] * len(items)
+    errors: list[BaseException | None] = [None] * len(items)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = fn(items[i])
+        except BaseException as e:  # noqa: BLE001 - reported per item
+            errors[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [(items[i], results[i], errors[i]) for i in range(len(items))]
+
+
+def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) -> dict[str, "Transport"]:
+    """Connect to every host in parallel; the first failure is raised (naming its host)."""
+
+    def connect(name: str):
+        t = transport_for(name)
+        opener = getattr(t, "open", None)
+        if opener is not None:
+            opener()
+        return t
+
+    out = {}
+    for name, transport, error in parallel(list(hosts), connect):
+        if error is not None:
+            raise error
+        out[name] = transport
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Group status
+
+
+@dataclass
+class NodeStatus:
+    host: str
+    rank: int
+    status: RunStatus | None = None  # None: no answer
+    error: str | None = None  # why there is no answer
+    since: float | None = None  # when it stopped answering (monotonic)
+
+    @property
+    def state(self) -> str:
+        if self.status is None:
+            return "unreachable"
+        return self.status.state
+
+    @property
+    def final(self) -> bool:
+        return self.status is not None and self.status.state in FINAL_RUN_STATES
+
+    def failure(self) -> str | None:
+        """A one-line cause when this node failed, was cancelled, lost or is unreachable."""
+        if self.status is None:
+            return f"unreachable ({self.error})" if self.error else "unreachable"
+        st = self.status
+        if st.state in ("ok", "running", "starting"):
+            return None
+        bad = next((s for s in st.stages if s.state in ("failed", "cancelled")), None)
+        if bad is None:
+            return st.state
+        ev = bad.last_event or {}
+        why = ev.get("error") if ev.get("event") == "finished" else None
+        code = f" exit code {bad.exit_code}" if bad.exit_code is not None else ""
+        return f"{bad.stage} {bad.state}{code}" + (f": {why}" if why else "")
+
+
+@dataclass
+class GroupStatus:
+    group: str
+    run_id: str
+    nodes: list[NodeStatus]
+    first_failure: str | None = None  # "n1: unreachable (...)", as observed by the watcher
+
+    @property
+    def state(self) -> str:
+        states = [n.state for n in self.nodes]
+        if all(s == "ok" for s in states):
+            return "ok"
+        if any(s in ("running", "starting") for s in states):
+            return "running"
+        if any(s == "cancelled" for s in states) and not any(s in ("failed", "lost", "unreachable") for s in states):
+            return "cancelled"
+        return "failed"
+
+    def failed_nodes(self) -> list[NodeStatus]:
+        return [n for n in self.nodes if n.failure()]
+
+    def origin(self) -> NodeStatus | None:
+        """The node that most likely failed first: one that stopped answering (its peers then
+        fail in their collectives), else the earliest failed stage that was not stopped
+        because of a peer."""
+        gone = [n for n in self.nodes if n.status is None]
+        if gone:
+            return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
+        failed = []
+        for n in self.failed_nodes():
+            stage = next((s for s in n.status.stages if s.state in ("failed", "cancelled")), None) if n.status else None
+            why = str(((stage.last_event if stage else None) or {}).get("error", ""))
+            caused_by_peer = why.startswith("stopped:")
+            failed.append((caused_by_peer, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
+        return min(failed, key=lambda f: f[:3])[3] if failed else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+class GroupRun:
+    """A group and one transport per host: start, status, follow, cancel, watch."""
+
+    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"]):
+        if group not in config.groups:
+            raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
+        self.config = config
+        self.group: GroupConfig = config.groups[group]
+        self.hosts = list(self.group.hosts)
+        self.transports = open_all(transport_for, self.hosts)
+
+    def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
+        hc = self.config.host(host)
+        if launch is None:
+            return Jobs(self.config, hc, self.transports[host])
+        return NodeJobs(self.config, hc, self.transports[host], launch, self.hosts.index(host))
+
+    # -- start --------------------------------------------------------------------------------------
+
+    def rendezvous_host(self) -> str:
+        if self.group.rdzv_host:
+            return self.group.rdzv_host
+        t = self.transports[self.hosts[0]]
+        target = getattr(t, "target", None)  # SSHTransport: HostName after ~/.ssh/config
+        if target is not None:
+            return target.hostname
+        return "127.0.0.1"
+
+    def free_port(self) -> int:
+        """The configured rendezvous port if it (and +1) is free on host 0, else a free pair."""
+        host0 = self.config.host(self.hosts[0])
+        result = self.transports[self.hosts[0]].run([host0.python, "-c", PORT_PROBE, str(self.group.rdzv_port)])
+        if not result.ok or not result.text.strip().isdigit():
+            raise RemoteCommandError(f"port probe on {host0.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
+        return int(result.text.strip())
+
+    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None) -> GroupLaunch:
+        stages = resolve_chain(list(requested))
+        port = self.free_port()
+        launch = GroupLaunch(
+            group=self.group.name, hosts=tuple(self.hosts), run_id=run_id or new_run_id(),
+            rdzv_host=self.rendezvous_host(), rdzv_port=port, nproc_per_node=self.group.nproc_per_node,
+            watchdog_timeout=self.group.watchdog_timeout, grace_s=grace_s,
+        )
+
+        def start_node(host: str) -> str:
+            rank = self.hosts.index(host)
+            return self.jobs(host, launch).start(stages_for_node(stages, rank), grace_s=grace_s, run_id=launch.run_id)
+
+        outcome = parallel(self.hosts, start_node)
+        failed = [(h, e) for h, _, e in outcome if e is not None]
+        if failed:
+            # All or nothing: stop the nodes that did start, then say which one could not.
+            started = [h for h, _, e in outcome if e is None]
+            parallel(started, lambda h: self.jobs(h).cancel(launch.run_id, grace_s))
+            host, error = failed[0]
+            raise HarnessError(f"{host}: could not start run {launch.run_id}: {error}; stopped it on {', '.join(started) or 'no other host'}")
+        return launch
+
+    # -- read back ----------------------------------------------------------------------------------
+
+    def resolve_run_id(self, run_id: str) -> str:
+        """'last' is host 0's newest run."""
+        return self.jobs(self.hosts[0]).resolve_run_id(run_id)
+
+    def node_status(self, host: str, run_id: str) -> NodeStatus:
+        rank = self.hosts.index(host)
+        try:
+            return NodeStatus(host, rank, self.jobs(host).status(run_id))
+        except UsageError as e:
+            return NodeStatus(host, rank, None, str(e))
+        except (HarnessError, OSError, EOFError) as e:
+            return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - paramiko raises its own types on a dead link
+            return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
+
+    def status(self, run_id: str) -> GroupStatus:
+        run_id = self.resolve_run_id(run_id)
+        nodes = [r for _, r, _ in parallel(self.hosts, lambda h: self.node_status(h, run_id))]
+        return GroupStatus(self.group.name, run_id, nodes)
+
+    def cancel(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
+        """Cancel on every host (in parallel); host -> final state or the error."""
+        run_id = self.resolve_run_id(run_id)
+        out = {}
+        for host, state, error in parallel(list(hosts or self.hosts), lambda h: self.jobs(h).cancel(run_id, grace_s)):
+            out[host] = state if error is None else f"error: {error}"
+        return out
+
+    def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False) -> list[threading.Thread]:
+        """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the
+        (daemon) threads; join them to wait for the end."""
+        run_id = self.resolve_run_id(run_id)
+        threads = []
+        for host in self.hosts:
+            splitter = LinePrefixer(host, write)
+
+            def pump(host=host, splitter=splitter) -> None:
+                try:
+                    self.jobs(host).follow(run_id, splitter.feed, stage=stage, follow=follow)
+                except UsageError as e:
+                    splitter.feed(f"harness: {e}\n".encode())
+                except Exception as e:  # noqa: BLE001 - a dead node ends its stream, not the others
+                    splitter.feed(f"harness: log stream ended: {type(e).__name__}: {e}\n".encode())
+                splitter.flush()
+
+            t = threading.Thread(target=pump, name=f"follow-{host}", daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+    # -- watch: stop everything when one node fails -------------------------------------------------
+
+    def watch(self, run_id: str, on_update: Callable[[GroupStatus], None] | None = None, unreachable_s: float = UNREACHABLE_S,
+              grace_s: float | None = None, poll_s: float = POLL_S, timeout: float | None = None) -> GroupStatus:
+        """Poll every node until all are final (or lost); on the first failure, cancel the rest."""
+        latest: dict[str, NodeStatus] = {h: NodeStatus(h, i) for i, h in enumerate(self.hosts)}
+        lock = threading.Lock()
+        stop = threading.Event()
+
+        def poll(host: str) -> None:
+            down_since = None
+            while not stop.is_set():
+                st = self.node_status(host, run_id)
+                if st.status is None:
+                    down_since = down_since or time.monotonic()
+                    st.since = down_since
+                else:
+                    down_since = None
+                with lock:
+                    latest[host] = st
+                if st.final:
+                    return
+                stop.wait(poll_s)
+
+        for h in self.hosts:
+            threading.Thread(target=poll, args=(h,), name=f"watch-{h}", daemon=True).start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first_failure: str | None = None
+        stopped_others = False
+        try:
+            while True:
+                time.sleep(poll_s / 2)
+                with lock:
+                    nodes = [dataclasses.replace(latest[h]) for h in self.hosts]
+                now = time.monotonic()
+                lost = {n.host for n in nodes if n.status is None and n.since is not None and now - n.since > unreachable_s}
+                bad = [n for n in nodes if (n.final and n.state != "ok") or n.host in lost]
+                if bad and first_failure is None:
+                    first = GroupStatus(self.group.name, run_id, nodes).origin() or bad[0]
+                    first_failure = f"{first.host}: {first.failure()}"
+                if bad and not stopped_others:
+                    stopped_others = True
+                    others = [n.host for n in nodes if not n.final and n.host not in lost]
+                    if others:
+                        self.cancel(run_id, grace_s, hosts=others)
+                group = GroupStatus(self.group.name, run_id, nodes, first_failure)
+                if on_update:
+                    on_update(group)
+                if all(n.final or n.host in lost for n in nodes) or (deadline is not None and now > deadline):
+                    return group
+        finally:
+            stop.set()
+
+
+class LinePrefixer:
+    """Bytes from one node's log -> whole lines, each handed on with the node's name."""
+
+    def __init__(self, host: str, write: Callable[[str, bytes], None]):
+        self.host = host
+        self.write = write
+        self.pending = b""
+
+    def feed(self, chunk: bytes) -> None:
+        data = self.pending + chunk
+        *lines, self.pending = data.split(b"\n")
+        for line in lines:
+            self.write(self.host, line + b"\n")
+
+    def flush(self) -> None:
+        if self.pending:
+            self.write(self.host, self.pending + b"\n")
+            self.pending = b""
+
+
+def prefixed_writer(stream=None) -> Callable[[str, bytes], None]:
+    """A thread-safe writer of `[host] line` to stdout."""
+    out = stream or sys.stdout.buffer
+    lock = threading.Lock()
+
+    def write(host: str, line: bytes) -> None:
+        with lock:
+            out.write(f"[{host}] ".encode() + line)
+            out.flush()
+
+    return write

@@ -1,0 +1,512 @@
+#!/usr/bin/env python3
+"""The run supervisor: runs a chain of stages ON THE HOST, detached from the SSH link.
+
+Shipped by the harness to <workdir>/.harness/supervisor.py and run with the host's python3.
+Standard library only: it must work on a bare GPU box, outside any container.
+
+Everything about a run lives in files under <workdir>/runs/<run_id>/, so any laptop can come back
+later, and nothing depends on the connection (or the harness process) that started it:
+
+    run.json              the run record (written by the harness; the supervisor adds versions)
+    state.json            run state: running | ok | failed | cancelled | lost, timestamps, pid
+    supervisor.lock       flock held by the live supervisor (liveness without pid-reuse races)
+    supervisor.log        the supervisor's own stderr (diagnostics, never stage output)
+    cancel                present once a cancel was requested
+    <stage>/spec.json     how to launch the stage (written by the harness)
+    <stage>/log           stdout+stderr of the stage, complete, appended live
+    <stage>/events.jsonl  progress events (the stage writes them: --events)
+    <stage>/state.json    pending | running | ok | failed | cancelled | skipped, exit code, times
+
+A stage spec is one of
+    {"kind": "host",   "argv": [...]}                      a process group of its own
+    {"kind": "docker", "argv": ["docker", "create", ...], "container": NAME}
+                                                            a container; its command appends its
+                                                            own output to <stage>/log
+Secrets: environment values arrive on stdin (`start`), live only in this process's memory and
+reach stages by inheritance (host) or by name (`docker create -e NAME`). They are never written.
+
+Commands:
+    supervisor.py start  RUN_DIR            (stdin: {"env": {...}}) daemonize; print the pid
+    supervisor.py cancel RUN_DIR [--grace S]
+    supervisor.py status RUNS_DIR [RUN_ID]  JSON on stdout
+    supervisor.py follow RUN_DIR [--stage S] [--follow] [--json]
+"""
+
+from __future__ import annotations
+
+import codecs
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
+FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
+POLL_S = 0.2
+
+
+# ---------------------------------------------------------------------------------------------
+# Small file helpers: every state file is written atomically (temporary name, then rename), so a
+# reader never sees half a JSON document.
+
+
+def read_json(path: str, default=None):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+def write_json(path: str, data) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def update_json(path: str, **fields) -> dict:
+    data = read_json(path, {}) or {}
+    data.update(fields)
+    write_json(path, data)
+    return data
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+def stage_dir(run_dir: str, stage: str) -> str:
+    return os.path.join(run_dir, stage)
+
+
+def lock_is_held(run_dir: str) -> bool:
+    """True while a live supervisor holds the run's lock."""
+    path = os.path.join(run_dir, "supervisor.lock")
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------
+# The supervisor proper
+
+
+class Supervisor:
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.record = read_json(os.path.join(run_dir, "run.json"))
+        if not self.record:
+            raise SystemExit(f"{run_dir}: no run.json")
+        self.stages: list[str] = self.record["stages"]
+        self.grace = float(self.record.get("grace_s", 10))
+        self.cancel_requested = False
+
+    # -- signals: the handler only sets a flag; the loop acts on it ------------------------------
+
+    def _on_term(self, signum, frame) -> None:
+        self.cancel_requested = True
+
+    def _cancel_pending(self) -> bool:
+        if not self.cancel_requested and os.path.exists(os.path.join(self.run_dir, "cancel")):
+            self.cancel_requested = True
+        return self.cancel_requested
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # belt and braces: we are in our own session
+        state_path = os.path.join(self.run_dir, "state.json")
+        update_json(state_path, state="running", started=now(), pid=os.getpid())
+        self._probe_versions()
+        outcome = "ok"
+        for i, stage in enumerate(self.stages):
+            sd = stage_dir(self.run_dir, stage)
+            if self._cancel_pending():
+                update_json(os.path.join(sd, "state.json"), state="cancelled", finished=now())
+                outcome = "cancelled"
+                continue
+            update_json(state_path, current_stage=stage)
+            state = self._run_stage(stage)
+            if state == "cancelled":
+                outcome = "cancelled"
+            elif state != "ok":
+                outcome = "failed"
+                for rest in self.stages[i + 1 :]:  # a failed stage stops the chain
+                    update_json(os.path.join(stage_dir(self.run_dir, rest), "state.json"), state="skipped")
+                break
+        update_json(state_path, state=outcome, finished=now(), current_stage=None)
+        return 0
+
+    def _probe_versions(self) -> None:
+        """Library versions as the stages see them, added to the run record (null when absent)."""
+        probe = self.record.get("probe_argv")
+        if not probe:
+            return
+        versions = None
+        try:
+            out = subprocess.run(probe, cwd=self.record.get("workdir"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            if out.returncode == 0:
+                versions = json.loads(out.stdout.decode().strip().splitlines()[-1])
+            else:
+                log(f"version probe failed ({out.returncode}): {out.stderr.decode(errors='replace')[-500:]}")
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+            log(f"version probe failed: {e}")
+        run_json = os.path.join(self.run_dir, "run.json")
+        update_json(run_json, versions=versions)
+
+    def _run_stage(self, stage: str) -> str:
+        sd = stage_dir(self.run_dir, stage)
+        spec = read_json(os.path.join(sd, "spec.json"))
+        state_path = os.path.join(sd, "state.json")
+        log_path = os.path.join(sd, "log")
+        update_json(state_path, state="running", started=now())
+        with open(log_path, "ab", buffering=0) as log_file:
+            if spec["kind"] == "docker":
+                code, cancelled = self._run_container(spec, log_file, state_path)
+            else:
+                code, cancelled = self._run_process(spec, log_file, state_path)
+        state = "cancelled" if cancelled else ("ok" if code == 0 else "failed")
+        update_json(state_path, state=state, exit_code=code, finished=now())
+        return state
+
+    def _run_process(self, spec: dict, log_file, state_path: str) -> tuple[int, bool]:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.get("env_extra", {})}
+        try:
+            proc = subprocess.Popen(
+                spec["argv"], cwd=self.record.get("workdir"), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        except OSError as e:
+            log_file.write(f"harness: cannot start {spec['argv'][0]}: {e}\n".encode())
+            return 127, False
+        update_json(state_path, pid=proc.pid, pgid=proc.pid)
+        cancelled = False
+        while proc.poll() is None:
+            if self._cancel_pending() and not cancelled:
+                cancelled = True
+                terminate_group(proc.pid, self.grace, proc.poll)
+            time.sleep(POLL_S)
+        return proc.returncode, cancelled
+
+    def _run_container(self, spec: dict, log_file, state_path: str) -> tuple[int, bool]:
+        name = spec["container"]
+        created = subprocess.run(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file)
+        if created.returncode != 0:
+            return created.returncode, False
+        update_json(state_path, container=name, container_id=created.stdout.decode().strip())
+        started = subprocess.run(["docker", "start", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file)
+        if started.returncode != 0:  # e.g. no GPU runtime: the reason is in the log
+            subprocess.run(["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return started.returncode, False
+        # `docker wait` AFTER start: on a created container it returns 0 at once ("not running");
+        # on one that already exited it returns that exit code, so no exit is missed.
+        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file)
+        cancelled = False
+        while waiter.poll() is None:
+            if self._cancel_pending() and not cancelled:
+                cancelled = True
+                # docker stop: SIGTERM, then SIGKILL after the grace period
+                subprocess.run(["docker", "stop", "-t", str(int(self.grace)), name], stdout=subprocess.DEVNULL, stderr=log_file)
+            time.sleep(POLL_S)
+        out = waiter.stdout.read().decode().strip()
+        code = int(out) if out.lstrip("-").isdigit() else 125
+        # The stage's output is already in its log file; the container itself is not needed.
+        subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return code, cancelled
+
+
+def terminate_group(pgid: int, grace: float, exited) -> None:
+    """SIGTERM the process group, wait up to `grace` seconds, then SIGKILL it."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if exited() is not None:
+            break
+        time.sleep(POLL_S)
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # also any children left behind by the leader
+    except ProcessLookupError:
+        pass
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} supervisor: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_start(run_dir: str) -> int:
+    """Read secrets from stdin, detach (double fork, new session), report the supervisor's pid."""
+    run_dir = os.path.abspath(run_dir)
+    payload = sys.stdin.read()
+    env = json.loads(payload).get("env", {}) if payload.strip() else {}
+    if read_json(os.path.join(run_dir, "state.json")):
+        print(f"{run_dir}: already started", file=sys.stderr)
+        return 2
+    first = os.fork()
+    if first == 0:
+        os.setsid()  # no controlling terminal, no SIGHUP when the SSH session ends
+        if os.fork() != 0:
+            os._exit(0)
+        _become_daemon(run_dir, env)  # never returns
+    os.waitpid(first, 0)
+    # Wait until the daemon holds the lock, so "started" means started.
+    state_path = os.path.join(run_dir, "state.json")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        state = read_json(state_path)
+        if state and state.get("pid"):
+            print(state["pid"])
+            return 0
+        time.sleep(0.05)
+    print(f"{run_dir}: supervisor did not start (see supervisor.log)", file=sys.stderr)
+    return 1
+
+
+def _become_daemon(run_dir: str, env: dict) -> None:
+    code = 1
+    try:
+        os.chdir(run_dir)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        logfd = os.open(os.path.join(run_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # stdout/stderr leave the SSH channel: the channel closes and the link may drop freely
+        os.dup2(logfd, 1)
+        os.dup2(logfd, 2)
+        os.environ.update(env)
+        lock_fd = os.open(os.path.join(run_dir, "supervisor.lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until this process exits
+        log(f"started pid {os.getpid()}")
+        code = Supervisor(run_dir).run()
+        log("finished")
+    except BaseException as e:  # noqa: BLE001 - record why, then exit
+        log(f"crashed: {e!r}")
+        update_json(os.path.join(run_dir, "state.json"), state="failed", error=repr(e), finished=now())
+    finally:
+        sys.stdout.flush()
+        os._exit(code)
+
+
+def cmd_cancel(run_dir: str, grace: float | None) -> int:
+    """Ask the supervisor to cancel; if it is gone, stop what is left ourselves."""
+    run_dir = os.path.abspath(run_dir)
+    record = read_json(os.path.join(run_dir, "run.json"))
+    if not record:
+        print(f"{run_dir}: no such run", file=sys.stderr)
+        return 2
+    state_path = os.path.join(run_dir, "state.json")
+    state = read_json(state_path, {})
+    if state.get("state") in FINAL_RUN:
+        print(state["state"])
+        return 0
+    open(os.path.join(run_dir, "cancel"), "w").close()
+    grace = float(record.get("grace_s", 10)) if grace is None else grace
+    if lock_is_held(run_dir) and state.get("pid"):
+        try:
+            os.kill(int(state["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace + 30
+        while time.monotonic() < deadline and lock_is_held(run_dir):
+            time.sleep(POLL_S)
+    if lock_is_held(run_dir):
+        print(f"{run_dir}: supervisor did not stop", file=sys.stderr)
+        return 1
+    # No live supervisor (it died or never started): finish the job by hand.
+    for stage in record["stages"]:
+        sp = os.path.join(stage_dir(run_dir, stage), "state.json")
+        st = read_json(sp, {})
+        if st.get("state") in FINAL_STAGE:
+            continue
+        if st.get("state") == "running":
+            if st.get("container"):
+                subprocess.run(["docker", "stop", "-t", str(int(grace)), st["container"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(["docker", "rm", "-f", st["container"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            elif st.get("pgid"):
+                terminate_group(int(st["pgid"]), grace, lambda: None if _group_alive(int(st["pgid"])) else 0)
+        update_json(sp, state="cancelled", finished=now())
+    state = read_json(state_path, {})
+    if state.get("state") not in FINAL_RUN:
+        update_json(state_path, state="cancelled", finished=now())
+    print(read_json(state_path, {}).get("state"))
+    return 0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def run_summary(run_dir: str) -> dict | None:
+    record = read_json(os.path.join(run_dir, "run.json"))
+    if not record:
+        return None
+    state = read_json(os.path.join(run_dir, "state.json"), {}) or {}
+    if state.get("state") == "running" and not lock_is_held(run_dir):
+        state["state"] = "lost"  # the supervisor died without recording an outcome
+    stages = []
+    for stage in record.get("stages", []):
+        sd = stage_dir(run_dir, stage)
+        st = read_json(os.path.join(sd, "state.json"), {}) or {}
+        st.setdefault("state", "pending")
+        st["stage"] = stage
+        st["last_event"] = last_event(os.path.join(sd, "events.jsonl"))
+        stages.append(st)
+    return {"run_id": record.get("run_id"), "record": record, "state": state, "stages": stages}
+
+
+def last_event(path: str, window: int = 65536) -> dict | None:
+    """The last complete event line of an events.jsonl (reads only its tail)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - window))
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
+
+
+def cmd_status(runs_dir: str, run_id: str | None) -> int:
+    if run_id:
+        summary = run_summary(os.path.join(runs_dir, run_id))
+        if summary is None:
+            print(f"no run {run_id} in {runs_dir}", file=sys.stderr)
+            return 2
+        out = [summary]
+    else:
+        names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+        out = [s for s in (run_summary(os.path.join(runs_dir, n)) for n in names) if s]
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool) -> int:
+    """Print stage logs from their first byte; with --follow, keep going until the run ends.
+
+    Raw mode writes the log bytes unchanged. JSON mode writes one object per line:
+    {"stage", "log": text} | {"stage", "event": {...}} | {"stage", "state": {...}}.
+    """
+    record = read_json(os.path.join(run_dir, "run.json"))
+    if not record:
+        print(f"{run_dir}: no such run", file=sys.stderr)
+        return 2
+    stages = record["stages"]
+    if only_stage is not None:
+        if only_stage not in stages:
+            print(f"run {record.get('run_id')} has no stage {only_stage!r} (stages: {', '.join(stages)})", file=sys.stderr)
+            return 2
+        stages = [only_stage]
+    out = sys.stdout.buffer
+
+    def emit(obj: dict) -> None:
+        out.write((json.dumps(obj) + "\n").encode())
+        out.flush()
+
+    for stage in stages:
+        sd = stage_dir(run_dir, stage)
+        log_off = ev_off = 0
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            st = read_json(os.path.join(sd, "state.json"), {}) or {}
+            run_state = (read_json(os.path.join(run_dir, "state.json"), {}) or {}).get("state")
+            run_over = run_state in FINAL_RUN or (run_state == "running" and not lock_is_held(run_dir))
+            done = st.get("state") in FINAL_STAGE or run_over or not follow
+            # Read AFTER the state check: output written before the stage ended is always seen.
+            log_off, data = read_from(os.path.join(sd, "log"), log_off)
+            if data:
+                if as_json:
+                    emit({"stage": stage, "log": decoder.decode(data)})
+                else:
+                    out.write(data)
+                    out.flush()
+            if as_json:
+                ev_off, evdata = read_from(os.path.join(sd, "events.jsonl"), ev_off, whole_lines=True)
+                for line in evdata.splitlines():
+                    try:
+                        emit({"stage": stage, "event": json.loads(line)})
+                    except ValueError:
+                        pass
+            if done and not data:
+                break
+            if not data:
+                time.sleep(POLL_S)
+        st = read_json(os.path.join(sd, "state.json"), {}) or {}
+        if as_json:
+            emit({"stage": stage, "state": st or {"state": "pending"}})
+        if st.get("state") not in ("ok",) and only_stage is None and follow:
+            break  # the chain stopped here
+    return 0
+
+
+def read_from(path: str, offset: int, whole_lines: bool = False, limit: int = 1 << 20) -> tuple[int, bytes]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(limit)
+    except FileNotFoundError:
+        return offset, b""
+    if whole_lines and data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+    return offset + len(data), data
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="supervisor.py")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("start")
+    p.add_argument("run_dir")
+    p = sub.add_parser("cancel")
+    p.add_argument("run_dir")
+    p.add_argument("--grace", type=float, default=None)
+    p = sub.add_parser("status")
+    p.add_argument("runs_dir")
+    p.add_argument("run_id", nargs="?")
+    p = sub.add_parser("follow")
+    p.add_argument("run_dir")
+    p.add_argument("--stage")
+    p.add_argument("--follow", action="store_true")
+    p.add_argument("--json", action="store_true")
+    a = parser.parse_args(argv)
+    if a.cmd == "start":
+        return cmd_start(a.run_dir)
+    if a.cmd == "cancel":
+        return cmd_cancel(a.run_dir, a.grace)
+    if a.cmd == "status":
+        return cmd_status(a.runs_dir, a.run_id)
+    try:
+        return cmd_follow(os.path.abspath(a.run_dir), a.stage, a.follow, a.json)
+    except BrokenPipeError:  # the reader went away (Ctrl-C on the laptop): nothing to clean up
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,187 @@
+"""Host side of `harness sync` (stdlib only; sent as `python3 -c SOURCE WORKDIR`, never imported).
+
+stdin: one JSON header line, then an uncompressed tar stream of the files to write.
+  header = {"upload": {path: entry}, "delete": [path, ...], "manifest": {path: entry}, "roots": [...]}
+Order, chosen so that an interruption at any point leaves the host consistent:
+  1. a pending manifest is written first: old entries plus every path about to be written, the
+     latter with an unknown hash, so an interrupted sync re-sends them next time and still owns
+     them (can delete them later);
+  2. deletions first (so a file can become a directory and back): only paths the old manifest
+     lists, only under a synced root, never through a symlinked directory, files and links only
+     (never a directory tree); directories this empties are removed;
+  3. each file/link is written under a temporary name in its directory and renamed over the
+     target (a symlink at the target is replaced, never followed);
+  4. the final manifest is renamed into place.
+The laptop already validated every path; this script checks again, because the manifest it
+derives from lives on the host and may have been edited.
+stdout: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
+"""
+
+import hashlib
+import json
+import os
+import stat
+import sys
+import tarfile
+
+MANIFEST = ".harness/sync-manifest.json"
+
+
+def safe_rel(path, roots):
+    """A normalized relative path under one of the synced roots, or None."""
+    if not isinstance(path, str) or not path or "\0" in path or "\\" in path:
+        return None
+    if path.startswith("/") or path != os.path.normpath(path):
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts) or parts[0] == ".harness":
+        return None
+    if not any(path == r or path.startswith(r + "/") for r in roots):
+        return None
+    return path
+
+
+def parents_are_real_dirs(workdir, rel):
+    """True when no directory between workdir and rel is a symlink (nothing escapes the tree)."""
+    parent = os.path.dirname(rel)
+    return os.path.realpath(os.path.join(workdir, parent)) == os.path.normpath(os.path.join(workdir, parent))
+
+
+def make_parents(workdir, rel, owned):
+    """Create rel's parent directories. A parent that is a file or link sync put there earlier
+    (it is in the old manifest) is replaced by a directory; anything else is refused."""
+    parts = rel.split("/")[:-1]
+    current = ""
+    for part in parts:
+        current = part if not current else current + "/" + part
+        full = os.path.join(workdir, current)
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            os.mkdir(full)
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if current in owned:
+            os.unlink(full)
+            os.mkdir(full)
+            continue
+        raise OSError("%s is not a directory and sync did not create it" % current)
+
+
+def write_json(workdir, rel, data):
+    path = os.path.join(workdir, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp-%d" % os.getpid()
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, sort_keys=True, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def load_manifest(workdir):
+    try:
+        with open(os.path.join(workdir, MANIFEST), encoding="utf-8") as f:
+            data = json.load(f)
+        files = data.get("files", {})
+        return files if isinstance(files, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def manifest_doc(files):
+    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return {"version": 1, "digest": hashlib.sha256(canonical.encode()).hexdigest(), "files": files}
+
+
+def main():
+    workdir = os.path.normpath(os.path.expanduser(sys.argv[1]))
+    os.makedirs(workdir, exist_ok=True)
+    workdir = os.path.realpath(workdir)
+    stream = sys.stdin.buffer
+    header = json.loads(stream.readline())
+    roots = header["roots"]
+    upload = header["upload"]
+    refused = []
+
+    old = load_manifest(workdir)
+    pending = dict(old)
+    for path, entry in upload.items():
+        pending[path] = dict(entry, sha256="pending")
+    write_json(workdir, MANIFEST, manifest_doc(pending))
+
+    deleted = 0
+    for path in header["delete"]:
+        rel = safe_rel(path, roots)
+        if rel is None or rel not in old:
+            refused.append([path, "not a path sync put on this host"])
+            continue
+        full = os.path.join(workdir, rel)
+        if not parents_are_real_dirs(workdir, rel):
+            refused.append([rel, "a parent directory is a symlink"])
+            continue
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            refused.append([rel, "is a directory now; left in place"])
+            continue
+        try:
+            os.unlink(full)
+        except OSError as e:
+            refused.append([rel, str(e)])
+            continue
+        deleted += 1
+        # Tidy directories this emptied, up to (not including) the synced root.
+        parent = os.path.dirname(rel)
+        while parent and parent not in roots:
+            try:
+                os.rmdir(os.path.join(workdir, parent))
+            except OSError:
+                break
+            parent = os.path.dirname(parent)
+
+    written = 0
+    with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8") as tar:
+        for member in tar:
+            rel = safe_rel(member.name, roots)
+            if rel is None or rel not in upload or not (member.isfile() or member.issym()):
+                refused.append([member.name, "unexpected archive member"])
+                continue
+            try:
+                make_parents(workdir, rel, old)
+                if not parents_are_real_dirs(workdir, rel):
+                    raise OSError("a parent directory is a symlink")
+                target = os.path.join(workdir, rel)
+                if os.path.isdir(target) and not os.path.islink(target):
+                    raise OSError("a directory is in the way")
+                tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
+                if member.issym():
+                    if os.path.lexists(tmp):
+                        os.unlink(tmp)
+                    os.symlink(member.linkname, tmp)
+                else:
+                    source = tar.extractfile(member)
+                    with open(tmp, "wb") as out:
+                        while True:
+                            chunk = source.read(1 << 20)
+                            if not chunk:
+                                break
+                            out.write(chunk)
+                    os.chmod(tmp, member.mode & 0o7777)
+                os.replace(tmp, target)
+                written += 1
+            except OSError as e:
+                refused.append([rel, str(e)])
+                upload.pop(rel, None)
+
+    final = header["manifest"]
+    for path, _reason in refused:
+        # What was not written is not ours in its new version: keep it marked for re-sending.
+        if path in final and path not in upload:
+            final[path] = dict(final[path], sha256="pending")
+    write_json(workdir, MANIFEST, manifest_doc(final))
+    sys.stdout.write(json.dumps({"written": written, "deleted": deleted, "refused": refused}) + "\n")
+
+
+main()

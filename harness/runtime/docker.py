@@ -1,0 +1,117 @@
+"""DockerRuntime: stages run in the ML container, started with the docker CLI ON THE HOST.
+
+Every container the harness starts (jobs, `harness exec`, `harness shell`, inspect, the version
+probe) gets the same options from `run_options`, so a shell sees exactly what a stage sees:
+  - GPUs: "all", a count, or a list of indices (`--gpus`; docker turns it into a DeviceRequest)
+  - `--ipc=host`, `--shm-size`, `--ulimit memlock=-1 --ulimit stack=67108864` (NCCL, dataloaders;
+    `container.ulimits` overrides them, e.g. where the engine may not raise the hard limit)
+  - the workdir mounted at the SAME path inside, as the working directory: paths in logs,
+    events and artifacts mean the same thing on the host and in the container
+  - data_dir (same path), the Hugging Face cache, and the configured mounts
+  - env passthrough BY NAME (`-e NAME`): docker reads the value from its own environment, so a
+    secret never appears on a command line or in a file the harness writes
+  - labels naming the run and the stage, and `--init` so signals reach the stage and zombies
+    are reaped (a Python PID 1 would ignore SIGTERM)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from harness.config import HostConfig
+from harness.runtime.base import Runtime, WrapOptions
+
+# Where the Hugging Face cache lives inside the container (HF_HOME points there).
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+LABEL_PREFIX = "harness"
+DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864}
+
+
+def gpus_flag(gpus: str | int | list[int]) -> list[str]:
+    """Config `gpus` -> docker's --gpus argument ([] for none).
+
+    A device list must reach docker's CSV parser as `"device=0,1"` (with the double quotes),
+    otherwise the comma splits it into two options.
+    """
+    if gpus in ("none", 0, []):
+        return []
+    if gpus == "all":
+        return ["--gpus", "all"]
+    if isinstance(gpus, int):
+        return ["--gpus", str(gpus)]
+    return ["--gpus", '"device=' + ",".join(str(i) for i in gpus) + '"']
+
+
+def gpu_count(gpus: str | int | list[int]) -> int | None:
+    """How many GPUs a container gets, or None for "all" (ask the host)."""
+    if gpus == "all":
+        return None
+    if gpus == "none":
+        return 0
+    return gpus if isinstance(gpus, int) else len(gpus)
+
+
+class DockerRuntime(Runtime):
+    kind = "docker"
+
+    def __init__(self, host: HostConfig, workdir: str, home: str, image: str | None = None):
+        super().__init__(host, workdir)
+        self.home = home  # the host user's home: where ~ in configured mounts points
+        self.image = image or default_image_ref(host)
+
+    @property
+    def python(self) -> str:
+        return self.host.container.python
+
+    @property
+    def hf_cache(self) -> str:
+        """The host directory mounted as the container's Hugging Face cache."""
+        return f"{self.home}/.cache/huggingface"
+
+    def host_dirs(self) -> list[str]:
+        """Host directories that must exist before a container starts (docker would create
+        missing ones owned by root)."""
+        dirs = [self.workdir, self.hf_cache]
+        if self.host.data_dir:
+            dirs.append(self._expand(self.host.data_dir))
+        return dirs
+
+    def _expand(self, path: str) -> str:
+        return self.home + path[1:] if path == "~" or path.startswith("~/") else path
+
+    def run_options(self, options: WrapOptions = WrapOptions()) -> list[str]:
+        c = self.host.container
+        opts: list[str] = ["--init", *gpus_flag(c.gpus), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
+        for name, value in {**DEFAULT_ULIMITS, **c.ulimits}.items():
+            opts += ["--ulimit", f"{name}={value}"]
+        opts += ["-v", f"{self.workdir}:{self.workdir}", "-w", self.workdir]
+        if self.host.data_dir:
+            data = self._expand(self.host.data_dir)
+            opts += ["-v", f"{data}:{data}"]
+        opts += ["-v", f"{self.hf_cache}:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}"]
+        for mount in c.mounts:
+            opts += ["-v", self._expand(mount)]
+        opts += ["-e", "PYTHONUNBUFFERED=1"]
+        for name in dict.fromkeys((*self.host.env, *options.env_names)):
+            opts += ["-e", name]  # by name: the value comes from docker's environment
+        for key, value in options.labels:
+            opts += ["--label", f"{LABEL_PREFIX}.{key}={value}"]
+        if options.name:
+            opts += ["--name", options.name]
+        return opts
+
+    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
+        """`docker run --rm` in the foreground: exec, shell, inspect, probes."""
+        tty = ["-i", "-t"] if options.interactive else ["-i"]
+        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *argv]
+
+    def create_argv(self, argv: Sequence[str], options: WrapOptions) -> list[str]:
+        """`docker create` for a detached job: the supervisor starts it, waits, removes it."""
+        return ["docker", "create", *self.run_options(options), self.image, *argv]
+
+
+def default_image_ref(host: HostConfig) -> str:
+    """The image jobs use: the last one `harness build` produced on this host."""
+    from harness.runtime.image import current_ref
+
+    return current_ref(host.container)

@@ -1,0 +1,161 @@
+"""The ML image: its content-hash tag, and `build` on the host's Docker engine.
+
+Tag. `<image>:<hash>` where the hash covers every input of the build: the files of container/
+and remote_scripts/ (the Dockerfile copies the scripts in), the Dockerfile path, the build
+arguments (BASE_IMAGE included) and the extra CA bundle. Same inputs, same tag: an unchanged
+image is found by `docker image inspect` and not rebuilt. `<image>:latest` names the last build
+on that host; jobs, shells and exec use it, and each run records its image ID.
+
+How we talk to the engine: the docker CLI ON THE HOST, through the harness's one transport
+(`docker build -` with the build context as a tar stream on stdin). Measured against the docker
+SDK over ssh:// (see scripts/measure-docker-channels.py and the report in container/README.md):
+the SDK wins per API call on a kept connection, but a build is one long call, dominated by the
+build itself, and the SDK opens a second SSH connection of its own with its own host-key,
+ProxyJump and identity handling (~/.ssh/config only). The transport path keeps one connection,
+one host-key policy, and streams the build output unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from harness.config import Config, ContainerConfig, HostConfig
+from harness.errors import RemoteCommandError, UsageError
+
+if TYPE_CHECKING:
+    from harness.transport.base import Transport
+
+CONTEXT_DIRS = ("container", "remote_scripts")
+EXTRA_CA_NAME = "container/extra-ca.crt"  # the Dockerfile installs this file when present
+TAG_LENGTH = 16
+_SKIP_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """Everything that goes into the image, gathered on the laptop."""
+
+    files: dict[str, bytes]  # context path -> content (container/..., remote_scripts/...)
+    dockerfile: str  # path inside the context
+    build_args: dict[str, str]
+
+    @property
+    def content_hash(self) -> str:
+        h = hashlib.sha256()
+        h.update(b"dockerfile\0" + self.dockerfile.encode() + b"\0")
+        for key in sorted(self.build_args):
+            h.update(b"arg\0" + key.encode() + b"\0" + self.build_args[key].encode() + b"\0")
+        for path in sorted(self.files):
+            h.update(b"file\0" + path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
+        return h.hexdigest()[:TAG_LENGTH]
+
+    def context_tar(self) -> bytes:
+        """A deterministic tar of the build context (fixed mtimes and owners)."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for path in sorted(self.files):
+                data = self.files[path]
+                info = tarfile.TarInfo(path)
+                info.size = len(data)
+                info.mode = 0o755 if data.startswith(b"#!") else 0o644
+                info.mtime = 0
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    ref: str  # image:hash
+    image_id: str
+    built: bool  # False when the image already existed
+
+
+def image_ref(container: ContainerConfig, content_hash: str) -> str:
+    return f"{container.image}:{content_hash}"
+
+
+def current_ref(container: ContainerConfig) -> str:
+    return f"{container.image}:latest"
+
+
+def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = None) -> BuildInputs:
+    """Read the build context from the project (next to harness.toml)."""
+    root = config.root
+    c = host.container
+    dockerfile = Path(c.dockerfile)
+    if dockerfile.is_absolute() or ".." in dockerfile.parts:
+        raise UsageError(f"{config.path}: hosts.{host.name}.container.dockerfile: expected a path inside the project, got {c.dockerfile!r}")
+    if not (root / dockerfile).is_file():
+        raise UsageError(f"{root / dockerfile}: Dockerfile not found")
+    files: dict[str, bytes] = {}
+    for top in {*CONTEXT_DIRS, dockerfile.parts[0]}:
+        base = root / top
+        if base.is_file():
+            files[top] = base.read_bytes()
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_NAMES)
+            for name in sorted(filenames):
+                if name.endswith((".pyc", ".pyo")) or name == Path(EXTRA_CA_NAME).name:
+                    continue
+                full = Path(dirpath) / name
+                files[full.relative_to(root).as_posix()] = full.read_bytes()
+    if extra_ca:
+        files[EXTRA_CA_NAME] = extra_ca
+    build_args = {"BASE_IMAGE": c.base_image, **c.build_args}
+    return BuildInputs(files=files, dockerfile=dockerfile.as_posix(), build_args=build_args)
+
+
+def image_id(transport: "Transport", ref: str) -> str | None:
+    """The ID of `ref` on the host's engine, or None when there is no such image."""
+    result = transport.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    if result.exit_code != 0:
+        err = result.stderr.decode("utf-8", "replace")
+        if "No such image" in err or "not found" in err.lower():
+            return None
+        raise RemoteCommandError("docker image inspect " + ref, result.exit_code, err)
+    return result.text.strip() or None
+
+
+def build(
+    transport: "Transport",
+    config: Config,
+    host: HostConfig,
+    output: Callable[[bytes], None],
+    force: bool = False,
+) -> BuildResult:
+    """Build the image on the host unless an image with the same content hash exists."""
+    c = host.container
+    extra_ca = None
+    if c.ca_bundle:
+        try:
+            extra_ca = transport.get_bytes(transport.expand(c.ca_bundle))
+        except FileNotFoundError:
+            raise UsageError(f"{config.path}: hosts.{host.name}.container.ca_bundle: {c.ca_bundle} not found on {host.name}") from None
+    inputs = gather_inputs(config, host, extra_ca)
+    tag = inputs.content_hash
+    ref = image_ref(c, tag)
+    latest = current_ref(c)
+    existing = None if force else image_id(transport, ref)
+    if existing:
+        transport.check(["docker", "tag", ref, latest])
+        return BuildResult(ref, existing, built=False)
+    argv = ["docker", "build", "--network=host", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}"]
+    if force:
+        argv.append("--no-cache")  # forced: every layer again (e.g. to pick up new packages)
+    for key, value in sorted(inputs.build_args.items()):
+        argv += ["--build-arg", f"{key}={value}"]
+    argv.append("-")  # the context is the tar on stdin
+    result = transport.run(argv, stdin=inputs.context_tar(), stdout=output, stderr=output)
+    if result.exit_code != 0:
+        raise RemoteCommandError("docker build", result.exit_code, "see the build output above")
+    built_id = image_id(transport, ref)
+    if not built_id:
+        raise RemoteCommandError("docker build", 1, f"{ref} missing after a successful build")
+    return BuildResult(ref, built_id, built=True)

@@ -1,0 +1,519 @@
+"""`harness sync`: push the project's code (SyncConfig.paths) to <workdir> on a host, incrementally.
+
+How it decides what moves
+  The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
+  {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
+  entry is {kind: "file"|"link", size, mode, sha256, target}. A sync scans the local tree (hashes
+  cached by (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are
+  never re-read), reads the host manifest (one round trip), and sends only entries that differ.
+  A no-op sync therefore costs one round trip and moves no file.
+
+What it sends
+  Regular files (content, permission bits) and symlinks (as links, never followed). Ignored:
+  `.git` always; `.gitignore` and `.harnessignore` files at any level (gitignore semantics,
+  deeper files win, a negation `!x` re-includes); SyncConfig.exclude (gitignore patterns relative
+  to the project root). A symlink whose target is absolute or leads outside the synced tree is
+  NOT sent: it is listed in `SyncResult.skipped` (the host would otherwise be handed a path out
+  of the tree). Names that are not valid UTF-8 are skipped the same way.
+
+What it deletes
+  Only paths the host manifest lists (sync put them there), that are gone locally, and that lie
+  under one of the current sync paths; files and links only, never through a symlinked
+  directory. Outputs (runs/, data, checkpoints, anything sync did not write) are never touched.
+  Manifest entries that are not clean relative paths (`..`, absolute, `.harness/...`) are
+  ignored and reported: an edited manifest cannot steer a deletion out of the tree.
+
+How bytes move
+  One uncompressed tar stream over one channel (transport.local_argv: OpenSSH for SSH hosts) into
+  harness/remote/sync_apply.py on the host, which writes each file under a temporary name and
+  renames it, applies deletions and writes the new manifest last.
+
+Run records use `host_manifest_digest(transport, workdir)`: the digest of the code a run used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import tarfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Sequence
+
+from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.transport.base import Transport
+
+MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
+LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
+IGNORE_FILES = (".gitignore", ".harnessignore")  # later files win within one directory
+NEVER_SYNCED = {".git", ".harness"}
+_HASH_BLOCK = 1 << 20
+
+
+class SyncError(HarnessError):
+    """The host refused part of a sync (the message lists what and why)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One synced path as recorded in the manifest."""
+
+    kind: str  # "file" or "link"
+    size: int
+    mode: int  # permission bits (0 for links)
+    sha256: str  # of the content; of the target text for links
+    target: str = ""  # link target, as written
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "size": self.size, "mode": self.mode, "sha256": self.sha256, "target": self.target}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Entry":
+        return cls(str(d["kind"]), int(d["size"]), int(d["mode"]), str(d["sha256"]), str(d.get("target", "")))
+
+
+@dataclass
+class LocalTree:
+    entries: dict[str, Entry]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    files_hashed: int = 0  # files actually read (not served from the cache)
+
+
+@dataclass
+class SyncPlan:
+    roots: list[str]
+    upload: list[str]  # paths to send, sorted
+    delete: list[str]  # paths to remove on the host, sorted
+    manifest: dict[str, Entry]  # the host manifest after this sync
+    local: LocalTree
+    ignored_manifest_entries: list[str] = field(default_factory=list)
+
+    @property
+    def upload_bytes(self) -> int:
+        return sum(self.local.entries[p].size for p in self.upload if self.local.entries[p].kind == "file")
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.upload and not self.delete
+
+
+@dataclass
+class SyncResult:
+    plan: SyncPlan
+    dry_run: bool
+    files_sent: int = 0
+    bytes_sent: int = 0
+    deleted: int = 0
+    manifest_digest: str = ""
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+# -------------------------------------------------------------------------------------------------
+# Ignore rules
+
+
+class IgnoreRules:
+    """gitignore semantics over a stack of ignore files (one per directory) plus config excludes.
+
+    A path is judged by the deepest ignore file with a matching pattern (its last matching
+    pattern decides, `!` re-includes); config excludes (relative to the project root) are applied
+    first and win. Directories that are ignored are pruned, so nothing below them can be
+    re-included: git behaves the same way.
+    """
+
+    def __init__(self, exclude: Sequence[str] = ()):
+        from pathspec import GitIgnoreSpec
+
+        self._spec_type = GitIgnoreSpec
+        self._exclude = GitIgnoreSpec.from_lines(list(exclude)) if exclude else None
+        self._by_dir: dict[str, object | None] = {}
+
+    def _spec_for(self, root: Path, rel_dir: str):
+        if rel_dir not in self._by_dir:
+            lines: list[str] = []
+            for name in IGNORE_FILES:
+                f = root / rel_dir / name if rel_dir else root / name
+                try:
+                    lines += f.read_text(encoding="utf-8", errors="replace").splitlines()
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    pass
+            self._by_dir[rel_dir] = self._spec_type.from_lines(lines) if lines else None
+        return self._by_dir[rel_dir]
+
+    def ignored(self, root: Path, rel: str, is_dir: bool) -> bool:
+        parts = rel.split("/")
+        if parts[-1] in NEVER_SYNCED:
+            return True
+        probe = rel + "/" if is_dir else rel
+        if self._exclude is not None and self._exclude.match_file(probe):
+            return True
+        # deepest directory first: the first ignore file with an opinion decides
+        for depth in range(len(parts) - 1, -1, -1):
+            base = "/".join(parts[:depth])
+            spec = self._spec_for(root, base)
+            if spec is None:
+                continue
+            sub = "/".join(parts[depth:]) + ("/" if is_dir else "")
+            decision = spec.check_file(sub).include
+            if decision is not None:
+                return bool(decision)
+        return False
+
+
+# -------------------------------------------------------------------------------------------------
+# Local scan
+
+
+def _clean_rel(path: str) -> str | None:
+    """A normalized relative POSIX path without `..`, or None."""
+    if not path or "\0" in path or "\\" in path or path.startswith("/"):
+        return None
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return path
+
+
+def _under(path: str, roots: Iterable[str]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def normalize_roots(paths: Sequence[str]) -> list[str]:
+    roots = []
+    for p in paths:
+        norm = PurePosixPath(p.replace(os.sep, "/")).as_posix().strip("/")
+        if norm in ("", ".") or _clean_rel(norm) is None or norm.split("/")[0] in NEVER_SYNCED:
+            raise UsageError(f"sync path {p!r} must be a path inside the project (not '.', '..' or .git)")
+        roots.append(norm)
+    # a root inside another root is already covered
+    return sorted({r for r in roots if not any(r != o and r.startswith(o + "/") for o in roots)})
+
+
+class _HashCache:
+    """(size, mtime_ns, inode) -> sha256, persisted next to the project so re-scans read nothing."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self.old: dict[str, list] = {}
+        self.new: dict[str, list] = {}
+        if path is not None:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                if isinstance(data, dict) and data.get("version") == 1:
+                    self.old = data.get("files", {})
+            except (OSError, ValueError):
+                pass
+
+    def lookup(self, rel: str, st: os.stat_result) -> str | None:
+        hit = self.old.get(rel)
+        if hit and hit[:3] == [st.st_size, st.st_mtime_ns, st.st_ino]:
+            return hit[3]
+        return None
+
+    def store(self, rel: str, st: os.stat_result, digest: str) -> None:
+        self.new[rel] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+
+    def save(self) -> None:
+        if self.path is None or self.new == self.old:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"version": 1, "files": self.new}, separators=(",", ":")), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_BLOCK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _link_stays_inside(rel: str, target: str, roots: Sequence[str]) -> bool:
+    if not target or target.startswith("/"):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target)).replace(os.sep, "/")
+    return _clean_rel(resolved) is not None and _under(resolved, roots)
+
+
+def scan_local(
+    root: Path,
+    paths: Sequence[str],
+    exclude: Sequence[str] = (),
+    *,
+    cache_file: Path | None = None,
+) -> LocalTree:
+    """Walk the sync paths under root, apply ignore rules, and hash what changed since last time."""
+    root = Path(root)
+    roots = normalize_roots(paths)
+    rules = IgnoreRules(exclude)
+    cache = _HashCache(cache_file)
+    tree = LocalTree(entries={})
+
+    def add(rel: str, full: Path, st: os.stat_result) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(full)
+            if not _link_stays_inside(rel, target, roots):
+                tree.skipped.append((rel, f"symlink to {target!r} leads outside the synced tree"))
+                return
+            digest = hashlib.sha256(target.encode("utf-8", "surrogateescape")).hexdigest()
+            tree.entries[rel] = Entry("link", len(target), 0, digest, target)
+        elif stat.S_ISREG(st.st_mode):
+            digest = cache.lookup(rel, st)
+            if digest is None:
+                digest = _sha256_file(full)
+                tree.files_hashed += 1
+            cache.store(rel, st, digest)
+            tree.entries[rel] = Entry("file", st.st_size, stat.S_IMODE(st.st_mode), digest)
+        else:
+            tree.skipped.append((rel, "not a regular file, directory or symlink"))
+
+    def walk(rel_dir: str) -> None:
+        try:
+            with os.scandir(root / rel_dir) as it:
+                children = sorted(it, key=lambda e: e.name)
+        except OSError as e:
+            tree.skipped.append((rel_dir, f"cannot read directory: {e.strerror}"))
+            return
+        for child in children:
+            rel = f"{rel_dir}/{child.name}"
+            try:
+                rel.encode("utf-8")
+            except UnicodeEncodeError:
+                tree.skipped.append((rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace"), "name is not valid UTF-8"))
+                continue
+            is_dir = child.is_dir(follow_symlinks=False)
+            if rules.ignored(root, rel, is_dir):
+                continue
+            if is_dir:
+                walk(rel)
+            else:
+                add(rel, Path(child.path), child.stat(follow_symlinks=False))
+
+    for r in roots:
+        full = root / r
+        try:
+            st = full.lstat()
+        except FileNotFoundError:
+            tree.skipped.append((r, "sync path does not exist"))
+            continue
+        # ignore files between the project root and this sync path apply too
+        parent = str(PurePosixPath(r).parent)
+        if parent != "." and rules.ignored(root, parent, True):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if not rules.ignored(root, r, True):
+                walk(r)
+        elif not rules.ignored(root, r, False):
+            add(r, full, st)
+    cache.save()
+    return tree
+
+
+# -------------------------------------------------------------------------------------------------
+# The host manifest
+
+
+def manifest_digest(files: dict[str, Entry]) -> str:
+    """sha256 of the canonical file table: equal digests, equal synced code."""
+    table = {p: e.to_json() for p, e in files.items()}
+    canonical = json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, Entry], str | None]:
+    """(files, digest) of the host manifest; ({}, None) when the host was never synced.
+
+    Read through transport.local_argv (OpenSSH, persistent ControlMaster): a no-op sync costs one
+    multiplexed exec, no new SSH handshake. `~` in workdir is expanded by the host's shell."""
+    if workdir == "~" or workdir.startswith("~/"):
+        relative = (workdir[2:].rstrip("/") + "/" if len(workdir) > 2 else "") + MANIFEST_PATH
+        argv = ["sh", "-c", 'cd || exit 2; [ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", relative]
+    else:
+        argv = ["sh", "-c", '[ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", workdir.rstrip("/") + "/" + MANIFEST_PATH]
+    proc = subprocess.run(transport.local_argv(argv), stdin=subprocess.DEVNULL, capture_output=True)
+    if proc.returncode == 3:
+        return {}, None
+    if proc.returncode != 0:
+        raise RemoteCommandError(f"read {MANIFEST_PATH} on {transport.name}", proc.returncode, proc.stderr.decode("utf-8", "replace"))
+    try:
+        doc = json.loads(proc.stdout)
+        files = {str(p): Entry.from_json(e) for p, e in doc.get("files", {}).items()}
+        return files, doc.get("digest")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        # An unreadable manifest owns nothing: the sync re-sends everything and deletes nothing.
+        return {}, None
+
+
+def host_manifest_digest(transport: Transport, workdir: str) -> str | None:
+    """Digest of the code last synced to this host (for run records); None if never synced."""
+    return read_host_manifest(transport, workdir)[1]
+
+
+# -------------------------------------------------------------------------------------------------
+# Plan and apply
+
+
+def plan_sync(local: LocalTree, host: dict[str, Entry], roots: Sequence[str]) -> SyncPlan:
+    roots = list(roots)
+    upload = sorted(p for p, e in local.entries.items() if host.get(p) != e)
+    delete: list[str] = []
+    manifest: dict[str, Entry] = dict(local.entries)
+    ignored: list[str] = []
+    for path, entry in host.items():
+        if _clean_rel(path) is None or path.split("/")[0] in NEVER_SYNCED:
+            ignored.append(path)
+            continue
+        if path in local.entries:
+            continue
+        if _under(path, roots):
+            delete.append(path)
+        else:
+            manifest[path] = entry  # synced earlier from a path no longer configured: left alone
+    return SyncPlan(roots, upload, sorted(delete), manifest, local, sorted(ignored))
+
+
+ProgressCallback = Callable[[int, int], None]  # (files sent so far, bytes sent so far)
+
+
+def _remote_source(name: str) -> str:
+    return (Path(__file__).parent / "remote" / name).read_text(encoding="utf-8")
+
+
+class _CountingPipe:
+    """File-like wrapper over the helper's stdin that reports bytes written."""
+
+    def __init__(self, raw, on_bytes: Callable[[int], None]):
+        self._raw, self._on_bytes = raw, on_bytes
+
+    def write(self, data) -> int:
+        self._raw.write(data)
+        self._on_bytes(len(data))
+        return len(data)
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+
+def apply_plan(
+    transport: Transport,
+    root: Path,
+    workdir: str,
+    plan: SyncPlan,
+    *,
+    python: str = "python3",
+    progress: ProgressCallback | None = None,
+) -> SyncResult:
+    result = SyncResult(plan=plan, dry_run=False)
+    header = {
+        "roots": plan.roots,
+        "upload": {p: plan.local.entries[p].to_json() for p in plan.upload},
+        "delete": plan.delete,
+        "manifest": {p: e.to_json() for p, e in plan.manifest.items()},
+    }
+    argv = transport.local_argv([python, "-c", _remote_source("sync_apply.py"), workdir])  # `~` expanded there
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: dict[str, bytes] = {}
+
+    def drain(name: str, stream) -> None:
+        out[name] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(n, s), daemon=True) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for t in readers:
+        t.start()
+    sent = {"files": 0, "bytes": 0}
+
+    def on_bytes(n: int) -> None:
+        sent["bytes"] += n
+        if progress:
+            progress(sent["files"], sent["bytes"])
+
+    try:
+        proc.stdin.write(json.dumps(header, ensure_ascii=True).encode() + b"\n")
+        pipe = _CountingPipe(proc.stdin, on_bytes)
+        with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", bufsize=1 << 20) as tar:
+            for rel in plan.upload:
+                entry = plan.local.entries[rel]
+                full = root / rel
+                info = tarfile.TarInfo(rel)
+                info.mtime = 0
+                if entry.kind == "link":
+                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.target, 0o777
+                    tar.addfile(info)
+                else:
+                    with open(full, "rb") as f:
+                        info.size = os.fstat(f.fileno()).st_size
+                        info.mode = entry.mode
+                        tar.addfile(info, f)
+                sent["files"] += 1
+                if progress:
+                    progress(sent["files"], sent["bytes"])
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the helper died: its stderr says why
+    finally:
+        code = proc.wait()
+        for t in readers:
+            t.join()
+    if code != 0:
+        raise RemoteCommandError("sync helper on " + transport.name, code, out.get("err", b"").decode("utf-8", "replace"))
+    report = json.loads(out["out"].decode().strip().splitlines()[-1])
+    result.files_sent = report["written"]
+    result.bytes_sent = plan.upload_bytes
+    result.deleted = report["deleted"]
+    result.refused = [tuple(r) for r in report["refused"]]
+    result.manifest_digest = manifest_digest(plan.manifest)
+    return result
+
+
+def prepare_sync(
+    transport: Transport,
+    root: Path,
+    paths: Sequence[str],
+    workdir: str,
+    *,
+    exclude: Sequence[str] = (),
+    cache_file: Path | None = None,
+) -> SyncPlan:
+    """Scan the local tree and read the host manifest (one round trip): what a sync would do."""
+    root = Path(root)
+    roots = normalize_roots(paths)
+    local = scan_local(root, roots, exclude, cache_file=cache_file if cache_file is not None else root / LOCAL_CACHE_PATH)
+    host, _ = read_host_manifest(transport, workdir)
+    return plan_sync(local, host, roots)
+
+
+def run_sync(transport: Transport, root: Path, workdir: str, plan: SyncPlan, *, python: str = "python3", progress: ProgressCallback | None = None) -> SyncResult:
+    """Carry out a plan from prepare_sync; raises SyncError if the host refused any path."""
+    if plan.is_noop:
+        return SyncResult(plan=plan, dry_run=False, manifest_digest=manifest_digest(plan.manifest))
+    result = apply_plan(transport, Path(root), workdir, plan, python=python, progress=progress)
+    if result.refused:
+        listed = "; ".join(f"{p}: {why}" for p, why in result.refused[:5])
+        more = f" (and {len(result.refused) - 5} more)" if len(result.refused) > 5 else ""
+        raise SyncError(f"the host refused {len(result.refused)} path(s): {listed}{more}")
+    return result
+
+
+def sync(
+    transport: Transport,
+    root: Path,
+    paths: Sequence[str],
+    workdir: str,
+    *,
+    exclude: Sequence[str] = (),
+    python: str = "python3",
+    dry_run: bool = False,
+    progress: ProgressCallback | None = None,
+    cache_file: Path | None = None,
+) -> SyncResult:
+    """Push `paths` (relative to `root`) to `workdir` on the host; see the module docstring."""
+    plan = prepare_sync(transport, root, paths, workdir, exclude=exclude, cache_file=cache_file)
+    if dry_run:
+        return SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest))
+    return run_sync(transport, root, workdir, plan, python=python, progress=progress)

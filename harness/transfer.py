@@ -1,0 +1,671 @@
+"""`harness pull`: fetch files from a host: selective, resumable, verified, atomic, parallel.
+
+One pull, step by step
+  1. list   one remote command (harness/remote/pull_helper.py `list`) returns every entry under
+            REMOTE_PATH as JSON (names never parsed from shell output; links reported, not
+            followed).
+  2. select --include/--exclude (gitignore-style patterns on the path relative to REMOTE_PATH),
+            --latest-checkpoint (only the newest speculators epoch directory `<ckpt root>/<N>/` of
+            each checkpoint root, plus run records and logs).
+  3. check  every name must land inside LOCAL_DIR: absolute names, `..`, a local parent that is a
+            link leading out, a remote link whose target leads out: refused and reported, nothing
+            written for them.
+  4. hash   one remote command hashes every selected file (SHA-256 on the host), concurrently
+            with the download.
+  5. fetch  each file is cut into pieces (PullOptions.piece_size); the pieces are dealt round-robin
+            to `jobs` long-lived OpenSSH streams (transport.local_argv) so several streams share
+            one large file (one stream is capped by its channel window on a long round trip)
+            and small files share streams. Bytes land in `.NAME.harness-part` next to the
+            target, with `.NAME.harness-part.json` recording the remote (size, mtime_ns) and how
+            many bytes of each piece are in (updated after every write).
+  6. verify a local hasher follows the contiguous received prefix, so the local SHA-256 is ready
+            moments after the last byte; it must equal the host's hash (taken from a file that
+            did not change while hashed). Only then is the part renamed to its final name.
+            A mismatch or a file changed on the host is retried (fresh listing, fresh hash), then
+            reported as failed; its bytes are never kept.
+
+Resuming: a killed pull (Ctrl-C, kill -9, dropped link) leaves the part files; the next pull
+continues each piece from the bytes recorded, as long as the host file's (size, mtime_ns) still
+match. Files whose local copy already has the host's SHA-256 are skipped.
+
+Where files land: a remote directory's entries go to LOCAL_DIR/<path relative to REMOTE_PATH>; a
+remote file goes to LOCAL_DIR/<its name>.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import re
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.transport.base import Transport
+
+PART_SUFFIX = ".harness-part"
+MiB = 1 << 20
+# Run records and logs kept by --latest-checkpoint (see harness/jobs.py for the run layout).
+RECORD_PATTERNS = ["run.yaml", "run.json", "spec.json", "log", "*.log", "*.jsonl", "*.txt", "exit*", "status*"]
+_CHECKPOINT_DIR = re.compile(r"^\d+$")  # speculators names epoch checkpoints <save_path>/<epoch>/
+_FRAME_HEADER = struct.Struct(">BQ")
+HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
+
+
+class PullError(HarnessError):
+    """Some files were refused or could not be fetched and verified (the report lists them)."""
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    include: tuple[str, ...] = ()  # gitignore-style; empty = everything
+    exclude: tuple[str, ...] = ()
+    latest_checkpoint: bool = False  # newest <ckpt root>/<epoch>/ only, plus run records and logs
+    jobs: int = 8  # parallel OpenSSH streams
+    piece_size: int = 16 * MiB  # unit of parallelism and of resume bookkeeping
+    retries: int = 2  # extra attempts for a file that failed verification or changed on the host
+    stream_retries: int = 3  # reconnects of one stream after a dropped link, within one attempt
+    python: str = "python3"  # interpreter on the host for the helper
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    rel: str
+    kind: str  # file | link | dir | other
+    size: int
+    mode: int
+    mtime_ns: int
+    target: str = ""
+
+
+@dataclass
+class PullReport:
+    remote_root: str = ""
+    local_dir: str = ""
+    fetched: list[str] = field(default_factory=list)
+    identical: list[str] = field(default_factory=list)  # already present with the same SHA-256
+    links: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (name, why) - unsafe names
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (name, why) - not fetched/verified
+    planned: list[str] = field(default_factory=list)  # dry run: what would be fetched
+    bytes_received: int = 0  # over the wire, this invocation
+    bytes_resumed: int = 0  # already on disk from an interrupted pull
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.refused and not self.failed
+
+
+class PullProgress:
+    """Hooks the CLI turns into a progress bar; every method may be called from worker threads."""
+
+    def start(self, files: int, total_bytes: int, done_bytes: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+    def file_done(self, rel: str) -> None: ...
+
+
+# -------------------------------------------------------------------------------------------------
+# Names: what may land where
+
+
+def clean_rel(name: str) -> str | None:
+    """name when it is a plain relative path (no `..`, not absolute, valid UTF-8), else None."""
+    if not name or "\0" in name or name.startswith("/"):
+        return None
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return name
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def safe_parent(local_root: Path, rel: str) -> Path:
+    """Create rel's parent directories under local_root, refusing any existing component that is
+    a link leading out of local_root or is not a directory. Returns the parent."""
+    root = os.path.realpath(local_root)
+    current = root
+    for part in rel.split("/")[:-1]:
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            resolved = os.path.realpath(current)
+            if not _inside(resolved, root):
+                raise _Unsafe(f"local {os.path.relpath(current, root)} is a link leading out of {local_root}")
+            current = resolved
+        if not os.path.exists(current):
+            os.mkdir(current)
+        elif not os.path.isdir(current):
+            raise _Unsafe(f"local {os.path.relpath(current, root)} is not a directory")
+    return Path(current)
+
+
+class _Unsafe(Exception):
+    pass
+
+
+def link_target_ok(rel: str, target: str) -> bool:
+    if not target or target.startswith("/"):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    return clean_rel(resolved) is not None
+
+
+# -------------------------------------------------------------------------------------------------
+# Remote helper calls
+
+
+def _helper_source() -> str:
+    return (Path(__file__).parent / "remote" / "pull_helper.py").read_text(encoding="utf-8")
+
+
+def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
+    """Run argv on the host through transport.local_argv (OpenSSH with a persistent ControlMaster
+    for SSH hosts): no paramiko handshake, and a dropped link is re-established by the next call.
+    stdout: None to capture, or a sink called with each chunk. Returns (exit code, stdout, stderr)."""
+    proc = subprocess.Popen(transport.local_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    out: list[bytes] = []
+    while chunk := proc.stdout.read(1 << 16):
+        (stdout or out.append)(chunk)
+    code = proc.wait()
+    reader.join()
+    return code, b"".join(out), b"".join(err)
+
+
+def list_remote(transport: Transport, remote_path: str, python: str = "python3") -> tuple[str, bool, list[RemoteEntry]]:
+    """(resolved root, is_dir, entries) of remote_path on the host (`~` is expanded there)."""
+    code, out, err = run_bulk(transport, [python, "-c", _helper_source(), "list", remote_path])
+    if code == 3:
+        raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
+    if code != 0:
+        raise RemoteCommandError(f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
+    doc = json.loads(out)
+    entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
+    return doc["root"], bool(doc["is_dir"]), entries
+
+
+def select(entries: list[RemoteEntry], options: PullOptions) -> list[RemoteEntry]:
+    """Apply --include/--exclude and --latest-checkpoint. Directories are never selected."""
+    from pathspec import GitIgnoreSpec
+
+    chosen = [e for e in entries if e.kind != "dir"]
+    if options.latest_checkpoint:
+        chosen = _latest_checkpoint_only(entries, chosen)
+    if options.include:
+        spec = GitIgnoreSpec.from_lines(list(options.include))
+        chosen = [e for e in chosen if spec.match_file(e.rel)]
+    if options.exclude:
+        spec = GitIgnoreSpec.from_lines(list(options.exclude))
+        chosen = [e for e in chosen if not spec.match_file(e.rel)]
+    return chosen
+
+
+def _latest_checkpoint_only(entries: list[RemoteEntry], chosen: list[RemoteEntry]) -> list[RemoteEntry]:
+    from pathspec import GitIgnoreSpec
+
+    # speculators saves epoch N to <save_path>/<N>/ (plain directories; links such as
+    # checkpoint_best point at one of them): keep the highest N of each save_path.
+    newest: dict[str, int] = {}
+    for e in entries:
+        if e.kind == "dir" and _CHECKPOINT_DIR.match(os.path.basename(e.rel)):
+            parent, epoch = os.path.dirname(e.rel), int(os.path.basename(e.rel))
+            newest[parent] = max(newest.get(parent, -1), epoch)
+    keep_dirs = {(f"{p}/{n}" if p else str(n)) for p, n in newest.items()}
+    records = GitIgnoreSpec.from_lines(RECORD_PATTERNS)
+    kept = []
+    for e in chosen:
+        in_checkpoint = any(_inside(e.rel, d) and e.rel != d for d in keep_dirs)
+        link_to_kept = e.kind == "link" and os.path.normpath(os.path.join(os.path.dirname(e.rel), e.target)) in keep_dirs
+        if in_checkpoint or link_to_kept or records.match_file(e.rel):
+            kept.append(e)
+    return kept
+
+
+class _HashJob:
+    """Host SHA-256 of every selected file, one remote command, results as they come."""
+
+    def __init__(self, transport: Transport, root: str, rels: list[str], python: str):
+        self.results: dict[str, tuple[str | None, int, int, str | None]] = {}
+        self.error: str | None = None
+        self._done = threading.Event()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(transport, root, rels, python), daemon=True)
+        self._thread.start()
+
+    def _run(self, transport, root, rels, python) -> None:
+        buffer = bytearray()
+
+        def sink(chunk: bytes) -> None:
+            buffer.extend(chunk)
+            while b"\n" in buffer:
+                line, _, rest = bytes(buffer).partition(b"\n")
+                buffer[:] = rest
+                rel, digest, size, mtime_ns, err = json.loads(line)
+                with self._cond:
+                    self.results[rel] = (digest, size, mtime_ns, err)
+                    self._cond.notify_all()
+
+        try:
+            if rels:
+                code, _, err = run_bulk(transport, [python, "-c", _helper_source(), "hash", root], json.dumps(rels).encode(), sink)
+                if code != 0:
+                    self.error = f"{HOST_HASHING_FAILED} ({code}): {err.decode('utf-8', 'replace').strip()[-300:]}"
+        except Exception as e:  # noqa: BLE001 - reported per file below
+            self.error = f"{HOST_HASHING_FAILED}: {e}"
+        finally:
+            with self._cond:
+                self._done.set()
+                self._cond.notify_all()
+
+    def get(self, rel: str) -> tuple[str | None, int, int, str | None]:
+        with self._cond:
+            while rel not in self.results and not self._done.is_set():
+                self._cond.wait()
+            return self.results.get(rel, (None, 0, 0, self.error or f"{HOST_HASHING_FAILED}: no result"))
+
+
+# -------------------------------------------------------------------------------------------------
+# Part files: what has arrived, persisted so a new process can resume
+
+
+class _PartFile:
+    """`.NAME.harness-part` (bytes at their offsets) + `.NAME.harness-part.json` (bookkeeping)."""
+
+    def __init__(self, target: Path, entry: RemoteEntry, piece_size: int):
+        self.target = target
+        self.entry = entry
+        self.part = target.with_name(f".{target.name}{PART_SUFFIX}")
+        self.meta = target.with_name(f".{target.name}{PART_SUFFIX}.json")
+        self.size = entry.size
+        self.piece_size = piece_size
+        n = max(1, -(-entry.size // piece_size))
+        self.pieces = [(i * piece_size, min(entry.size, (i + 1) * piece_size)) for i in range(n)]
+        self.done = [0] * n
+        self.resumed_bytes = 0
+        self._load_or_create()
+        self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.ftruncate(self.fd, self.size)
+        self._lock = threading.Lock()
+        self._last_save = 0.0
+        # hashing follows the contiguous prefix of complete pieces
+        self.hasher = hashlib.sha256()
+        self.hashed_pieces = 0
+        self.local_sha256: str | None = None
+        self.failed: str | None = None
+
+    def _identity(self) -> dict:
+        return {"size": self.entry.size, "mtime_ns": self.entry.mtime_ns, "piece_size": self.piece_size, "remote": self.entry.rel}
+
+    def _load_or_create(self) -> None:
+        try:
+            meta = json.loads(self.meta.read_text())
+            if all(meta.get(k) == v for k, v in self._identity().items()) and self.part.exists() and len(meta["done"]) == len(self.pieces):
+                self.done = [min(int(d), end - start) for d, (start, end) in zip(meta["done"], self.pieces)]
+                self.resumed_bytes = sum(self.done)
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        # no usable record: start over (a stale part of another version is never reused)
+        for p in (self.part, self.meta):
+            if p.exists() or p.is_symlink():
+                p.unlink()
+        self.save(force=True)
+
+    def save(self, force: bool = False) -> None:
+        """Persist the per-piece counters (after the bytes they count were written)."""
+        now = time.monotonic()
+        if not force and now - self._last_save < 0.01:
+            return
+        self._last_save = now
+        tmp = self.meta.with_name(self.meta.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_text(json.dumps({**self._identity(), "done": self.done}))
+        os.replace(tmp, self.meta)
+
+    def write(self, piece: int, data: bytes) -> None:
+        start, _ = self.pieces[piece]
+        os.pwrite(self.fd, data, start + self.done[piece])
+        with self._lock:
+            self.done[piece] += len(data)
+            self.save()
+
+    def piece_complete(self, i: int) -> bool:
+        start, end = self.pieces[i]
+        return self.done[i] >= end - start
+
+    @property
+    def complete(self) -> bool:
+        return all(self.piece_complete(i) for i in range(len(self.pieces)))
+
+    def hash_ready_pieces(self) -> None:
+        while self.hashed_pieces < len(self.pieces) and self.piece_complete(self.hashed_pieces):
+            start, end = self.pieces[self.hashed_pieces]
+            position = start
+            while position < end:
+                data = os.pread(self.fd, min(4 * MiB, end - position), position)
+                if not data:
+                    raise OSError(f"{self.part}: shorter than recorded")
+                self.hasher.update(data)
+                position += len(data)
+            self.hashed_pieces += 1
+        if self.hashed_pieces == len(self.pieces) and self.local_sha256 is None:
+            self.local_sha256 = self.hasher.hexdigest()
+
+    def finish(self, mode: int) -> None:
+        """Verified: give the part its final name (the only way a file reaches it)."""
+        with self._lock:
+            self.save(force=True)
+        os.fchmod(self.fd, mode & 0o777 or 0o644)
+        os.close(self.fd)
+        self.fd = -1
+        os.replace(self.part, self.target)
+        self.meta.unlink(missing_ok=True)
+
+    def discard(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.part.unlink(missing_ok=True)
+        self.meta.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with self._lock:
+                self.save(force=True)
+            os.close(self.fd)
+            self.fd = -1
+
+
+# -------------------------------------------------------------------------------------------------
+# Streams
+
+
+@dataclass
+class _Segment:
+    part: _PartFile
+    piece: int
+
+    def request(self) -> list:
+        start, end = self.part.pieces[self.piece]
+        offset = start + self.part.done[self.piece]
+        return [self.part.entry.rel, offset, end - offset, self.part.entry.size, self.part.entry.mtime_ns]
+
+
+class _Hasher(threading.Thread):
+    """Follows each file's contiguous complete prefix (reading back from the page cache)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.queue: queue.Queue[_PartFile | None] = queue.Queue()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        while (part := self.queue.get()) is not None:
+            try:
+                if part.failed is None and part.fd >= 0:
+                    part.hash_ready_pieces()
+            except BaseException as e:  # noqa: BLE001
+                part.failed = f"local read failed: {e}"
+
+
+def _read_exact(stream, n: int) -> bytes:
+    chunks, remaining = [], n
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def _run_stream(argv: list[str], segments: list[_Segment], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
+    try:
+        _stream_segments(argv, segments, options, hasher, progress, counters)
+    except Exception as e:  # noqa: BLE001 - a stream's failure is its files' failure, reported
+        for s in segments:
+            if s.part.failed is None and not s.part.piece_complete(s.piece):
+                s.part.failed = f"stream failed: {e}"
+
+
+def _stream_segments(argv: list[str], segments: list[_Segment], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
+    """Fetch segments in order over one OpenSSH stream; reconnect after a drop."""
+    pending = [s for s in segments if not s.part.piece_complete(s.piece)]
+    attempts = 0
+    while pending:
+        pending = [s for s in pending if s.part.failed is None and not s.part.piece_complete(s.piece)]
+        if not pending:
+            return
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        try:
+            proc.stdin.write(json.dumps([s.request() for s in pending]).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        index = 0
+        try:
+            while index < len(pending):
+                header = _read_exact(proc.stdout, _FRAME_HEADER.size)
+                if len(header) < _FRAME_HEADER.size:
+                    break  # stream ended early: dropped link or killed helper
+                status, length = _FRAME_HEADER.unpack(header)
+                segment = pending[index]
+                if status == 0:
+                    data = _read_exact(proc.stdout, length)
+                    if len(data) < length:
+                        if data:
+                            segment.part.write(segment.piece, data)
+                            counters["received"] += len(data)
+                            progress.advance(len(data))
+                        break
+                    segment.part.write(segment.piece, data)
+                    counters["received"] += len(data)
+                    progress.advance(len(data))
+                    continue
+                if status == 1:
+                    segment.part.failed = "changed on the host during the pull"
+                hasher.queue.put(segment.part)
+                index += 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stdout.close()
+        if index >= len(pending):
+            return
+        attempts += 1
+        if attempts > options.stream_retries:
+            for s in pending[index:]:
+                if s.part.failed is None:
+                    s.part.failed = "connection lost (run the same pull again to resume)"
+            return
+        time.sleep(min(2.0, 0.25 * 2**attempts))
+        pending = pending[index:]
+
+
+# -------------------------------------------------------------------------------------------------
+# The pull
+
+
+def _local_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pull(
+    transport: Transport,
+    remote_path: str,
+    local_dir: str | os.PathLike[str],
+    options: PullOptions = PullOptions(),
+    progress: PullProgress | None = None,
+) -> PullReport:
+    """Fetch remote_path into local_dir; see the module docstring. Never raises for per-file
+    problems: they are in the report (`report.ok`)."""
+    progress = progress or PullProgress()
+    started = time.monotonic()
+    report = PullReport(local_dir=str(local_dir))
+    local_root = Path(local_dir)
+    only: set[str] | None = None
+    only_why: dict[str, str] = {}
+    for attempt in range(options.retries + 1):
+        try:
+            retry = _pull_once(transport, remote_path, local_root, options, progress, report, only, first=attempt == 0)
+        except HarnessError as e:
+            if only is None:
+                raise  # nothing done yet: the caller reports the one error
+            report.failed.extend((rel, f"{why}; retry failed: {e}") for rel, why in sorted(only_why.items()))
+            break
+        if not retry:
+            break
+        if attempt == options.retries:
+            report.failed.extend(retry.items())
+            break
+        only, only_why = set(retry), retry
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, progress: PullProgress, report: PullReport, only: set[str] | None, first: bool) -> dict[str, str]:
+    """One listing/hash/fetch/verify pass. Returns {rel: why} of files worth another attempt."""
+    root, is_dir, entries = list_remote(transport, remote_path, options.python)
+    report.remote_root = root
+    chosen = select(entries, options)
+    if only is not None:
+        chosen = [e for e in chosen if e.rel in only]
+    files: list[RemoteEntry] = []
+    links: list[RemoteEntry] = []
+    for e in chosen:
+        if clean_rel(e.rel) is None:
+            report.refused.append((e.rel, "name leads outside the destination")) if first else None
+        elif e.kind == "file":
+            files.append(e)
+        elif e.kind == "link":
+            if link_target_ok(e.rel, e.target):
+                links.append(e)
+            elif first:
+                report.refused.append((e.rel, f"symlink to {e.target!r} leads outside the destination"))
+        elif first:
+            report.refused.append((e.rel, "not a regular file or symlink"))
+    if options.dry_run:
+        report.planned = [e.rel for e in files + links]
+        return {}
+    local_root.mkdir(parents=True, exist_ok=True)
+    targets: dict[str, Path] = {}
+    for e in files + links:
+        try:
+            targets[e.rel] = safe_parent(local_root, e.rel) / os.path.basename(e.rel)
+        except _Unsafe as why:
+            report.refused.append((e.rel, str(why)))
+    files = [e for e in files if e.rel in targets]
+    links = [e for e in links if e.rel in targets]
+    hashes = _HashJob(transport, root, [e.rel for e in files], options.python)
+
+    # Files already here with the right size may be identical: compare hashes before fetching.
+    maybe_same = [e for e in files if targets[e.rel].is_file() and not targets[e.rel].is_symlink() and targets[e.rel].stat().st_size == e.size]
+    to_fetch = [e for e in files if e not in maybe_same]
+    retry: dict[str, str] = {}
+    parts = {e.rel: _PartFile(targets[e.rel], e, options.piece_size) for e in to_fetch}
+    total = sum(e.size for e in files)
+    progress.start(len(files), total, sum(p.resumed_bytes for p in parts.values()) + sum(e.size for e in maybe_same))
+    report.bytes_resumed += sum(p.resumed_bytes for p in parts.values())
+
+    counters = {"received": 0}
+    hasher = _Hasher()
+    hasher.start()
+    fetcher = threading.Thread(target=_fetch_all, args=(transport, root, list(parts.values()), options, hasher, progress, counters), daemon=True)
+    fetcher.start()
+    differing: list[RemoteEntry] = []
+    for e in maybe_same:
+        digest, _, _, err = hashes.get(e.rel)
+        if err is None and digest == _local_sha256(targets[e.rel]):
+            report.identical.append(e.rel)
+            progress.file_done(e.rel)
+        else:
+            differing.append(e)
+    fetcher.join()
+    if differing:
+        more = {e.rel: _PartFile(targets[e.rel], e, options.piece_size) for e in differing}
+        progress.start(len(files), total, total - sum(e.size for e in differing) + sum(p.resumed_bytes for p in more.values()))
+        _fetch_all(transport, root, list(more.values()), options, hasher, progress, counters)
+        parts.update(more)
+    hasher.queue.put(None)
+    hasher.join()
+    report.bytes_received += counters["received"]
+
+    for rel, part in parts.items():
+        if part.failed is None and part.complete:
+            part.hash_ready_pieces()  # empty files, and pieces completed by an earlier process
+        digest, size, mtime_ns, err = hashes.get(rel)
+        keep = False  # True: the bytes are good as far as we know; a later pull resumes them
+        if part.failed is not None:
+            why, keep = part.failed, not part.failed.startswith("changed")
+        elif not part.complete:
+            why, keep = "incomplete (run the same pull again to resume)", True
+        elif err is not None:
+            why, keep = f"host hash: {err}", err.startswith(HOST_HASHING_FAILED)
+        elif (size, mtime_ns) != (part.entry.size, part.entry.mtime_ns):
+            why = "changed on the host during the pull"
+        elif digest != part.local_sha256:
+            why = "SHA-256 mismatch"
+        else:
+            part.finish(part.entry.mode)
+            report.fetched.append(rel)
+            progress.file_done(rel)
+            continue
+        if keep:
+            part.close()
+            report.failed.append((rel, why))
+        else:
+            part.discard()  # never keep bytes that do not verify
+            retry[rel] = why
+
+    for e in links:
+        target = targets[e.rel]
+        tmp = target.with_name(f".{target.name}{PART_SUFFIX}-link")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(e.target, tmp)
+        os.replace(tmp, target)
+        report.links.append(e.rel)
+    return retry
+
+
+def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
+    segments = [_Segment(p, i) for p in parts for i in range(len(p.pieces))]
+    for p in parts:
+        hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
+    todo = [s for s in segments if not s.part.piece_complete(s.piece)]
+    jobs = max(1, min(options.jobs, len(todo)))
+    lanes = [todo[i::jobs] for i in range(jobs)]
+    argv = transport.local_argv([options.python, "-c", _helper_source(), "send", root])
+    threads = [threading.Thread(target=_run_stream, args=(argv, lane, options, hasher, progress, counters), daemon=True) for lane in lanes if lane]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -1,0 +1,268 @@
+"""The OpenSSH client as a command line built from typed options (model: dstack's
+services/ssh/tunnel.py), with its stderr mapped to the same typed errors as the paramiko transport.
+
+Why both clients: paramiko gives one in-process connection for the many small operations of a
+command; the `ssh` binary moves bulk bytes about twice as fast and, through a ControlMaster
+socket, keeps a connection alive BETWEEN CLI processes, which makes a warm `harness exec` as quick
+as `ssh` itself. Host keys are strict in both: StrictHostKeyChecking=yes, or accept-new only when
+the user passed --accept-new-host-key; both read and write the same known_hosts file.
+
+This module imports neither paramiko nor rich: it is on the warm exec path.
+
+Test/CI overrides (so nothing depends on the user's real ~/.ssh):
+  HARNESS_SSH_CONFIG   ssh_config file used instead of ~/.ssh/config (both clients)
+  HARNESS_KNOWN_HOSTS  known_hosts file used instead of ~/.ssh/known_hosts (both clients)
+  HARNESS_CONTROL_DIR  directory for ControlMaster sockets (default /tmp/harness-ssh-<uid>)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+from harness.errors import AuthError, ConnectError, HostKeyError, TransportError, UsageError
+from harness.transport.base import quote_argv
+
+DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
+DEFAULT_KEEPALIVE_S = 15
+ACCEPT_FLAG = "--accept-new-host-key"
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the ssh_config and known_hosts files are (one rule for both clients)
+
+
+def ssh_config_path(explicit: str | None = None) -> str | None:
+    """The ssh_config to use: explicit > $HARNESS_SSH_CONFIG > ~/.ssh/config (if it exists)."""
+    path = explicit or os.environ.get("HARNESS_SSH_CONFIG")
+    if path:
+        return os.path.expanduser(path)
+    default = os.path.expanduser("~/.ssh/config")
+    return default if os.path.isfile(default) else None
+
+
+def known_hosts_override(explicit: str | None = None) -> str | None:
+    """An explicitly chosen known_hosts file, or None for the ssh_config/OpenSSH default."""
+    path = explicit or os.environ.get("HARNESS_KNOWN_HOSTS")
+    return os.path.expanduser(path) if path else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Target: what `ssh = "..."` in harness.toml names
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """`user@host:port`, `host`, or an ~/.ssh/config alias. Empty user / port 0: from ssh_config."""
+
+    host: str
+    user: str = ""
+    port: int = 0
+
+    @classmethod
+    def parse(cls, spec: str) -> "SSHTarget":
+        user, _, hostport = spec.rpartition("@")
+        port = 0
+        if hostport.startswith("["):  # [v6addr]:port
+            host, _, rest = hostport[1:].partition("]")
+            if rest.startswith(":"):
+                port = _port(spec, rest[1:])
+        elif hostport.count(":") == 1:
+            host, _, p = hostport.partition(":")
+            port = _port(spec, p)
+        else:
+            host = hostport
+        if not host or any(c.isspace() for c in spec) or host.startswith("-") or user.startswith("-"):
+            raise UsageError(f"invalid ssh target {spec!r} (expected user@host[:port] or an ssh_config alias)")
+        return cls(host=host, user=user, port=port)
+
+
+def _port(spec: str, text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"invalid port in ssh target {spec!r}")
+    return int(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+@dataclass(frozen=True)
+class OpenSSHOptions:
+    """Everything that shapes an `ssh` command line. Unset fields defer to ssh_config."""
+
+    target: SSHTarget
+    ssh_config: str | None = None  # -F
+    known_hosts: str | None = None  # UserKnownHostsFile (None: ssh_config / ~/.ssh/known_hosts)
+    identity_files: tuple[str, ...] = ()
+    proxy_jump: str = ""  # "" defers to ssh_config
+    accept_new_host_key: bool = False
+    connect_timeout: float = 10.0
+    keepalive_s: int = DEFAULT_KEEPALIVE_S
+    batch_mode: bool = True  # never prompt: a prompt would hang a detached helper
+    control_path: str | None = None  # ControlMaster socket; None: no multiplexing
+    control_persist_s: int = DEFAULT_CONTROL_PERSIST_S
+    extra: tuple[str, ...] = field(default=())  # further -o KEY=VALUE, already split
+
+
+def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: str = "ssh") -> list[str]:
+    """`ssh <options>` (without destination or command)."""
+    argv = [ssh_binary]
+    if o.ssh_config:
+        argv += ["-F", o.ssh_config]
+    argv += [
+        "-o", f"StrictHostKeyChecking={'accept-new' if o.accept_new_host_key else 'yes'}",
+        "-o", f"BatchMode={'yes' if o.batch_mode else 'no'}",
+        "-o", f"ConnectTimeout={max(1, int(round(o.connect_timeout)))}",
+        "-o", f"ServerAliveInterval={o.keepalive_s}",
+        "-o", "ServerAliveCountMax=3",
+    ]
+    if o.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={_ssh_quote_path(o.known_hosts)}"]
+    for key in o.identity_files:
+        argv += ["-i", key]
+    if o.proxy_jump:
+        argv += ["-J", o.proxy_jump]
+    if o.control_path:
+        argv += [
+            "-o", f"ControlMaster={control_master}",
+            "-o", f"ControlPath={_ssh_quote_path(o.control_path)}",
+            "-o", f"ControlPersist={o.control_persist_s}",
+        ]
+    if o.target.user:
+        argv += ["-l", o.target.user]
+    if o.target.port:
+        argv += ["-p", str(o.target.port)]
+    for item in o.extra:
+        argv += ["-o", item]
+    return argv
+
+
+def command_argv(o: OpenSSHOptions, remote_command_line: str | None, *, control_master: str = "auto") -> list[str]:
+    """`ssh <options> -- host '<command line>'`: the command line is already quoted for the remote
+    shell (see quote_argv / remote_shell.remote_command)."""
+    argv = base_argv(o, control_master=control_master) + ["--", o.target.host]
+    if remote_command_line is not None:
+        argv.append(remote_command_line)
+    return argv
+
+
+def argv_for(o: OpenSSHOptions, argv: Sequence[str]) -> list[str]:
+    """A local command line that runs argv on the host (stdin/stdout piped through)."""
+    return command_argv(o, quote_argv(argv))
+
+
+def _ssh_quote_path(path: str) -> str:
+    # ssh_config values with spaces must be double-quoted; paths with '"' are not supported.
+    if '"' in path:
+        raise UsageError(f"path {path!r} contains a double quote, which ssh options cannot carry")
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
+# ---------------------------------------------------------------------------------------------
+# ControlMaster: a connection that outlives one CLI process
+
+
+def control_dir() -> str:
+    """A private (0700, ours) short directory for control sockets (unix paths max ~104 bytes)."""
+    path = os.environ.get("HARNESS_CONTROL_DIR") or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"harness-ssh-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise TransportError(f"{path} must be a directory owned by you with mode 0700 (it holds ssh control sockets)")
+    return path
+
+
+def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
+    """Options with a ControlPath specific to EVERYTHING that shapes the connection (target, files,
+    keys, jump host): a master opened with one known_hosts file is never reused with another."""
+    key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra))
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return replace(o, control_path=os.path.join(control_dir(), digest))
+
+
+def master_is_running(o: OpenSSHOptions) -> bool:
+    """Cheap local check: the socket exists (a stale one is replaced by ControlMaster=auto)."""
+    return bool(o.control_path) and os.path.exists(o.control_path)
+
+
+def start_master(o: OpenSSHOptions, host_name: str) -> None:
+    """Open the master connection in the background (ControlPersist) and wait until it is ready.
+    Its diagnostics go to a log file, so a failure maps to a typed error."""
+    assert o.control_path
+    log = o.control_path + ".log"
+    with open(log, "w"):
+        pass
+    argv = base_argv(o, control_master="yes") + ["-E", log, "-f", "-N", "--", o.target.host]
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=o.connect_timeout + 30)
+    with open(log, errors="replace") as f:
+        text = f.read()
+    os.unlink(log)
+    if proc.returncode != 0:
+        raise map_stderr(text + proc.stderr.decode("utf-8", "replace"), host_name, o)
+
+
+def stop_master(o: OpenSSHOptions) -> None:
+    if o.control_path and os.path.exists(o.control_path):
+        subprocess.run(base_argv(o) + ["-O", "exit", "--", o.target.host], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+
+
+def ssh_available() -> bool:
+    import shutil
+
+    return shutil.which("ssh") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# stderr -> typed errors
+
+def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> TransportError:
+    """OpenSSH's stderr (exit 255) -> the typed error the paramiko transport would raise."""
+    import re  # not on the warm path: only when something failed
+
+    changed = re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|Host key for .* has changed")
+    unknown = re.compile(r"No (\S+) host key is known for (\S+)|Host key verification failed")
+    auth = re.compile(r"Permission denied \(|Too many authentication failures|no mutual signature")
+    connect = re.compile(
+        r"Connection refused|Connection timed out|timed out|No route to host|Could not resolve hostname|"
+        r"Network is unreachable|Connection closed by .* port|kex_exchange_identification|Connection reset"
+    )
+    lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
+    last = lines[-1] if lines else "ssh exited with status 255"
+    where = host_name if o is None else f"{host_name} ({o.target.host})"
+    if changed.search(text):
+        return HostKeyError(f"{where}: the host key has CHANGED since it was recorded; refusing to connect (possible man-in-the-middle)",
+                            "if the host was really reinstalled, remove its old line from your known_hosts file")
+    m = unknown.search(text)
+    if m:
+        return HostKeyError(f"{where}: unknown host key; refusing to connect",
+                            f"check its fingerprint, then pass {ACCEPT_FLAG} once to record it")
+    if auth.search(text):
+        return AuthError(f"{where}: authentication failed: the server refused every key offered ({last})",
+                         "check identity_file / IdentityFile, or load the key with ssh-add")
+    if connect.search(text):
+        return ConnectError(f"{where}: cannot connect: {last}")
+    return TransportError(f"{where}: ssh failed: {last}")
+
+
+# ---------------------------------------------------------------------------------------------
+# From harness.toml
+
+
+def options_for(host, connect_options) -> OpenSSHOptions:
+    """OpenSSHOptions for a configured host (a HostConfig) and this invocation's ConnectOptions."""
+    return OpenSSHOptions(
+        target=SSHTarget.parse(host.ssh),
+        ssh_config=ssh_config_path(connect_options.ssh_config),
+        known_hosts=known_hosts_override(connect_options.known_hosts),
+        identity_files=(os.path.expanduser(host.identity_file),) if host.identity_file else (),
+        accept_new_host_key=connect_options.accept_new_host_key,
+        connect_timeout=host.connect_timeout,
+    )

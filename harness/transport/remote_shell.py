@@ -1,0 +1,61 @@
+"""How an argv, a working directory and secret environment values become ONE remote command line
+plus a few bytes for its stdin. Shared by the paramiko transport and the OpenSSH command line, so
+both deliver exactly the same thing.
+
+Environment values never appear on a command line (remote `ps`, sshd logs): they are written to
+the command's stdin as NAME=value lines ended by an empty line, read by a tiny `sh` preamble
+that exports them and then `exec`s the real command, which inherits the rest of stdin. `read`
+consumes a pipe one byte at a time, so nothing after the empty line is swallowed.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Mapping, Sequence
+
+from harness.errors import UsageError
+from harness.transport.base import quote_argv
+
+# Positional args stay data: the preamble is a constant, the user's argv is "$@".
+ENV_PREAMBLE = (
+    'while IFS= read -r harness_kv && [ -n "$harness_kv" ]; do export "$harness_kv"; done; '
+    'unset harness_kv; exec "$@"'
+)
+# On a PTY the transport starts with ECHO off (so the values are not echoed): restore it.
+ENV_PREAMBLE_PTY = ENV_PREAMBLE.replace('exec "$@"', 'stty echo 2>/dev/null; exec "$@"')
+
+
+def env_payload(env: Mapping[str, str]) -> bytes:
+    """NAME=value lines + an empty line. Rejects what a line-based protocol cannot carry."""
+    lines = []
+    for name, value in env.items():
+        if not (name.isascii() and name.isidentifier()):  # a POSIX shell variable name
+            raise UsageError(f"environment variable name {name!r} is not a valid shell name")
+        if "\n" in value or "\0" in value or "\r" in value:
+            # Never echo the value: it may be a secret.
+            raise UsageError(f"environment variable {name} contains a newline or NUL; such values cannot be passed to a remote host")
+        lines.append(f"{name}={value}\n")
+    return ("".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def cd_target(path: str) -> str:
+    """A shell word for `cd --` that expands a leading `~` the way the host sees it."""
+    if path == "~":
+        return '"$HOME"'
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:]) if path[2:] else '"$HOME"'
+    return shlex.quote(path)
+
+
+def remote_command(
+    argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None, pty: bool = False
+) -> tuple[str, bytes]:
+    """(command line for the remote login shell, bytes to send first on stdin)."""
+    if env:
+        preamble = ENV_PREAMBLE_PTY if pty else ENV_PREAMBLE
+        command, stdin_prefix = quote_argv(["sh", "-c", preamble, "sh", *argv]), env_payload(env)
+    else:
+        command, stdin_prefix = quote_argv(argv), b""
+    if cwd:
+        command = f"cd -- {cd_target(cwd)} && {command}"
+    return command, stdin_prefix

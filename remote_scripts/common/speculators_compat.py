@@ -1,0 +1,268 @@
+"""Every patch we apply to speculators 0.9.0, in one place, each checked before it is applied.
+
+speculators' trainer is written for CUDA. On a machine without an accelerator (the demo, CI) it
+fails in three places; one more adapter reads its per-step metrics. Each shim below names the
+code it relies on and checks, by reading that code's source, that it still looks as expected.
+If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.attach()` raise
+`ShimOutdated` naming the shim, instead of silently patching the wrong thing.
+
+  trainer-device   Trainer.__init__ sets `local_rank = get_local_rank()` (an int: `.to(0)` means
+                   cuda:0) and `device_type = ... else "cuda"` (autocast on "cuda" without CUDA).
+                   On CPU, setup_model first points both at the CPU.
+  step-timer-sync  _StepTimer.mark/now call torch.accelerator.synchronize(), which raises without
+                   an accelerator. On CPU the timer skips the synchronization (nothing to wait for).
+  resume-device    the checkpointer loads weights/optimizer state with
+                   map_location=get_current_device(), which is "cuda:0" without an accelerator.
+                   On CPU it loads to "cpu".
+  metrics-bridge   Trainer logs per-step metrics as a dict on logger `speculators.metrics`; with
+                   output that is not a terminal they are only behind tqdm's bar. MetricsBridge is
+                   a logging handler that hands those dicts to a callback. speculators' main()
+                   reconfigures that logger (dictConfig drops its handlers), so the bridge is
+                   attached right after main's own setup_metric_logger call.
+  trainer-hook     speculators' main() builds the draft, then `Trainer(draft_model, ...)`. Our
+                   preflight guards (attention/mask, dtypes, verifier path) must see that model
+                   before the first step: main's Trainer is wrapped to call them first.
+
+The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+SPECULATORS_VERSION = "0.9.0"  # the version these shims were written against
+
+
+class ShimOutdated(RuntimeError):
+    """speculators' code no longer matches what a shim patches."""
+
+    def __init__(self, shim: str, detail: str):
+        super().__init__(
+            f"speculators_compat shim '{shim}' no longer matches the installed speculators "
+            f"(written for {SPECULATORS_VERSION}): {detail}. Re-read the installed code and update "
+            "remote_scripts/common/speculators_compat.py."
+        )
+        self.shim = shim
+
+
+def _source(obj: Any) -> str:
+    return inspect.getsource(obj)
+
+
+def _require(shim: str, obj: Any, *snippets: str) -> None:
+    src = _source(obj)
+    name = getattr(obj, "__qualname__", repr(obj))
+    for s in snippets:
+        if s not in src:
+            raise ShimOutdated(shim, f"{name} no longer contains {s!r}")
+
+
+def has_accelerator() -> bool:
+    import torch
+
+    return torch.accelerator.is_available()
+
+
+# --- the checks: one per shim; each raises ShimOutdated or returns the objects it patches -----
+
+
+def _check_trainer_device():
+    from speculators.train import trainer as trainer_mod
+
+    _require("trainer-device", trainer_mod.Trainer.__init__, "self.local_rank = get_local_rank()", 'else "cuda"', "self.setup_model()")
+    _require("trainer-device", trainer_mod.Trainer.setup_model, "self.model.to(self.local_rank)")
+    _require("trainer-device", trainer_mod.Trainer.train_epoch, "v.to(self.local_rank", "torch.autocast(", "self.device_type")
+    return trainer_mod
+
+
+def _check_step_timer():
+    from speculators.train import trainer as trainer_mod
+
+    timer = getattr(trainer_mod, "_StepTimer", None)
+    if timer is None:
+        raise ShimOutdated("step-timer-sync", "speculators.train.trainer._StepTimer is gone")
+    _require("step-timer-sync", timer.mark, "torch.accelerator.synchronize()", "self._marks[name] = time.perf_counter()")
+    _require("step-timer-sync", timer.now, "torch.accelerator.synchronize()", "return time.perf_counter()")
+    _require("step-timer-sync", trainer_mod.Trainer.train_epoch, "timer = _StepTimer()")
+    return trainer_mod
+
+
+def _check_resume_device():
+    from speculators.train import checkpointer as ckpt_mod
+    from speculators.utils import util
+
+    current = getattr(ckpt_mod, "get_current_device", None)
+    if current is None:
+        raise ShimOutdated("resume-device", "speculators.train.checkpointer no longer imports get_current_device")
+    # Either the original or our replacement (idempotent apply).
+    if current is not util.get_current_device and not getattr(current, "_speculators_compat", False):
+        raise ShimOutdated("resume-device", "checkpointer.get_current_device is not speculators.utils.util.get_current_device")
+    _require("resume-device", util.get_current_device, 'return "cuda:0"')
+    _require("resume-device", ckpt_mod.SingleGPUCheckpointer.load_model_state_dict, "device = get_current_device()")
+    _require("resume-device", ckpt_mod.SingleGPUCheckpointer.load_optimizer_state_dict, "map_location=device")
+    return ckpt_mod
+
+
+def _check_metrics_bridge():
+    from speculators.train import trainer as trainer_mod
+
+    _require("metrics-bridge", trainer_mod.Trainer.train_epoch, "metric_logger.info(", '"train": metrics', '"global_step": self.global_step')
+    _require("metrics-bridge", trainer_mod.Trainer.val_epoch, "metric_logger.info(", '{"val": val_metrics, "epoch": epoch}')
+    if trainer_mod.metric_logger.name != "speculators.metrics":
+        raise ShimOutdated("metrics-bridge", f"metric logger is now {trainer_mod.metric_logger.name!r}")
+    return trainer_mod
+
+
+def _check_main_hooks():
+    from speculators.train import cli as cli_mod
+
+    _require("trainer-hook", cli_mod.main, "trainer = Trainer(draft_model, trainer_config, train_loader, val_loader)")
+    _require("metrics-bridge", cli_mod.main, "setup_metric_logger(")
+    return cli_mod
+
+
+CHECKS: dict[str, Callable[[], Any]] = {
+    "trainer-device": _check_trainer_device,
+    "step-timer-sync": _check_step_timer,
+    "resume-device": _check_resume_device,
+    "metrics-bridge": _check_metrics_bridge,
+    "trainer-hook": _check_main_hooks,
+}
+
+
+def check_all() -> None:
+    """Run every check (raises ShimOutdated for the first shim that no longer fits)."""
+    for check in CHECKS.values():
+        check()
+
+
+# --- the patches ---------------------------------------------------------------------------------
+
+
+def apply_cpu_shims() -> list[str]:
+    """Patch speculators' trainer for a machine without an accelerator; returns the shims applied.
+
+    Idempotent. On a machine with an accelerator it changes nothing and returns [].
+    """
+    if has_accelerator():
+        return []
+    import torch
+
+    applied: list[str] = []
+
+    trainer_mod = _check_trainer_device()
+    if not getattr(trainer_mod.Trainer.setup_model, "_speculators_compat", False):
+        original_setup_model = trainer_mod.Trainer.setup_model
+
+        def setup_model(self):  # Trainer.setup_model, on CPU
+            self.local_rank = torch.device("cpu")
+            self.device_type = "cpu"
+            return original_setup_model(self)
+
+        setup_model._speculators_compat = True  # type: ignore[attr-defined]
+        trainer_mod.Trainer.setup_model = setup_model
+    applied.append("trainer-device")
+
+    trainer_mod = _check_step_timer()
+    if not getattr(trainer_mod._StepTimer, "_speculators_compat", False):
+        base = trainer_mod._StepTimer
+
+        class CpuStepTimer(base):  # type: ignore[misc,valid-type]
+            """speculators' step timer without the accelerator synchronization."""
+
+            _speculators_compat = True
+
+            def mark(self, name: str) -> None:
+                if self.enabled:
+                    self._marks[name] = _perf_counter()
+
+            def now(self) -> float | None:
+                return _perf_counter() if self.enabled else None
+
+        trainer_mod._StepTimer = CpuStepTimer
+    applied.append("step-timer-sync")
+
+    ckpt_mod = _check_resume_device()
+    if not getattr(ckpt_mod.get_current_device, "_speculators_compat", False):
+
+        def get_current_device() -> str:
+            return "cpu"
+
+        get_current_device._speculators_compat = True  # type: ignore[attr-defined]
+        ckpt_mod.get_current_device = get_current_device
+    applied.append("resume-device")
+    return applied
+
+
+def _perf_counter() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+class MetricsBridge(logging.Handler):
+    """Hands speculators' metric dicts to `on_train(step, record)` / `on_val(epoch, step, record)`.
+
+    Records: train {"train": {...}, "profile": {...} | None, "epoch", "lr", "global_step"};
+    val {"val": {...}, "epoch"}; the logger's `extra={"step": ...}` gives the global step.
+    """
+
+    def __init__(self, on_train: Callable[[int, dict], None], on_val: Callable[[int, int, dict], None]):
+        super().__init__(level=logging.INFO)
+        self.on_train = on_train
+        self.on_val = on_val
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.msg
+        if not isinstance(msg, dict):
+            return
+        try:
+            if "train" in msg and isinstance(msg["train"], dict):
+                self.on_train(int(msg.get("global_step", getattr(record, "step", 0))), msg)
+            elif "val" in msg and isinstance(msg["val"], dict):
+                self.on_val(int(msg.get("epoch", 0)), int(getattr(record, "step", 0)), msg)
+        except Exception:  # a reporting error must never stop training
+            self.handleError(record)
+
+    def attach(self) -> "MetricsBridge":
+        _check_metrics_bridge()
+        logger = logging.getLogger("speculators.metrics")
+        if self not in logger.handlers:
+            logger.addHandler(self)
+        logger.setLevel(logging.INFO)
+        return self
+
+    def detach(self) -> None:
+        logging.getLogger("speculators.metrics").removeHandler(self)
+
+
+def hook_main(before_training: Callable[[Any], None], bridge: MetricsBridge | None = None) -> None:
+    """Make speculators.train.cli.main call `before_training(draft_model)` before its Trainer is
+    built, and attach `bridge` right after main configures its metric logger. Idempotent: a later
+    call replaces the earlier hooks."""
+    cli_mod = _check_main_hooks()
+    _check_metrics_bridge()
+    from speculators.train.trainer import Trainer
+
+    class GuardedTrainer(Trainer):  # type: ignore[misc,valid-type]
+        """speculators' Trainer, after our preflight guards have seen the model."""
+
+        def __init__(self, model, *args, **kwargs):
+            before_training(model)
+            super().__init__(model, *args, **kwargs)
+
+    cli_mod.Trainer = GuardedTrainer
+
+    original = getattr(cli_mod.setup_metric_logger, "_speculators_compat_original", cli_mod.setup_metric_logger)
+
+    def setup_metric_logger(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if bridge is not None:
+            bridge.attach()
+        return result
+
+    setup_metric_logger._speculators_compat_original = original  # type: ignore[attr-defined]
+    cli_mod.setup_metric_logger = setup_metric_logger

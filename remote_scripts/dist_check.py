@@ -1,0 +1,171 @@
+"""A small, real torch.distributed job that checks its own results: the multi-node smoke test.
+
+Launched by torchrun on every node (the harness does that for `harness run GROUP dist_check`);
+it runs anywhere torch runs: Gloo on CPU (the CI namespace hosts), NCCL on GPUs. speculators'
+trainer refuses CPU distributed, so this is what proves a multi-host launch end to end without
+GPUs; on GPUs the same launch path runs the real train stage.
+
+What it checks (any mismatch: message, event "finished failed", exit code 1):
+  1. all_reduce: every rank contributes (rank + 1) * arange(n); the sum must be
+     world*(world+1)/2 * arange(n) exactly.
+  2. DDP training: a small MLP wrapped in DistributedDataParallel, each rank on its own batch.
+     After every step, (a) the parameters are bit-identical on all ranks, and (b) they equal a
+     reference: the same model stepped once on the concatenation of every rank's batch, which is
+     what DDP's gradient averaging promises (checked to a float tolerance).
+
+Events (remote_scripts/common/events.py) go to --events from each node's local rank 0, so every
+node's run directory shows progress. `--step-seconds` slows the steps down so that tests can
+kill a node mid-run.
+
+Run by hand on one machine:
+    torchrun --nproc-per-node 2 remote_scripts/dist_check.py --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=10, help="DDP training steps")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    p.add_argument("--width", type=int, default=32, help="hidden width of the MLP")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (tests kill a node mid-run)")
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl with CUDA, else gloo")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait for a peer before failing")
+    p.add_argument("--events", default=None, help="events.jsonl path (local rank 0 writes it)")
+    p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with an error at --fail-step (tests)")
+    p.add_argument("--fail-step", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    # Only each node's first process writes events; every process echoes to its log.
+    events = EventLog("dist_check", args.events if local_rank == 0 else None, echo=local_rank == 0)
+    if local_rank != 0:
+        events.path = None  # not even through $HARNESS_EVENTS
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = torch.device(f"cuda:{local_rank}") if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    tag = f"rank {rank}/{world} on {socket.gethostname()}"
+    events.started(rank=rank, world_size=world, backend=backend, steps=args.steps, node_rank=os.environ.get("GROUP_RANK"))
+    try:
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout), device_id=device if device.type == "cuda" else None)
+        else:  # run by hand without torchrun: a world of one
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        print(f"[dist_check] {tag}: process group up ({backend}, master {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')})", flush=True)
+        check_all_reduce(dist, torch, device, rank, world)
+        events.message(f"all_reduce over {world} ranks: ok")
+        check_ddp(dist, torch, device, rank, world, args, events)
+        dist.barrier()
+    except CheckFailed as e:
+        print(f"[dist_check] {tag}: CHECK FAILED: {e}", file=sys.stderr, flush=True)
+        events.finished("failed", error=str(e))
+        return 1
+    except Exception as e:  # a peer died, a timeout, ...: say which rank saw it
+        print(f"[dist_check] {tag}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        events.finished("failed", error=f"{type(e).__name__}: {str(e)[:300]}")
+        return 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001 - tearing down after a peer died may fail too
+                pass
+    print(f"[dist_check] {tag}: all checks passed", flush=True)
+    events.finished("ok", world_size=world)
+    return 0
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check_all_reduce(dist, torch, device, rank: int, world: int) -> None:
+    n = 1024
+    t = torch.arange(n, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device) * (rank + 1)
+    dist.all_reduce(t)
+    expected = torch.arange(n, dtype=t.dtype, device=device) * (world * (world + 1) / 2)
+    if not torch.equal(t, expected):
+        bad = (t != expected).nonzero()[0].item()
+        raise CheckFailed(f"all_reduce: element {bad} is {t[bad].item()}, expected {expected[bad].item()}")
+
+
+def _model(torch, width: int):
+    torch.manual_seed(1234)  # every rank (and the reference) starts from the same weights
+    return torch.nn.Sequential(torch.nn.Linear(16, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+
+
+def check_ddp(dist, torch, device, rank: int, world: int, args, events: EventLog) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model(torch, args.width).to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    reference = _model(torch, args.width).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(1, args.steps + 1):
+        if step == args.fail_step and rank == args.fail_rank:
+            raise CheckFailed(f"rank {rank} fails at step {step} as asked (--fail-rank)")
+        x = torch.randn(args.batch, 16, generator=gen).to(device)
+        y = x.sum(dim=1, keepdim=True).sin()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()  # DDP all-reduces (averages) the gradients here
+        opt.step()
+
+        # The reference sees every rank's batch at once: mean loss over world*batch samples.
+        xs = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(xs, x)
+        x_all = torch.cat(xs)
+        ref_loss = torch.nn.functional.mse_loss(reference(x_all), x_all.sum(dim=1, keepdim=True).sin())
+        ref_opt.zero_grad()
+        ref_loss.backward()
+        ref_opt.step()
+
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        for other, g in enumerate(gathered):
+            if not torch.equal(g, gathered[0]):
+                raise CheckFailed(f"step {step}: parameters of rank {other} differ from rank 0 (max {float((g - gathered[0]).abs().max()):.3g})")
+        ref_flat = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+        err = float((flat - ref_flat).abs().max())
+        if err > 1e-4:
+            raise CheckFailed(f"step {step}: DDP parameters differ from the full-batch reference by {err:.3g}")
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss)
+        events.progress(step, args.steps, unit="steps")
+        events.metric(step, loss=float(global_loss) / world, ref_error=err)
+        if args.step_seconds:
+            time.sleep(args.step_seconds)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,372 @@
+"""Build, with no hub access, a tiny Llama-style verifier, its fast tokenizer and a learnable chat language.
+
+The demo and the tests need a verifier that (a) exists without downloads, (b) runs on 2 CPU cores in
+seconds and (c) has learned something a draft can learn in turn. This script makes all three:
+
+* The language. `--num-words` pseudo-words are shuffled and cut into chains of 12-32 words. Every
+  word has a fixed successor: the next word of its chain, or the end-of-turn token for the last word.
+  A user turn is a few random words whose last word is not near its chain's end; the assistant's
+  reply walks the chain from that word's successor to the chain's end. So every assistant token is
+  determined by the token before it (the first by the last user word): a verifier can learn it to
+  ~100% and a draft can reach an acceptance length close to k+1.
+* The tokenizer: a word-level `tokenizers` model (one token per word) wrapped in
+  PreTrainedTokenizerFast, with special tokens and a Jinja chat template:
+      <bos><|user|> w w w <|end|><|assistant|> w w w <|end|>...
+  (`<|end|>` is the eos token: generation stops at the end of an assistant turn).
+* The verifier: LlamaForCausalLM from a hand-made LlamaConfig (default hidden 128, 8 layers, 4 heads:
+  about 1.8M parameters; speculators' default target layers [2, N//2, N-3] need N >= 7), trained
+  briefly on the assistant tokens only, saved in float32 (config `dtype`/`torch_dtype` float32,
+  `attn_implementation` sdpa) with untied embeddings (speculators reads `lm_head.weight` from the
+  checkpoint).
+
+Outputs:
+  --output DIR        config.json, model.safetensors, tokenizer files, generation_config.json,
+                      tiny_language.json (the successor map: lets tests and evaluation check outputs).
+  --data-out FILE     JSONL, one conversation per line: {"id", "split", "messages": [...]} with split
+                      "train" or "heldout" (the last --heldout conversations). prepare uses only
+                      "train" rows by default; evaluate uses the "heldout" prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+STAGE = "verifier"
+
+# Special tokens, in id order (ids 0..len-1).
+PAD, UNK, BOS, END, USER, ASSISTANT, SYSTEM = "<pad>", "<unk>", "<bos>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"
+SPECIAL_TOKENS = [PAD, UNK, BOS, END, USER, ASSISTANT, SYSTEM]
+
+# Renders every turn as "<|role|> content <|end|>"; the generation prompt is "<|assistant|>".
+# Whitespace around the content keeps word-level tokenization prefix-stable across turn boundaries.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|> ' + message['content'] + ' <|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class LanguageSpec:
+    num_words: int = 1000
+    min_chain: int = 12
+    max_chain: int = 32
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hidden_size: int = 128
+    num_layers: int = 8
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_positions: int = 512
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 3e-3
+    seed: int = 0
+
+
+class ChainLanguage:
+    """Pseudo-words, each with one fixed successor (the next word of its chain, or end of turn)."""
+
+    def __init__(self, spec: LanguageSpec):
+        rng = random.Random(spec.seed)
+        self.words = _pseudo_words(spec.num_words, rng)
+        order = list(self.words)
+        rng.shuffle(order)
+        self.chains: list[list[str]] = []
+        i = 0
+        while i < len(order):
+            n = rng.randint(spec.min_chain, spec.max_chain)
+            chain = order[i : i + n]
+            if len(chain) < spec.min_chain and self.chains:
+                self.chains[-1].extend(chain)  # a short tail joins the previous chain
+            else:
+                self.chains.append(chain)
+            i += n
+        self.successor: dict[str, str | None] = {}
+        self.position: dict[str, tuple[int, int]] = {}
+        for c, chain in enumerate(self.chains):
+            for j, word in enumerate(chain):
+                self.successor[word] = chain[j + 1] if j + 1 < len(chain) else None
+                self.position[word] = (c, j)
+
+    def reply_to(self, last_user_word: str) -> list[str]:
+        """The assistant's reply: the chain after `last_user_word`, to the chain's end."""
+        c, j = self.position[last_user_word]
+        return self.chains[c][j + 1 :]
+
+    def conversation(self, rng: random.Random, turns: int) -> list[dict[str, str]]:
+        messages = []
+        for _ in range(turns):
+            prompt = [rng.choice(self.words) for _ in range(rng.randint(2, 8))]
+            # The last user word sits in the first half of its chain: replies are >= 6 words long.
+            chain = rng.choice(self.chains)
+            prompt.append(chain[rng.randrange(0, len(chain) // 2)])
+            messages.append({"role": "user", "content": " ".join(prompt)})
+            messages.append({"role": "assistant", "content": " ".join(self.reply_to(prompt[-1]))})
+        return messages
+
+    def to_json(self) -> dict:
+        return {"chains": self.chains, "end_of_turn": END}
+
+
+def _pseudo_words(n: int, rng: random.Random) -> list[str]:
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    syllables = [c + v for c in consonants for v in vowels]
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rng.choice(syllables) for _ in range(rng.randint(2, 3))))
+    return sorted(words)
+
+
+def build_tokenizer(words: list[str]):
+    """A word-level fast tokenizer over `words` plus SPECIAL_TOKENS, with the chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for w in words:
+        vocab[w] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##")  # joins word-level tokens with spaces
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=END,
+        unk_token=UNK,
+        pad_token=PAD,
+        additional_special_tokens=[USER, ASSISTANT, SYSTEM],
+        model_max_length=512,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(spec: ModelSpec, tokenizer, seed: int):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_positions,
+        rms_norm_eps=1e-6,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,  # speculators loads lm_head.weight from the checkpoint
+        dtype="float32",
+    )
+    # sdpa: exact, fast on CPU, and it takes the padding masks the extractor builds.
+    config._attn_implementation = "sdpa"
+    return LlamaForCausalLM(config)
+
+
+def encode_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and a mask of its assistant tokens (content + <|end|>).
+
+    Built directly from the word-level layout (fast), and checked once against the chat template
+    by `check_encoding` so the two cannot drift apart.
+    """
+    ids = [tokenizer.bos_token_id]
+    mask = [0]
+    role_ids = {"user": tokenizer.convert_tokens_to_ids(USER), "assistant": tokenizer.convert_tokens_to_ids(ASSISTANT), "system": tokenizer.convert_tokens_to_ids(SYSTEM)}
+    for m in messages:
+        content = tokenizer.convert_tokens_to_ids(m["content"].split())
+        is_assistant = int(m["role"] == "assistant")
+        ids += [role_ids[m["role"]], *content, tokenizer.eos_token_id]
+        mask += [0] + [is_assistant] * (len(content) + 1)
+    return ids, mask
+
+
+def check_encoding(tokenizer, messages: list[dict[str, str]]) -> None:
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    via_template = tokenizer(text, add_special_tokens=False)["input_ids"]
+    direct, _ = encode_conversation(tokenizer, messages)
+    if via_template != direct:
+        raise RuntimeError("the chat template and the direct encoding disagree; fix encode_conversation")
+
+
+def train(model, rows: list[tuple[list[int], list[int]]], heldout: list[tuple[list[int], list[int]]], spec: TrainSpec, events: EventLog) -> dict[str, float]:
+    """Next-token training on assistant tokens only (the user words are random noise)."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    rng = random.Random(spec.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, spec.steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, spec.steps))))
+    )
+    model.train()
+    started = time.monotonic()
+    for step in range(1, spec.steps + 1):
+        batch = rng.sample(rows, min(spec.batch_size, len(rows)))
+        input_ids, labels, attention = _collate(batch, model.config.pad_token_id)
+        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 25 == 0 or step == spec.steps:
+            events.metric(step, loss=round(out.loss.item(), 4), lr=sched.get_last_lr()[0])
+            events.progress(step, spec.steps, unit="steps")
+    accuracy = assistant_accuracy(model, heldout)
+    return {"train_seconds": round(time.monotonic() - started, 1), "heldout_token_accuracy": accuracy, "final_loss": round(out.loss.item(), 4)}
+
+
+def assistant_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
+    """Greedy next-token accuracy of the model on assistant tokens of `rows` (teacher forcing)."""
+    import torch
+
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for i in range(0, len(rows), 64):
+            input_ids, labels, attention = _collate(rows[i : i + 64], model.config.pad_token_id)
+            logits = model(input_ids=input_ids, attention_mask=attention).logits
+            pred = logits[:, :-1].argmax(-1)
+            target = labels[:, 1:]
+            valid = target != -100
+            correct += int((pred[valid] == target[valid]).sum())
+            total += int(valid.sum())
+    return round(correct / max(1, total), 4)
+
+
+def _collate(batch, pad_id: int):
+    """Right-padded ids, labels (-100 outside assistant tokens and on padding) and attention mask."""
+    import torch
+
+    width = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, (ids, mask) in enumerate(batch):
+        t = torch.tensor(ids)
+        input_ids[r, : len(ids)] = t
+        attention[r, : len(ids)] = 1
+        labels[r, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
+    return input_ids, labels, attention
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", required=True, help="verifier directory to write")
+    p.add_argument("--data-out", required=True, help="chat JSONL to write (train + heldout rows)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-words", type=int, default=1000)
+    p.add_argument("--conversations", type=int, default=1200, help="train conversations")
+    p.add_argument("--heldout", type=int, default=64, help="held-out conversations (split=heldout)")
+    p.add_argument("--max-turns", type=int, default=3, help="user/assistant turn pairs per conversation (1..N)")
+    p.add_argument("--train-steps", type=int, default=TrainSpec.steps, help="0 leaves the verifier untrained")
+    p.add_argument("--batch-size", type=int, default=TrainSpec.batch_size)
+    p.add_argument("--lr", type=float, default=TrainSpec.lr)
+    p.add_argument("--hidden-size", type=int, default=ModelSpec.hidden_size)
+    p.add_argument("--num-layers", type=int, default=ModelSpec.num_layers)
+    p.add_argument("--num-heads", type=int, default=ModelSpec.num_heads)
+    p.add_argument("--intermediate-size", type=int, default=ModelSpec.intermediate_size)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--events", default=None, help="events.jsonl to append to")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = EventLog(STAGE, args.events)
+    events.started(**vars(args))
+    try:
+        summary = run(args, events)
+    except Exception as e:  # one line for the laptop; the traceback stays in the log
+        import traceback
+
+        traceback.print_exc()
+        events.finished("failed", error=f"{type(e).__name__}: {e}")
+        return 1
+    events.finished("ok", **summary)
+    return 0
+
+
+def run(args: argparse.Namespace, events: EventLog) -> dict:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.num_layers < 7:
+        raise ValueError(f"--num-layers {args.num_layers}: speculators' default target layers need at least 7")
+    t0 = time.monotonic()
+    lang = ChainLanguage(LanguageSpec(num_words=args.num_words, seed=args.seed))
+    rng = random.Random(args.seed + 1)
+    total = args.conversations + args.heldout
+    conversations = [lang.conversation(rng, rng.randint(1, args.max_turns)) for _ in range(total)]
+    rows = [
+        {"id": f"tiny-{i}", "split": "train" if i < args.conversations else "heldout", "messages": msgs}
+        for i, msgs in enumerate(conversations)
+    ]
+
+    tokenizer = build_tokenizer(lang.words)
+    check_encoding(tokenizer, conversations[0])
+    encoded = [encode_conversation(tokenizer, msgs) for msgs in conversations]
+    train_rows, heldout_rows = encoded[: args.conversations], encoded[args.conversations :]
+    events.message(f"language: {len(lang.words)} words in {len(lang.chains)} chains; {len(train_rows)} train + {len(heldout_rows)} heldout conversations")
+
+    model = build_model(
+        ModelSpec(args.hidden_size, args.num_layers, args.num_heads, args.intermediate_size), tokenizer, args.seed
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    events.message(f"verifier: {n_params / 1e6:.2f}M parameters, {args.num_layers} layers, hidden {args.hidden_size}")
+    summary: dict = {"parameters": n_params, "dtype": "float32", "attn_implementation": "sdpa"}
+    if args.train_steps > 0:
+        summary.update(train(model, train_rows, heldout_rows, TrainSpec(args.train_steps, args.batch_size, args.lr, args.seed), events))
+        events.metric(args.train_steps, heldout_token_accuracy=summary["heldout_token_accuracy"])
+
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "tiny_language.json").write_text(json.dumps({**lang.to_json(), "spec": asdict(LanguageSpec(args.num_words, seed=args.seed))}))
+    write_jsonl_atomic(Path(args.data_out), rows)
+    events.artifact(str(out), kind="verifier")
+    events.artifact(args.data_out, kind="data")
+    summary["seconds"] = round(time.monotonic() - t0, 1)
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())

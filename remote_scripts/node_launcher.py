@@ -1,0 +1,308 @@
+"""One node of a multi-node run: torchrun under a peer watchdog.
+
+The harness starts this on every host of a group (`harness run GROUP STAGE`), each under its own
+detached supervisor, with the same run id. It runs
+
+    python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node G
+        --rdzv-backend c10d --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID
+        --rdzv-conf is_host=<i == 0> --local-addr <this node's address> --max-restarts 0
+        SCRIPT ARGS...
+
+and watches the other nodes, so that one failed, cancelled or vanished node stops the whole run
+within a bounded time even when no laptop is attached:
+
+  * Node 0's watchdog hosts a small TCPStore on PORT+1 (torch's own key-value store, the same
+    thing the c10d rendezvous uses); every watchdog bumps a heartbeat counter in it every
+    --heartbeat seconds and posts its node's outcome when torchrun ends or it is cancelled.
+  * A watchdog stops its own torchrun (SIGTERM, --grace seconds, then SIGKILL to every process
+    it started, ranks included) as soon as a peer posts failed/cancelled, a peer's heartbeat has
+    not moved for --peer-timeout seconds, or the store (node 0) has been unreachable that long.
+
+So with the laptop gone, a dead node stops the others within peer_timeout + grace (+ one
+heartbeat); a crashed rank is usually faster, because its peers' collectives fail at once and
+torchrun (--max-restarts 0) exits, and a hung collective is further bounded by the stage's own
+process-group timeout. `--rdzv-conf is_host` is explicit because torch's guess (compare the
+endpoint with this machine's hostname) misses addresses on secondary NICs.
+
+Run by hand on each node (what the harness writes into the stage's spec.json):
+    python remote_scripts/node_launcher.py --node-rank 0 --nnodes 2 --endpoint 10.0.0.1:29500 \
+        --run-id test -- remote_scripts/dist_check.py --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+FINAL = ("ok", "failed", "cancelled", "stopped")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--nproc-per-node", type=int, default=1)
+    p.add_argument("--endpoint", required=True, help="HOST0:PORT of the c10d rendezvous (the watch store uses PORT+1)")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--node-names", default="", help="comma-separated host names, for messages")
+    p.add_argument("--local-addr", default="", help="this node's address as the others see it (default: the source address towards HOST0)")
+    p.add_argument("--heartbeat", type=float, default=2.0)
+    p.add_argument("--peer-timeout", type=float, default=60.0, help="seconds without a peer's heartbeat before giving up on it")
+    p.add_argument("--join-timeout", type=float, default=600.0, help="seconds to wait for every node to show up")
+    p.add_argument("--grace", type=float, default=8.0, help="seconds between SIGTERM and SIGKILL when stopping torchrun")
+    p.add_argument("--events", default=None)
+    p.add_argument("--stage", default="node", help="stage name for events")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT ARGS... (run by torchrun)")
+    a = p.parse_args(argv)
+    if a.command and a.command[0] == "--":
+        a.command = a.command[1:]
+    if not a.command:
+        p.error("missing the script to run after --")
+    return a
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def source_address_towards(host: str, port: int) -> str:
+    """The local address the kernel would use to reach host (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
+def torchrun_argv(a: argparse.Namespace, local_addr: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank), "--nproc-per-node", str(a.nproc_per_node),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", a.endpoint, "--rdzv-id", a.run_id,
+        "--rdzv-conf", f"is_host={'true' if a.node_rank == 0 else 'false'}",
+        "--local-addr", local_addr, "--max-restarts", "0",
+        *a.command,
+    ]
+
+
+class Watchdog:
+    def __init__(self, a: argparse.Namespace, events: EventLog):
+        self.a = a
+        self.events = events
+        self.names = a.node_names.split(",") if a.node_names else [f"node{i}" for i in range(a.nnodes)]
+        self.me = a.node_rank
+        self.peers = [r for r in range(a.nnodes) if r != self.me]
+        self.store = None
+        self.store_ok_at = time.monotonic()
+        self.seen: dict[int, tuple[int, float]] = {}  # peer -> (heartbeat count, when it last moved)
+        self.started = time.monotonic()
+        self.cancelled = False
+
+    def name(self, rank: int) -> str:
+        return f"{self.names[rank]} (node {rank})" if rank < len(self.names) else f"node {rank}"
+
+    # -- the watch store ---------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        from torch.distributed import TCPStore
+
+        host, port = split_endpoint(self.a.endpoint)
+        timeout = datetime.timedelta(seconds=max(5.0, self.a.heartbeat * 3))
+        if self.me == 0:
+            self.store = TCPStore("0.0.0.0", port + 1, is_master=True, wait_for_workers=False, timeout=timeout)
+        else:
+            deadline = time.monotonic() + self.a.join_timeout
+            while True:  # node 0 may start later than us
+                try:
+                    self.store = TCPStore(host, port + 1, is_master=False, timeout=timeout)
+                    break
+                except (RuntimeError, ValueError, TimeoutError) as e:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"cannot reach the watch store on {self.name(0)} at {host}:{port + 1}: {e}") from None
+                    time.sleep(self.a.heartbeat)
+        self.store_ok_at = time.monotonic()
+
+    def _store(self, fn, *args):
+        """One store call; None when the store is unreachable right now."""
+        try:
+            out = fn(*args)
+            self.store_ok_at = time.monotonic()
+            return out
+        except Exception:  # noqa: BLE001 - connection reset, timeout: counted as silence
+            return None
+
+    def post(self, outcome: str) -> None:
+        if self.store is not None:
+            self._store(self.store.set, f"outcome/{self.me}", outcome)
+
+    def outcome_of(self, rank: int) -> str | None:
+        if self._store(self.store.check, [f"outcome/{rank}"]):
+            value = self._store(self.store.get, f"outcome/{rank}")
+            return value.decode() if value is not None else None
+        return None
+
+    def refresh(self) -> None:
+        """Bump our heartbeat; note when each peer's last moved."""
+        now = time.monotonic()
+        self._store(self.store.add, f"hb/{self.me}", 1)
+        for peer in self.peers:
+            count = self._store(self.store.add, f"hb/{peer}", 0)
+            last = self.seen.get(peer)
+            if count and (last is None or count != last[0]):
+                self.seen[peer] = (count, now)
+
+    def silent_for(self, peer: int) -> float | None:
+        last = self.seen.get(peer)
+        return None if last is None else time.monotonic() - last[1]
+
+    def reason_to_stop(self) -> str | None:
+        """Why this node should stop now, or None."""
+        self.refresh()
+        now = time.monotonic()
+        for peer in self.peers:
+            outcome = self.outcome_of(peer)
+            if outcome and not outcome.startswith("ok"):
+                return f"{self.name(peer)} {outcome}"
+            silent = self.silent_for(peer)
+            if outcome is None and silent is not None and silent > self.a.peer_timeout:
+                return f"{self.name(peer)} silent for {silent:.0f} s (no heartbeat)"
+            if silent is None and now - self.started > self.a.join_timeout:
+                return f"{self.name(peer)} never started (waited {self.a.join_timeout:.0f} s)"
+        if now - self.store_ok_at > self.a.peer_timeout:
+            return f"lost the watch store on {self.name(0)} for {now - self.store_ok_at:.0f} s"
+        return None
+
+    def first_failed_peer(self) -> str | None:
+        for peer in self.peers:
+            outcome = self.outcome_of(peer)
+            if outcome and not outcome.startswith("ok"):
+                return f"{self.name(peer)} {outcome}"
+        return None
+
+    def wait_for_peers_outcome(self) -> None:
+        """Node 0 hosts the store: keep it up until every live peer has posted its outcome, so
+        that none of them mistakes our exit for a failure. A peer whose heartbeat stopped is
+        not waited for (it is gone)."""
+        deadline = time.monotonic() + self.a.peer_timeout
+        gone_after = 3 * self.a.heartbeat + 2.0
+        while time.monotonic() < deadline:
+            self.refresh()
+            pending = [p for p in self.peers if not self.outcome_of(p)]
+            if all((self.silent_for(p) or 0.0) > gone_after or (self.silent_for(p) is None and time.monotonic() - self.started > gone_after) for p in pending):
+                return
+            time.sleep(self.a.heartbeat / 2)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (torchrun's workers run in sessions of their own, so a process
+    group kill would miss them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def stop_tree(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM torchrun (it forwards to its workers), wait, then SIGKILL everything it started."""
+    tree = descendants(proc.pid)
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(_alive(p) for p in tree)):
+        tree = sorted(set(tree) | set(descendants(proc.pid)))
+        time.sleep(0.1)
+    for pid in [proc.pid, *tree]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    proc.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ")[-1][:1] != b"Z"
+    except OSError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    events = EventLog(a.stage, a.events, echo=False)
+    host, port = split_endpoint(a.endpoint)
+    local_addr = a.local_addr or source_address_towards(host, port)
+    dog = Watchdog(a, events)
+
+    def on_term(signum, frame) -> None:
+        dog.cancelled = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    say = lambda text: print(f"[node_launcher {dog.names[a.node_rank] if a.node_rank < len(dog.names) else a.node_rank}] {text}", flush=True)  # noqa: E731
+    try:
+        dog.connect()
+    except Exception as e:  # noqa: BLE001
+        say(f"error: {e}")
+        events.finished("failed", error=str(e), node_rank=a.node_rank)
+        return 1
+    argv_ = torchrun_argv(a, local_addr)
+    say(f"node {a.node_rank}/{a.nnodes} at {local_addr}: {' '.join(argv_[1:])}")
+    # Same process group as us: the supervisor's cancel (killpg) reaches torchrun directly too.
+    proc = subprocess.Popen(argv_, stdin=subprocess.DEVNULL)
+    stop_reason = None
+    while proc.poll() is None:
+        if dog.cancelled:
+            stop_reason = "cancelled"
+            dog.post("cancelled")
+            break
+        reason = dog.reason_to_stop()
+        if reason:
+            stop_reason = reason
+            dog.post(f"stopped ({reason})")
+            break
+        time.sleep(a.heartbeat)
+    if stop_reason is not None:
+        say(f"stopping torchrun: {stop_reason}")
+        stop_tree(proc, a.grace)
+        events.finished("failed", error=f"stopped: {stop_reason}", node_rank=a.node_rank)
+        code = 143 if stop_reason == "cancelled" else 3
+    else:
+        code = proc.returncode
+        outcome = "ok" if code == 0 else f"failed (torchrun exit code {code})"
+        if code != 0:
+            earlier = dog.first_failed_peer()
+            if earlier:  # our ranks died of a peer's failure (a collective broke): say so
+                outcome += f" after {earlier}"
+        dog.post(outcome)
+        say(f"torchrun finished: {outcome}")
+    if a.node_rank == 0:
+        dog.wait_for_peers_outcome()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""`harness build`: the content-hash tag, no rebuild of an unchanged image, streamed output, and
+the extra CA bundle + pip path of container/Dockerfile on a real Docker engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_config
+from harness.runtime.image import build, gather_inputs, image_id
+from harness.transport.local import LocalTransport
+from tests.fixtures.docker_engine import container_table
+from tests.fixtures.job_project import write_build_context, write_project
+
+BUILD_TEST_IMAGE = "harness-build-test"  # not the job tests' image: these tests retag :latest
+
+
+def project(tmp_path: Path, base_image: str, **container) -> Path:
+    write_build_context(tmp_path)
+    return write_project(tmp_path, tmp_path / "work", {}, host_table={"runtime": "docker"}, container=container_table(base_image, image=BUILD_TEST_IMAGE, **container))
+
+
+def test_content_hash_covers_every_input(tmp_path):
+    config = load_config(project(tmp_path, "base:1"))
+    host = config.host("box")
+    first = gather_inputs(config, host)
+    assert gather_inputs(config, host).content_hash == first.content_hash  # deterministic
+    assert gather_inputs(config, host).context_tar() == first.context_tar()
+    assert "container/Dockerfile" in first.files and "remote_scripts/train_draft.py" in first.files
+    assert gather_inputs(config, host, extra_ca=b"CA").content_hash != first.content_hash
+    (tmp_path / "remote_scripts" / "__pycache__").mkdir()
+    (tmp_path / "remote_scripts" / "__pycache__" / "x.pyc").write_bytes(b"junk")  # not an input
+    assert gather_inputs(config, host).content_hash == first.content_hash
+    (tmp_path / "remote_scripts" / "train_draft.py").write_text("print('changed')\n")
+    assert gather_inputs(config, host).content_hash != first.content_hash
+    other = load_config(project(tmp_path / "b", "base:2"))
+    assert gather_inputs(other, other.host("box")).build_args["BASE_IMAGE"] == "base:2"
+
+
+@pytest.mark.docker
+def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_image):
+    config_path = project(tmp_path, docker_base_image)
+    config = load_config(config_path)
+    host = config.host("box")
+    transport = LocalTransport()
+    out: list[bytes] = []
+    first = build(transport, config, host, output=out.append)
+    assert first.ref.startswith(BUILD_TEST_IMAGE + ":") and first.image_id.startswith("sha256:")
+    assert image_id(transport, first.ref) == first.image_id == image_id(transport, f"{BUILD_TEST_IMAGE}:latest")
+    # the CLI: same inputs -> found, not rebuilt, and no build output at all
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == first.image_id and "unchanged, not rebuilt" in r.stderr and "Step" not in r.stderr
+    assert time.monotonic() - t0 < 10
+    # a changed stage script is a new input: new tag, real build, streamed output
+    (tmp_path / "remote_scripts" / "evaluate.py").write_text("print('v2')\n")
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "COPY remote_scripts/" in r.stderr and "built: " in r.stderr
+    second = r.stdout.strip()
+    assert second != first.image_id and image_id(transport, f"{BUILD_TEST_IMAGE}:latest") == second
+    baked = subprocess.run(["docker", "run", "--rm", second, "cat", "/opt/harness/remote_scripts/evaluate.py"], capture_output=True, text=True, timeout=60)
+    assert baked.stdout == "print('v2')\n"
+
+
+@pytest.mark.docker
+def test_build_error_is_one_line_and_exit_code(tmp_path, docker_base_image):
+    config_path = project(tmp_path, "harness-no-such-base:1")
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1].startswith("harness: error: remote command failed")
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_extra_ca_bundle_lets_pip_through_the_proxy(tmp_path, docker_base_image):
+    """Behind this machine's TLS-inspecting proxy, pip in the image needs the host's CA bundle:
+    `container.ca_bundle` puts it into the image and the same pip path installs a package."""
+    ca = "/etc/ssl/certs/ca-certificates.crt"
+    if not Path(ca).is_file():
+        pytest.skip("no host CA bundle")
+    args = {"INSTALL_ML": "0", "EXTRA_PIP_PACKAGES": "six==1.17.0"}
+    # without the bundle, the proxy's certificate is refused: the bundle is what makes it work
+    config_path = project(tmp_path / "without", docker_base_image, build_args=args)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--force"], capture_output=True, text=True, timeout=600)
+    if r.returncode == 0:
+        pytest.skip("no TLS-inspecting proxy on this network: pip works without the extra bundle")
+    assert "CERTIFICATE_VERIFY_FAILED" in r.stderr
+    config_path = project(tmp_path / "with", docker_base_image, ca_bundle=ca, build_args=args)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--force"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "added extra CA bundle" in r.stderr and "Successfully installed six-1.17.0" in r.stderr
+    ran = subprocess.run(["docker", "run", "--rm", r.stdout.strip(), "python3", "-c", "import six; print(six.__version__)"], capture_output=True, text=True, timeout=60)
+    assert ran.stdout.strip() == "1.17.0"

@@ -1,0 +1,208 @@
+"""`harness exec` and `harness doctor` end to end: `python -m harness` against the real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.sshd import free_port, write_harness_config
+
+pytestmark = pytest.mark.ssh
+
+TRICKY = ["a b", "it's", 'say "hi"', "$HOME", "`id`", "a;b", "x\ny", "héllo ✓", "*", "", "--", "-n"]
+
+
+def harness(config: Path, *args: str, env: dict[str, str], **kw) -> subprocess.CompletedProcess:
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, capture_output=True, timeout=60, **kw)
+
+
+@pytest.fixture
+def env(ssh_host):
+    return ssh_host.env()
+
+
+def test_exit_code_and_output(harness_config, env, ssh_host):
+    r = harness(harness_config, "exec", "box", "--", "sh", "-c", "echo out; echo err >&2; pwd; exit 7", env=env)
+    assert r.returncode == 7
+    assert r.stdout.decode().splitlines() == ["out", str(harness_config.parent / "work" / "box")]  # the workdir, created
+    assert r.stderr == b"err\n"
+    assert harness(harness_config, "exec", "box", "--", "true", env=env).returncode == 0
+
+
+def test_arguments_arrive_intact(harness_config, env):
+    for host in ("box", "local"):
+        r = harness(harness_config, "exec", host, "--", "printf", "%s\\0", *TRICKY, env=env)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.decode().split("\0")[:-1] == TRICKY, host
+
+
+def test_warm_path_reuses_a_master_connection(harness_config, env, ssh_host):
+    log = ssh_host.box.log_text
+    harness(harness_config, "exec", "box", "--", "true", env=env)
+    before = log().count("Accepted publickey")
+    for _ in range(3):
+        assert harness(harness_config, "exec", "box", "--", "true", env=env).returncode == 0
+    assert log().count("Accepted publickey") == before  # no new authentication: one connection
+
+
+def test_output_streams_while_the_command_runs(harness_config, env, tmp_path):
+    flag = tmp_path / "go"
+    script = 'echo first; i=0; while [ ! -e "$1" ]; do i=$((i+1)); [ $i -gt 300 ] && exit 9; sleep 0.05; done; echo second'
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "box", "--", "sh", "-c", script, "sh", str(flag)],
+                            env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout.readline() == b"first\n"
+    flag.touch()
+    assert proc.stdout.read() == b"second\n"
+    assert proc.wait(30) == 0
+
+
+def test_env_passthrough_values_stay_off_command_lines(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    config.write_text(config.read_text().replace("[hosts.box]\n", '[hosts.box]\nenv = ["HARNESS_T_TOKEN"]\n'))
+    secret = f"tok-{uuid.uuid4().hex} 'with' $pecial"
+    env = {**env, "HARNESS_T_TOKEN": secret}
+    seen = tmp_path / "seen"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "sh", "-c",
+                             'printf "%s" "$HARNESS_T_TOKEN" > "$0"; cat; sleep 2', str(seen)],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(b"stdin still flows\n")
+    proc.stdin.close()
+    deadline = time.monotonic() + 20
+    while not seen.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leaks = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != proc.pid:
+            try:
+                if secret.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    leaks.append(pid)
+            except OSError:
+                pass
+    out = proc.stdout.read()
+    assert proc.wait(30) == 0
+    assert seen.read_text() == secret
+    assert out == b"stdin still flows\n"
+    assert leaks == []
+
+
+def test_unknown_host_key_refused_then_accept_flag(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    known = tmp_path / "known_hosts"
+    env = {**env, "HARNESS_KNOWN_HOSTS": str(known)}
+    r = harness(config, "exec", "box", "--", "true", env=env)
+    assert r.returncode == 255
+    lines = r.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "unknown host key" in lines[0] and "SHA256:" in lines[0] and "--accept-new-host-key" in lines[0]
+    r = harness(config, "--accept-new-host-key", "exec", "box", "--", "echo", "ok", env=env)
+    assert (r.returncode, r.stdout) == (0, b"ok\n"), r.stderr
+    assert known.read_text().count("ssh-ed25519") == 1
+    r = harness(config, "exec", "box", "--", "echo", "again", env=env)
+    assert (r.returncode, r.stdout) == (0, b"again\n"), r.stderr
+
+
+def test_changed_host_key_refused_even_with_the_flag(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    known = tmp_path / "known_hosts"
+    wrong_pub = " ".join(Path(str(ssh_host.wrong_key_path) + ".pub").read_text().split()[:2])
+    known.write_text(f"[127.0.0.1]:{ssh_host.port} {wrong_pub}\n")
+    env = {**env, "HARNESS_KNOWN_HOSTS": str(known)}
+    for flag in ([], ["--accept-new-host-key"]):
+        r = harness(config, *flag, "exec", "box", "--", "true", env=env)
+        assert r.returncode == 255
+        assert len(r.stderr.decode().strip().splitlines()) == 1 and "CHANGED" in r.stderr.decode()
+
+
+def test_wrong_key_and_closed_port_are_one_line_errors(tmp_path, ssh_host, env):
+    port = free_port()
+    config = tmp_path / "harness.toml"
+    config.write_text(
+        f'[hosts.wrong]\nssh = "{ssh_host.user}@127.0.0.1:{ssh_host.port}"\nidentity_file = "{ssh_host.wrong_key_path}"\n'
+        f'[hosts.closed]\nssh = "root@127.0.0.1:{port}"\nconnect_timeout = 3\n'
+    )
+    empty = tmp_path / "empty_ssh_config"
+    empty.write_text("Host *\n  IdentitiesOnly yes\n")
+    env = {**env, "HARNESS_SSH_CONFIG": str(empty)}
+    r = harness(config, "exec", "wrong", "--", "true", env=env)
+    assert r.returncode == 255 and "authentication failed" in r.stderr.decode()
+    assert len(r.stderr.decode().strip().splitlines()) == 1
+    start = time.monotonic()
+    r = harness(config, "exec", "closed", "--", "true", env=env)
+    assert r.returncode == 255 and "cannot connect" in r.stderr.decode() and "Connection refused" in r.stderr.decode()
+    assert len(r.stderr.decode().strip().splitlines()) == 1
+    assert time.monotonic() - start < 5
+
+
+def test_proxyjump_host(harness_config, env, ssh_host):
+    r = harness(harness_config, "exec", "behind", "--", "sh", "-c", 'echo "$SSH_CONNECTION"', env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[2:] == [b"127.0.0.2", str(ssh_host.behind.port).encode()]
+
+
+def test_pty_exit_code(harness_config, env):
+    r = harness(harness_config, "exec", "box", "--pty", "--", "sh", "-c", "test -t 0 && echo tty; exit 5", env=env)
+    assert r.returncode == 5
+    assert b"tty" in r.stdout
+
+
+def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
+    """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
+    pid, fd = pty.fork()
+    if pid == 0:  # child: harness on the pty
+        os.execve(sys.executable, [sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "--pty", "box", "--",
+                                   "sh", "-c", 'trap "echo GOT-INT; exit 7" INT; echo READY; sleep 30 & wait'], env)
+    out = b""
+    deadline = time.monotonic() + 30
+    sent = False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        if b"READY" in out and not sent:
+            os.write(fd, b"\x03")
+            sent = True
+    _, status = os.waitpid(pid, 0)
+    assert b"GOT-INT" in out, out
+    assert os.waitstatus_to_exitcode(status) == 7
+
+
+def test_unknown_host_is_a_usage_error(harness_config, env):
+    r = harness(harness_config, "exec", "nope", "--", "true", env=env)
+    assert r.returncode == 2
+    assert r.stderr.decode().strip() == f"harness: error: {harness_config.resolve()}: hosts.nope: unknown host (configured: behind, box, local)"
+
+
+def test_doctor_json_end_to_end(harness_config, env):
+    r = harness(harness_config, "doctor", "box", "--json", env=env)
+    report = json.loads(r.stdout)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["connect"]["status"] == "ok"
+    assert checks["python3"]["status"] == "ok" and "3." in checks["python3"]["message"]
+    assert checks["disk"]["status"] in ("ok", "warn")
+    assert checks["gpus"]["status"] == "warn"  # this machine has no nvidia-smi
+    assert all(c["status"] in ("ok", "warn", "fail") and c["message"] for c in report["checks"])
+    assert r.returncode == (1 if any(c["status"] == "fail" for c in report["checks"]) else 0)
+
+
+def test_doctor_unreachable_host_fails(tmp_path, env):
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.closed]\nssh = "root@127.0.0.1:{free_port()}"\nconnect_timeout = 3\n')
+    r = harness(config, "doctor", "closed", "--json", env=env)
+    assert r.returncode == 1
+    checks = json.loads(r.stdout)["checks"]
+    assert checks[0]["name"] == "connect" and checks[0]["status"] == "fail" and checks[0]["fix"]

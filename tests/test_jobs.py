@@ -1,0 +1,277 @@
+"""Detached runs on runtime = "host": the supervisor, state files, logs, exit codes, cancel,
+concurrency, secrets, and survival of the harness process (LocalTransport here; the SSH
+variants are at the end and use the real sshd test bed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_config
+from harness.jobs import Jobs
+from harness.transport import connect
+from tests.fixtures.job_project import expected_log, log_lines, script_stem, write_project
+
+SECRET_NAME = "HARNESS_TEST_SECRET"
+SECRET_VALUE = "s3cr3t-value-" + os.urandom(6).hex()
+
+
+def make_jobs(tmp_path: Path, stages: dict, **kw) -> tuple[Jobs, Path]:
+    workdir = tmp_path / "work"
+    config_path = write_project(tmp_path / "project", workdir, stages, **kw)
+    config = load_config(config_path)
+    host = config.host("box")
+    return Jobs(config, host, connect(host)), workdir
+
+
+def harness_cli(config: Path, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True, timeout=120, **kw)
+
+
+def collect(jobs: Jobs, run_id: str, stage: str | None = None, follow: bool = False) -> str:
+    chunks: list[bytes] = []
+    jobs.follow(run_id, chunks.append, stage=stage, follow=follow)
+    return b"".join(chunks).decode()
+
+
+def test_chain_runs_detached_with_complete_logs_and_record(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 4}, "train": {"lines": 3, "sleep": 0.5}})
+    run_id = jobs.start(["prepare", "train"])
+    status = jobs.wait(run_id, timeout=60)
+    assert status.state == "ok", status
+    assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "ok", 0), ("train", "ok", 0)]
+    assert status.stages[1].last_event["event"] == "finished"
+    assert all(s.started and s.finished >= s.started for s in status.stages)
+    # stage order: train started after prepare finished
+    assert status.stages[1].started >= status.stages[0].finished
+    for stage, lines in (("prepare", 4), ("train", 3)):
+        text = collect(jobs, run_id, stage)
+        assert log_lines(text) == expected_log(script_stem(stage), lines)
+        assert f"cwd {workdir}" in text  # stages run in the workdir
+    run_dir = workdir / "runs" / run_id
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["run_id"] == run_id and record["stages"] == ["prepare", "train"] and record["runtime"] == "host"
+    assert record["git"]["commit"] is None or len(record["git"]["commit"]) == 40
+    assert set(record["versions"]) == {"torch", "transformers", "speculators", "vllm"}
+    import importlib.metadata as md
+
+    assert record["versions"]["transformers"] == md.version("transformers")  # the host's python here
+    assert record["versions"]["vllm"] is None
+    events = [json.loads(line) for line in (run_dir / "train" / "events.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["started", "progress", "progress", "progress", "finished"]
+    spec = json.loads((run_dir / "prepare" / "spec.json").read_text())
+    assert spec["command"][1] == "remote_scripts/prepare_data.py" and "--events" in spec["command"]
+
+
+def test_failed_stage_stops_chain_and_keeps_exit_code(tmp_path):
+    jobs, _ = make_jobs(tmp_path, {"prepare": {"lines": 2, "exit_code": 7}})
+    run_id = jobs.start(["prepare", "train", "evaluate"])
+    status = jobs.wait(run_id, timeout=60)
+    assert status.state == "failed"
+    assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "failed", 7), ("train", "skipped", None), ("evaluate", "skipped", None)]
+    assert log_lines(collect(jobs, run_id)) == expected_log("prepare_data", 2, exit_code=7)
+
+
+def test_cancel_terminates_then_records_cancelled(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
+    run_id = jobs.start(["prepare", "train"], grace_s=2)
+    _wait_for_line(jobs, run_id, "line 2 of 100")
+    pgid = json.loads((workdir / "runs" / run_id / "prepare" / "state.json").read_text())["pgid"]
+    t0 = time.monotonic()
+    assert jobs.cancel(run_id) == "cancelled"
+    assert time.monotonic() - t0 < 10
+    status = jobs.status(run_id)
+    assert [(s.stage, s.state) for s in status.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
+    assert status.stages[0].exit_code == -signal.SIGTERM  # it died of the SIGTERM
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
+def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100, "ignore_term": True}})
+    run_id = jobs.start(["prepare"], grace_s=1.5)
+    _wait_for_line(jobs, run_id, "line 1 of 100")
+    t0 = time.monotonic()
+    assert jobs.cancel(run_id) == "cancelled"
+    elapsed = time.monotonic() - t0
+    assert 1.4 < elapsed < 10, elapsed  # waited the grace period, then killed
+    assert jobs.status(run_id).stages[0].exit_code == -signal.SIGKILL
+
+
+def test_two_concurrent_runs_never_collide(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 5, "sleep": 1}})
+    ids: list[str] = []
+    threads = [threading.Thread(target=lambda: ids.append(jobs.start(["prepare"]))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(ids)) == 2
+    for run_id in ids:
+        assert jobs.wait(run_id, timeout=60).state == "ok"
+        assert log_lines(collect(jobs, run_id)) == expected_log("prepare_data", 5)
+    assert sorted(r.run_id for r in jobs.list_runs()) == sorted(ids)
+
+
+def test_secret_values_reach_the_stage_but_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 1, "print_env": SECRET_NAME}}, host_table={"env": [SECRET_NAME]})
+    run_id = jobs.start(["prepare"])
+    assert jobs.wait(run_id, timeout=60).state == "ok"
+    digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+    assert f"env {SECRET_NAME} sha256 {digest}" in collect(jobs, run_id)  # delivered
+    assert_secret_absent(workdir, SECRET_VALUE)
+    record = json.loads((workdir / "runs" / run_id / "run.json").read_text())
+    assert record["env_names"] == [SECRET_NAME]
+
+
+def test_bad_run_ids_and_stages_are_one_line_errors(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {})
+    config = tmp_path / "project" / "harness.toml"
+    r = harness_cli(config, "logs", "box", "../../etc")
+    assert r.returncode == 2 and "invalid run id" in r.stderr and "Traceback" not in r.stderr
+    r = harness_cli(config, "run", "box", "nosuchstage", "--detach")
+    assert r.returncode == 2 and "unknown stage 'nosuchstage'" in r.stderr
+    r = harness_cli(config, "status", "box", "20200101-000000-abcdef")
+    assert r.returncode == 2 and "no run" in r.stderr
+    assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())
+
+
+def test_cli_run_survives_killing_harness_and_logs_f_is_complete(tmp_path):
+    """Attached `harness run`, killed with SIGKILL (with its whole process group, like a closed
+    laptop): the chain goes on, and `harness logs -f` afterwards shows every line."""
+    make_jobs(tmp_path, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 6, "sleep": 3}})
+    config = tmp_path / "project" / "harness.toml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    run_id = proc.stdout.readline().decode().strip()
+    seen = b""
+    while b"line 1 of 3" not in seen:  # attached: the log streams
+        seen += proc.stdout.read1(4096)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 6)
+    r = harness_cli(config, "status", "box", run_id)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout
+
+
+def test_cli_status_runs_cancel(tmp_path):
+    make_jobs(tmp_path, {"prepare": {"lines": 50, "sleep": 50}})
+    config = tmp_path / "project" / "harness.toml"
+    r = harness_cli(config, "run", "box", "prepare", "train", "--detach", "--grace", "1")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip()
+    assert "harness logs box " + run_id in r.stderr
+    time.sleep(1.0)
+    r = harness_cli(config, "status", "box", run_id)
+    assert "running" in r.stdout and "prepare" in r.stdout and "pending" in r.stdout
+    r = harness_cli(config, "cancel", "box", "last")
+    assert r.returncode == 0 and f"run {run_id}: cancelled" in r.stdout
+    r = harness_cli(config, "runs", "box")
+    assert run_id in r.stdout and "cancelled" in r.stdout
+    r = harness_cli(config, "status", "box", run_id)
+    assert r.returncode == 1 and "cancelled" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _wait_for_line(jobs: Jobs, run_id: str, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in collect(jobs, run_id):
+        assert time.monotonic() < deadline, f"no {text!r} in the log"
+        time.sleep(0.2)
+
+
+def assert_secret_absent(root: Path, secret: str) -> None:
+    needle = secret.encode()
+    for path in root.rglob("*"):
+        if path.is_file():
+            assert needle not in path.read_bytes(), f"secret found in {path}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Over SSH (the real sshd test bed): the run outlives the connection AND the harness process.
+
+
+def ssh_project(tmp_path: Path, ssh_host, stages: dict, **host_table) -> Path:
+    """harness.toml with host `box` reached over SSH (alias from the test bed's ssh_config)."""
+    return write_project(
+        tmp_path / "project", tmp_path / "work", stages, host_table={"local": False, "ssh": ssh_host.alias, "connect_timeout": 5, **host_table}
+    )
+
+
+def sshd_session_pids(ssh_host) -> list[int]:
+    """The per-connection sshd processes under the test bed's `box` daemon."""
+    out = subprocess.run(["pgrep", "-P", str(ssh_host.box.proc.pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def kill_link_and_harness(proc: subprocess.Popen, ssh_host) -> None:
+    """Cut every SSH connection on the server side, then SIGKILL harness and its process group."""
+    for pid in sshd_session_pids(ssh_host):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.ssh
+def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path, ssh_host):
+    config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=ssh_host.env(),
+    )
+    run_id = proc.stdout.readline().decode().strip()
+    assert run_id, proc.stderr.read1(4096)
+    seen = b""
+    while b"line 1 of 3" not in seen:
+        seen += proc.stdout.read1(4096)
+    before = sshd_session_pids(ssh_host)
+    assert before, "no SSH connection to cut"
+    kill_link_and_harness(proc, ssh_host)
+    run_dir = tmp_path / "work" / "runs" / run_id
+    time.sleep(1.0)
+    assert json.loads((run_dir / "state.json").read_text())["state"] == "running"  # still going
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90, env=ssh_host.env())
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
+    assert r.returncode == 0 and "ok" in r.stdout
+
+
+@pytest.mark.ssh
+def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    config_path = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 1, "print_env": SECRET_NAME, "exit_code": 4}, "train": {"lines": 100, "sleep": 100}}, env=[SECRET_NAME])
+    config = load_config(config_path)
+    host = config.host("box")
+    with connect(host, ssh_host.connect_options()) as transport:
+        jobs = Jobs(config, host, transport)
+        failed = jobs.start(["prepare", "export"])
+        long = jobs.start(["train"], grace_s=1)
+        st = jobs.wait(failed, timeout=60)
+        assert [(s.stage, s.state, s.exit_code) for s in st.stages] == [("prepare", "failed", 4), ("export", "skipped", None)]
+        digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+        assert f"env {SECRET_NAME} sha256 {digest}" in collect(jobs, failed)
+        _wait_for_line(jobs, long, "line 1 of 100")
+        assert jobs.cancel(long) == "cancelled"
+        assert jobs.status(long).stages[0].state == "cancelled"
+    assert_secret_absent(tmp_path / "work", SECRET_VALUE)
+    assert SECRET_VALUE not in ssh_host.box.log_text()  # nor in the sshd's (DEBUG) log

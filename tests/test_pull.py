@@ -1,0 +1,280 @@
+"""`harness pull`: verified, atomic, resumable, safe. Local tests use LocalTransport; the `ssh`
+tests go through the real sshd, and through a user-space delay line (bench/delayline.py) where the
+link must be slow enough to interrupt or must be cut."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.transfer import PART_SUFFIX, PullOptions, PullProgress, clean_rel, pull, select, RemoteEntry
+from harness.transport.local import LocalTransport
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob(f"*{PART_SUFFIX}*"))
+
+
+@pytest.fixture
+def remote_tree(tmp_path) -> Path:
+    src = tmp_path / "remote" / "run1"
+    (src / "sub dir").mkdir(parents=True)
+    (src / "big.bin").write_bytes(os.urandom(5 * MiB + 123))
+    (src / "sub dir" / "naïve ☃.txt").write_text("unicode name\n")
+    (src / "empty").touch()
+    tool = src / "tool.sh"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    os.symlink("sub dir/naïve ☃.txt", src / "link")
+    return src
+
+
+def test_pull_fetches_verifies_and_keeps_modes_and_links(remote_tree, tmp_path):
+    dest = tmp_path / "dest"
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=3, piece_size=MiB))
+    assert report.ok, report
+    assert sorted(report.fetched) == ["big.bin", "empty", "sub dir/naïve ☃.txt", "tool.sh"]
+    for rel in report.fetched:
+        assert sha(dest / rel) == sha(remote_tree / rel)
+    assert os.stat(dest / "tool.sh").st_mode & 0o777 == 0o755
+    assert os.readlink(dest / "link") == "sub dir/naïve ☃.txt"
+    assert leftovers(dest) == []
+    again = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=3, piece_size=MiB))
+    assert again.bytes_received == 0 and sorted(again.identical) == sorted(report.fetched)
+
+
+def test_a_different_local_copy_of_the_same_size_is_replaced(remote_tree, tmp_path):
+    dest = tmp_path / "dest"
+    pull(LocalTransport(), str(remote_tree), dest)
+    (dest / "big.bin").write_bytes(os.urandom(5 * MiB + 123))
+    report = pull(LocalTransport(), str(remote_tree), dest)
+    assert report.fetched == ["big.bin"] and sha(dest / "big.bin") == sha(remote_tree / "big.bin")
+
+
+def test_symlinks_out_and_local_parent_links_are_refused(remote_tree, tmp_path):
+    os.symlink("/etc/passwd", remote_tree / "abs")
+    os.symlink("../../outside", remote_tree / "sub dir" / "rel")
+    dest = tmp_path / "dest"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest.mkdir()
+    os.symlink(outside, dest / "sub dir")  # a local link leading out of LOCAL_DIR
+    report = pull(LocalTransport(), str(remote_tree), dest)
+    refused = dict(report.refused)
+    assert set(refused) == {"abs", "sub dir/rel", "sub dir/naïve ☃.txt"}
+    assert list(outside.iterdir()) == []
+    assert not report.ok
+
+
+INJECT = """
+import json, subprocess, sys
+doc = json.loads(subprocess.run(sys.argv[1:], capture_output=True, check=True).stdout)
+for name in ["../escape.txt", "/tmp/abs-escape.txt", "ok/../../escape2.txt"]:
+    doc["entries"].append([name, "file", 3, 0o644, 0, ""])
+print(json.dumps(doc))
+"""
+
+
+class HostileHost(LocalTransport):
+    """A host whose listing names paths outside the destination (a compromised or buggy box)."""
+
+    def local_argv(self, argv):
+        if len(argv) > 3 and argv[3] == "list":
+            return [sys.executable, "-c", INJECT, *argv]
+        return super().local_argv(argv)
+
+
+def test_traversal_names_from_the_host_are_refused_and_nothing_is_written(remote_tree, tmp_path):
+    dest = tmp_path / "a" / "dest"
+    report = pull(HostileHost(), str(remote_tree), dest)
+    assert {n for n, _ in report.refused} == {"../escape.txt", "/tmp/abs-escape.txt", "ok/../../escape2.txt"}
+    assert not (tmp_path / "a" / "escape.txt").exists() and not Path("/tmp/abs-escape.txt").exists()
+    assert not (tmp_path / "escape2.txt").exists()
+    assert (dest / "big.bin").exists()  # the rest of the pull went on
+
+
+def test_clean_rel():
+    assert clean_rel("a/b c/ü") == "a/b c/ü"
+    for bad in ["", "/abs", "../x", "a/../b", "a//b", "a/./b", "a/", "x\0y"]:
+        assert clean_rel(bad) is None, bad
+
+
+class ChangeOnHost(PullProgress):
+    """Rewrites the host file while its bytes are in flight (after the first chunk arrives)."""
+
+    def __init__(self, path: Path, times: int):
+        import threading
+
+        self.path, self.times, self.size, self.lock = path, times, path.stat().st_size, threading.Lock()
+
+    def advance(self, nbytes: int) -> None:
+        with self.lock:  # called from several stream threads
+            if self.times > 0:
+                self.times -= 1
+                self.path.write_bytes(os.urandom(self.size))
+
+
+def test_a_file_changed_during_the_pull_is_caught_and_fetched_again(remote_tree, tmp_path):
+    dest = tmp_path / "dest"
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, piece_size=MiB), ChangeOnHost(remote_tree / "big.bin", 1))
+    assert report.ok and "big.bin" in report.fetched
+    assert sha(dest / "big.bin") == sha(remote_tree / "big.bin")  # the new version, whole
+
+
+def test_a_file_that_keeps_changing_is_reported_and_never_kept(remote_tree, tmp_path):
+    dest = tmp_path / "dest"
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, piece_size=MiB, retries=1), ChangeOnHost(remote_tree / "big.bin", 10**6))
+    assert [n for n, _ in report.failed] == ["big.bin"], report
+    assert not (dest / "big.bin").exists() and leftovers(dest) == []
+    assert (dest / "tool.sh").exists()
+
+
+def test_include_exclude_and_latest_checkpoint_selection():
+    def e(rel, kind="file", target=""):
+        return RemoteEntry(rel, kind, 1, 0o644, 0, target)
+
+    entries = [
+        e("run.json"), e("train/log"), e("train/events.jsonl"), e("hidden/hs_0.safetensors"),
+        e("checkpoints", "dir"), e("checkpoints/0", "dir"), e("checkpoints/0/model.safetensors"),
+        e("checkpoints/2", "dir"), e("checkpoints/2/model.safetensors"), e("checkpoints/2/config.json"),
+        e("checkpoints/10", "dir"), e("checkpoints/10/model.safetensors"), e("checkpoints/10/config.json"),
+        e("checkpoints/checkpoint_best", "link", "2"), e("checkpoints/latest", "link", "10"),
+    ]
+    latest = {x.rel for x in select(entries, PullOptions(latest_checkpoint=True))}
+    assert latest == {"run.json", "train/log", "train/events.jsonl", "checkpoints/10/model.safetensors", "checkpoints/10/config.json", "checkpoints/latest"}
+    only_logs = {x.rel for x in select(entries, PullOptions(include=("log", "*.jsonl")))}
+    assert only_logs == {"train/log", "train/events.jsonl"}
+    no_ckpt = {x.rel for x in select(entries, PullOptions(exclude=("checkpoints/",)))}
+    assert no_ckpt == {"run.json", "train/log", "train/events.jsonl", "hidden/hs_0.safetensors"}
+
+
+def test_pull_of_a_single_file_and_a_missing_path(remote_tree, tmp_path):
+    from harness.errors import UsageError
+
+    report = pull(LocalTransport(), str(remote_tree / "tool.sh"), tmp_path / "one")
+    assert report.fetched == ["tool.sh"] and (tmp_path / "one" / "tool.sh").read_text() == "#!/bin/sh\n"
+    with pytest.raises(UsageError, match="No such file"):
+        pull(LocalTransport(), str(remote_tree / "nope"), tmp_path / "two")
+
+
+# -------------------------------------------------------------------------------------------------
+# Through the real sshd
+
+
+def _slow_link_files(ssh_host, tmp_path: Path, port: int) -> tuple[Path, Path]:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(ssh_host.known_hosts_lines() + f"[127.0.0.1]:{port} {ssh_host.box.host_pub_line}\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(textwrap.dedent(f"""\
+        Host slow
+          HostName 127.0.0.1
+          Port {port}
+          User {ssh_host.user}
+          IdentityFile {ssh_host.key_path}
+          IdentitiesOnly yes
+          UserKnownHostsFile {known_hosts}
+          BatchMode yes
+          StrictHostKeyChecking yes
+        """))
+    return config, known_hosts
+
+
+PULL_SCRIPT = """
+import json, sys
+from harness.config import HostConfig
+from harness.transport import ConnectOptions, connect
+from harness.transfer import PullOptions, pull
+config, known_hosts, src, dest = sys.argv[1:5]
+with connect(HostConfig(name="slow", ssh="slow"), ConnectOptions(known_hosts=known_hosts, ssh_config=config)) as t:
+    r = pull(t, src, dest, PullOptions(jobs=4, piece_size=4 << 20))
+print(json.dumps({"ok": r.ok, "received": r.bytes_received, "resumed": r.bytes_resumed, "failed": r.failed}))
+"""
+
+
+def _received(dest: Path, name: str) -> int:
+    try:
+        return sum(json.loads((dest / f".{name}{PART_SUFFIX}.json").read_text())["done"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_large_pull_interrupted_many_times_resumes_to_an_identical_file(ssh_host, tmp_path):
+    from bench.delayline import DelayLine
+
+    size = 96 * MiB
+    src = tmp_path / "host" / "ckpt"
+    src.mkdir(parents=True)
+    with open(src / "model.safetensors", "wb") as f:
+        for _ in range(size // MiB):
+            f.write(os.urandom(MiB))
+    dest = tmp_path / "dest"
+    control = Path(ssh_host.control_dir) / "slow"
+    control.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "HARNESS_CONTROL_DIR": str(control), "PYTHONPATH": str(REPO)}
+    rng = random.Random(1234)
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=10, rate=40 * MiB) as line:
+        config, known_hosts = _slow_link_files(ssh_host, tmp_path, line.port)
+        argv = [sys.executable, "-c", PULL_SCRIPT, str(config), str(known_hosts), str(src), str(dest)]
+        interruptions = ["kill", "cut", "kill", "cut", "kill"]
+        for how in interruptions:
+            at = _received(dest, "model.safetensors") + rng.randint(4, 16) * MiB
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while _received(dest, "model.safetensors") < at and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert proc.poll() is None, f"pull ended before the {how}: {proc.communicate()}"
+            if how == "kill":
+                os.killpg(proc.pid, signal.SIGKILL)  # the pulling process and its ssh streams
+            else:
+                line.cut()  # the link drops under every stream and the control connection
+            proc.communicate(timeout=60)
+            assert not (dest / "model.safetensors").exists()  # never a partial file at the final name
+        forwarded_before = line.bytes_forwarded
+        out = subprocess.run(argv, env=env, capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr.decode()
+        final = json.loads(out.stdout.decode().splitlines()[-1])
+    assert final["ok"] and final["resumed"] > 0
+    assert final["received"] + final["resumed"] == size
+    assert sha(dest / "model.safetensors") == sha(src / "model.safetensors")
+    assert leftovers(dest) == []
+    # the last run moved only what was missing (plus protocol overhead)
+    assert line.bytes_forwarded - forwarded_before < (size - final["resumed"]) * 1.1 + 2 * MiB
+
+
+@pytest.mark.ssh
+def test_pull_over_ssh_verifies_and_refuses(ssh_host, tmp_path, monkeypatch, remote_tree):
+    from tests.test_sync import ssh_transport
+
+    os.symlink("/etc", remote_tree / "etc_link")
+    with ssh_transport(ssh_host, monkeypatch) as t:
+        dest = tmp_path / "dest"
+        report = pull(t, str(remote_tree), dest, PullOptions(jobs=4, piece_size=MiB))
+        assert dict(report.refused).keys() == {"etc_link"}
+        for rel in report.fetched:
+            assert sha(dest / rel) == sha(remote_tree / rel)
+        assert len(report.fetched) == 4 and os.readlink(dest / "link") == "sub dir/naïve ☃.txt"
+        again = pull(t, str(remote_tree), dest)
+        assert again.bytes_received == 0 and len(again.identical) == 4

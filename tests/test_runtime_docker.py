@@ -1,0 +1,244 @@
+"""DockerRuntime against a real Docker engine: the container's HostConfig, and detached runs with
+a container per stage (same job semantics as runtime = "host", see test_jobs.py).
+
+No GPU here, so GPU options are asserted on `docker create` + `docker inspect` without starting
+the container: a DeviceRequest is only resolved (and fails without the NVIDIA runtime) at start.
+That failure is itself tested: a job with GPUs configured fails with docker's reason in its log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_config
+from harness.jobs import Jobs
+from harness.runtime import runtime_for
+from harness.runtime.base import WrapOptions
+from harness.transport import connect
+from tests.fixtures.docker_engine import container_table
+from tests.fixtures.job_project import expected_log, log_lines, write_project
+from tests.test_jobs import SECRET_NAME, SECRET_VALUE, assert_secret_absent, collect
+
+pytestmark = pytest.mark.docker
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120, check=check)
+
+
+def docker_jobs(tmp_path: Path, base_image: str, stages: dict, host_table: dict | None = None, **container) -> tuple[Jobs, Path]:
+    workdir = tmp_path / "work"
+    config_path = write_project(
+        tmp_path / "project", workdir, stages, host_table={"runtime": "docker", **(host_table or {})}, container=container_table(base_image, **container)
+    )
+    config = load_config(config_path)
+    host = config.host("box")
+    return Jobs(config, host, connect(host)), workdir
+
+
+@pytest.mark.parametrize(
+    "gpus, expected",
+    [
+        ("all", {"Count": -1, "DeviceIDs": None}),
+        (2, {"Count": 2, "DeviceIDs": None}),
+        ([0, 3], {"Count": 0, "DeviceIDs": ["0", "3"]}),
+    ],
+)
+def test_container_host_config(tmp_path, docker_base_image, gpus, expected, monkeypatch):
+    data = tmp_path / "data"
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    config = load_config(
+        write_project(
+            tmp_path / "project",
+            tmp_path / "work",
+            {},
+            host_table={"runtime": "docker", "data_dir": str(data), "env": [SECRET_NAME]},
+            container=container_table(docker_base_image, gpus=gpus, shm_size="2g", mounts=[f"{extra}:/extra:ro"], ulimits={}),  # production defaults
+        )
+    )
+    host = config.host("box")
+    transport = connect(host)
+    runtime = runtime_for(host, transport)
+    runtime.image = docker_base_image
+    name = f"harness-inspect-{os.getpid()}-{len(str(gpus))}"
+    argv = runtime.create_argv(["true"], WrapOptions(labels=(("run", "R1"), ("stage", "train")), name=name))
+    # docker reads the secret from ITS environment (-e NAME): not on the command line
+    assert SECRET_VALUE not in " ".join(argv) and ["-e", SECRET_NAME] == argv[argv.index(SECRET_NAME) - 1 : argv.index(SECRET_NAME) + 1]
+    assert transport.run(argv, env={SECRET_NAME: SECRET_VALUE}).exit_code == 0
+    try:
+        info = json.loads(docker("inspect", name).stdout)[0]
+    finally:
+        docker("rm", "-f", name)
+    hc = info["HostConfig"]
+    (request,) = hc["DeviceRequests"]
+    assert request["Capabilities"] == [["gpu"]]
+    assert {k: request[k] for k in expected} == expected
+    assert hc["IpcMode"] == "host"
+    assert hc["ShmSize"] == 2 * 1024**3
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {"memlock": (-1, -1), "stack": (67108864, 67108864)}
+    assert hc["Init"] is True
+    work = str(tmp_path / "work")
+    assert set(hc["Binds"]) == {f"{work}:{work}", f"{data}:{data}", f"{runtime.hf_cache}:/root/.cache/huggingface", f"{extra}:/extra:ro"}
+    assert info["Config"]["WorkingDir"] == work
+    assert info["Config"]["Labels"]["harness.run"] == "R1" and info["Config"]["Labels"]["harness.stage"] == "train"
+    assert f"{SECRET_NAME}={SECRET_VALUE}" in info["Config"]["Env"]  # passed through by name
+
+
+def test_gpu_job_without_gpu_fails_with_dockers_reason(tmp_path, harness_test_image, docker_base_image):
+    jobs, workdir = docker_jobs(tmp_path, docker_base_image, {}, gpus="all")
+    run_id = jobs.start(["prepare", "train"])
+    status = jobs.wait(run_id, timeout=60)
+    assert status.state == "failed" and status.stages[0].state == "failed" and status.stages[0].exit_code != 0
+    assert status.stages[1].state == "skipped"
+    assert "could not select device driver" in collect(jobs, run_id, "prepare")
+
+
+def test_docker_chain_logs_record_labels_and_cleanup(tmp_path, harness_test_image, docker_base_image):
+    jobs, workdir = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 3, "sleep": 3}, "train": {"lines": 2}})
+    run_id = jobs.start(["prepare", "train"])
+    # while it runs: one container, labelled with run and stage
+    deadline = time.monotonic() + 20
+    while not (names := docker("ps", "--filter", f"label=harness.run={run_id}", "--format", '{{.Names}} {{.Label "harness.stage"}}').stdout.split()):
+        assert time.monotonic() < deadline, "no container for the run"
+        time.sleep(0.2)
+    assert names == [f"harness-{run_id}-prepare", "prepare"]
+    status = jobs.wait(run_id, timeout=90)
+    assert status.state == "ok", collect(jobs, run_id)
+    assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "ok", 0), ("train", "ok", 0)]
+    text = collect(jobs, run_id)
+    assert log_lines(text) == expected_log("prepare_data", 3) + expected_log("train_draft", 2)
+    assert f"cwd {workdir}" in text  # the workdir is mounted at the same path and is the cwd
+    record = json.loads((workdir / "runs" / run_id / "run.json").read_text())
+    assert record["image"] == {"ref": "harness-eagle3-test:latest", "id": harness_test_image}
+    assert record["versions"] == {"torch": None, "transformers": None, "speculators": None, "vllm": None}  # INSTALL_ML=0
+    assert record["runtime"] == "docker"
+    # containers are removed once their exit code is recorded
+    assert docker("ps", "-a", "--filter", f"label=harness.run={run_id}", "-q").stdout.strip() == ""
+
+
+def test_docker_exit_code_cancel_and_secrets(tmp_path, harness_test_image, docker_base_image, monkeypatch):
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    jobs, workdir = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 1, "exit_code": 3, "print_env": SECRET_NAME}}, host_table={"env": [SECRET_NAME]})
+    failed = jobs.start(["prepare", "train"])
+    # a second run at the same time, to be cancelled: runs never collide
+    jobs2, _ = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 100, "sleep": 100}})
+    long = jobs2.start(["prepare", "train"], grace_s=2)
+    status = jobs.wait(failed, timeout=60)
+    assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "failed", 3), ("train", "skipped", None)]
+    digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+    assert f"env {SECRET_NAME} sha256 {digest}" in collect(jobs, failed)
+    deadline = time.monotonic() + 60
+    while "line 1 of 100" not in collect(jobs2, long):
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    t0 = time.monotonic()
+    assert jobs2.cancel(long) == "cancelled"
+    assert time.monotonic() - t0 < 15
+    st = jobs2.status(long)
+    assert [(s.stage, s.state) for s in st.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
+    assert st.stages[0].exit_code == 128 + signal.SIGTERM  # docker-init passed the SIGTERM on
+    assert docker("ps", "-a", "--filter", f"label=harness.run={long}", "-q").stdout.strip() == ""
+    assert_secret_absent(workdir, SECRET_VALUE)
+
+
+def test_docker_run_survives_killing_harness(tmp_path, harness_test_image, docker_base_image):
+    docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 3, "sleep": 2}, "train": {"lines": 4, "sleep": 2}})
+    config = tmp_path / "project" / "harness.toml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    run_id = proc.stdout.readline().decode().strip()
+    seen = b""
+    while b"line 1 of 3" not in seen:
+        seen += proc.stdout.read1(4096)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 4)
+
+
+def run_in_pty(argv: list[str], keys: bytes, rows: int = 33, cols: int = 101, timeout: float = 60) -> tuple[int, str]:
+    """Run argv on a fresh pseudo-terminal of the given size, type `keys`, return (code, output)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the terminal is ours
+        os.execvp(argv[0], argv)
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    os.write(fd, keys)
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child side closed
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_shell_is_a_real_pty_in_the_container_with_job_mounts(tmp_path, harness_test_image, docker_base_image):
+    docker_jobs(tmp_path, docker_base_image, {})
+    config = tmp_path / "project" / "harness.toml"
+    keys = b'echo "cwd=$(pwd) tty=$(test -t 0 && echo yes) size=$(stty size) hf=$HF_HOME"; exit 3\n'
+    code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], keys)
+    assert code == 3, out
+    assert f"cwd={tmp_path / 'work'} tty=yes size=33 101 hf=/root/.cache/huggingface" in out
+
+
+def test_exec_runs_in_the_container(tmp_path, harness_test_image, docker_base_image):
+    docker_jobs(tmp_path, docker_base_image, {})
+    config = tmp_path / "project" / "harness.toml"
+    r = subprocess.run(
+        [sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "sh", "-c", 'echo "$(pwd) $HARNESS_SCRIPTS"; exit 5'],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 5, r.stderr
+    assert r.stdout.strip() == f"{tmp_path / 'work'} /opt/harness/remote_scripts"  # HARNESS_SCRIPTS: set by the image
+
+
+@pytest.mark.ssh
+def test_ssh_docker_run_survives_link_and_harness_kill(tmp_path, ssh_host, harness_test_image, docker_base_image):
+    from tests.test_jobs import kill_link_and_harness
+
+    config = write_project(
+        tmp_path / "project", tmp_path / "work", {"prepare": {"lines": 3, "sleep": 2}, "train": {"lines": 4, "sleep": 3}},
+        host_table={"local": False, "ssh": ssh_host.alias, "connect_timeout": 5, "runtime": "docker"}, container=container_table(docker_base_image),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=ssh_host.env(),
+    )
+    run_id = proc.stdout.readline().decode().strip()
+    assert run_id, proc.stderr.read1(4096)
+    seen = b""
+    while b"line 1 of 3" not in seen:
+        seen += proc.stdout.read1(4096)
+    kill_link_and_harness(proc, ssh_host)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=120, env=ssh_host.env())
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 4)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout

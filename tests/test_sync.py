@@ -1,0 +1,234 @@
+"""`harness sync`: incremental by content hash against the host manifest, ignore rules, exec bits,
+symlinks, odd names, deletions only inside the synced tree. Every test runs on LocalTransport and,
+with the `ssh` marker, through a real sshd."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from harness.sync import MANIFEST_PATH, SyncError, host_manifest_digest, read_host_manifest, scan_local, sync
+
+PATHS = ["remote_scripts", "container", "harness.toml"]
+ODD_NAME = "dir with space/naïve ünïcode ☃.py"
+
+
+def ssh_transport(ssh_host, monkeypatch):
+    """An SSHTransport to the test sshd (its ControlMaster sockets in the test bed's directory)."""
+    from harness.config import HostConfig
+    from harness.transport import connect
+
+    monkeypatch.setenv("HARNESS_CONTROL_DIR", str(ssh_host.control_dir))
+    return connect(HostConfig(name="box", ssh=ssh_host.alias), ssh_host.connect_options())
+
+
+@pytest.fixture(params=["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def host(request, tmp_path, monkeypatch):
+    """(transport, workdir on the host). The sshd runs on this machine, so the test reads the
+    host side directly from the file system."""
+    if request.param == "local":
+        from harness.transport.local import LocalTransport
+
+        yield LocalTransport("local"), str(tmp_path / "host-workdir")
+    else:
+        transport = ssh_transport(request.getfixturevalue("ssh_host"), monkeypatch)
+        try:
+            yield transport, str(tmp_path / "host-workdir")
+        finally:
+            transport.close()
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    root = tmp_path / "project"
+    (root / "remote_scripts" / "common").mkdir(parents=True)
+    (root / "remote_scripts" / "train.py").write_text("print('train')\n")
+    run = root / "remote_scripts" / "run.sh"
+    run.write_text("#!/bin/sh\necho hi\n")
+    run.chmod(0o755)
+    (root / "remote_scripts" / "common" / "events.py").write_text("EVENTS = 1\n")
+    odd = root / "remote_scripts" / ODD_NAME
+    odd.parent.mkdir(parents=True)
+    odd.write_text("# odd name\n")
+    os.symlink("common/events.py", root / "remote_scripts" / "events_link.py")
+    (root / "container").mkdir()
+    (root / "container" / "Dockerfile").write_text("FROM scratch\n")
+    (root / "harness.toml").write_text("[hosts.local]\nlocal = true\n")
+    return root
+
+
+def do_sync(transport, root, workdir, **kw):
+    return sync(transport, root, kw.pop("paths", PATHS), workdir, **kw)
+
+
+def test_first_sync_sends_everything_with_modes_links_and_odd_names(host, project):
+    transport, workdir = host
+    result = do_sync(transport, project, workdir)
+    w = Path(workdir)
+    assert result.files_sent == len(result.plan.local.entries) == 7
+    assert (w / "remote_scripts" / "train.py").read_text() == "print('train')\n"
+    assert (w / "remote_scripts" / ODD_NAME).read_text() == "# odd name\n"
+    assert stat.S_IMODE((w / "remote_scripts" / "run.sh").stat().st_mode) == 0o755
+    link = w / "remote_scripts" / "events_link.py"
+    assert link.is_symlink() and os.readlink(link) == "common/events.py"
+    files, digest = read_host_manifest(transport, workdir)
+    assert set(files) == set(result.plan.local.entries)
+    assert digest == result.manifest_digest == host_manifest_digest(transport, workdir)
+
+
+def test_noop_sync_sends_nothing_and_rehashes_nothing(host, project):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    manifest = Path(workdir) / MANIFEST_PATH
+    before = manifest.stat().st_mtime_ns
+    again = do_sync(transport, project, workdir)
+    assert again.plan.is_noop and again.files_sent == 0 and again.deleted == 0
+    assert again.plan.local.files_hashed == 0  # served from the (size, mtime_ns, inode) cache
+    assert manifest.stat().st_mtime_ns == before  # the host was not written to at all
+
+
+def test_one_changed_file_moves_alone(host, project):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    (project / "remote_scripts" / "train.py").write_text("print('train v2')\n")
+    (project / "remote_scripts" / "run.sh").chmod(0o644)  # a mode change counts as a change
+    result = do_sync(transport, project, workdir)
+    assert result.plan.upload == ["remote_scripts/run.sh", "remote_scripts/train.py"]
+    assert result.files_sent == 2
+    assert (Path(workdir) / "remote_scripts" / "train.py").read_text() == "print('train v2')\n"
+    assert stat.S_IMODE((Path(workdir) / "remote_scripts" / "run.sh").stat().st_mode) == 0o644
+
+
+def test_ignore_rules_nested_gitignore_harnessignore_excludes_and_git(host, project):
+    transport, workdir = host
+    rs = project / "remote_scripts"
+    (project / ".gitignore").write_text("__pycache__/\n*.pyc\n")
+    (rs / ".gitignore").write_text("*.log\n!keep.log\nscratch/\n")
+    (rs / "common" / ".harnessignore").write_text("secret_*.json\n")
+    (rs / "__pycache__").mkdir()
+    (rs / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\0")
+    (rs / "a.log").write_text("x")
+    (rs / "keep.log").write_text("kept")
+    (rs / "scratch").mkdir()
+    (rs / "scratch" / "big.bin").write_bytes(b"1" * 100)
+    (rs / "common" / "secret_token.json").write_text("{}")
+    (rs / "common" / "debug.tmp").write_text("tmp")
+    (rs / ".git").mkdir()
+    (rs / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    do_sync(transport, project, workdir, exclude=["*.tmp"])
+    w = Path(workdir) / "remote_scripts"
+    assert (w / "keep.log").exists() and (w / ".gitignore").exists()
+    for gone in ["a.log", "scratch", "__pycache__", "common/secret_token.json", "common/debug.tmp", ".git"]:
+        assert not (w / gone).exists(), gone
+
+
+def test_deletions_propagate_and_host_outputs_survive(host, project):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    w = Path(workdir)
+    # outputs the host made: in runs/, beside synced files, and in a synced directory
+    (w / "runs" / "r1").mkdir(parents=True)
+    (w / "runs" / "r1" / "log.txt").write_text("training log")
+    (w / "remote_scripts" / "common" / "cache.bin").write_text("host-made")
+    (w / "outputs").mkdir()
+    (w / "outputs" / "ckpt.safetensors").write_text("weights")
+    (project / "remote_scripts" / "common" / "events.py").unlink()
+    (project / "remote_scripts" / ODD_NAME).unlink()
+    result = do_sync(transport, project, workdir)
+    assert sorted(result.plan.delete) == ["remote_scripts/common/events.py", f"remote_scripts/{ODD_NAME}"]
+    assert result.deleted == 2
+    assert not (w / "remote_scripts" / "common" / "events.py").exists()
+    assert not (w / "remote_scripts" / "dir with space").exists()  # emptied by sync: tidied
+    assert (w / "runs" / "r1" / "log.txt").read_text() == "training log"
+    assert (w / "remote_scripts" / "common" / "cache.bin").read_text() == "host-made"
+    assert (w / "outputs" / "ckpt.safetensors").read_text() == "weights"
+
+
+def test_manipulated_manifest_cannot_delete_outside_the_tree(host, project, tmp_path):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    w = Path(workdir)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (w / "runs").mkdir()
+    (w / "runs" / "out.txt").write_text("output")
+    doc = json.loads((w / MANIFEST_PATH).read_text())
+    entry = {"kind": "file", "size": 1, "mode": 420, "sha256": "0" * 64, "target": ""}
+    for evil in ["../victim.txt", str(victim), "remote_scripts/../../victim.txt", "runs/out.txt", ".harness/x"]:
+        doc["files"][evil] = entry
+    (w / MANIFEST_PATH).write_text(json.dumps(doc))
+    result = do_sync(transport, project, workdir)
+    assert victim.read_text() == "precious"
+    assert (w / "runs" / "out.txt").read_text() == "output"  # not under a synced path
+    assert set(result.plan.ignored_manifest_entries) == {"../victim.txt", str(victim), "remote_scripts/../../victim.txt", ".harness/x"}
+    assert result.plan.delete == []
+
+
+def test_symlinked_directory_on_host_is_not_followed_by_deletion(host, project, tmp_path):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    w = Path(workdir)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "events.py").write_text("not yours")
+    # someone replaced a synced directory on the host by a link out of the tree
+    common = w / "remote_scripts" / "common"
+    (common / "events.py").unlink()
+    common.rmdir()
+    os.symlink(outside, common)
+    (project / "remote_scripts" / "common" / "events.py").unlink()
+    with pytest.raises(SyncError, match="a parent directory is a symlink"):
+        do_sync(transport, project, workdir)
+    assert (outside / "events.py").read_text() == "not yours"
+
+
+def test_symlink_leading_out_of_tree_is_not_sent(host, project, tmp_path):
+    transport, workdir = host
+    os.symlink("/etc/passwd", project / "remote_scripts" / "abs_link")
+    os.symlink("../../outside", project / "remote_scripts" / "rel_escape")
+    result = do_sync(transport, project, workdir)
+    skipped = dict(result.plan.local.skipped)
+    assert "remote_scripts/abs_link" in skipped and "remote_scripts/rel_escape" in skipped
+    assert not os.path.lexists(Path(workdir) / "remote_scripts" / "abs_link")
+    assert not os.path.lexists(Path(workdir) / "remote_scripts" / "rel_escape")
+
+
+def test_dry_run_lists_and_changes_nothing(host, project):
+    transport, workdir = host
+    result = do_sync(transport, project, workdir, dry_run=True)
+    assert result.dry_run and len(result.plan.upload) == 7
+    assert not Path(workdir).exists()
+
+
+def test_link_replaced_by_directory_and_back(host, project):
+    transport, workdir = host
+    do_sync(transport, project, workdir)
+    link = project / "remote_scripts" / "events_link.py"
+    link.unlink()
+    link.mkdir()
+    (link / "inner.py").write_text("inner\n")
+    do_sync(transport, project, workdir)
+    assert (Path(workdir) / "remote_scripts" / "events_link.py" / "inner.py").read_text() == "inner\n"
+    (link / "inner.py").unlink()
+    link.rmdir()
+    os.symlink("train.py", link)
+    do_sync(transport, project, workdir)
+    assert os.readlink(Path(workdir) / "remote_scripts" / "events_link.py") == "train.py"
+
+
+def test_scan_of_5000_files_is_cached(tmp_path):
+    root = tmp_path / "big"
+    for i in range(50):
+        d = root / "remote_scripts" / f"d{i}"
+        d.mkdir(parents=True)
+        for j in range(100):
+            (d / f"f{j}.py").write_text(f"{i}-{j}\n")
+    cache = tmp_path / "cache.json"
+    first = scan_local(root, ["remote_scripts"], cache_file=cache)
+    assert len(first.entries) == 5000 and first.files_hashed == 5000
+    second = scan_local(root, ["remote_scripts"], cache_file=cache)
+    assert second.files_hashed == 0 and second.entries == first.entries
