@@ -30,7 +30,8 @@ class DelayLine:
         self.rate = rate  # bytes per second per direction, None = unlimited
         self.listen = (listen_host, listen_port)
         self.port = 0
-        self.bytes_forwarded = 0
+        self.bytes_forwarded = 0  # both directions
+        self.bytes_to_client = 0  # target -> connecting side (a pull's payload direction)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -99,7 +100,7 @@ class DelayLine:
             writer.close()
             return
         self._writers.update((writer, up_writer))
-        pipes = [asyncio.ensure_future(self._pipe(src, dst)) for src, dst in ((reader, up_writer), (up_reader, writer))]
+        pipes = [asyncio.ensure_future(self._pipe(src, dst, to_client)) for src, dst, to_client in ((reader, up_writer, False), (up_reader, writer, True))]
         for t in pipes:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
@@ -108,7 +109,7 @@ class DelayLine:
             self._writers.discard(w)
             w.close()
 
-    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pipe(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, to_client: bool) -> None:
         held: collections.deque[tuple[float, bytes]] = collections.deque()
         arrived = asyncio.Event()
         finished = False
@@ -144,6 +145,8 @@ class DelayLine:
                     await asyncio.sleep(delay)
                 dst.write(chunk)
                 self.bytes_forwarded += len(chunk)
+                if to_client:
+                    self.bytes_to_client += len(chunk)
                 await dst.drain()
             if dst.can_write_eof():
                 dst.write_eof()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,10 +25,14 @@ sys.path.insert(0, str(ROOT))
 from tests.fixtures.sshd import start_testbed, stop_testbed, write_harness_config  # noqa: E402
 
 
-def timed(argv: list[str], env: dict[str, str]) -> float:
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the client process tree): CPU does not depend on load."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(argv, env=env, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -50,13 +55,18 @@ def main() -> None:
         ssh = ["ssh", "-F", str(testbed.ssh_config), "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
                "-o", f"ControlPath={testbed.control_dir}/bench-%C", "box", "true"]
         timed(harness, env), timed(ssh, env)  # first runs open the master connections
-        times: dict[str, list[float]] = {"harness exec": [], "ssh (ControlMaster)": []}
+        times: dict[str, list[tuple[float, float]]] = {"harness exec": [], "ssh (ControlMaster)": []}
         for _ in range(args.n):
             times["harness exec"].append(timed(harness, env))
             times["ssh (ControlMaster)"].append(timed(ssh, env))
-        medians = {k: statistics.median(v) for k, v in times.items()}
+        medians = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
+        with open("/proc/loadavg") as f:
+            print(f"load average: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs")
         for k, v in times.items():
-            print(f"{k:22s} median {medians[k] * 1000:7.1f} ms   min {min(v) * 1000:7.1f} ms   (n={len(v)})")
+            walls = [w for w, _ in v]
+            cpu = statistics.median(c for _, c in v)
+            print(f"{k:22s} median {medians[k] * 1000:7.1f} ms   min {min(walls) * 1000:7.1f} ms   "
+                  f"client CPU {cpu * 1000:6.1f} ms   (n={len(v)})")
         ratio = medians["harness exec"] / medians["ssh (ControlMaster)"]
         print(f"ratio harness/ssh: {ratio:.2f} (target <= 1.5)")
     finally:

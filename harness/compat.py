@@ -55,7 +55,7 @@ KNOWN_BAD: tuple[KnownBad, ...] = (
     KnownBad(
         "torch", "==2.11.*", "fused loss under torch.compile",
         "the fused Triton loss fails to compile under torch.compile on torch 2.11",
-        'use the eager loss: [pipeline.stages.train] loss_implementation = "eager"',
+        'use the eager loss: pipeline.stages.train.loss_implementation = "eager"',
     ),
 )
 

@@ -218,7 +218,7 @@ class Jobs:
             "env_names": list(self.host.env),  # names only; values never leave memory
             "config": {
                 "path": str(self.config.path),
-                "host": dataclasses.asdict(self.host),
+                "host": _host_record(self.host),
                 "pipeline": dataclasses.asdict(self.config.pipeline),
             },
             "versions": None,  # filled in by the supervisor before the first stage
@@ -316,6 +316,14 @@ class Jobs:
             if status.state in FINAL_RUN_STATES or time.monotonic() > deadline:
                 return status
             time.sleep(poll_s)
+
+
+def _host_record(host: HostConfig) -> dict[str, Any]:
+    """The host's resolved config for the run record. Build-argument values may carry tokens
+    (a private index URL), so only their names are kept; `env` already holds names only."""
+    record = dataclasses.asdict(host)
+    record["container"]["build_args"] = sorted(host.container.build_args)
+    return record
 
 
 def local_git_state(path: str) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Two paths, chosen by measurement (bench/exec_latency.py):
 - warm path: a plain (non-PTY) command on an SSH host whose runtime is "host" goes through an
   OpenSSH ControlMaster that outlives this process (started on first use, kept ControlPersist
-  seconds). A second `harness exec` then costs one multiplexed `ssh`, like `ssh` itself. This
-  path imports neither paramiko nor rich.
+  seconds). A second `harness exec` then costs one session opened on the master's socket, which
+  we ask for directly (transport/mux.py) instead of spawning an `ssh` mux client. This path
+  imports neither paramiko nor rich.
 - transport path: everything else (PTY, docker runtime, the local host, no `ssh` binary) goes
   through the Transport (paramiko for SSH hosts).
 Both deliver the same remote command line (remote_shell.remote_command), so env values travel
@@ -14,10 +15,7 @@ on stdin and never on a command line.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import threading
 from typing import Mapping, Sequence
 
 from harness.config import HostConfig
@@ -44,17 +42,14 @@ def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, options: C
     """Run argv on the host; return its exit code. transport_factory() opens the Transport."""
     env = passthrough_env(host)
     if host.runtime == "docker":
-        transport = transport_factory()
-        from harness.runtime.base import WrapOptions
+        from harness.runtime import WrapOptions, runtime_for
 
-        # >>> H4: the single call site of the runtime factory (harness/runtime). Until it exists,
-        # the command runs plainly on the host.
+        transport = transport_factory()
+        # The one call site of the runtime factory: the container sees the stages' image,
+        # mounts and workdir; env values still travel through the transport, by name.
         runtime = runtime_for(host, transport)
-        if runtime is not None:
-            wrapped = runtime.wrap(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
-            return _run_transport(transport, wrapped, env, pty)
-        # <<<
-        return _run_transport(transport, in_workdir(host.workdir, argv), env, pty)
+        wrapped = runtime.wrap(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
+        return _run_transport(transport, wrapped, env, pty)
     full = in_workdir(host.workdir, argv)
     if not host.is_local and not pty:
         from harness.transport import openssh
@@ -62,15 +57,6 @@ def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, options: C
         if openssh.ssh_available():
             return _run_openssh(host, full, env, options, transport_factory)
     return _run_transport(transport_factory(), full, env, pty)
-
-
-def runtime_for(host: HostConfig, transport):
-    """The host's Runtime (H4's factory in harness.runtime), or None while it does not exist."""
-    try:
-        from harness.runtime import runtime_for as factory  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return factory(host, transport)
 
 
 def _run_transport(transport, argv: Sequence[str], env: Mapping[str, str], pty: bool) -> int:
@@ -143,6 +129,8 @@ def _stdin_fd(prefix: bytes) -> int:
             return 0
         except OSError:
             return os.open(os.devnull, os.O_RDONLY)
+    import threading
+
     read_end, write_end = os.pipe()
     threading.Thread(target=_feed, args=(write_end, prefix), daemon=True).start()
     return read_end
@@ -159,6 +147,8 @@ def _feed(write_end: int, prefix: bytes) -> None:
 
 
 def _run_ssh_binary(ssh_argv: list[str], prefix: bytes) -> int:
+    import signal
+    import subprocess
     # Ctrl-C: the terminal signals our whole process group, ssh included; OpenSSH then closes
     # the session. We only wait for ssh's exit code.
     proc = subprocess.Popen(ssh_argv, stdin=subprocess.PIPE if prefix else None)
@@ -172,7 +162,7 @@ def _run_ssh_binary(ssh_argv: list[str], prefix: bytes) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128+N, like a shell
 
 
-def _feed_stdin(proc: subprocess.Popen, prefix: bytes) -> None:
+def _feed_stdin(proc, prefix: bytes) -> None:
     """Env lines first, then our own stdin as it comes (like `ssh host cmd`), then EOF."""
     assert proc.stdin is not None
     try:
@@ -180,10 +170,12 @@ def _feed_stdin(proc: subprocess.Popen, prefix: bytes) -> None:
         proc.stdin.flush()
     except BrokenPipeError:
         return
+    import threading
+
     threading.Thread(target=_copy, args=(0, proc), daemon=True).start()
 
 
-def _copy(fd: int, proc: subprocess.Popen) -> None:
+def _copy(fd: int, proc) -> None:
     try:
         while chunk := os.read(fd, 65536):
             proc.stdin.write(chunk)

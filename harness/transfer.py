@@ -34,6 +34,7 @@ remote file goes to LOCAL_DIR/<its name>.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -56,6 +57,9 @@ MiB = 1 << 20
 RECORD_PATTERNS = ["run.yaml", "run.json", "spec.json", "log", "*.log", "*.jsonl", "*.txt", "exit*", "status*"]
 _CHECKPOINT_DIR = re.compile(r"^\d+$")  # speculators names epoch checkpoints <save_path>/<epoch>/
 _FRAME_HEADER = struct.Struct(">BQ")
+_SPLICE = hasattr(os, "splice")  # Linux: stream bytes go pipe -> file without passing through Python
+ADD_INTERVAL_S = 1.0  # how often _fetch_all considers adding a stream
+ADD_GAIN = 1.15  # ... and the rate gain the previous addition must have brought
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
@@ -68,7 +72,8 @@ class PullOptions:
     include: tuple[str, ...] = ()  # gitignore-style; empty = everything
     exclude: tuple[str, ...] = ()
     latest_checkpoint: bool = False  # newest <ckpt root>/<epoch>/ only, plus run records and logs
-    jobs: int = 8  # parallel OpenSSH streams
+    jobs: int = 8  # most parallel OpenSSH streams (each beyond the first on its own connection)
+    adaptive: bool = True  # add streams one by one while they raise throughput; False: all at once
     piece_size: int = 16 * MiB  # unit of parallelism and of resume bookkeeping
     retries: int = 2  # extra attempts for a file that failed verification or changed on the host
     stream_retries: int = 3  # reconnects of one stream after a dropped link, within one attempt
@@ -175,6 +180,28 @@ def _helper_source() -> str:
     return (Path(__file__).parent / "remote" / "pull_helper.py").read_text(encoding="utf-8")
 
 
+def helper_argv(python: str, mode: str, root: str) -> list[str]:
+    # -S: the helper is stdlib only; skipping site (and its .pth files) saves most of the start-up
+    return [python, "-S", "-c", _helper_source(), mode, root]
+
+
+def separate_connection_argv(transport: Transport, argv: list[str]) -> list[str] | None:
+    """A local command line running argv over its OWN OpenSSH connection (not the shared
+    ControlMaster), or None where that means nothing (LocalTransport).
+
+    Channels multiplexed over one ControlMaster share one TCP flow and one ssh process (one core
+    of crypto), so on a long link they do not add up the way separate connections do."""
+    openssh_options = getattr(transport, "openssh_options", None)  # SSHTransport only
+    if openssh_options is None:
+        return None
+    from dataclasses import replace
+
+    from harness.transport import openssh
+
+    options = openssh_options()
+    return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
+
+
 def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
     """Run argv on the host through transport.local_argv (OpenSSH with a persistent ControlMaster
     for SSH hosts): no paramiko handshake, and a dropped link is re-established by the next call.
@@ -198,7 +225,7 @@ def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=N
 
 def list_remote(transport: Transport, remote_path: str, python: str = "python3") -> tuple[str, bool, list[RemoteEntry]]:
     """(resolved root, is_dir, entries) of remote_path on the host (`~` is expanded there)."""
-    code, out, err = run_bulk(transport, [python, "-c", _helper_source(), "list", remote_path])
+    code, out, err = run_bulk(transport, helper_argv(python, "list", remote_path))
     if code == 3:
         raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
     if code != 0:
@@ -271,7 +298,7 @@ class _HashJob:
 
         try:
             if rels:
-                code, _, err = run_bulk(transport, [python, "-c", _helper_source(), "hash", root], json.dumps(rels).encode(), sink)
+                code, _, err = run_bulk(transport, helper_argv(python, "hash", root), json.dumps(rels).encode(), sink)
                 if code != 0:
                     self.error = f"{HOST_HASHING_FAILED} ({code}): {err.decode('utf-8', 'replace').strip()[-300:]}"
         except Exception as e:  # noqa: BLE001 - reported per file below
@@ -345,12 +372,28 @@ class _PartFile:
         tmp.write_text(json.dumps({**self._identity(), "done": self.done}))
         os.replace(tmp, self.meta)
 
-    def write(self, piece: int, data: bytes) -> None:
+    def receive(self, piece: int, pipe_fd: int, length: int, on_bytes: Callable[[int], None]) -> int:
+        """Move `length` bytes from the stream into this piece (zero-copy splice on Linux);
+        returns how many arrived (fewer: the stream ended). The counter follows the bytes."""
         start, _ = self.pieces[piece]
-        os.pwrite(self.fd, data, start + self.done[piece])
-        with self._lock:
-            self.done[piece] += len(data)
-            self.save()
+        moved = 0
+        while moved < length:
+            offset = start + self.done[piece]
+            if _SPLICE:
+                k = os.splice(pipe_fd, self.fd, min(length - moved, 4 * MiB), offset_dst=offset)
+            else:
+                data = os.read(pipe_fd, min(length - moved, MiB))
+                k = len(data)
+                if k:
+                    os.pwrite(self.fd, data, offset)
+            if k == 0:
+                break
+            moved += k
+            with self._lock:
+                self.done[piece] += k
+                self.save()
+            on_bytes(k)
+        return moved
 
     def piece_complete(self, i: int) -> bool:
         start, end = self.pieces[i]
@@ -413,6 +456,11 @@ class _Segment:
         offset = start + self.part.done[self.piece]
         return [self.part.entry.rel, offset, end - offset, self.part.entry.size, self.part.entry.mtime_ns]
 
+    @property
+    def remaining(self) -> int:
+        start, end = self.part.pieces[self.piece]
+        return end - start - self.part.done[self.piece]
+
 
 class _Hasher(threading.Thread):
     """Follows each file's contiguous complete prefix (reading back from the page cache)."""
@@ -420,7 +468,6 @@ class _Hasher(threading.Thread):
     def __init__(self):
         super().__init__(daemon=True)
         self.queue: queue.Queue[_PartFile | None] = queue.Queue()
-        self.error: BaseException | None = None
 
     def run(self) -> None:
         while (part := self.queue.get()) is not None:
@@ -429,6 +476,36 @@ class _Hasher(threading.Thread):
                     part.hash_ready_pieces()
             except BaseException as e:  # noqa: BLE001
                 part.failed = f"local read failed: {e}"
+
+
+class _WorkQueue:
+    """Segments in file order, handed to whichever stream asks next (so the contiguous prefix the
+    hasher follows advances at the aggregate rate, and a faster stream simply takes more)."""
+
+    def __init__(self, segments: list[_Segment]):
+        self._items = collections.deque(segments)
+        self._lock = threading.Lock()
+
+    def take(self) -> _Segment | None:
+        with self._lock:
+            while self._items:
+                seg = self._items.popleft()
+                if seg.part.failed is None and seg.remaining > 0:
+                    return seg
+            return None
+
+    def give_back(self, segments: list[_Segment]) -> None:
+        with self._lock:
+            self._items.extendleft(reversed(segments))
+
+    def remaining_bytes(self) -> int:
+        with self._lock:
+            return sum(s.remaining for s in self._items)
+
+    def drain(self) -> list[_Segment]:
+        with self._lock:
+            items, self._items = list(self._items), collections.deque()
+            return items
 
 
 def _read_exact(stream, n: int) -> bytes:
@@ -442,72 +519,77 @@ def _read_exact(stream, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def _run_stream(argv: list[str], segments: list[_Segment], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
-    try:
-        _stream_segments(argv, segments, options, hasher, progress, counters)
-    except Exception as e:  # noqa: BLE001 - a stream's failure is its files' failure, reported
-        for s in segments:
-            if s.part.failed is None and not s.part.piece_complete(s.piece):
-                s.part.failed = f"stream failed: {e}"
+class _Stream(threading.Thread):
+    """One long-lived helper (`send` mode) on the host, fed segment requests one line at a time
+    (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
+    stream returns its unfinished segments to the queue and reconnects, up to stream_retries."""
 
+    REQUESTS_IN_FLIGHT = 2
 
-def _stream_segments(argv: list[str], segments: list[_Segment], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
-    """Fetch segments in order over one OpenSSH stream; reconnect after a drop."""
-    pending = [s for s in segments if not s.part.piece_complete(s.piece)]
-    attempts = 0
-    while pending:
-        pending = [s for s in pending if s.part.failed is None and not s.part.piece_complete(s.piece)]
-        if not pending:
-            return
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    def __init__(self, argv: list[str], work: _WorkQueue, options: PullOptions, hasher: _Hasher, on_bytes: Callable[[int], None]):
+        super().__init__(daemon=True)
+        self.argv, self.work, self.options, self.hasher, self.on_bytes = argv, work, options, hasher, on_bytes
+        self.gave_up: str | None = None
+
+    def run(self) -> None:
+        attempts = 0
+        while True:
+            try:
+                finished = self._session()
+            except Exception as e:  # noqa: BLE001 - e.g. ssh missing; the stream's work is given back
+                finished, why = False, str(e)
+            else:
+                why = "connection lost"
+            if finished:
+                return
+            attempts += 1
+            if attempts > self.options.stream_retries:
+                self.gave_up = why
+                return
+            time.sleep(min(2.0, 0.25 * 2**attempts))
+
+    def _session(self) -> bool:
+        """True when the queue ran dry and every taken segment completed."""
+        proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        in_flight: collections.deque[_Segment] = collections.deque()
+
+        def refill() -> None:
+            while len(in_flight) < self.REQUESTS_IN_FLIGHT and (seg := self.work.take()) is not None:
+                in_flight.append(seg)
+                proc.stdin.write(json.dumps(seg.request()).encode() + b"\n")
+            if not in_flight:
+                proc.stdin.close()  # nothing more to ask: the helper exits
+
         try:
-            proc.stdin.write(json.dumps([s.request() for s in pending]).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        index = 0
-        try:
-            while index < len(pending):
+            refill()
+            while in_flight:
                 header = _read_exact(proc.stdout, _FRAME_HEADER.size)
                 if len(header) < _FRAME_HEADER.size:
-                    break  # stream ended early: dropped link or killed helper
+                    return False  # dropped link or killed helper
                 status, length = _FRAME_HEADER.unpack(header)
-                segment = pending[index]
+                seg = in_flight[0]
                 if status == 0:
-                    data = _read_exact(proc.stdout, length)
-                    if len(data) < length:
-                        if data:
-                            segment.part.write(segment.piece, data)
-                            counters["received"] += len(data)
-                            progress.advance(len(data))
-                        break
-                    segment.part.write(segment.piece, data)
-                    counters["received"] += len(data)
-                    progress.advance(len(data))
+                    if seg.part.receive(seg.piece, proc.stdout.fileno(), length, self.on_bytes) < length:
+                        return False
                     continue
                 if status == 1:
-                    segment.part.failed = "changed on the host during the pull"
-                hasher.queue.put(segment.part)
-                index += 1
+                    seg.part.failed = "changed on the host during the pull"
+                in_flight.popleft()
+                self.hasher.queue.put(seg.part)
+                refill()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
         finally:
+            self.work.give_back([s for s in in_flight if s.part.failed is None and s.remaining > 0])
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-            proc.stdout.close()
-        if index >= len(pending):
-            return
-        attempts += 1
-        if attempts > options.stream_retries:
-            for s in pending[index:]:
-                if s.part.failed is None:
-                    s.part.failed = "connection lost (run the same pull again to resume)"
-            return
-        time.sleep(min(2.0, 0.25 * 2**attempts))
-        pending = pending[index:]
-
-
-# -------------------------------------------------------------------------------------------------
-# The pull
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
 
 def _local_sha256(path: Path) -> str:
@@ -657,15 +739,49 @@ def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, p
 
 
 def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
-    segments = [_Segment(p, i) for p in parts for i in range(len(p.pieces))]
+    """Fetch every incomplete piece of parts. Streams are added while they pay off: start with
+    one on the shared connection, then every ADD_INTERVAL_S add one on its own connection as long
+    as the last addition raised the aggregate rate by ADD_GAIN (a long link is window-bound per
+    stream: more streams help; loopback is CPU-bound: they do not)."""
     for p in parts:
         hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
-    todo = [s for s in segments if not s.part.piece_complete(s.piece)]
-    jobs = max(1, min(options.jobs, len(todo)))
-    lanes = [todo[i::jobs] for i in range(jobs)]
-    argv = transport.local_argv([options.python, "-c", _helper_source(), "send", root])
-    threads = [threading.Thread(target=_run_stream, args=(argv, lane, options, hasher, progress, counters), daemon=True) for lane in lanes if lane]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    work = _WorkQueue([_Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
+    if work.remaining_bytes() == 0:
+        return
+    lock = threading.Lock()
+
+    def on_bytes(k: int) -> None:
+        with lock:
+            counters["received"] += k
+        progress.advance(k)
+
+    send = helper_argv(options.python, "send", root)
+    shared = transport.local_argv(send)
+    own = separate_connection_argv(transport, send) or shared
+    streams = [_Stream(shared, work, options, hasher, on_bytes)]
+    if not options.adaptive:
+        streams += [_Stream(own, work, options, hasher, on_bytes) for _ in range(options.jobs - 1)]
+    for st in streams:
+        st.start()
+    adding = options.adaptive and options.jobs > 1
+    best_rate, mark_bytes, mark_time = 0.0, counters["received"], time.monotonic()
+    while any(st.is_alive() for st in streams):
+        for st in streams:
+            st.join(ADD_INTERVAL_S / 10)
+        now = time.monotonic()
+        if not adding or now - mark_time < ADD_INTERVAL_S:
+            continue
+        rate = (counters["received"] - mark_bytes) / (now - mark_time)
+        mark_bytes, mark_time = counters["received"], now
+        if len(streams) > 1 and rate < best_rate * ADD_GAIN:
+            adding = False  # the last stream added did not pay for itself: keep what we have
+            continue
+        best_rate = max(best_rate, rate)
+        if len(streams) < options.jobs and work.remaining_bytes() > 2 * rate * ADD_INTERVAL_S:
+            streams.append(_Stream(own, work, options, hasher, on_bytes))
+            streams[-1].start()
+    counters["streams"] = max(counters.get("streams", 0), len(streams))
+    why = next((st.gave_up for st in streams if st.gave_up), "connection lost")
+    for seg in work.drain():
+        if seg.part.failed is None and seg.remaining > 0:
+            seg.part.failed = f"{why} (run the same pull again to resume)"

@@ -13,9 +13,11 @@ seconds and (c) has learned something a draft can learn in turn. This script mak
   PreTrainedTokenizerFast, with special tokens and a Jinja chat template:
       <bos><|user|> w w w <|end|><|assistant|> w w w <|end|>...
   (`<|end|>` is the eos token: generation stops at the end of an assistant turn).
-* The verifier: LlamaForCausalLM from a hand-made LlamaConfig (default hidden 128, 8 layers, 4 heads:
-  about 1.8M parameters; speculators' default target layers [2, N//2, N-3] need N >= 7), trained
-  briefly on the assistant tokens only, saved in float32 (config `dtype`/`torch_dtype` float32,
+* The verifier: LlamaForCausalLM from a hand-made LlamaConfig (default hidden 64, 8 layers, 4 heads,
+  400 words: 0.38M parameters; speculators' default target layers [2, N//2, N-3] need N >= 7), trained
+  briefly on the assistant tokens only (150 steps at lr 1e-2 reach ~99% held-out token accuracy;
+  hidden 64 rather than 128 because the draft inherits the verifier's hidden size and both must
+  train within the demo's 10 minutes on 2 cores), saved in float32 (config `dtype`/`torch_dtype` float32,
   `attn_implementation` sdpa) with untied embeddings (speculators reads `lm_head.weight` from the
   checkpoint).
 
@@ -61,7 +63,7 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class LanguageSpec:
-    num_words: int = 1000
+    num_words: int = 400
     min_chain: int = 12
     max_chain: int = 32
     seed: int = 0
@@ -69,18 +71,18 @@ class LanguageSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    hidden_size: int = 128
+    hidden_size: int = 64
     num_layers: int = 8
     num_heads: int = 4
-    intermediate_size: int = 256
+    intermediate_size: int = 128
     max_positions: int = 512
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    steps: int = 300
+    steps: int = 150
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-2
     seed: int = 0
 
 
@@ -289,8 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="verifier directory to write")
     p.add_argument("--data-out", required=True, help="chat JSONL to write (train + heldout rows)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-words", type=int, default=1000)
-    p.add_argument("--conversations", type=int, default=1200, help="train conversations")
+    p.add_argument("--num-words", type=int, default=LanguageSpec.num_words)
+    p.add_argument("--conversations", type=int, default=1000, help="train conversations")
     p.add_argument("--heldout", type=int, default=64, help="held-out conversations (split=heldout)")
     p.add_argument("--max-turns", type=int, default=3, help="user/assistant turn pairs per conversation (1..N)")
     p.add_argument("--train-steps", type=int, default=TrainSpec.steps, help="0 leaves the verifier untrained")

@@ -206,3 +206,23 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
     assert r.returncode == 1
     checks = json.loads(r.stdout)["checks"]
     assert checks[0]["name"] == "connect" and checks[0]["status"] == "fail" and checks[0]["fix"]
+
+
+def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, capfd):
+    """The warm path's fallback (a master that refuses mux sessions): plain `ssh -S`."""
+    from harness.config import HostConfig
+    from harness.remote_exec import _run_openssh
+    from harness.transport import ConnectOptions, mux
+
+    for k, v in ssh_host.env({}).items():
+        monkeypatch.setenv(k, v)
+
+    def refuse(*a, **kw):
+        raise mux.MuxError("refused")
+
+    monkeypatch.setattr(mux, "run_session", refuse)
+    monkeypatch.setattr("sys.stdin", open(os.devnull))
+    code = _run_openssh(HostConfig(name="box", ssh="box"), ["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], {"T_FB": "v a'l"},
+                        ConnectOptions(), transport_factory=None)
+    assert code == 6
+    assert capfd.readouterr().out == "v a'l"

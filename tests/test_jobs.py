@@ -19,7 +19,7 @@ import pytest
 from harness.config import load_config
 from harness.jobs import Jobs
 from harness.transport import connect
-from tests.fixtures.job_project import expected_log, log_lines, script_stem, write_project
+from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, script_stem, write_project
 
 SECRET_NAME = "HARNESS_TEST_SECRET"
 SECRET_VALUE = "s3cr3t-value-" + os.urandom(6).hex()
@@ -186,6 +186,54 @@ def test_cli_status_runs_cancel(tmp_path):
     assert r.returncode == 1 and "cancelled" in r.stdout
 
 
+def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
+    run_id = jobs.start(["prepare", "train"], grace_s=1)
+    _wait_for_line(jobs, run_id, "line 1 of 100")
+    run_dir = workdir / "runs" / run_id
+    os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
+    time.sleep(0.5)
+    status = jobs.status(run_id)
+    assert status.state == "lost" and status.stages[0].state == "running"
+    assert "line 1 of 100" in collect(jobs, run_id, follow=True)  # follow ends: nobody will finish it
+    pgid = json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"]
+    os.killpg(pgid, 0)  # the stage itself still runs
+    assert jobs.cancel(run_id) == "cancelled"
+    assert _dead(pgid)  # (its parent is gone: a zombie until init reaps it counts as dead)
+    assert [(s.stage, s.state) for s in jobs.status(run_id).stages] == [("prepare", "cancelled"), ("train", "cancelled")]
+
+
+def test_shell_on_host_runtime_is_a_pty_in_the_workdir(tmp_path):
+    make_jobs(tmp_path, {})
+    config = tmp_path / "project" / "harness.toml"
+    keys = b'echo "cwd=$(pwd) tty=$(test -t 0 && echo yes) size=$(stty size)"; exit 4\n'
+    code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], keys, rows=21, cols=77)
+    assert code == 4, out
+    assert f"cwd={tmp_path / 'work'} tty=yes size=21 77" in out
+
+
+def test_cli_attached_run_exit_code_and_ctrl_c_detaches(tmp_path):
+    make_jobs(tmp_path, {"prepare": {"lines": 2, "exit_code": 7}, "train": {"lines": 4, "sleep": 4}})
+    config = tmp_path / "project" / "harness.toml"
+    r = harness_cli(config, "run", "box", "prepare", "train")
+    assert r.returncode == 7, r.stderr  # the failed stage's exit code
+    assert log_lines(r.stdout.split("\n", 1)[1]).count("prepare_data: line 2 of 2") == 1
+    assert "failed" in r.stdout and "skipped" in r.stdout  # the final table
+    # Ctrl-C while attached: detaches, says how to come back, the run goes on
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "train"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run_id = proc.stdout.readline().decode().strip()
+    seen = b""
+    while b"line 1 of 4" not in seen:
+        seen += proc.stdout.read1(4096)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert f"detached from run {run_id}" in err.decode() and f"harness logs box {run_id} -f" in err.decode()
+    r = harness_cli(config, "logs", "box", run_id, "-f")
+    assert log_lines(r.stdout) == expected_log("train_draft", 4)
+    assert harness_cli(config, "status", "box", run_id).returncode == 0
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -194,6 +242,14 @@ def _wait_for_line(jobs: Jobs, run_id: str, text: str, timeout: float = 30) -> N
     while text not in collect(jobs, run_id):
         assert time.monotonic() < deadline, f"no {text!r} in the log"
         time.sleep(0.2)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def assert_secret_absent(root: Path, secret: str) -> None:

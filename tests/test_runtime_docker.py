@@ -25,7 +25,7 @@ from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 from harness.transport import connect
 from tests.fixtures.docker_engine import container_table
-from tests.fixtures.job_project import expected_log, log_lines, write_project
+from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, write_project
 from tests.test_jobs import SECRET_NAME, SECRET_VALUE, assert_secret_absent, collect
 
 pytestmark = pytest.mark.docker
@@ -170,35 +170,6 @@ def test_docker_run_survives_killing_harness(tmp_path, harness_test_image, docke
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 4)
 
 
-def run_in_pty(argv: list[str], keys: bytes, rows: int = 33, cols: int = 101, timeout: float = 60) -> tuple[int, str]:
-    """Run argv on a fresh pseudo-terminal of the given size, type `keys`, return (code, output)."""
-    import fcntl
-    import pty
-    import select
-    import struct
-    import termios
-
-    pid, fd = pty.fork()
-    if pid == 0:  # child: the terminal is ours
-        os.execvp(argv[0], argv)
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    os.write(fd, keys)
-    out = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.5)
-        if ready:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: the child side closed
-                break
-            if not chunk:
-                break
-            out += chunk
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
-
-
 def test_shell_is_a_real_pty_in_the_container_with_job_mounts(tmp_path, harness_test_image, docker_base_image):
     docker_jobs(tmp_path, docker_base_image, {})
     config = tmp_path / "project" / "harness.toml"
@@ -242,3 +213,16 @@ def test_ssh_docker_run_survives_link_and_harness_kill(tmp_path, ssh_host, harne
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 4)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout
+
+
+@pytest.mark.ssh
+def test_ssh_shell_in_the_container(tmp_path, ssh_host, harness_test_image, docker_base_image):
+    config = write_project(
+        tmp_path / "project", tmp_path / "work", {},
+        host_table={"local": False, "ssh": ssh_host.alias, "connect_timeout": 5, "runtime": "docker"}, container=container_table(docker_base_image),
+    )
+    keys = b'echo "cwd=$(pwd) tty=$(test -t 0 && echo yes) size=$(stty size) img=$HARNESS_SCRIPTS"; exit 6\n'
+    env_argv = ["env", *(f"{k}={v}" for k, v in ssh_host.env({}).items())]
+    code, out = run_in_pty([*env_argv, sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], keys, rows=40, cols=90)
+    assert code == 6, out
+    assert f"cwd={tmp_path / 'work'} tty=yes size=40 90 img=/opt/harness/remote_scripts" in out

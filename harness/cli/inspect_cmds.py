@@ -16,7 +16,7 @@ import click
 
 @click.command("inspect")
 @click.argument("host")
-@click.argument("paths", nargs=-1)
+@click.argument("paths", nargs=-1, metavar="[DOTTED.PATH]...")
 @click.option("--signature", "show", flag_value="signature", help="Only the call signature.")
 @click.option("--doc", "show", flag_value="doc", help="Only the docstring.")
 @click.option("--mro", "show", flag_value="mro", help="The method resolution order of a class.")

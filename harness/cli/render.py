@@ -61,7 +61,7 @@ class EventRenderer:
             self.final_states[stage] = item["state"]
             task = self._tasks.get(stage)
             if task is not None:
-                self.progress.update(task, description=f"{stage} [{item['state'].get('state')}]")
+                self.progress.update(task, description=f"{stage} ({item['state'].get('state')})")
 
     def _on_event(self, stage: str, ev: dict[str, Any]) -> None:
         kind = ev.get("event")

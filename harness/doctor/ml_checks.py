@@ -19,6 +19,7 @@ from typing import Any, Callable
 from harness import compat
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
+from harness.inspect_remote import stage_command
 from harness.pipeline import StagePaths
 
 PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
@@ -166,7 +167,7 @@ class MLDoctor:
         if self._probe is None:
             runtime = self.runtime(runner)
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
-            argv = runtime.wrap([runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
+            argv = stage_command(runtime, [runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
             r = runner.run(argv, timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
@@ -247,13 +248,13 @@ def _image_id(runner: CommandRunner, ref: str) -> str | None:
 
 
 def _not_probed(name: str, probe: ProbeOutcome) -> CheckResult:
-    return CheckResult(name, "warn", f"not checked: the stage interpreter did not answer (exit {probe.exit_code}): {probe.error}", "fix the gpus/image check above, then re-run doctor")
+    return CheckResult(name, "warn", f"not checked: the stage interpreter did not answer (exit {probe.exit_code}): {probe.error}", "fix the stage-gpus/image check above, then re-run doctor")
 
 
 def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckResult:
     """A GPU visible where the stages run (inside the container: the NVIDIA runtime works),
     how many, the driver, and whether torch can use them."""
-    name = "gpus"
+    name = "stage-gpus"
     where = "inside the container" if host.runtime == "docker" else "to the stage interpreter"
     if probe.facts is None:
         if any(e in probe.error for e in GPU_RUNTIME_ERRORS):
@@ -330,15 +331,15 @@ def verdict_flex_attention(probe: ProbeOutcome) -> CheckResult:
     gpu = f"{device.get('name')} sm_{''.join(map(str, device.get('capability', [])))}" if device else "CPU"
     smem_text = f", {smem // 1024} KiB shared memory per block" if smem else ""
     if flex.get("device") == "cpu":
-        return CheckResult(name, "warn", f"no CUDA GPU: {flex.get('error') or 'FlexAttention backward is unsupported on CPU'}", 'CPU hosts run only the demo: [pipeline.stages.train] draft_attn_impl = "sdpa"')
+        return CheckResult(name, "warn", f"no CUDA GPU: {flex.get('error') or 'FlexAttention backward is unsupported on CPU'}", 'CPU hosts run only the demo, with pipeline.stages.train.draft_attn_impl = "sdpa"')
     if flex["status"] == "ok":
         return CheckResult(name, "ok", f"torch.compile(flex_attention) forward+backward with a BlockMask runs on {gpu} (head_dim {flex.get('head_dim')}{smem_text}, {flex.get('elapsed_s')} s)")
     need = f" (needs {flex['smem_required'] // 1024} KiB shared memory per block, the GPU has {flex['smem_limit'] // 1024} KiB)" if flex.get("smem_required") else ""
     small = flex.get("small_tiles")
     if small and small.get("status") == "ok":
         tiles = ", ".join(f"{k}={v}" for k, v in small["kernel_options"].items())
-        return CheckResult(name, "warn", f"the default flex tiles do not fit {gpu}{need}; smaller tiles work", f"train with flex kernel_options {{{tiles}}} (or draft_attn_impl = \"sdpa\")")
-    return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'use draft_attn_impl = "sdpa" in [pipeline.stages.train], or a torch/triton that supports this GPU')
+        return CheckResult(name, "warn", f"the default flex tiles do not fit {gpu}{need}; smaller tiles work", f"train with flex kernel_options {{{tiles}}} (or pipeline.stages.train.draft_attn_impl = \"sdpa\")")
+    return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'set pipeline.stages.train.draft_attn_impl = "sdpa", or use a torch/triton that supports this GPU')
 
 
 def verdict_verifier_config(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
@@ -405,7 +406,7 @@ def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[st
     free = f"{target.free_bytes / GIB:.1f} GiB free at {target.existing}"
     data = space.get(host.data_dir) if host.data_dir else None
     if probe.facts is None:
-        return CheckResult(name, "warn", f"{free}; the need is unknown: the stage interpreter did not answer", "fix the gpus/image check above, then re-run doctor")
+        return CheckResult(name, "warn", f"{free}; the need is unknown: the stage interpreter did not answer", "fix the stage-gpus/image check above, then re-run doctor")
     samples, hidden = probe.facts["samples"], probe.facts["verifier"].get("hidden_size")
     if samples.get("count") is None or not hidden:
         why = samples.get("source") if samples.get("count") is None else "no hidden_size in the verifier config"
@@ -431,13 +432,13 @@ def verdict_train_settings(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
         return CheckResult(name, "fail", f"unknown loss implementation {loss!r}", f"use one of: {', '.join(LOSS_IMPLS)}")
     setting = f"attention {attn}, loss {loss}"
     if attn not in FLEX_IMPLS and str(plan.train.get(MASK_KEY, "")).lower() in ("block", "blockmask", "block_mask"):
-        return CheckResult(name, "fail", f"{setting}: {attn} cannot take a flex BlockMask (mask = \"block\")", 'use draft_attn_impl = "simple_flex_attention" with a BlockMask, or mask = "dense" with sdpa/eager')
+        return CheckResult(name, "fail", f"{setting}: {attn} cannot take a flex BlockMask (mask = \"block\")", 'set pipeline.stages.train.draft_attn_impl = "simple_flex_attention" for a BlockMask, or mask = "dense" with sdpa/eager')
     if probe.facts is None:
-        return CheckResult(name, "warn", f"{setting}; not checked against the host: the stage interpreter did not answer", "fix the gpus/image check above, then re-run doctor")
+        return CheckResult(name, "warn", f"{setting}; not checked against the host: the stage interpreter did not answer", "fix the stage-gpus/image check above, then re-run doctor")
     torch = probe.facts.get("torch") or {}
     cuda = bool(torch.get("cuda_available"))
     if attn in FLEX_IMPLS and not cuda:
-        return CheckResult(name, "fail", f"{setting}: no CUDA GPU, and FlexAttention has no backward on CPU", 'set [pipeline.stages.train] draft_attn_impl = "sdpa" on CPU hosts')
+        return CheckResult(name, "fail", f"{setting}: no CUDA GPU, and FlexAttention has no backward on CPU", 'set pipeline.stages.train.draft_attn_impl = "sdpa" on CPU hosts')
     # speculators compiles the draft's forward whenever CUDA is available; `compile` forces it
     compiled = cuda or bool(plan.train.get(COMPILE_KEY))
     torch_version = probe.facts["versions"].get("torch") or torch.get("version")

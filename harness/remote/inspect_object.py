@@ -32,7 +32,6 @@ import builtins
 import difflib
 import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import os

@@ -30,7 +30,11 @@ MARKER = "@@harness-ml-probe@@ "
 DISTRIBUTIONS = ("torch", "transformers", "speculators", "vllm", "triton", "datasets", "safetensors")
 # The smaller flex tiles to retry with when the default ones need more shared memory than the
 # GPU has per block (sm_120 workstation Blackwell: ~99 KiB vs ~227 KiB on H100).
-SMALL_TILES = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 16, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 16, "num_stages": 1}
+# fwd_/bwd_ prefixes scope an option to one kernel (torch/_inductor/kernel/flex/flex_attention.py).
+SMALL_TILES = {
+    "fwd_BLOCK_M": 32, "fwd_BLOCK_N": 32, "fwd_num_stages": 1,
+    "bwd_BLOCK_M1": 16, "bwd_BLOCK_N1": 32, "bwd_BLOCK_M2": 32, "bwd_BLOCK_N2": 16, "bwd_num_stages": 1,
+}
 
 
 def last_line(text):
@@ -122,7 +126,12 @@ def flex_facts(torch, cuda, head_dim):
             if isinstance(e, KeyboardInterrupt):
                 raise
             text = "%s: %s" % (type(e).__name__, e)
-            return {"status": "failed", "error": last_line(text) if len(text) > 500 else text.strip()[:2000], "elapsed_s": round(time.time() - started, 2)}
+            failed = {"status": "failed", "error": last_line(text) if len(text) > 500 else text.strip(), "elapsed_s": round(time.time() - started, 2)}
+            numbers = shared_memory_numbers(text)  # from the whole message: it is long
+            if numbers:
+                failed["smem_required"], failed["smem_limit"] = numbers
+                failed["error"] = "out of shared memory: %s" % failed["error"]
+            return failed
         return {"status": "ok", "elapsed_s": round(time.time() - started, 2)}
 
     result = attempt(None)
@@ -130,14 +139,19 @@ def flex_facts(torch, cuda, head_dim):
     result["head_dim"] = head_dim
     if result["status"] == "failed":
         # 'No valid triton configs. OutOfResources: out of resource: shared memory, Required: 106496, Hardware limit: 101376'
-        m = re.search(r"Required:?\s*(\d+),?\s*(?:Hardware )?limit:?\s*(\d+)", result["error"])
-        if m:
-            result["smem_required"], result["smem_limit"] = int(m.group(1)), int(m.group(2))
-        if cuda and (m or "No valid triton configs" in result["error"] or "shared memory" in result["error"]):
+        if cuda and ("smem_required" in result or "No valid triton configs" in result["error"] or "shared memory" in result["error"]):
             retry = attempt(dict(SMALL_TILES))
             retry["kernel_options"] = dict(SMALL_TILES)
             result["small_tiles"] = retry
     return result
+
+
+def shared_memory_numbers(error):
+    """(required, limit) bytes from Triton's out-of-resource message, e.g. 'No valid triton
+    configs. OutOfResources: out of resource: shared memory, Required: 106496, Hardware limit:
+    101376', or None."""
+    m = re.search(r"Required:?\s*(\d+),?\s*(?:Hardware\s+)?limit:?\s*(\d+)", error, re.IGNORECASE)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def read_json(path):

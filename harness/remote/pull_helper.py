@@ -8,7 +8,8 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
   hash ROOT   stdin: JSON list of rel paths. stdout: one JSON line per file as it is done,
               [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
               checked after hashing (a file being written while hashed reports an error).
-  send ROOT   stdin: JSON list of segments [rel, offset, length, size, mtime_ns]. stdout: framed
+  send ROOT   stdin: one JSON segment per line, [rel, offset, length, size, mtime_ns], read as
+              they come (the laptop keeps a couple in flight). stdout: framed
               bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
               status 0 = data, 2 = segment complete, 1 = file changed/missing (segment aborted:
               its (size, mtime_ns) no longer match the listing).
@@ -99,32 +100,46 @@ def do_hash(root, rels, out):
 
 def do_send(root, segments, out):
     out_fd = out.fileno()
+    header = struct.Struct(">BQ")
 
-    def frame(status, data=b""):
-        os.write(out_fd, struct.pack(">BQ", status, len(data)))
+    def write_all(data):
         view = memoryview(data)
         while view:
             view = view[os.write(out_fd, view):]
 
-    for rel, offset, length, size, mtime_ns in segments:
+    for line in segments:
+        rel, offset, length, size, mtime_ns = json.loads(line)
         try:
             fd, st = open_regular(root, rel)
         except OSError:
-            frame(1)
+            write_all(header.pack(1, 0))
             continue
         try:
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                frame(1)
+                write_all(header.pack(1, 0))
                 continue
-            position, end = offset, offset + length
+            position, end, short = offset, offset + length, False
             while position < end:
                 n = min(FRAME, end - position)
-                data = os.pread(fd, n, position)
-                if not data:
+                write_all(header.pack(0, n))
+                sent = 0
+                while sent < n:
+                    # zero-copy file -> pipe/socket; falls back to read+write where unsupported
+                    try:
+                        k = os.sendfile(out_fd, fd, position + sent, n - sent)
+                    except OSError:
+                        data = os.pread(fd, n - sent, position + sent)
+                        k = len(data)
+                        write_all(data)
+                    if k == 0:  # the file shrank under us: keep the framing, flag the segment
+                        write_all(bytes(n - sent))
+                        short = True
+                        break
+                    sent += k
+                position += n
+                if short:
                     break
-                frame(0, data)
-                position += len(data)
-            frame(2 if position == end else 1)
+            write_all(header.pack(1 if short else 2, 0))
         finally:
             os.close(fd)
 
@@ -142,7 +157,7 @@ def main():
     elif mode == "hash":
         do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
     elif mode == "send":
-        do_send(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
+        do_send(os.path.realpath(os.path.expanduser(root)), sys.stdin.buffer, out)
     out.flush()
 
 

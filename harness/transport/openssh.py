@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -169,7 +168,7 @@ def _ssh_quote_path(path: str) -> str:
 
 def control_dir() -> str:
     """A private (0700, ours) short directory for control sockets (unix paths max ~104 bytes)."""
-    path = os.environ.get("HARNESS_CONTROL_DIR") or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"harness-ssh-{os.getuid()}")
+    path = os.environ.get("HARNESS_CONTROL_DIR") or f"/tmp/harness-ssh-{os.getuid()}"  # short: socket paths are limited to ~104 bytes
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -196,6 +195,8 @@ def master_is_running(o: OpenSSHOptions) -> bool:
 def start_master(o: OpenSSHOptions, host_name: str) -> None:
     """Open the master connection in the background (ControlPersist) and wait until it is ready.
     Its diagnostics go to a log file, so a failure maps to a typed error."""
+    import subprocess
+
     assert o.control_path
     log = o.control_path + ".log"
     with open(log, "w"):
@@ -210,6 +211,8 @@ def start_master(o: OpenSSHOptions, host_name: str) -> None:
 
 
 def stop_master(o: OpenSSHOptions) -> None:
+    import subprocess
+
     if o.control_path and os.path.exists(o.control_path):
         subprocess.run(base_argv(o) + ["-O", "exit", "--", o.target.host], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 

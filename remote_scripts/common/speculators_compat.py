@@ -19,6 +19,9 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    a logging handler that hands those dicts to a callback. speculators' main()
                    reconfigures that logger (dictConfig drops its handlers), so the bridge is
                    attached right after main's own setup_metric_logger call.
+  flex-kernel-options  speculators' flex_attention_forward calls torch's flex_attention without
+                   kernel_options; on GPUs with ~100 KiB shared memory the default tiles do not
+                   fit. set_flex_kernel_options() makes that call pass smaller tiles.
   trainer-hook     speculators' main() builds the draft, then `Trainer(draft_model, ...)`. Our
                    preflight guards (attention/mask, dtypes, verifier path) must see that model
                    before the first step: main's Trainer is wrapped to call them first.
@@ -52,7 +55,13 @@ def _source(obj: Any) -> str:
     return inspect.getsource(obj)
 
 
+def _unwrapped(obj: Any) -> Any:
+    """The speculators original behind one of our patches (checks read the original)."""
+    return getattr(obj, "_speculators_compat_original", obj)
+
+
 def _require(shim: str, obj: Any, *snippets: str) -> None:
+    obj = _unwrapped(obj)
     src = _source(obj)
     name = getattr(obj, "__qualname__", repr(obj))
     for s in snippets:
@@ -81,7 +90,7 @@ def _check_trainer_device():
 def _check_step_timer():
     from speculators.train import trainer as trainer_mod
 
-    timer = getattr(trainer_mod, "_StepTimer", None)
+    timer = _unwrapped(getattr(trainer_mod, "_StepTimer", None))
     if timer is None:
         raise ShimOutdated("step-timer-sync", "speculators.train.trainer._StepTimer is gone")
     _require("step-timer-sync", timer.mark, "torch.accelerator.synchronize()", "self._marks[name] = time.perf_counter()")
@@ -124,12 +133,22 @@ def _check_main_hooks():
     return cli_mod
 
 
+def _check_flex_kernel_options():
+    from speculators.models import attention as attn_mod
+
+    _require("flex-kernel-options", attn_mod.flex_attention_forward, "flex_attention(", "block_mask=attention_mask")
+    if not callable(getattr(attn_mod, "flex_attention", None)):
+        raise ShimOutdated("flex-kernel-options", "speculators.models.attention no longer imports flex_attention")
+    return attn_mod
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
     "resume-device": _check_resume_device,
     "metrics-bridge": _check_metrics_bridge,
     "trainer-hook": _check_main_hooks,
+    "flex-kernel-options": _check_flex_kernel_options,
 }
 
 
@@ -163,6 +182,7 @@ def apply_cpu_shims() -> list[str]:
             return original_setup_model(self)
 
         setup_model._speculators_compat = True  # type: ignore[attr-defined]
+        setup_model._speculators_compat_original = original_setup_model  # type: ignore[attr-defined]
         trainer_mod.Trainer.setup_model = setup_model
     applied.append("trainer-device")
 
@@ -174,6 +194,7 @@ def apply_cpu_shims() -> list[str]:
             """speculators' step timer without the accelerator synchronization."""
 
             _speculators_compat = True
+            _speculators_compat_original = base
 
             def mark(self, name: str) -> None:
                 if self.enabled:
@@ -192,9 +213,25 @@ def apply_cpu_shims() -> list[str]:
             return "cpu"
 
         get_current_device._speculators_compat = True  # type: ignore[attr-defined]
+        get_current_device._speculators_compat_original = ckpt_mod.get_current_device  # type: ignore[attr-defined]
         ckpt_mod.get_current_device = get_current_device
     applied.append("resume-device")
     return applied
+
+
+def set_flex_kernel_options(kernel_options: dict[str, int] | None) -> None:
+    """Make speculators' flex attention pass `kernel_options` to torch's flex_attention (None:
+    torch's defaults). Idempotent."""
+    import functools
+
+    attn_mod = _check_flex_kernel_options()
+    original = getattr(attn_mod.flex_attention, "_speculators_compat_original", attn_mod.flex_attention)
+    if kernel_options is None:
+        attn_mod.flex_attention = original
+        return
+    patched = functools.partial(original, kernel_options=dict(kernel_options))
+    patched._speculators_compat_original = original  # type: ignore[attr-defined]
+    attn_mod.flex_attention = patched
 
 
 def _perf_counter() -> float:
@@ -239,8 +276,9 @@ class MetricsBridge(logging.Handler):
         logging.getLogger("speculators.metrics").removeHandler(self)
 
 
-def hook_main(before_training: Callable[[Any], None], bridge: MetricsBridge | None = None) -> None:
-    """Make speculators.train.cli.main call `before_training(draft_model)` before its Trainer is
+def hook_main(before_training: Callable[..., None], bridge: MetricsBridge | None = None) -> None:
+    """Make speculators.train.cli.main call `before_training(draft_model, trainer_config,
+    train_loader, val_loader)` (Trainer's own arguments) before its Trainer is
     built, and attach `bridge` right after main configures its metric logger. Idempotent: a later
     call replaces the earlier hooks."""
     cli_mod = _check_main_hooks()
@@ -251,7 +289,7 @@ def hook_main(before_training: Callable[[Any], None], bridge: MetricsBridge | No
         """speculators' Trainer, after our preflight guards have seen the model."""
 
         def __init__(self, model, *args, **kwargs):
-            before_training(model)
+            before_training(model, *args, **kwargs)  # (model, trainer_config, train_loader, val_loader)
             super().__init__(model, *args, **kwargs)
 
     cli_mod.Trainer = GuardedTrainer

@@ -1,0 +1,289 @@
+"""`harness pull` and `harness sync` against OpenSSH's own tools, on one test sshd.
+
+Starts the OpenSSH test bed of the tests (tests/fixtures/sshd.py) and a 50 ms round-trip delay
+line in front of it (bench/delayline.py), then measures, end to end as a user runs them (each
+command a fresh process):
+  pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
+      and through the delay line; every output is checked against the source SHA-256.
+  sync of a 5,000-file tree: first sync, no-op re-sync, one changed file; `harness sync` vs
+      `rsync -a --delete` (median of --repeat runs).
+  resume: a pull killed (SIGKILL) at 50% and run again; bytes the host sent again, measured on
+      the delay line (payload direction) against an uninterrupted pull.
+Prints one table with ratios and appends it, dated, to bench/RESULTS.md with --record.
+
+    python bench/transfer.py [--size-mib 1024] [--files 5000] [--rtt-ms 50] [--record]
+
+harness keeps an OpenSSH ControlMaster for ControlPersist seconds (that is how it runs); pulls
+are measured cold (a fresh control directory per run), syncs warm (the master of the previous
+harness command), and the baseline tools open their own connection each time, as users run them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.delayline import DelayLine  # noqa: E402
+from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
+
+MiB = 1 << 20
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Bench:
+    def __init__(self, work: Path, rtt_ms: float):
+        self.work = work
+        self.testbed = start_testbed(work / "sshd")
+        self.line = DelayLine(("127.0.0.1", self.testbed.port), rtt_ms=rtt_ms).start()
+        tb = self.testbed
+        self.known_hosts = work / "known_hosts"
+        self.known_hosts.write_text(tb.known_hosts_lines() + f"[127.0.0.1]:{self.line.port} {tb.box.host_pub_line}\n")
+        self.ssh_config = work / "ssh_config"
+        common = f"  User {tb.user}\n  IdentityFile {tb.key_path}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
+        self.ssh_config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {tb.port}\n{common}\nHost slow\n  HostName 127.0.0.1\n  Port {self.line.port}\n{common}")
+        self.host_dir = work / "host"
+        self.host_dir.mkdir()
+        self.config = work / "project" / "harness.toml"
+        self.config.parent.mkdir()
+        self.config.write_text(textwrap.dedent(f"""\
+            [hosts.box]
+            ssh = "box"
+            workdir = "{self.host_dir}/workdir"
+
+            [hosts.slow]
+            ssh = "slow"
+            workdir = "{self.host_dir}/workdir"
+
+            [sync]
+            paths = ["remote_scripts"]
+            """))
+        self.control_dirs: list[Path] = []
+        self.fresh_control()
+
+    def fresh_control(self) -> None:
+        d = Path(tempfile.mkdtemp(prefix="hbc-"))
+        os.chmod(d, 0o700)
+        self.control_dirs.append(d)
+        self.control = d
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("SSH_AUTH_SOCK", None)
+        env.update(HARNESS_SSH_CONFIG=str(self.ssh_config), HARNESS_KNOWN_HOSTS=str(self.known_hosts), HARNESS_CONTROL_DIR=str(self.control), PYTHONPATH=str(ROOT))
+        return env
+
+    def harness(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "harness", "--config", str(self.config), *args]
+
+    def timed(self, argv: list[str], **kw) -> float:
+        start = time.perf_counter()
+        r = subprocess.run(argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+        elapsed = time.perf_counter() - start
+        if r.returncode != 0:
+            raise RuntimeError(f"{argv[:6]}... failed ({r.returncode}): {r.stderr.decode()[-800:]}")
+        return elapsed
+
+    def close(self) -> None:
+        for d in self.control_dirs:
+            for sock in d.iterdir() if d.exists() else []:
+                subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
+            shutil.rmtree(d, ignore_errors=True)
+        self.line.stop()
+        stop_testbed(self.testbed)
+
+    # -- pull -------------------------------------------------------------------------------------
+
+    def pull_commands(self, host: str, src: Path, dest: Path, jobs: int) -> dict[str, list[str]]:
+        ssh = ["ssh", "-F", str(self.ssh_config)]
+        return {
+            "harness pull": self.harness("pull", host, str(src), str(dest), "--jobs", str(jobs)),
+            "scp": ["scp", "-q", "-F", str(self.ssh_config), f"{host}:{src}", str(dest / src.name)],
+            "rsync": ["rsync", "-a", "-e", " ".join(ssh), f"{host}:{src}", str(dest / src.name)],
+            "ssh cat": ["sh", "-c", 'exec "$@" > "$0"', str(dest / src.name), *ssh, host, "cat", str(src)],
+        }
+
+    def pull_row(self, host: str, src: Path, digest: str, jobs: int) -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        for name, argv in self.pull_commands(host, src, self.work / "dest", jobs).items():
+            dest = self.work / "dest"
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir()
+            if name == "harness pull":
+                self.fresh_control()
+                argv = self.pull_commands(host, src, dest, jobs)[name]
+            seconds[name] = self.timed(argv)
+            got = sha256(dest / src.name)
+            if got != digest:
+                raise RuntimeError(f"{name}: wrong content")
+            print(f"  pull via {host:5s} {name:13s} {seconds[name]:7.2f} s", flush=True)
+        shutil.rmtree(self.work / "dest", ignore_errors=True)
+        return seconds
+
+    def resume_row(self, src: Path, digest: str, jobs: int) -> dict[str, float]:
+        """Kill a pull through the delay line at 50%, resume it; compare host->client bytes."""
+        size = src.stat().st_size
+        dest = self.work / "dest"
+
+        def run_pull(kill_at: float | None) -> int:
+            before = self.line.bytes_to_client
+            self.fresh_control()
+            argv = self.harness("pull", "slow", str(src), str(dest), "--jobs", str(jobs))
+            proc = subprocess.Popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            meta = dest / f".{src.name}.harness-part.json"
+            if kill_at is not None:
+                while proc.poll() is None:
+                    try:
+                        if sum(json.loads(meta.read_text())["done"]) >= kill_at * size:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                            break
+                    except (OSError, ValueError, KeyError):
+                        pass
+                    time.sleep(0.002)
+            proc.wait()
+            time.sleep(0.5)  # let the delay line drain what was in flight
+            return self.line.bytes_to_client - before
+
+        shutil.rmtree(dest, ignore_errors=True)
+        whole = run_pull(None)
+        assert sha256(dest / src.name) == digest
+        shutil.rmtree(dest, ignore_errors=True)
+        first = run_pull(0.5)
+        recorded = sum(json.loads((dest / f".{src.name}.harness-part.json").read_text())["done"])
+        second = run_pull(None)
+        assert sha256(dest / src.name) == digest
+        shutil.rmtree(dest, ignore_errors=True)
+        again = first + second - whole
+        print(f"  resume: killed at {recorded / size:.1%} recorded; host sent {first + second} B vs {whole} B uninterrupted", flush=True)
+        return {"killed_at": recorded / size, "sent_again": again, "sent_again_pct": 100.0 * again / size}
+
+    # -- sync -------------------------------------------------------------------------------------
+
+    def make_tree(self, n: int) -> Path:
+        tree = self.config.parent / "remote_scripts"
+        per_dir = 100
+        for i in range(n):
+            d = tree / f"pkg{i // per_dir:03d}"
+            if i % per_dir == 0:
+                d.mkdir(parents=True)
+            (d / f"module_{i:05d}.py").write_bytes(os.urandom(600).hex().encode() + b"\n")
+        return tree
+
+    def sync_rows(self, n: int, repeat: int) -> dict[str, dict[str, float]]:
+        tree = self.make_tree(n)
+        rsync_dest = self.host_dir / "rsync-dest"
+        rsync = ["rsync", "-a", "--delete", "-e", f"ssh -F {self.ssh_config}", f"{tree}/", f"box:{rsync_dest}/remote_scripts/"]
+        ours = self.harness("sync", "box")
+        rows: dict[str, dict[str, float]] = {}
+        self.fresh_control()
+        rows["first sync"] = {"harness sync": self.timed(ours), "rsync -a --delete": self.timed(["sh", "-c", f"mkdir -p {rsync_dest} && exec \"$@\"", "sh", *rsync])}
+        for case in ("no-op re-sync", "one changed file"):
+            ours_t, rsync_t = [], []
+            for k in range(repeat):
+                if case == "one changed file":
+                    (tree / "pkg007" / "module_00700.py").write_text(f"changed {k} {time.time()}\n")
+                ours_t.append(self.timed(ours))
+                rsync_t.append(self.timed(rsync))
+            rows[case] = {"harness sync": statistics.median(ours_t), "rsync -a --delete": statistics.median(rsync_t)}
+        # the two copies must agree
+        diff = subprocess.run(["diff", "-r", str(tree), str(self.host_dir / "workdir" / "remote_scripts")], capture_output=True)
+        if diff.returncode != 0:
+            raise RuntimeError("harness sync copy differs: " + diff.stdout.decode()[:500])
+        for case, r in rows.items():
+            print(f"  sync {case:17s} harness {r['harness sync']:6.3f} s   rsync {r['rsync -a --delete']:6.3f} s", flush=True)
+        return rows
+
+
+def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict) -> str:
+    lines = [
+        f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `python bench/transfer.py --size-mib {size_mib} --files {files}`",
+        "",
+        f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}.",
+        "",
+        f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's):",
+        "",
+        "| link | tool | seconds | MiB/s | harness vs this |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for link, seconds in pulls.items():
+        ours = seconds["harness pull"]
+        for tool, s in seconds.items():
+            lines.append(f"| {link} | {tool} | {s:.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
+    lines += ["", f"Sync of a {files}-file tree (median seconds; ratio = harness time / rsync time, target <= 1.0 for no-op and one file):", "",
+              "| case | harness sync | rsync -a --delete | ratio |", "| --- | ---: | ---: | ---: |"]
+    for case, r in syncs.items():
+        lines.append(f"| {case} | {r['harness sync']:.3f} | {r['rsync -a --delete']:.3f} | {r['harness sync'] / r['rsync -a --delete']:.2f} |")
+    lines += ["", f"Resume: a pull through the delay line killed (SIGKILL) at {resume['killed_at']:.1%} and run again: the host sent "
+              f"{resume['sent_again'] / MiB:.2f} MiB again ({resume['sent_again_pct']:.2f}% of the file; target <= 1%).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--files", type=int, default=5000)
+    parser.add_argument("--rtt-ms", type=float, default=50.0)
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip", action="append", default=[], choices=["pull", "slow", "sync", "resume"])
+    parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="harness-bench-transfer-"))
+    bench = Bench(work, args.rtt_ms)
+    try:
+        src = bench.host_dir / "outputs" / "model.safetensors"
+        src.parent.mkdir(parents=True)
+        with open(src, "wb") as f:
+            for _ in range(args.size_mib):
+                f.write(os.urandom(MiB))
+        digest = sha256(src)
+        pulls: dict[str, dict[str, float]] = {}
+        if "pull" not in args.skip:
+            pulls["loopback"] = bench.pull_row("box", src, digest, args.jobs)
+        if "slow" not in args.skip:
+            pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs)
+        syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
+        resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else {"killed_at": 0, "sent_again": 0, "sent_again_pct": 0}
+        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume)
+        print()
+        print(table)
+        if args.record:
+            results = ROOT / "bench" / "RESULTS.md"
+            if not results.exists():
+                results.write_text("# Benchmark results\n\nEach bench appends a dated section under its own heading.\n")
+            text = results.read_text()
+            heading = "## bench/transfer.py"
+            if heading not in text:
+                text = text.rstrip("\n") + f"\n\n{heading}\n"
+            head, _, rest = text.partition(heading)
+            # newest run first, under the heading; other benches' sections stay as they are
+            results.write_text(head + heading + "\n\n" + table + "\n" + rest.lstrip("\n"))
+    finally:
+        bench.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""The group forms of run | logs | status | cancel | sync | build | doctor (logic: harness.multinode).
+
+These are not commands of their own: each host command calls the function here when its HOST
+argument names a `[groups.NAME]` instead of a host, so `harness run cluster train` and
+`harness run gpu1 train` read the same.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+
+def is_group(app, name: str) -> bool:
+    return name in app.config.groups
+
+
+def _group_run(app, group: str):
+    from harness.multinode import GroupRun
+
+    return GroupRun(app.config, group, app.transport)
+
+
+def _hint(group: str, run_id: str) -> str:
+    return f"re-attach: harness logs {group} {run_id} -f    status: harness status {group} {run_id}    stop: harness cancel {group} {run_id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# run / logs / status / cancel
+
+
+def run_group(app, group: str, stages: list[str], detach: bool, grace: float) -> int:
+    from harness.multinode import prefixed_writer
+
+    runner = _group_run(app, group)
+    launch = runner.start(stages, grace_s=grace)
+    click.echo(f"run {launch.run_id} started on {group} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})", err=True)
+    click.echo(launch.run_id)
+    if detach:
+        click.echo(_hint(group, launch.run_id), err=True)
+        return 0
+    threads = runner.follow(launch.run_id, prefixed_writer(), follow=True)
+    announced = False
+
+    def on_update(status) -> None:
+        nonlocal announced
+        if status.first_failure and not announced:
+            announced = True
+            click.echo(f"harness: node {status.first_failure}; stopping the other nodes", err=True)
+
+    try:
+        status = runner.watch(launch.run_id, on_update=on_update, grace_s=grace)
+    except KeyboardInterrupt:
+        click.echo(f"\ndetached from run {launch.run_id}; it keeps running on {group} (each node's watchdog stops the rest if one fails).", err=True)
+        click.echo(_hint(group, launch.run_id), err=True)
+        return 130
+    for t in threads:
+        t.join(timeout=5)  # the tail of each log; a lost node's stream may never end
+    print_group_table(status)
+    return 0 if status.state == "ok" else 1
+
+
+def logs_group(app, group: str, run_id: str, stage: str | None, follow: bool) -> int:
+    from harness.multinode import prefixed_writer
+
+    runner = _group_run(app, group)
+    threads = runner.follow(run_id, prefixed_writer(), stage=stage, follow=follow)
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def status_group(app, group: str, run_id: str | None) -> int:
+    status = _group_run(app, group).status(run_id or "last")
+    origin = status.origin()
+    if origin is not None:
+        status.first_failure = f"{origin.host}: {origin.failure()}"
+    print_group_table(status)
+    return 0 if status.state in ("ok", "running") else 1
+
+
+def cancel_group(app, group: str, run_id: str, grace: float | None) -> int:
+    runner = _group_run(app, group)
+    rid = runner.resolve_run_id(run_id)
+    states = runner.cancel(rid, grace)
+    for host, state in states.items():
+        click.echo(f"run {rid} on {host}: {state}")
+    return 1 if any(s.startswith("error") for s in states.values()) else 0
+
+
+def print_group_table(status) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.cli.job_cmds import _clock, _duration, _styled, describe_event
+
+    table = Table(title=f"run {status.run_id} on group {status.group}: {status.state}",
+                  caption=f"first failure: {status.first_failure}" if status.first_failure else None)
+    for col in ("node", "host", "stage", "state", "started", "duration", "exit", "last event"):
+        table.add_column(col)
+    for node in status.nodes:
+        if node.status is None:
+            table.add_row(str(node.rank), node.host, "", _styled("lost") if node.error else "unreachable", "", "", "", node.error or "")
+            continue
+        for s in node.status.stages:
+            end = s.finished if s.finished else (time.time() if s.state == "running" else None)
+            ev = s.last_event or {}
+            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "")
+            table.add_row(str(node.rank), node.host, s.stage, _styled(s.state), _clock(s.started), _duration(s.started, end),
+                          "" if s.exit_code is None else str(s.exit_code), last)
+    Console().print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# sync / build / doctor: the same per-host work on every host at once
+
+
+def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
+    """Plan every host in turn (a scan and one round trip each), then upload to all at once."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from harness.cli.transfer_cmds import _print_plan, _print_summary
+    from harness.multinode import open_all, parallel
+    from harness.sync import SyncResult, manifest_digest, prepare_sync, run_sync
+
+    config = app.config
+    hosts = list(config.groups[group].hosts)
+    transports = open_all(app.transport, hosts)
+    plans = {h: prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude) for h in hosts}
+    if dry_run:
+        for h in hosts:
+            _print_plan(h, SyncResult(plan=plans[h], dry_run=True, manifest_digest=manifest_digest(plans[h].manifest)))
+        return 0
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),
+                        TextColumn("{task.fields[files]}"), console=Console(stderr=True))
+    tasks = {h: progress.add_task(f"sync {h}", total=max(1, plans[h].upload_bytes), files=f"0/{len(plans[h].upload)} files") for h in hosts}
+
+    def one(h: str):
+        plan = plans[h]
+
+        def on_progress(files: int, sent: int) -> None:
+            progress.update(tasks[h], completed=min(sent, plan.upload_bytes), files=f"{files}/{len(plan.upload)} files")
+
+        result = run_sync(transports[h], config.root, config.host(h).workdir, plan, python=config.host(h).python, progress=on_progress)
+        progress.update(tasks[h], completed=max(1, plan.upload_bytes))
+        return result
+
+    with progress:
+        outcome = parallel(hosts, one)
+    failed = 0
+    for h, result, error in outcome:
+        if error is not None:
+            failed += 1
+            click.echo(f"{h}: sync failed: {error}", err=True)
+        else:
+            _print_summary(h, result)
+    return 1 if failed else 0
+
+
+def build_group(app, group: str, force: bool) -> int:
+    from harness.errors import UsageError
+    from harness.multinode import LinePrefixer, open_all, parallel, prefixed_writer
+    from harness.runtime.image import build as build_image
+
+    config = app.config
+    hosts = list(config.groups[group].hosts)
+    not_docker = [h for h in hosts if config.host(h).runtime != "docker"]
+    if not_docker:
+        raise UsageError(f"group {group}: host(s) {', '.join(not_docker)} have runtime = \"host\"; nothing to build there")
+    transports = open_all(app.transport, hosts)
+    write = prefixed_writer(sys.stderr.buffer)
+
+    def one(h: str):
+        out = LinePrefixer(h, write)
+        try:
+            return build_image(transports[h], config, config.host(h), output=out.feed, force=force)
+        finally:
+            out.flush()
+
+    failed = 0
+    for h, result, error in parallel(hosts, one):
+        if error is not None:
+            failed += 1
+            click.echo(f"{h}: build failed: {error}", err=True)
+        else:
+            click.echo(f"{h}: {'built' if result.built else 'unchanged, not rebuilt'}: {result.ref} {result.image_id}")
+    return 1 if failed else 0
+
+
+def doctor_group(app, group: str, as_json: bool) -> int:
+    """Every host's checks (in parallel), then the group's own: can every node route to the
+    rendezvous host, and is the rendezvous port (and the watchdog's, +1) free there."""
+    from harness.doctor import diagnose
+    from harness.multinode import parallel
+
+    config = app.config
+    hosts = list(config.groups[group].hosts)
+    outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: app.transport(h), project=config))
+    results = {h: (r if e is None else []) for h, r, e in outcome}
+    errors = {h: e for h, _, e in outcome if e is not None}
+    group_checks = _group_checks(app, group) if not errors else []
+    failed = bool(errors) or any(r.status == "fail" for rs in results.values() for r in rs) or any(c["status"] == "fail" for c in group_checks)
+    if as_json:
+        import json
+
+        click.echo(json.dumps({
+            "group": group, "ok": not failed,
+            "hosts": {h: {"checks": [r.to_dict() for r in results[h]], **({"error": str(errors[h])} if h in errors else {})} for h in hosts},
+            "group_checks": group_checks,
+        }, indent=2))
+        return 1 if failed else 0
+    from harness.cli.doctor_cmds import _render
+
+    for h in hosts:
+        if h in errors:
+            click.echo(f"{h}: doctor failed: {errors[h]}", err=True)
+        else:
+            _render(h, results[h])
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"doctor group {group}")
+    for column in ("check", "status", "finding", "fix"):
+        table.add_column(column)
+    style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+    for c in group_checks:
+        table.add_row(c["name"], style[c["status"]], c["message"], c["fix"])
+    Console().print(table)
+    return 1 if failed else 0
+
+
+ROUTE_PROBE = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "try:\n"
+    "    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])\n"
+    "except OSError as e:\n"
+    "    print('no route: %s' % e); sys.exit(1)\n"
+)
+
+
+def _group_checks(app, group: str) -> list[dict]:
+    from harness.multinode import GroupRun, parallel
+
+    runner = GroupRun(app.config, group, app.transport, install=False)  # doctor writes nothing
+    cfg = runner.group
+    checks = []
+    host = runner.rendezvous_host()
+    try:
+        port = runner.free_port()
+        if port == cfg.rdzv_port:
+            checks.append(_check("rendezvous port", "ok", f"{host}:{port} and {port + 1} are free on {runner.hosts[0]}", ""))
+        else:
+            checks.append(_check("rendezvous port", "warn", f"{cfg.rdzv_port} or {cfg.rdzv_port + 1} is taken on {runner.hosts[0]}; a run would use {port}",
+                                 f"free the port, or set rdzv_port in [groups.{group}]"))
+    except Exception as e:  # noqa: BLE001 - reported as a failed check
+        checks.append(_check("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python on that host"))
+
+    def route(h: str):
+        return runner.transports[h].run([app.config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
+
+    for h, result, error in parallel(runner.hosts, route):
+        if error is None and result.ok:
+            checks.append(_check(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}", ""))
+        else:
+            why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
+            checks.append(_check(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
+    return checks
+
+
+def _check(name: str, status: str, message: str, fix: str) -> dict:
+    return {"name": name, "status": status, "message": message, "fix": fix}

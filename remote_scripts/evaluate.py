@@ -1,0 +1,559 @@
+"""Acceptance length (tau) of the trained EAGLE-3 draft against its verifier, on held-out prompts.
+
+    python remote_scripts/evaluate.py --verifier DIR --draft CHECKPOINTS --data chat.jsonl \
+        --output EVAL_DIR [--speculative-tokens 3] [--events FILE]
+
+Greedy chain speculation with the real models, as a serving engine does it:
+  1. the verifier reads the prompt and emits its first token (prefill; not counted in tau);
+  2. each round, the draft proposes k tokens one after another. It sees what an EAGLE-3 draft sees
+     in vLLM: for every verified position j, the verifier's auxiliary hidden states g_j (inputs of
+     the target layers, bf16 as in training) next to the token x_{j+1}; step 1 runs over all
+     verified positions (its keys are the draft's context), steps 2..k feed the draft's own output
+     hidden state and its own previous token back at the last position;
+  3. the verifier scores context + proposals in one forward pass and accepts the longest prefix
+     that equals its own greedy choices, plus one token of its own (the first disagreement's
+     correction, or the token after k accepted ones).
+tau = generated tokens / verifier rounds (between 1 and k+1). Per position i: the fraction of rounds
+whose i-th proposal was accepted. The speculative output must equal plain greedy decoding of the
+verifier (checked per prompt: `greedy_match`).
+
+Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier writes the last
+--heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
+conversation is one prompt: the conversation up to that turn, with the generation prompt.
+
+Outputs in --output: report.json, acceptance.png (acceptance per position), training.png (loss and
+per-step accuracy curves, read from the train stage's metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog, read_events  # noqa: E402
+
+STAGE = "evaluate"
+
+
+class EvalError(RuntimeError):
+    """A problem with the inputs, reported as one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The speculation loop (model-agnostic: a Verifier and a Proposer)
+
+
+class Verifier(Protocol):
+    def forward(self, tokens: list[int]) -> tuple[list[int], Any]:
+        """Greedy next token after every position of `tokens`, and the draft's view of each
+        position (aux hidden states), indexable by position."""
+        ...
+
+
+class Proposer(Protocol):
+    def propose(self, tokens: list[int], verifier_view: Any, k: int) -> list[int]:
+        """k draft tokens continuing `tokens`, given the verifier's view of tokens[:-1]."""
+        ...
+
+
+@dataclass
+class PromptResult:
+    prompt_tokens: int
+    generated: list[int]
+    rounds: int
+    accepted: list[int]  # accepted draft tokens per round (0..k)
+    greedy_match: bool | None = None
+
+
+@dataclass
+class Report:
+    tau: float
+    k: int
+    acceptance_per_position: list[float]  # P(i-th proposal accepted), per round
+    conditional_acceptance: list[float]  # P(i-th accepted | i-1 accepted)
+    prompts: int
+    rounds: int
+    generated_tokens: int
+    greedy_match: float | None
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int, max_new_tokens: int, eos: set[int]) -> PromptResult:
+    """Greedy chain speculation on one prompt (see the module docstring)."""
+    greedy, view = verifier.forward(prompt)
+    seq = prompt + [greedy[-1]]  # prefill token
+    generated = [greedy[-1]]
+    rounds, accepted_per_round = 0, []
+    while generated[-1] not in eos and len(generated) < max_new_tokens:
+        proposal = proposer.propose(seq, view, k)
+        if len(proposal) != k:
+            raise EvalError(f"the proposer returned {len(proposal)} tokens, expected {k}")
+        base = len(seq)
+        greedy, view = verifier.forward(seq + proposal)
+        choices = greedy[base - 1 : base + k]  # the verifier's token after seq, after seq+d1, ...
+        a = 0
+        while a < k and proposal[a] == choices[a]:
+            a += 1
+        new = proposal[:a] + [choices[a]]
+        # Stop at end of turn or at the budget, like a server would.
+        for i, t in enumerate(new):
+            if t in eos or len(generated) + i + 1 >= max_new_tokens:
+                new = new[: i + 1]
+                break
+        rounds += 1
+        accepted_per_round.append(min(a, len(new)))
+        seq += new
+        generated += new
+    return PromptResult(len(prompt), generated, rounds, accepted_per_round)
+
+
+def greedy_decode(verifier: Verifier, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    seq, out = list(prompt), []
+    while len(out) < max_new_tokens:
+        greedy, _ = verifier.forward(seq)
+        out.append(greedy[-1])
+        seq.append(greedy[-1])
+        if out[-1] in eos:
+            break
+    return out
+
+
+def summarize(results: list[PromptResult], k: int) -> Report:
+    rounds = sum(r.rounds for r in results)
+    # Tokens after the prefill token, i.e. those the rounds produced.
+    produced = sum(len(r.generated) - 1 for r in results)
+    all_accepted = [a for r in results for a in r.accepted]
+    per_position = [sum(a >= i for a in all_accepted) / max(1, len(all_accepted)) for i in range(1, k + 1)]
+    conditional = []
+    for i in range(1, k + 1):
+        reached = sum(a >= i - 1 for a in all_accepted)
+        conditional.append(sum(a >= i for a in all_accepted) / reached if reached else 0.0)
+    checked = [r.greedy_match for r in results if r.greedy_match is not None]
+    return Report(
+        tau=produced / rounds if rounds else 0.0,
+        k=k,
+        acceptance_per_position=[round(x, 4) for x in per_position],
+        conditional_acceptance=[round(x, 4) for x in conditional],
+        prompts=len(results),
+        rounds=rounds,
+        generated_tokens=sum(len(r.generated) for r in results),
+        greedy_match=(sum(checked) / len(checked)) if checked else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The real models
+
+
+class HFVerifier:
+    """A transformers causal LM: greedy tokens, and the aux-layer hidden states (inputs of the
+    target layers, like the extract stage) in the dtype the draft was trained on."""
+
+    def __init__(self, model, layers: list[int], hidden_dtype):
+        self.model = model
+        self.layers = layers
+        self.hidden_dtype = hidden_dtype
+        self.num_layers = len(_decoder_layers(model))
+        self.calls = 0
+
+    def forward(self, tokens: list[int]):
+        import torch
+
+        self.calls += 1
+        with torch.no_grad():
+            out = self.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
+        hs = out.hidden_states  # hs[l] = input of decoder layer l (hs[0]: the embeddings)
+        aux = torch.cat([hs[l] for l in self.layers], dim=-1).to(self.hidden_dtype)  # [1, T, n*H]
+        return out.logits[0].argmax(-1).tolist(), aux
+
+
+class Eagle3Proposer:
+    """speculators' Eagle3DraftModel run as an inference-time chain (mirrors its forward, with the
+    draft's own tokens where training feeds the ground truth)."""
+
+    def __init__(self, draft, autocast_dtype=None):
+        self.draft = draft
+        self.autocast_dtype = autocast_dtype
+
+    def propose(self, tokens: list[int], verifier_view, k: int) -> list[int]:
+        import torch
+
+        n = len(tokens) - 1  # verified positions 0..n-1 have hidden states; tokens[n] is the newest
+        aux = verifier_view[:, :n]
+        ids = torch.tensor([tokens[1 : n + 1]])
+        steps = self.run(aux, ids, k, teacher_forcing=False)
+        return [int(s[0, -1]) for s in steps]
+
+    def run(self, aux, input_ids, steps: int, teacher_forcing: bool):
+        """Target-vocabulary predictions [1, T] for each of `steps` TTT steps.
+
+        teacher_forcing=True reproduces Eagle3DraftModel.forward (step t reads the ground-truth
+        token t positions ahead); False feeds each position's own prediction back (inference)."""
+        import contextlib
+
+        import torch
+        from speculators.models.eagle3.attention import extend_dense_mask_for_draft_tokens, extend_mask_for_draft_tokens
+        from transformers import DynamicCache
+
+        d = self.draft
+        device = aux.device
+        T = aux.shape[1]
+        autocast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
+        with torch.no_grad(), autocast:
+            position_ids = 1 + torch.arange(T, dtype=torch.long, device=device).unsqueeze(0)
+            doc_ids = torch.zeros(T, dtype=torch.long, device=device)
+            full = d._build_attn_mask(doc_ids, T, device) if d.uses_full_attn else None
+            window = d._build_attn_mask(doc_ids, T, device, d.sliding_window) if d.uses_sliding_window_attn else None
+            hidden = aux
+            if d.input_norm is not None:
+                hidden = d.input_norm(hidden)
+            if d.fc_norm is not None:
+                chunks = hidden.chunk(len(d.fc_norm), dim=-1)
+                hidden = torch.cat([norm(c) for norm, c in zip(d.fc_norm, chunks)], dim=-1)
+            hidden = d.fc(hidden)
+            cache = DynamicCache()
+            original = input_ids
+            out = []
+            for step in range(steps):
+                embeds = d.embed_tokens(input_ids)
+                cache_position = torch.arange(step * T, (step + 1) * T, dtype=torch.long, device=device)
+                hidden = torch.cat([embeds, hidden], dim=-1)
+                position_embeddings = d.rotary_emb(hidden, position_ids)
+                for i, layer in enumerate(d.layers):
+                    mask = window if i in d.sliding_window_indices else full
+                    hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, past_key_values=cache, cache_position=cache_position, position_embeddings=position_embeddings)
+                if d.config.norm_output:
+                    hidden = d.norm(hidden)
+                    logits = d.lm_head(hidden)
+                else:
+                    logits = d.lm_head(d.norm(hidden))
+                predicted = self.to_target(logits.argmax(-1))
+                out.append(predicted)
+                if teacher_forcing:
+                    input_ids = torch.cat([original[:, 1 + step :], original.new_zeros(1, 1 + step)], dim=-1)
+                else:
+                    input_ids = predicted
+                if d._attn_impl == "simple_flex_attention":
+                    full = extend_mask_for_draft_tokens(full) if full is not None else None
+                    window = extend_mask_for_draft_tokens(window) if window is not None else None
+                else:
+                    full = extend_dense_mask_for_draft_tokens(full, T) if full is not None else None
+                    window = extend_dense_mask_for_draft_tokens(window, T) if window is not None else None
+                position_ids = position_ids + 1
+        return out
+
+    def to_target(self, draft_ids):
+        """Draft-vocabulary ids -> verifier ids (speculators stores d2t as offsets)."""
+        d = self.draft
+        if getattr(d, "use_draft_vocab", False):
+            return draft_ids + d.d2t[draft_ids]
+        return draft_ids
+
+
+class RandomProposer:
+    """Uniform random tokens: a draft that knows nothing (tau ~ 1)."""
+
+    def __init__(self, vocab_size: int, seed: int = 0):
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+
+    def propose(self, tokens, verifier_view, k):
+        return [self.rng.randrange(self.vocab_size) for _ in range(k)]
+
+
+class GreedyOracleProposer:
+    """The verifier itself, decoding greedily: a draft identical to the verifier (tau = k+1 but for
+    the end of each reply)."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+
+    def propose(self, tokens, verifier_view, k):
+        seq, out = list(tokens), []
+        for _ in range(k):
+            greedy, _ = self.verifier.forward(seq)
+            out.append(greedy[-1])
+            seq.append(greedy[-1])
+        return out
+
+
+def _decoder_layers(model):
+    inner = getattr(model, "model", model)
+    inner = getattr(inner, "language_model", inner)
+    return inner.layers
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory (has config.json), or a training output: its latest epoch."""
+    if (path / "config.json").is_file():
+        return path
+    if path.is_dir():
+        epochs = [d for d in path.iterdir() if d.is_dir() and d.name.isdigit() and (d / "config.json").is_file()]
+        if epochs:
+            return max(epochs, key=lambda d: int(d.name))
+    raise EvalError(f"--draft {path}: no checkpoint (a directory with config.json, or numbered epoch directories)")
+
+
+def load_draft(ckpt: Path, verifier: str, attn_impl: str):
+    """speculators' Eagle3 draft from a checkpoint, its attention implementation set explicitly."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    from common.draft_attention import check_draft_attention
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(ckpt))
+    config.transformer_layer_config._attn_implementation = attn_impl
+    draft = Eagle3DraftModel.from_pretrained(str(ckpt), config=config, verifier=verifier)
+    draft.eval()
+    check_draft_attention(draft, "cpu" if attn_impl in ("sdpa", "eager") else "cuda")
+    return draft
+
+
+def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[list[int]]:
+    """Token ids of the held-out prompts: each assistant turn's preceding conversation plus the
+    generation prompt."""
+    rows, line_no = [], 0
+    with open(data, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{data}:{line_no}: not JSON ({e.msg})") from None
+            if split == "all" or row.get("split") == split:
+                rows.append(row)
+    if not rows:
+        raise EvalError(f"{data}: no rows with split={split!r} (held-out prompts); make_tiny_verifier writes them, or pass --split all")
+    prompts = []
+    for row in rows:
+        messages = row.get("messages") or _sharegpt(row.get("conversations") or [])
+        for i, m in enumerate(messages):
+            if m.get("role") == "assistant" and i > 0:
+                text = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+                if len(prompts) >= max_prompts:
+                    return prompts
+    return prompts
+
+
+def _sharegpt(conversations: list[dict]) -> list[dict]:
+    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+    return [{"role": roles.get(c.get("from", ""), c.get("from", "")), "content": c.get("value", "")} for c in conversations]
+
+
+def draft_layers(draft, num_verifier_layers: int) -> list[int]:
+    layers = list(draft.config.eagle_aux_hidden_state_layer_ids or [])
+    if not layers:
+        n = num_verifier_layers
+        layers = [2, n // 2, n - 3]
+    if max(layers) >= num_verifier_layers:
+        raise EvalError(f"draft target layers {layers} need a verifier with more than {max(layers)} layers (it has {num_verifier_layers})")
+    return layers
+
+
+# ---------------------------------------------------------------------------------------------
+# Curves and plots
+
+
+def training_curves(paths: list[Path]) -> list[dict]:
+    """Metric events (step, metrics) from the first of `paths` that has any: the train stage's
+    metrics.jsonl next to its checkpoints, or its events.jsonl."""
+    for p in paths:
+        if p.is_file():
+            records = [e for e in read_events(str(p)) if e.get("event") == "metric" and e.get("stage", "train") == "train"]
+            if records:
+                return records
+    return []
+
+
+def plot_acceptance(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    positions = list(range(1, report.k + 1))
+    ax.bar(positions, report.acceptance_per_position, color="#4c72b0", label="accepted")
+    ax.plot(positions, report.conditional_acceptance, "o--", color="#dd8452", label="accepted | previous accepted")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.05)
+    ax.set_xticks(positions)
+    ax.set_title(f"tau = {report.tau:.2f} (k = {report.k}, {report.prompts} prompts)")
+    ax.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    _save_fig(fig, path)
+
+
+def plot_training(records: list[dict], path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(e["step"], e["metrics"]) for e in records if "loss" in e.get("metrics", {})]
+    val = [(e["step"], e["metrics"]) for e in records if any(k.startswith("val_") for k in e.get("metrics", {}))]
+    if not train:
+        return False
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.2))
+    steps = [s for s, _ in train]
+    ax_loss.plot(steps, [m["loss"] for _, m in train], lw=1, label="train loss")
+    if val:
+        ax_loss.plot([s for s, _ in val], [m.get("val_loss", float("nan")) for _, m in val], "o-", label="val loss")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_yscale("log")
+    ax_loss.legend(fontsize=8)
+    ttt = sorted({int(k.rsplit("_", 1)[1]) for _, m in train for k in m if k.startswith("full_acc_")})
+    for t in ttt:
+        ax_acc.plot(steps, [m.get(f"full_acc_{t}", float("nan")) for _, m in train], lw=1, label=f"step {t + 1} (train)")
+        if val:
+            ax_acc.plot([s for s, _ in val], [m.get(f"val_full_acc_{t}", float("nan")) for _, m in val], "o", ms=3, label=f"step {t + 1} (val)")
+    ax_acc.set_xlabel("step")
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0, 1.02)
+    ax_acc.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    _save_fig(fig, path)
+    return True
+
+
+def _save_fig(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Acceptance length of an EAGLE-3 draft against its verifier.")
+    p.add_argument("--verifier", required=True)
+    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (latest epoch)")
+    p.add_argument("--data", required=True, help="chat JSONL with held-out rows (split=heldout)")
+    p.add_argument("--output", required=True)
+    p.add_argument("--speculative-tokens", type=int, default=3, help="k: tokens the draft proposes per round")
+    p.add_argument("--split", default="heldout", help="which rows' prompts to use ('all' for every row)")
+    p.add_argument("--max-prompts", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: sdpa; inference needs no flex)")
+    p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="also decode each prompt greedily and check the speculative output equals it")
+    p.add_argument("--train-metrics", default=None, help="train metrics/events JSONL for the curves (default: DRAFT/metrics.jsonl, then the train stage's events.jsonl)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--events", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = EventLog(STAGE, args.events)
+    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+    try:
+        report = run(args, events)
+    except Exception as e:  # one line for the laptop; the traceback stays in the log
+        import traceback
+
+        traceback.print_exc()
+        events.finished("failed", error=f"{type(e).__name__}: {e}")
+        return 1
+    events.finished("ok", tau=round(report.tau, 4), acceptance_per_position=report.acceptance_per_position, report=report.extra.get("report"))
+    return 0
+
+
+def run(args: argparse.Namespace, events: EventLog) -> Report:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.speculative_tokens < 1:
+        raise EvalError("--speculative-tokens must be at least 1")
+    started = time.monotonic()
+    verifier_dir = Path(args.verifier)
+    if not (verifier_dir / "config.json").is_file():
+        raise EvalError(f"--verifier {verifier_dir}: no config.json")
+    verifier_path = str(verifier_dir.resolve())
+    ckpt = resolve_checkpoint(Path(args.draft))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = AutoTokenizer.from_pretrained(verifier_path)
+    model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=torch.float32).eval()
+    attn_impl = "sdpa" if args.attn_impl == "auto" else args.attn_impl
+    draft = load_draft(ckpt, verifier_path, attn_impl)
+    layers = draft_layers(draft, len(_decoder_layers(model)))
+    verifier = HFVerifier(model, layers, torch.bfloat16)
+    proposer = Eagle3Proposer(draft, autocast_dtype=None)
+    eos = _eos_ids(tokenizer, model)
+    prompts = load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
+    events.message(f"draft {ckpt} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
+
+    results = []
+    for i, prompt in enumerate(prompts, 1):
+        r = speculate(verifier, proposer, prompt, args.speculative_tokens, args.max_new_tokens, eos)
+        if args.check_greedy:
+            r.greedy_match = greedy_decode(verifier, prompt, args.max_new_tokens, eos) == r.generated
+        results.append(r)
+        events.progress(i, len(prompts), unit="prompts")
+    report = summarize(results, args.speculative_tokens)
+    report.seconds = round(time.monotonic() - started, 1)
+    if report.greedy_match is not None and report.greedy_match < 1.0:
+        events.message(f"warning: speculative output differs from greedy decoding on {1 - report.greedy_match:.0%} of prompts")
+    events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
+
+    plot_acceptance(report, out / "acceptance.png")
+    curves_from = [Path(args.train_metrics)] if args.train_metrics else [ckpt.parent / "metrics.jsonl", ckpt / "metrics.jsonl"]
+    if args.events and not args.train_metrics:
+        curves_from.append(Path(args.events).resolve().parent.parent / "train" / "events.jsonl")
+    has_curves = plot_training(training_curves(curves_from), out / "training.png")
+    report.extra = {
+        "draft": str(ckpt.resolve()),
+        "verifier": verifier_path,
+        "target_layers": layers,
+        "split": args.split,
+        "max_new_tokens": args.max_new_tokens,
+        "plots": {"acceptance": str((out / "acceptance.png").resolve()), **({"training": str((out / "training.png").resolve())} if has_curves else {})},
+        "report": str((out / "report.json").resolve()),
+    }
+    write_json_atomic(out / "report.json", asdict(report))
+    for name in ("report.json", "acceptance.png", *(["training.png"] if has_curves else [])):
+        events.artifact(str(out / name), kind="report" if name.endswith(".json") else "plot")
+    return report
+
+
+def _eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+if __name__ == "__main__":
+    sys.exit(main())

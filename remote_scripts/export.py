@@ -1,0 +1,189 @@
+"""Export a trained draft as a directory vLLM serves as an EAGLE-3 speculator, and print the command.
+
+    python remote_scripts/export.py --draft CHECKPOINTS --verifier DIR --output EXPORT_DIR [--events FILE]
+
+The directory is speculators' own format, which vLLM reads natively: config.json (an
+Eagle3SpeculatorConfig: `speculators_model_type: eagle3`, the draft decoder's
+`transformer_layer_config`, `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`, and
+`speculators_config` with the proposal method and the verifier) plus model.safetensors (fc, the
+decoder layer, norms, lm_head, d2t/t2d; bf16). The verifier path in config.json is made ABSOLUTE:
+`vllm serve EXPORT_DIR` loads the verifier from there, from whatever directory it is started in.
+Optimizer state and training leftovers are not copied.
+
+Before writing, the checkpoint is loaded back with speculators (Eagle3DraftModel.from_pretrained)
+and run once, so an export that speculators cannot load never lands at --output.
+
+Printed (and written to serve_command.txt), two equivalent ways to serve it:
+  vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, "num_speculative_tokens": K}'
+  vllm serve EXPORT_DIR        (speculators format: vLLM reads the verifier and K from config.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+STAGE = "export"
+WEIGHTS = "model.safetensors"
+
+
+class ExportError(RuntimeError):
+    """A problem with the inputs, reported as one line."""
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory (config.json + weights), or a training output: its latest epoch."""
+    if (path / "config.json").is_file() and (path / WEIGHTS).is_file():
+        return path
+    if path.is_dir():
+        epochs = [d for d in path.iterdir() if d.is_dir() and d.name.isdigit() and (d / "config.json").is_file() and (d / WEIGHTS).is_file()]
+        if epochs:
+            return max(epochs, key=lambda d: int(d.name))
+    raise ExportError(f"--draft {path}: no checkpoint (config.json and {WEIGHTS}, or numbered epoch directories holding them)")
+
+
+def export_config(config: dict[str, Any], verifier: str) -> dict[str, Any]:
+    """The checkpoint's config with the verifier recorded as given (an absolute path for a local
+    verifier) and checked for what vLLM needs of an EAGLE-3 speculator."""
+    out = json.loads(json.dumps(config))  # deep copy
+    if out.get("speculators_model_type") != "eagle3":
+        raise ExportError(f"not an EAGLE-3 draft: speculators_model_type is {out.get('speculators_model_type')!r}")
+    spec = out.get("speculators_config")
+    if not isinstance(spec, dict) or not isinstance(spec.get("verifier"), dict):
+        raise ExportError("config.json has no speculators_config.verifier")
+    if not spec.get("proposal_methods"):
+        raise ExportError("config.json has no speculators_config.proposal_methods")
+    if "transformer_layer_config" not in out:
+        raise ExportError("config.json has no transformer_layer_config")
+    spec["verifier"]["name_or_path"] = verifier
+    return out
+
+
+def speculative_tokens(config: dict[str, Any]) -> int:
+    spec = config["speculators_config"]
+    methods = spec["proposal_methods"]
+    default = spec.get("default_proposal_method")
+    chosen = next((m for m in methods if m.get("proposal_type") == default), methods[0])
+    return int(chosen.get("speculative_tokens", 3))
+
+
+def serve_commands(verifier: str, export_dir: str, k: int) -> list[list[str]]:
+    spec_config = json.dumps({"method": "eagle3", "model": export_dir, "num_speculative_tokens": k})
+    return [
+        ["vllm", "serve", verifier, "--speculative-config", spec_config],
+        ["vllm", "serve", export_dir],
+    ]
+
+
+def resolve_verifier(verifier: str) -> str:
+    p = Path(verifier)
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ExportError(f"--verifier {verifier}: no config.json in that directory")
+        return str(p.resolve())
+    if verifier.startswith((".", "/", "~")):
+        raise ExportError(f"--verifier {verifier}: no such directory")
+    return verifier  # a hub id
+
+
+def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:
+    """Load the export with speculators and run the draft once on random inputs."""
+    import torch
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(export_dir))
+    config.transformer_layer_config._attn_implementation = "sdpa"  # this check runs anywhere
+    draft = Eagle3DraftModel.from_pretrained(str(export_dir), config=config, verifier=verifier).eval()
+    hidden = draft.hidden_size
+    n_aux = len(draft.config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
+    T = 8
+    with torch.no_grad():
+        tokens = draft(
+            hidden_states=torch.randn(1, T, n_aux * hidden),
+            input_ids=torch.randint(0, draft.config.transformer_layer_config.vocab_size, (1, T)),
+            document_ids=torch.zeros(1, T, dtype=torch.long),
+            ttt_steps=1,
+        )
+    if tokens[0].shape != (1, T):
+        raise ExportError(f"the exported draft produced tokens of shape {tuple(tokens[0].shape)}")
+    return {"parameters": sum(p.numel() for p in draft.parameters()), "hidden_size": hidden, "draft_vocab_size": draft.config.draft_vocab_size}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Export a trained EAGLE-3 draft for vLLM.")
+    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (latest epoch)")
+    p.add_argument("--verifier", required=True, help="verifier directory (recorded absolute) or hub id")
+    p.add_argument("--output", required=True, help="export directory (replaced atomically)")
+    p.add_argument("--no-check", action="store_true", help="skip loading the export back with speculators")
+    p.add_argument("--events", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = EventLog(STAGE, args.events)
+    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+    try:
+        summary = run(args, events)
+    except Exception as e:  # one line for the laptop; the traceback stays in the log
+        import traceback
+
+        traceback.print_exc()
+        events.finished("failed", error=f"{type(e).__name__}: {e}")
+        return 1
+    events.finished("ok", **summary)
+    return 0
+
+
+def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
+    started = time.monotonic()
+    ckpt = resolve_checkpoint(Path(args.draft))
+    verifier = resolve_verifier(args.verifier)
+    config = export_config(json.loads((ckpt / "config.json").read_text()), verifier)
+    k = speculative_tokens(config)
+    out = Path(args.output).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    # Build next to the destination, check, then swap in: no half-written export at --output.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        shutil.copy2(ckpt / WEIGHTS, staging / WEIGHTS)
+        for extra in ("generation_config.json",):
+            if (ckpt / extra).is_file():
+                shutil.copy2(ckpt / extra, staging / extra)
+        info = {} if args.no_check else check_loads(staging, verifier)
+        commands = serve_commands(verifier, str(out), k)
+        (staging / "serve_command.txt").write_text("\n".join(shlex.join(c) for c in commands) + "\n")
+        manifest = {"source_checkpoint": str(ckpt.resolve()), "verifier": verifier, "num_speculative_tokens": k, "serve": [shlex.join(c) for c in commands], **info}
+        (staging / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+    events.artifact(str(out), kind="export")
+    events.message("serve it with:\n  " + "\n  ".join(shlex.join(c) for c in commands))
+    print(shlex.join(commands[0]))
+    return {"export": str(out), "verifier": verifier, "num_speculative_tokens": k, "serve_command": shlex.join(commands[0]), "seconds": round(time.monotonic() - started, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,439 @@
+"""Train the EAGLE-3 draft with speculators' own trainer, over the GPUs this host has.
+
+    python remote_scripts/train_draft.py --verifier DIR --prepared DIR --hidden-states DIR \
+        --output CHECKPOINTS [--speculative-tokens 3] [--epochs 20] [--lr 5e-3] [--events FILE]
+
+What this adds around `speculators train` (speculators.train.cli.main, called in-process):
+* launch: one process per visible GPU through torchrun (this script re-executes itself under
+  `python -m torch.distributed.run` unless it already runs under torchrun; `--nproc 1` or CPU:
+  in-process). On CPU it runs single-process, with the shims of common/speculators_compat.py.
+* explicit choices instead of defaults that break on one platform or another: the draft's
+  attention implementation (simple_flex_attention on GPU, sdpa on CPU, then checked against the
+  mask the built model makes), the loss implementation (eager on CPU and on torch 2.11, where the
+  fused Triton loss crashes under dynamo), flex_attention tiles for GPUs with ~100 KiB shared
+  memory, dataloader workers.
+* preflight guards before the first step: hidden-state files match the verifier (shape
+  [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
+  config.
+* resume: speculators resumes from the latest epoch checkpoint under --output (default; --no-resume
+  starts over).
+* events: per-step loss and accuracy per TTT step and tokens/s (metric), epochs (progress),
+  validation metrics, each saved checkpoint (artifact), then finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+STAGE = "train"
+TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+class TrainError(RuntimeError):
+    """A problem with the inputs or the setup, reported as one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure decisions (tested in tests/test_train.py)
+
+
+def choose_loss_implementation(device_type: str, torch_version: str) -> str:
+    """speculators' fused loss is a Triton kernel: there is no Triton on CPU, and on torch 2.11 it
+    crashes under torch.compile (dynamo: 'ListVariable ... is already tracked for mutation')."""
+    if device_type == "cpu":
+        return "eager"
+    major_minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+    return "eager" if major_minor == "2.11" else "fused"
+
+
+def default_nproc(cuda_device_count: int) -> int:
+    return max(1, cuda_device_count)
+
+
+def default_num_workers(device_type: str, cpu_count: int, nproc: int) -> int:
+    """Dataloader workers per rank. On CPU the workers would compete with training for the same
+    cores (and each spawned worker re-imports torch): none."""
+    if device_type == "cpu":
+        return 0
+    return max(1, min(8, cpu_count // max(1, nproc) - 1))
+
+
+def check_hidden_state_layout(shape: tuple[int, ...], dtype: str, num_target_layers: int, hidden_size: int) -> None:
+    """hs_<i>.safetensors 'hidden_states' must be [T, layers + 1, H] in bfloat16 (the +1 is the
+    verifier's last, pre-norm layer: the training target)."""
+    if len(shape) != 3 or shape[1] != num_target_layers + 1 or shape[2] != hidden_size:
+        raise TrainError(
+            f"hidden states have shape {list(shape)}, expected [T, {num_target_layers + 1}, {hidden_size}] "
+            f"({num_target_layers} target layers + the last layer, verifier hidden size {hidden_size}): "
+            "were they extracted with other --layers or another verifier?"
+        )
+    if dtype not in ("BF16", "bfloat16", "torch.bfloat16"):
+        raise TrainError(f"hidden states are {dtype}, expected bfloat16 (re-extract, or train with matching --hidden-states-dtype)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train an EAGLE-3 draft with speculators (torchrun over this host's GPUs).")
+    p.add_argument("--verifier", required=True, help="verifier directory (or hub id)")
+    p.add_argument("--prepared", required=True, help="prepared dataset (speculators format, with token_freq.pt)")
+    p.add_argument("--hidden-states", required=True, help="directory of hs_<i>.safetensors")
+    p.add_argument("--output", required=True, help="checkpoint directory (one sub-directory per epoch)")
+    p.add_argument("--speculative-tokens", type=int, default=3, help="TTT steps = tokens the draft proposes")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="verifier layer ids the hidden states were extracted from (default: the extraction's record, else [2, N//2, N-3])")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
+    p.add_argument("--draft-vocab-size", type=int, default=None, help="prune the draft vocabulary to the N most frequent tokens (default: the verifier's full vocabulary)")
+    p.add_argument("--num-layers", type=int, default=1, help="draft decoder layers")
+    p.add_argument("--total-seq-len", type=int, default=4096, help="tokens packed per batch (per GPU)")
+    p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: simple_flex_attention on GPU, sdpa on CPU)")
+    p.add_argument("--loss-implementation", choices=["auto", "eager", "fused"], default="auto")
+    p.add_argument("--hidden-states-dtype", default="bfloat16")
+    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
+    p.add_argument("--train-data-ratio", type=float, default=0.95, help="the rest of the prepared rows validate")
+    p.add_argument("--num-workers", type=int, default=None, help="dataloader workers per rank (default: 0 on CPU)")
+    p.add_argument("--log-freq", type=int, default=1, help="log metrics every N steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-resume", action="store_true", help="start over even if --output has checkpoints")
+    p.add_argument("--nproc", type=int, default=None, help="processes (GPUs) on this host (default: all visible GPUs; 1 on CPU)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--speculators-arg", action="append", default=[], metavar="FLAG=VALUE", help="extra `speculators train` flag, e.g. --speculators-arg=--weight-decay=0.0 (repeatable)")
+    p.add_argument("--events", default=None, help="events.jsonl to append to")
+    return p.parse_args(argv)
+
+
+def under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def relaunch_under_torchrun(nproc: int, argv: list[str]) -> int:
+    """Run this script as `torchrun --standalone --nproc-per-node nproc`; returns its exit code."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", os.path.abspath(__file__), *argv]
+    print(f"[{STAGE}] launching: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    return subprocess.call(cmd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = torch.cuda.is_available()
+    nproc = args.nproc or default_nproc(torch.cuda.device_count() if cuda else 0)
+    if not under_torchrun() and cuda and nproc > 1:
+        return relaunch_under_torchrun(nproc, argv)
+
+    rank = int(os.environ.get("RANK", "0"))
+    events = EventLog(STAGE, args.events, echo=rank == 0)
+    if rank == 0:
+        events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+    try:
+        summary = run(args, events, rank)
+    except Exception as e:  # one line for the laptop; the traceback stays in the log
+        import traceback
+
+        traceback.print_exc()
+        events.finished("failed", error=f"{type(e).__name__}: {e}" + (f" (rank {rank})" if rank else ""))
+        return 1
+    if rank == 0:
+        events.finished("ok", **summary)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]:
+    import torch
+
+    from common import draft_attention, speculators_compat
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cpu" and under_torchrun():
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise TrainError("several training processes need GPUs: this host has none (run with --nproc 1)")
+        for name in TORCHRUN_ENV:  # a 1-process torchrun on CPU: speculators would ask for an accelerator
+            os.environ.pop(name, None)
+
+    verifier = resolve_verifier(args.verifier)
+    prepared, hs_dir, output = Path(args.prepared).resolve(), Path(args.hidden_states).resolve(), Path(args.output).resolve()
+    for what, path in (("--prepared", prepared), ("--hidden-states", hs_dir)):
+        if not path.is_dir():
+            raise TrainError(f"{what} {path}: no such directory")
+    verifier_cfg = load_text_config(verifier)
+    layers = args.layers or extraction_layers(hs_dir) or None
+    num_target_layers = len(layers) if layers else 3
+    if not layers and verifier_cfg.num_hidden_layers < 7:
+        raise TrainError(f"the verifier has {verifier_cfg.num_hidden_layers} layers: the default target layers [2, N//2, N-3] need at least 7; pass --layers")
+    check_first_hidden_states(hs_dir, num_target_layers, verifier_cfg.hidden_size)
+
+    attn_impl = draft_attention.default_attn_impl(device_type) if args.attn_impl == "auto" else args.attn_impl
+    loss_impl = choose_loss_implementation(device_type, torch.__version__) if args.loss_implementation == "auto" else args.loss_implementation
+    num_workers = args.num_workers if args.num_workers is not None else default_num_workers(device_type, os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    shims = speculators_compat.apply_cpu_shims()
+    kernel_options = None
+    if device_type == "cuda" and attn_impl in draft_attention.FLEX_FAMILY:
+        smem = draft_attention.device_shared_memory_per_block(int(os.environ.get("LOCAL_RANK", "0")))
+        head_dim = getattr(verifier_cfg, "head_dim", None) or verifier_cfg.hidden_size // verifier_cfg.num_attention_heads
+        kernel_options = draft_attention.flex_kernel_options(smem, head_dim) if smem else None
+        speculators_compat.set_flex_kernel_options(kernel_options)
+    mask_token_id = resolve_mask_token_id(args.mask_token_id, verifier, verifier_cfg)
+
+    spec_argv = [
+        "--verifier-name-or-path", verifier,
+        "--data-path", str(prepared),
+        "--hidden-states-path", str(hs_dir),
+        "--hidden-states-backend", "file",
+        "--on-missing", "raise",
+        "--save-path", str(output),
+        "--log-dir", str(output / "logs"),
+        "--ttt-steps", str(args.speculative_tokens),
+        "--epochs", str(args.epochs),
+        "--lr", str(args.lr),
+        "--optimizer", args.optimizer,
+        "--num-layers", str(args.num_layers),
+        "--total-seq-len", str(args.total_seq_len),
+        "--draft-attn-impl", attn_impl,
+        "--loss-implementation", loss_impl,
+        "--hidden-states-dtype", args.hidden_states_dtype,
+        "--num-workers", str(num_workers),
+        "--train-data-ratio", str(args.train_data_ratio),
+        "--log-freq", str(args.log_freq),
+        "--seed", str(args.seed),
+    ]
+    if layers:
+        spec_argv += ["--target-layer-ids", *map(str, layers)]
+    if args.draft_vocab_size:
+        spec_argv += ["--draft-vocab-size", str(args.draft_vocab_size)]
+    if mask_token_id is not None:
+        spec_argv += ["--mask-token-id", str(mask_token_id)]
+    if args.max_steps:
+        spec_argv += ["--max-steps", str(args.max_steps)]
+    if args.no_resume:
+        spec_argv += ["--no-resume-from-checkpoint"]
+    for extra in args.speculators_arg:
+        spec_argv += extra.split("=", 1) if extra.startswith("--") and "=" in extra else [extra]
+
+    resumed_from = latest_epoch(output) if not args.no_resume else None
+    if args.no_resume and rank == 0:
+        (output / "metrics.jsonl").unlink(missing_ok=True)  # the curves start over with the run
+    if rank == 0:
+        events.message(
+            f"device {device_type}, attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
+            f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}"
+            + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
+        )
+
+    reporter = Reporter(events, rank, output, args.epochs)
+    bridge = speculators_compat.MetricsBridge(reporter.on_train, reporter.on_val)
+
+    def before_training(model, trainer_config, train_loader, val_loader) -> None:
+        guard_model(model, device_type, verifier)
+        reporter.steps_per_epoch = len(train_loader)
+        reporter.started = time.monotonic()
+
+    speculators_compat.hook_main(before_training, bridge)
+
+    from speculators.train.cli import main as speculators_main
+    from speculators.train.config import TrainConfig
+
+    try:
+        cfg = TrainConfig.resolve(spec_argv)
+    except SystemExit as e:
+        raise TrainError(f"speculators rejected the configuration (exit {e.code}); its message is above") from None
+    started = time.monotonic()
+    speculators_main(cfg)
+    bridge.detach()
+
+    summary: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1), "attn_implementation": attn_impl, "loss_implementation": loss_impl}
+    if rank == 0:
+        last = latest_epoch(output)
+        if last is None:
+            raise TrainError(f"training ended without a checkpoint in {output}")
+        ckpt = output / str(last)
+        check_checkpoint_config(ckpt)
+        summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, **reporter.last_val_summary())
+        events.artifact(str(ckpt), kind="checkpoint")
+    return summary
+
+
+class Reporter:
+    """speculators' metric dicts -> events (rank 0 only)."""
+
+    def __init__(self, events: EventLog, rank: int, output: Path, epochs: int):
+        self.events, self.rank, self.output, self.epochs = events, rank, output, epochs
+        # The curves also live next to the checkpoints (evaluate plots them from there), so they
+        # travel with the checkpoints whoever launched the run. Appended across resumes.
+        self.curves = EventLog(STAGE, str(output / "metrics.jsonl"), echo=False) if rank == 0 else None
+        self.steps_per_epoch = 0
+        self.started = time.monotonic()
+        self.last_step = 0
+        self.last_val: dict[str, float] = {}
+        self._reported_checkpoints: set[str] = set()
+
+    def on_train(self, step: int, record: dict) -> None:
+        if self.rank != 0:
+            return
+        self.last_step = step + 1
+        train = record.get("train", {})
+        metrics = {k: _round(v) for k, v in train.items() if _is_step_metric(k)}
+        profile = record.get("profile") or {}
+        if "tokens_per_s" in profile:
+            metrics["tokens_per_s"] = round(float(profile["tokens_per_s"]), 1)
+        lr = record.get("lr")
+        if isinstance(lr, (int, float)):
+            metrics["lr"] = float(f"{lr:.4g}")
+        metrics["epoch"] = record.get("epoch", 0)
+        self.events.metric(step + 1, **metrics)
+        self.curves.metric(step + 1, **metrics)
+        if self.steps_per_epoch:
+            self.events.progress(step + 1, self.steps_per_epoch * self.epochs, unit="steps")
+
+    def on_val(self, epoch: int, step: int, record: dict) -> None:
+        if self.rank != 0:
+            return
+        val = {k.removesuffix("_epoch"): v for k, v in record.get("val", {}).items()}
+        self.last_val = {k: _round(v) for k, v in val.items() if _is_step_metric(k)}
+        val_metrics = {f"val_{k}": v for k, v in self.last_val.items()}
+        self.events.metric(step, **val_metrics, epoch=epoch)
+        self.curves.metric(step, **val_metrics, epoch=epoch)
+        ckpt = self.output / str(epoch)
+        if (ckpt / "config.json").is_file() and str(ckpt) not in self._reported_checkpoints:
+            self._reported_checkpoints.add(str(ckpt))
+            self.events.artifact(str(ckpt), kind="checkpoint")
+
+    def last_val_summary(self) -> dict[str, float]:
+        return {f"val_{k}": v for k, v in self.last_val.items() if k.startswith(("full_acc_", "loss"))}
+
+
+def _is_step_metric(key: str) -> bool:
+    # loss, loss_<t>, full_acc_<t> (accuracy of TTT step t), cond_acc_<t> (given steps < t right)
+    return key == "loss" or key.startswith(("loss_", "full_acc_", "cond_acc_"))
+
+
+def _round(v: Any) -> float:
+    v = float(v)
+    return v if math.isnan(v) else round(v, 5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and guards
+
+
+def resolve_verifier(verifier: str) -> str:
+    """An existing local path becomes absolute (the draft config records it; vLLM reads it from
+    anywhere); anything else is a hub id and kept as given."""
+    p = Path(verifier)
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise TrainError(f"--verifier {verifier}: no config.json in that directory")
+        return str(p.resolve())
+    if verifier.startswith((".", "/", "~")):
+        raise TrainError(f"--verifier {verifier}: no such directory")
+    return verifier
+
+
+def load_text_config(verifier: str):
+    """The verifier's text-model config (nested under text_config for multimodal models)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(verifier)
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def extraction_layers(hs_dir: Path) -> list[int] | None:
+    """The layer ids recorded by the extract stage, if it left a record next to its files."""
+    for name in ("extraction.json", "metadata.json", "hidden_states_config.json"):
+        f = hs_dir / name
+        if f.is_file():
+            meta = json.loads(f.read_text())
+            for key in ("layers", "target_layer_ids", "aux_layer_ids", "layer_ids"):
+                if isinstance(meta.get(key), list):
+                    return [int(x) for x in meta[key]]
+    return None
+
+
+def check_first_hidden_states(hs_dir: Path, num_target_layers: int, hidden_size: int) -> None:
+    from safetensors import safe_open
+
+    first = hs_dir / "hs_0.safetensors"
+    if not first.is_file():
+        raise TrainError(f"--hidden-states {hs_dir}: no hs_0.safetensors (run the extract stage first)")
+    with safe_open(str(first), framework="pt") as f:
+        keys = set(f.keys())
+        if not {"hidden_states", "token_ids"} <= keys:
+            raise TrainError(f"{first}: expected tensors hidden_states and token_ids, found {sorted(keys)}")
+        sl = f.get_slice("hidden_states")
+        check_hidden_state_layout(tuple(sl.get_shape()), sl.get_dtype(), num_target_layers, hidden_size)
+
+
+def resolve_mask_token_id(explicit: int | None, verifier: str, verifier_cfg) -> int | None:
+    """speculators resolves the mask token from the verifier's tokenizer; without a tokenizer it
+    needs --mask-token-id: then take the config's pad (or eos) token."""
+    if explicit is not None:
+        return explicit
+    p = Path(verifier)
+    if not p.is_dir() or any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(verifier_cfg, name, None)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, int):
+            return value
+    raise TrainError(f"{verifier} has no tokenizer and its config no pad/eos token: pass --mask-token-id")
+
+
+def guard_model(model, device_type: str, verifier: str) -> None:
+    """Preflight on the built draft, before the trainer moves it or takes a step."""
+    import torch
+
+    from common.draft_attention import check_draft_attention
+
+    check_draft_attention(model, device_type)
+    not_fp32 = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype != torch.float32})
+    if not_fp32:
+        raise TrainError(f"trainable draft weights are {not_fp32}: the trainer keeps fp32 master weights (bf16 only under autocast)")
+    recorded = model.config.speculators_config.verifier.name_or_path
+    if Path(verifier).is_absolute() and recorded != verifier:
+        raise TrainError(f"the draft config records verifier {recorded!r}, expected the absolute path {verifier!r}")
+
+
+def check_checkpoint_config(ckpt: Path) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    name = cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
+    if not name:
+        raise TrainError(f"{ckpt}/config.json records no verifier path")
+    if name.startswith((".", "~")) or (not os.path.isabs(name) and os.path.exists(name)):
+        raise TrainError(f"{ckpt}/config.json records a relative verifier path {name!r}")
+
+
+def latest_epoch(output: Path) -> int | None:
+    """The highest epoch checkpoint under `output` (directories named by number, with weights)."""
+    if not output.is_dir():
+        return None
+    epochs = [int(d.name) for d in output.iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit() and (d / "model.safetensors").is_file()]
+    return max(epochs) if epochs else None
+
+
+if __name__ == "__main__":  # guard: dataloader workers are spawned and re-import this module
+    sys.exit(main())
