@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.delayline import DelayLine  # noqa: E402
+from harness.transfer import received_bytes  # noqa: E402
 from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
 
 MiB = 1 << 20
@@ -151,15 +152,11 @@ class Bench:
             self.fresh_control()
             argv = self.harness("pull", "slow", str(src), str(dest), "--jobs", str(jobs))
             proc = subprocess.Popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            meta = dest / f".{src.name}.harness-part.json"
             if kill_at is not None:
                 while proc.poll() is None:
-                    try:
-                        if sum(json.loads(meta.read_text())["done"]) >= kill_at * size:
-                            os.killpg(proc.pid, signal.SIGKILL)
-                            break
-                    except (OSError, ValueError, KeyError):
-                        pass
+                    if received_bytes(dest / src.name) >= kill_at * size:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        break
                     time.sleep(0.002)
             proc.wait()
             time.sleep(0.5)  # let the delay line drain what was in flight
@@ -170,7 +167,7 @@ class Bench:
         assert sha256(dest / src.name) == digest
         shutil.rmtree(dest, ignore_errors=True)
         first = run_pull(0.5)
-        recorded = sum(json.loads((dest / f".{src.name}.harness-part.json").read_text())["done"])
+        recorded = received_bytes(dest / src.name)
         second = run_pull(None)
         assert sha256(dest / src.name) == digest
         shutil.rmtree(dest, ignore_errors=True)

@@ -95,7 +95,7 @@ class ObjectInfo:
     type: str | None  # for data and callable objects
     python: str  # interpreter version that answered
     executable: str
-    elapsed_s: float  # time the remote script took (imports included)
+    elapsed_s: float  # time the remote script took (imports included; for all paths of a batch)
 
     @property
     def where(self) -> str:
@@ -137,28 +137,44 @@ def script_source() -> str:
 
 def inspect_object(transport: Transport, runtime: Runtime, path: str, *, mode: Mode = "auto", mro: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> ObjectInfo:
     """Resolve a dotted path in the remote stage environment and describe what it names."""
-    if not DOTTED_PATH.match(path):
-        raise UsageError(f"expected a dotted Python path like package.module.Class.method, got {path!r}")
-    answer = run_request(transport, runtime, {"op": "object", "path": path, "mode": mode, "mro": mro}, timeout)
+    return inspect_objects(transport, runtime, [path], mode=mode, mro=mro, timeout=timeout)[0]
+
+
+def inspect_objects(transport: Transport, runtime: Runtime, paths: list[str], *, mode: Mode = "auto", mro: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> list[ObjectInfo]:
+    """Several paths in ONE round trip (one interpreter: torch is imported once). Raises the
+    first path's error, in order."""
+    for path in paths:
+        if not DOTTED_PATH.match(path):
+            raise UsageError(f"expected a dotted Python path like package.module.Class.method, got {path!r}")
+    answer = run_request(transport, runtime, {"op": "objects", "paths": list(paths), "mode": mode, "mro": mro}, timeout)
+    infos = []
+    for one in answer["results"]:
+        if not one.get("ok"):
+            raise _error(one["error"])
+        infos.append(_object_info(one, answer))
+    return infos
+
+
+def _object_info(one: dict[str, Any], answer: dict[str, Any]) -> ObjectInfo:
     return ObjectInfo(
-        path=answer["path"],
-        kind=answer["kind"],
-        resolution=answer["resolution"],
-        qualname=answer.get("qualname"),
-        module=answer.get("module"),
-        file=answer.get("file"),
-        first_line=answer.get("first_line"),
-        last_line=answer.get("last_line"),
-        source=answer.get("source"),
-        signature=answer.get("signature"),
-        doc=answer.get("doc"),
-        class_mro=answer.get("mro"),
-        decorators=list(answer.get("decorators") or []),
-        unwrapped=[Unwrapped(u["how"], u["wrapper"], u.get("where")) for u in answer.get("unwrapped") or []],
-        builtin=bool(answer.get("builtin")),
-        dist=_dist(answer.get("dist")),
-        value_repr=answer.get("value_repr"),
-        type=answer.get("type"),
+        path=one["path"],
+        kind=one["kind"],
+        resolution=one["resolution"],
+        qualname=one.get("qualname"),
+        module=one.get("module"),
+        file=one.get("file"),
+        first_line=one.get("first_line"),
+        last_line=one.get("last_line"),
+        source=one.get("source"),
+        signature=one.get("signature"),
+        doc=one.get("doc"),
+        class_mro=one.get("mro"),
+        decorators=list(one.get("decorators") or []),
+        unwrapped=[Unwrapped(u["how"], u["wrapper"], u.get("where")) for u in one.get("unwrapped") or []],
+        builtin=bool(one.get("builtin")),
+        dist=_dist(one.get("dist")),
+        value_repr=one.get("value_repr"),
+        type=one.get("type"),
         python=answer["python"]["version"],
         executable=answer["python"]["executable"],
         elapsed_s=answer["elapsed_s"],
@@ -194,7 +210,7 @@ def run_request(transport: Transport, runtime: Runtime, request: dict[str, Any],
     # The stages run as `python remote_scripts/<stage>.py`: their directory leads sys.path.
     request = {**request, "sys_path": [SCRIPTS_DIR]}
     argv = stage_command(runtime, [runtime.python, "-c", script_source(), json.dumps(request)])
-    result = transport.run(argv, timeout=timeout)
+    result = transport.run(argv, env=stage_env(runtime), timeout=timeout)
     answer = parse_answer(result.stdout)
     if answer is None:
         stderr = result.stderr.decode("utf-8", "replace").strip()
@@ -222,6 +238,14 @@ def stage_command(runtime: Runtime, argv: list[str]) -> list[str]:
     if not dirs:
         return wrapped
     return ["sh", "-c", _MKDIRS_THEN_EXEC, "sh", str(len(dirs)), *dirs, *wrapped]
+
+
+def stage_env(runtime: Runtime) -> dict[str, str]:
+    """The host's `env = [names]` with values from this process, as the stages get them (a
+    library may import differently with HF_HOME, TRANSFORMERS_OFFLINE, ... set)."""
+    from harness.remote_exec import passthrough_env
+
+    return passthrough_env(runtime.host)
 
 
 def parse_answer(stdout: bytes) -> dict[str, Any] | None:

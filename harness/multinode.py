@@ -193,6 +193,28 @@ def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) 
     return out
 
 
+def sync_hosts(config: Config, transports: dict[str, "Transport"], paths: Sequence[str], *, workdirs: dict[str, str] | None = None,
+               on_plan: Callable[[str, Any], None] | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None):
+    """`harness sync GROUP`: plan every host in turn (a local scan, cached, and one round trip
+    each; one thread touches the local hash cache), then upload to all hosts at once, one
+    transport each. Returns [(host, SyncResult, error)] in host order."""
+    from harness.sync import prepare_sync, run_sync
+
+    hosts = list(transports)
+    workdirs = workdirs or {h: config.host(h).workdir for h in hosts}
+    plans = {}
+    for h in hosts:
+        plans[h] = prepare_sync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude)
+        if on_plan:
+            on_plan(h, plans[h])
+
+    def one(h: str):
+        progress = progress_for(h) if progress_for else None
+        return run_sync(transports[h], config.root, workdirs[h], plans[h], python=config.host(h).python, progress=progress)
+
+    return parallel(hosts, one)
+
+
 # ---------------------------------------------------------------------------------------------
 # Group status
 

@@ -16,8 +16,8 @@ One pull, step by step
             to `jobs` long-lived OpenSSH streams (transport.local_argv) so several streams share
             one large file (one stream is capped by its channel window on a long round trip)
             and small files share streams. Bytes land in `.NAME.harness-part` next to the
-            target, with `.NAME.harness-part.json` recording the remote (size, mtime_ns) and how
-            many bytes of each piece are in (updated after every write).
+            target; `.NAME.harness-part.json` records the remote (size, mtime_ns) they copy and
+            `.NAME.harness-part.done` how many bytes of each piece are in (after every write).
   6. verify a local hasher follows the contiguous received prefix, so the local SHA-256 is ready
             moments after the last byte; it must equal the host's hash (taken from a file that
             did not change while hashed). Only then is the part renamed to its final name.
@@ -57,6 +57,7 @@ MiB = 1 << 20
 RECORD_PATTERNS = ["run.yaml", "run.json", "spec.json", "log", "*.log", "*.jsonl", "*.txt", "exit*", "status*"]
 _CHECKPOINT_DIR = re.compile(r"^\d+$")  # speculators names epoch checkpoints <save_path>/<epoch>/
 _FRAME_HEADER = struct.Struct(">BQ")
+_COUNTERS = struct.Struct("<Q")
 _SPLICE = hasattr(os, "splice")  # Linux: stream bytes go pipe -> file without passing through Python
 ADD_INTERVAL_S = 1.0  # how often _fetch_all considers adding a stream
 ADD_GAIN = 1.15  # ... and the rate gain the previous addition must have brought
@@ -103,6 +104,7 @@ class PullReport:
     planned: list[str] = field(default_factory=list)  # dry run: what would be fetched
     bytes_received: int = 0  # over the wire, this invocation
     bytes_resumed: int = 0  # already on disk from an interrupted pull
+    streams: int = 0  # most parallel streams used
     seconds: float = 0.0
 
     @property
@@ -136,6 +138,22 @@ def clean_rel(name: str) -> str | None:
     if any(p in ("", ".", "..") for p in parts):
         return None
     return name
+
+
+def part_paths(target: Path) -> tuple[Path, Path, Path]:
+    """(bytes, identity, counters) files of a pull in progress for target."""
+    base = f".{target.name}{PART_SUFFIX}"
+    return target.with_name(base), target.with_name(base + ".json"), target.with_name(base + ".done")
+
+
+def received_bytes(target: Path) -> int:
+    """Bytes of target already received by an unfinished pull (0 if none): for progress
+    displays, tests and benches."""
+    try:
+        raw = part_paths(Path(target))[2].read_bytes()
+    except OSError:
+        return 0
+    return sum(_COUNTERS.unpack_from(raw, i)[0] for i in range(0, len(raw) - len(raw) % 8, 8))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -320,24 +338,29 @@ class _HashJob:
 
 
 class _PartFile:
-    """`.NAME.harness-part` (bytes at their offsets) + `.NAME.harness-part.json` (bookkeeping)."""
+    """The bytes of one file in flight, and what is known about them, next to the target:
+      .NAME.harness-part       the bytes, each at its offset (sparse until filled)
+      .NAME.harness-part.json  what they are a copy of: remote (size, mtime_ns), piece size
+      .NAME.harness-part.done  one 8-byte counter per piece: bytes of it already in, rewritten
+                               in place (pwrite) after every write, so a killed pull loses at
+                               most the bytes of its last few system calls."""
 
     def __init__(self, target: Path, entry: RemoteEntry, piece_size: int):
         self.target = target
         self.entry = entry
-        self.part = target.with_name(f".{target.name}{PART_SUFFIX}")
-        self.meta = target.with_name(f".{target.name}{PART_SUFFIX}.json")
+        self.part, self.meta, self.counters = part_paths(target)
         self.size = entry.size
         self.piece_size = piece_size
         n = max(1, -(-entry.size // piece_size))
         self.pieces = [(i * piece_size, min(entry.size, (i + 1) * piece_size)) for i in range(n)]
         self.done = [0] * n
         self.resumed_bytes = 0
+        self._lock = threading.Lock()
         self._load_or_create()
         self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.ftruncate(self.fd, self.size)
-        self._lock = threading.Lock()
-        self._last_save = 0.0
+        self.counters_fd = os.open(self.counters, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        os.pwrite(self.counters_fd, b"".join(_COUNTERS.pack(d) for d in self.done), 0)
         # hashing follows the contiguous prefix of complete pieces
         self.hasher = hashlib.sha256()
         self.hashed_pieces = 0
@@ -350,27 +373,25 @@ class _PartFile:
     def _load_or_create(self) -> None:
         try:
             meta = json.loads(self.meta.read_text())
-            if all(meta.get(k) == v for k, v in self._identity().items()) and self.part.exists() and len(meta["done"]) == len(self.pieces):
-                self.done = [min(int(d), end - start) for d, (start, end) in zip(meta["done"], self.pieces)]
+            raw = self.counters.read_bytes()
+            if meta == self._identity() and self.part.exists() and len(raw) == 8 * len(self.pieces):
+                done = struct.unpack(f"<{len(self.pieces)}Q", raw)
+                self.done = [min(d, end - start) for d, (start, end) in zip(done, self.pieces)]
                 self.resumed_bytes = sum(self.done)
                 return
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, struct.error):
             pass
         # no usable record: start over (a stale part of another version is never reused)
-        for p in (self.part, self.meta):
+        for p in (self.part, self.meta, self.counters):
             if p.exists() or p.is_symlink():
                 p.unlink()
-        self.save(force=True)
-
-    def save(self, force: bool = False) -> None:
-        """Persist the per-piece counters (after the bytes they count were written)."""
-        now = time.monotonic()
-        if not force and now - self._last_save < 0.01:
-            return
-        self._last_save = now
-        tmp = self.meta.with_name(self.meta.name + f".tmp-{os.getpid()}-{threading.get_ident()}")
-        tmp.write_text(json.dumps({**self._identity(), "done": self.done}))
+        tmp = self.meta.with_name(self.meta.name + f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(self._identity()))
         os.replace(tmp, self.meta)
+
+    def _record(self, piece: int) -> None:
+        """Persist one piece's counter (called after the bytes it counts were written)."""
+        os.pwrite(self.counters_fd, _COUNTERS.pack(self.done[piece]), 8 * piece)
 
     def receive(self, piece: int, pipe_fd: int, length: int, on_bytes: Callable[[int], None]) -> int:
         """Move `length` bytes from the stream into this piece (zero-copy splice on Linux);
@@ -389,9 +410,8 @@ class _PartFile:
             if k == 0:
                 break
             moved += k
-            with self._lock:
-                self.done[piece] += k
-                self.save()
+            self.done[piece] += k  # each piece is written by one stream at a time
+            self._record(piece)
             on_bytes(k)
         return moved
 
@@ -417,29 +437,29 @@ class _PartFile:
         if self.hashed_pieces == len(self.pieces) and self.local_sha256 is None:
             self.local_sha256 = self.hasher.hexdigest()
 
+    def _close_fds(self) -> None:
+        for name in ("fd", "counters_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
+
     def finish(self, mode: int) -> None:
         """Verified: give the part its final name (the only way a file reaches it)."""
-        with self._lock:
-            self.save(force=True)
         os.fchmod(self.fd, mode & 0o777 or 0o644)
-        os.close(self.fd)
-        self.fd = -1
+        self._close_fds()
         os.replace(self.part, self.target)
         self.meta.unlink(missing_ok=True)
+        self.counters.unlink(missing_ok=True)
 
     def discard(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        self.part.unlink(missing_ok=True)
-        self.meta.unlink(missing_ok=True)
+        self._close_fds()
+        for p in (self.part, self.meta, self.counters):
+            p.unlink(missing_ok=True)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            with self._lock:
-                self.save(force=True)
-            os.close(self.fd)
-            self.fd = -1
+        """Keep everything for a later pull to resume."""
+        self._close_fds()
 
 
 # -------------------------------------------------------------------------------------------------
@@ -519,6 +539,10 @@ def _read_exact(stream, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def start_send_helper(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+
+
 class _Stream(threading.Thread):
     """One long-lived helper (`send` mode) on the host, fed segment requests one line at a time
     (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
@@ -526,9 +550,10 @@ class _Stream(threading.Thread):
 
     REQUESTS_IN_FLIGHT = 2
 
-    def __init__(self, argv: list[str], work: _WorkQueue, options: PullOptions, hasher: _Hasher, on_bytes: Callable[[int], None]):
+    def __init__(self, argv: list[str], root: str, work: _WorkQueue, options: PullOptions, hasher: _Hasher, on_bytes: Callable[[int], None], proc: subprocess.Popen | None = None):
         super().__init__(daemon=True)
-        self.argv, self.work, self.options, self.hasher, self.on_bytes = argv, work, options, hasher, on_bytes
+        self.argv, self.root, self.work, self.options, self.hasher, self.on_bytes = argv, root, work, options, hasher, on_bytes
+        self.proc = proc  # already started (its connection set up while the listing ran)
         self.gave_up: str | None = None
 
     def run(self) -> None:
@@ -550,7 +575,7 @@ class _Stream(threading.Thread):
 
     def _session(self) -> bool:
         """True when the queue ran dry and every taken segment completed."""
-        proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        proc, self.proc = self.proc or start_send_helper(self.argv), None
         in_flight: collections.deque[_Segment] = collections.deque()
 
         def refill() -> None:
@@ -561,6 +586,7 @@ class _Stream(threading.Thread):
                 proc.stdin.close()  # nothing more to ask: the helper exits
 
         try:
+            proc.stdin.write(json.dumps(self.root).encode() + b"\n")
             refill()
             while in_flight:
                 header = _read_exact(proc.stdout, _FRAME_HEADER.size)
@@ -590,6 +616,16 @@ class _Stream(threading.Thread):
                     f.close()
                 except OSError:
                     pass
+
+
+def _stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None:
+        try:
+            proc.stdin.close()  # EOF before the root line: the helper exits at once
+        except OSError:
+            pass
+        proc.wait()
+        proc.stdout.close()
 
 
 def _local_sha256(path: Path) -> str:
@@ -635,6 +671,17 @@ def pull(
 
 def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, progress: PullProgress, report: PullReport, only: set[str] | None, first: bool) -> dict[str, str]:
     """One listing/hash/fetch/verify pass. Returns {rel: why} of files worth another attempt."""
+    # The first stream's connection is set up while the listing runs (it waits for its root).
+    prestarted = None if options.dry_run else start_send_helper(transport.local_argv(helper_argv(options.python, "send", "-")))
+    try:
+        return _pull_pass(transport, remote_path, local_root, options, progress, report, only, first, prestarted)
+    finally:
+        if prestarted is not None and prestarted.poll() is None:  # not consumed (an error on the way)
+            prestarted.kill()
+            prestarted.wait()
+
+
+def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, progress: PullProgress, report: PullReport, only: set[str] | None, first: bool, prestarted) -> dict[str, str]:
     root, is_dir, entries = list_remote(transport, remote_path, options.python)
     report.remote_root = root
     chosen = select(entries, options)
@@ -680,7 +727,7 @@ def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, p
     counters = {"received": 0}
     hasher = _Hasher()
     hasher.start()
-    fetcher = threading.Thread(target=_fetch_all, args=(transport, root, list(parts.values()), options, hasher, progress, counters), daemon=True)
+    fetcher = threading.Thread(target=_fetch_all, args=(transport, root, list(parts.values()), options, hasher, progress, counters, prestarted), daemon=True)
     fetcher.start()
     differing: list[RemoteEntry] = []
     for e in maybe_same:
@@ -699,6 +746,7 @@ def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, p
     hasher.queue.put(None)
     hasher.join()
     report.bytes_received += counters["received"]
+    report.streams = max(report.streams, counters.get("streams", 0))
 
     for rel, part in parts.items():
         if part.failed is None and part.complete:
@@ -738,7 +786,7 @@ def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, p
     return retry
 
 
-def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict) -> None:
+def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict, prestarted: subprocess.Popen | None = None) -> None:
     """Fetch every incomplete piece of parts. Streams are added while they pay off: start with
     one on the shared connection, then every ADD_INTERVAL_S add one on its own connection as long
     as the last addition raised the aggregate rate by ADD_GAIN (a long link is window-bound per
@@ -747,6 +795,7 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
         hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
     work = _WorkQueue([_Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
     if work.remaining_bytes() == 0:
+        _stop(prestarted)
         return
     lock = threading.Lock()
 
@@ -755,20 +804,24 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
             counters["received"] += k
         progress.advance(k)
 
-    send = helper_argv(options.python, "send", root)
+    send = helper_argv(options.python, "send", "-")
     shared = transport.local_argv(send)
     own = separate_connection_argv(transport, send) or shared
-    streams = [_Stream(shared, work, options, hasher, on_bytes)]
+    streams = [_Stream(shared, root, work, options, hasher, on_bytes, prestarted)]
     if not options.adaptive:
-        streams += [_Stream(own, work, options, hasher, on_bytes) for _ in range(options.jobs - 1)]
+        streams += [_Stream(own, root, work, options, hasher, on_bytes) for _ in range(options.jobs - 1)]
     for st in streams:
         st.start()
     adding = options.adaptive and options.jobs > 1
-    best_rate, mark_bytes, mark_time = 0.0, counters["received"], time.monotonic()
+    best_rate, mark_bytes, mark_time = 0.0, counters["received"], None
     while any(st.is_alive() for st in streams):
         for st in streams:
             st.join(ADD_INTERVAL_S / 10)
         now = time.monotonic()
+        if mark_time is None:  # measure from the first byte, not from the connection set-up
+            if counters["received"] > mark_bytes:
+                mark_bytes, mark_time = counters["received"], now
+            continue
         if not adding or now - mark_time < ADD_INTERVAL_S:
             continue
         rate = (counters["received"] - mark_bytes) / (now - mark_time)
@@ -778,7 +831,7 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
             continue
         best_rate = max(best_rate, rate)
         if len(streams) < options.jobs and work.remaining_bytes() > 2 * rate * ADD_INTERVAL_S:
-            streams.append(_Stream(own, work, options, hasher, on_bytes))
+            streams.append(_Stream(own, root, work, options, hasher, on_bytes))
             streams[-1].start()
     counters["streams"] = max(counters.get("streams", 0), len(streams))
     why = next((st.gave_up for st in streams if st.gave_up), "connection lost")

@@ -302,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=ModelSpec.num_layers)
     p.add_argument("--num-heads", type=int, default=ModelSpec.num_heads)
     p.add_argument("--intermediate-size", type=int, default=ModelSpec.intermediate_size)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; see run())")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     return p.parse_args(argv)
 
@@ -326,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, events: EventLog) -> dict:
     import torch
 
+    # One thread by default: this model's matmuls are too small to gain from two, and on a busy
+    # 2-core box two OpenMP threads spin against other processes (measured: 0.30 s/step with 1
+    # thread, 8.0 s/step with 2 while another stage ran).
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.num_layers < 7:

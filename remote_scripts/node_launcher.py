@@ -105,6 +105,7 @@ class Watchdog:
         self.seen: dict[int, tuple[int, float]] = {}  # peer -> (heartbeat count, when it last moved)
         self.started = time.monotonic()
         self.cancelled = False
+        self.store_down = False
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} (node {rank})" if rank < len(self.names) else f"node {rank}"
@@ -131,15 +132,21 @@ class Watchdog:
         self.store_ok_at = time.monotonic()
 
     def _store(self, fn, *args):
-        """One store call; None when the store is unreachable right now."""
+        """One store call; None when the store is unreachable right now. After one failure the
+        rest of this round is skipped, so a partitioned node pays one store timeout per round,
+        not one per call."""
+        if self.store_down:
+            return None
         try:
             out = fn(*args)
             self.store_ok_at = time.monotonic()
             return out
         except Exception:  # noqa: BLE001 - connection reset, timeout: counted as silence
+            self.store_down = True
             return None
 
     def post(self, outcome: str) -> None:
+        self.store_down = False
         if self.store is not None:
             self._store(self.store.set, f"outcome/{self.me}", outcome)
 
@@ -152,6 +159,7 @@ class Watchdog:
     def refresh(self) -> None:
         """Bump our heartbeat; note when each peer's last moved."""
         now = time.monotonic()
+        self.store_down = False  # try again this round
         self._store(self.store.add, f"hb/{self.me}", 1)
         for peer in self.peers:
             count = self._store(self.store.add, f"hb/{peer}", 0)
@@ -181,6 +189,7 @@ class Watchdog:
         return None
 
     def first_failed_peer(self) -> str | None:
+        self.store_down = False
         for peer in self.peers:
             outcome = self.outcome_of(peer)
             if outcome and not outcome.startswith("ok"):

@@ -370,7 +370,9 @@ def test_doctor_end_to_end_over_ssh_with_docker(tmp_path, ssh_host, docker_base_
         r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "doctor", "box", "--json"], capture_output=True, text=True, timeout=600, env=ssh_host.env())
         return r.returncode, {c["name"]: c for c in json.loads(r.stdout)["checks"]}
 
-    subprocess.run(["docker", "rmi", "-f", "harness-doctor-test:latest"], capture_output=True)
+    tags = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "harness-doctor-test"], capture_output=True, text=True).stdout.split()
+    if tags:  # a previous run's build: start from no image at all
+        subprocess.run(["docker", "rmi", "-f", *tags], capture_output=True, check=True)
     code, checks = doctor()
     assert code == 1 and checks["connect"]["status"] == "ok"
     assert checks["image"]["status"] == "fail" and checks["image"]["fix"] == "harness build box"
@@ -385,3 +387,7 @@ def test_doctor_end_to_end_over_ssh_with_docker(tmp_path, ssh_host, docker_base_
     assert checks["versions"]["status"] == "fail" and checks["versions"]["message"].startswith("not installed: torch, transformers, speculators")
     assert checks["flex-attention"]["status"] == "warn" and checks["verifier"]["status"] == "warn"
     assert code == 1
+    # :latest moved away from the current build: stages would run another image
+    subprocess.run(["docker", "rmi", "harness-doctor-test:latest"], capture_output=True, check=True)
+    code, checks = doctor()
+    assert checks["image"]["status"] == "warn" and checks["image"]["fix"] == "harness build box (re-tags, nothing rebuilds)"

@@ -23,7 +23,7 @@ import pytest
 
 from harness.config import ContainerConfig, HostConfig
 from harness.errors import UsageError
-from harness.inspect_remote import RemoteImportError, UnknownNameError, grep_package, inspect_object
+from harness.inspect_remote import RemoteImportError, UnknownNameError, grep_package, inspect_object, inspect_objects
 from harness.runtime.host import HostRuntime
 from harness.transport.local import LocalTransport
 
@@ -240,6 +240,17 @@ def test_torch_compile_style_wrapper_is_unwrapped(env, workdir):
     assert info.source.startswith("@compiled_like\ndef hot(x):")
 
 
+def test_several_paths_in_one_round_trip(env, workdir):
+    transport, runtime = env
+    runs = []
+    original = transport.run
+    transport.run = lambda argv, **kw: runs.append(argv) or original(argv, **kw)
+    infos = inspect_objects(transport, runtime, ["inspectee.noisy.quiet", "len", "inspectee.deco.Child"], mode="import")
+    assert [i.kind for i in infos] == ["function", "builtin", "class"] and len(runs) == 1
+    with pytest.raises(UnknownNameError):  # the first bad path's error, in order
+        inspect_objects(transport, runtime, ["len", "inspectee.nope", "inspectee.broken.X"])
+
+
 def test_builtins_say_so_with_signature_and_doc(env):
     transport, runtime = env
     length = inspect_object(transport, runtime, "len")
@@ -332,6 +343,8 @@ def test_cli_plain_json_where_and_errors(local_config, workdir):
     assert answer["kind"] == "class" and answer["dist"] == {"name": "inspectee", "version": "1.2.3"}
     assert harness_cli(local_config, "inspect", "local", "inspectee.deco.Child.m", "--where").stdout == f"{deco}:{line_of(deco, '    @logged')}\n"
     assert harness_cli(local_config, "inspect", "local", "math.sqrt", "--signature").stdout == "sqrt(x, /)\n"
+    both = harness_cli(local_config, "inspect", "local", "inspectee.deco.Base.hello", "inspectee.deco.Child.hello", "--where").stdout
+    assert both == f"{deco}:{line_of(deco, '    def hello(self):')}\n" * 2  # inherited: the same code
     assert harness_cli(local_config, "inspect", "local", "inspectee.deco.Child", "--mro").stdout.split() == ["inspectee.deco.Child", "inspectee.deco.Base", "builtins.object"]
     r = harness_cli(local_config, "inspect", "local", "inspectee.deco.decorate")
     assert r.returncode == 2 and r.stderr.strip().endswith("has no attribute or submodule 'decorate' (did you mean: decorated)")

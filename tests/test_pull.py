@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.transfer import PART_SUFFIX, PullOptions, PullProgress, clean_rel, pull, select, RemoteEntry
+from harness.transfer import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
 from harness.transport.local import LocalTransport
 
 MiB = 1 << 20
@@ -213,10 +213,7 @@ print(json.dumps({"ok": r.ok, "received": r.bytes_received, "resumed": r.bytes_r
 
 
 def _received(dest: Path, name: str) -> int:
-    try:
-        return sum(json.loads((dest / f".{name}{PART_SUFFIX}.json").read_text())["done"])
-    except (OSError, ValueError, KeyError):
-        return 0
+    return received_bytes(dest / name)
 
 
 @pytest.mark.ssh

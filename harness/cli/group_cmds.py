@@ -122,38 +122,41 @@ def print_group_table(status) -> None:
 
 
 def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
-    """Plan every host in turn (a scan and one round trip each), then upload to all at once."""
+    """Every host of the group at once: one progress bar per host."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from harness.cli.transfer_cmds import _print_plan, _print_summary
-    from harness.multinode import open_all, parallel
-    from harness.sync import SyncResult, manifest_digest, prepare_sync, run_sync
+    from harness.multinode import open_all, sync_hosts
+    from harness.sync import SyncResult, manifest_digest, prepare_sync
 
     config = app.config
     hosts = list(config.groups[group].hosts)
     transports = open_all(app.transport, hosts)
-    plans = {h: prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude) for h in hosts}
     if dry_run:
         for h in hosts:
-            _print_plan(h, SyncResult(plan=plans[h], dry_run=True, manifest_digest=manifest_digest(plans[h].manifest)))
+            plan = prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude)
+            _print_plan(h, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
         return 0
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),
                         TextColumn("{task.fields[files]}"), console=Console(stderr=True))
-    tasks = {h: progress.add_task(f"sync {h}", total=max(1, plans[h].upload_bytes), files=f"0/{len(plans[h].upload)} files") for h in hosts}
+    tasks: dict[str, tuple] = {}
 
-    def one(h: str):
-        plan = plans[h]
+    def on_plan(h: str, plan) -> None:
+        tasks[h] = (progress.add_task(f"sync {h}", total=max(1, plan.upload_bytes), files=f"0/{len(plan.upload)} files"), plan)
 
-        def on_progress(files: int, sent: int) -> None:
-            progress.update(tasks[h], completed=min(sent, plan.upload_bytes), files=f"{files}/{len(plan.upload)} files")
+    def progress_for(h: str):
+        task, plan = tasks[h]
 
-        result = run_sync(transports[h], config.root, config.host(h).workdir, plan, python=config.host(h).python, progress=on_progress)
-        progress.update(tasks[h], completed=max(1, plan.upload_bytes))
-        return result
+        def update(files: int, sent: int) -> None:
+            progress.update(task, completed=min(sent, plan.upload_bytes), files=f"{files}/{len(plan.upload)} files")
+
+        return update
 
     with progress:
-        outcome = parallel(hosts, one)
+        outcome = sync_hosts(config, transports, paths, on_plan=on_plan, progress_for=progress_for)
+        for task, plan in tasks.values():
+            progress.update(task, completed=max(1, plan.upload_bytes))
     failed = 0
     for h, result, error in outcome:
         if error is not None:

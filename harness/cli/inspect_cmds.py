@@ -42,7 +42,7 @@ def inspect(ctx: click.Context, host: str, paths: tuple[str, ...], show: str | N
     (functools.wraps, torch.compile, partial, staticmethod, property), and says so.
     """
     from harness.errors import UsageError
-    from harness.inspect_remote import RemoteImportError, grep_package, inspect_object
+    from harness.inspect_remote import RemoteImportError, grep_package, inspect_objects
     from harness.runtime import runtime_for
 
     if grep and paths:
@@ -62,7 +62,7 @@ def inspect(ctx: click.Context, host: str, paths: tuple[str, ...], show: str | N
                 render_grep(result, ignore_case, context)
             ctx.exit(0 if result.hits else 1)  # like grep: 1 when nothing matched
         try:
-            infos = [inspect_object(transport, runtime, path, mode="import" if live else "auto", mro=show == "mro") for path in paths]
+            infos = inspect_objects(transport, runtime, list(paths), mode="import" if live else "auto", mro=show == "mro")
         except RemoteImportError as e:
             # The one-line error names the last frame; the frames before it say how we got there.
             click.echo("remote traceback (most recent call last):", err=True)
@@ -76,8 +76,8 @@ def inspect(ctx: click.Context, host: str, paths: tuple[str, ...], show: str | N
         click.echo(json.dumps(answers[0] if len(answers) == 1 else answers, indent=2))
         return
     for n, info in enumerate(infos):
-        if n:
-            click.echo()
+        if n and show is None:
+            click.echo()  # a blank line between full listings; one-line modes stay one per line
         render_object(info, show)
 
 

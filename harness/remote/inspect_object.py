@@ -9,6 +9,7 @@ STDLIB ONLY, one self-contained file: it must run in any Python >= 3.8 the remot
 Request (JSON, argv[1] or stdin):
   {"op": "object", "path": "pkg.mod.Class.method", "mode": "auto" | "static" | "import",
    "mro": false, "sys_path": ["remote_scripts"]}
+  {"op": "objects", "paths": [...], ...}: the same for several paths, answered as a list
   {"op": "grep", "pattern": "regex", "package": "pkg", "ignore_case": false,
    "context": 1, "max_hits": 2000, "sys_path": [...]}
 
@@ -720,6 +721,14 @@ def setup_sys_path(dirs):
         sys.path[:0] = existing
 
 
+def answer_for(request):
+    """One path's answer, an error included (so one bad path does not hide the others)."""
+    try:
+        return inspect_object(request)
+    except Failure as f:
+        return {"ok": False, "path": request.get("path"), "error": f.payload}
+
+
 def main(argv):
     started = time.perf_counter()
     real_stdout = sys.stdout
@@ -730,6 +739,8 @@ def main(argv):
         op = request.get("op")
         if op == "object":
             result = inspect_object(request)
+        elif op == "objects":  # several paths, one interpreter: heavy imports happen once
+            result = {"ok": True, "op": "objects", "results": [answer_for(dict(request, path=p)) for p in request.get("paths") or []]}
         elif op == "grep":
             result = grep_package(request)
         else:

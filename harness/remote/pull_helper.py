@@ -8,7 +8,8 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
   hash ROOT   stdin: JSON list of rel paths. stdout: one JSON line per file as it is done,
               [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
               checked after hashing (a file being written while hashed reports an error).
-  send ROOT   stdin: one JSON segment per line, [rel, offset, length, size, mtime_ns], read as
+  send -      stdin: first line ROOT (JSON string: the stream can start before the listing is
+              back), then one JSON segment per line, [rel, offset, length, size, mtime_ns], read as
               they come (the laptop keeps a couple in flight). stdout: framed
               bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
               status 0 = data, 2 = segment complete, 1 = file changed/missing (segment aborted:
@@ -157,7 +158,10 @@ def main():
     elif mode == "hash":
         do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
     elif mode == "send":
-        do_send(os.path.realpath(os.path.expanduser(root)), sys.stdin.buffer, out)
+        stdin = sys.stdin.buffer
+        first = stdin.readline()
+        if first:
+            do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)
     out.flush()
 
 

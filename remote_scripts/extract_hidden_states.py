@@ -1,0 +1,462 @@
+"""Verifier hidden states -> speculators' offline files `hs_<i>.safetensors`, one per prepared row.
+
+File format (what speculators' ArrowDataset / FileTransfer and check_hidden_states read):
+    hidden_states  bf16 [T, k+1, H]: k auxiliary layers (the INPUTS of decoder layers `--layers`,
+                   default [2, N//2, N-3]), then the last decoder layer's output BEFORE the final
+                   norm (what vLLM's extract_hidden_states returns; HF's output_hidden_states[-1] is
+                   after the norm and is not used).
+    token_ids      int64 [T], equal to row i's input_ids.
+Row i of the prepared dataset (datasets.load_from_disk(--prepared)) -> OUTPUT/hs_<i>.safetensors.
+OUTPUT/extract_meta.json records the layers, hidden size and verifier path, for train to check.
+
+Backends:
+  transformers  forward hooks on the verifier, batched (right padding: causal attention makes each
+                row's first T positions exactly its own); the next batch computes while a pool of
+                writer threads saves the last one (on CUDA the device->host copy runs on a side
+                stream into pinned memory). Resumable: a valid file is skipped, a missing,
+                truncated or mismatching one is (re)written, always via a temporary name + rename.
+  vllm          starts `vllm serve` with the extract_hidden_states speculative config and the
+                hidden-states KV connector, waits for /health, runs speculators'
+                `generate-offline-data`, and always stops the server (see vllm_backend.py).
+
+Sharding: `--rank/--world-size` (or torchrun's RANK/WORLD_SIZE; LOCAL_RANK picks the GPU) give
+each rank a contiguous range of sample indices (the same split as speculators'
+get_indices_to_process). Every rank ends by verifying that each of its samples has exactly one
+valid file, and fails listing the gaps; `--verify-only` runs just that check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+
+STAGE = "extract"
+META_FILE = "extract_meta.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding and validation (pure logic: unit-tested without a model)
+
+
+def shard_range(num_samples: int, rank: int, world_size: int) -> range:
+    """Contiguous sample indices of `rank`: chunks differ by at most one (speculators' split)."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+    chunk, remainder = divmod(num_samples, world_size)
+    start = rank * chunk + min(rank, remainder)
+    return range(start, start + chunk + (1 if rank < remainder else 0))
+
+
+def hs_path(output: Path, index: int) -> Path:
+    return output / f"hs_{index}.safetensors"
+
+
+def check_file(path: Path, input_ids: list[int], num_layers: int | None = None, hidden: int | None = None) -> str | None:
+    """None if `path` is a complete hidden-state file for `input_ids`, else why it is not.
+
+    Opens it with safetensors (header and buffer-size validation, no tensor data read), checks
+    names, dtype and shapes, and compares token_ids with the row's input_ids.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    if not path.exists():
+        return "missing"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            if keys != {"hidden_states", "token_ids"}:
+                return f"tensors {sorted(keys)}"
+            hs = f.get_slice("hidden_states")
+            shape, dtype = hs.get_shape(), hs.get_dtype()
+            token_ids = f.get_tensor("token_ids")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        return f"unreadable ({str(e)[:80] or type(e).__name__})"
+    expected = [len(input_ids), num_layers, hidden]
+    if dtype != "BF16":
+        return f"hidden_states dtype {dtype}"
+    if len(shape) != 3 or any(e is not None and s != e for s, e in zip(shape, expected)):
+        return f"hidden_states shape {shape}, expected {expected}"
+    if token_ids.tolist() != list(input_ids):
+        return "token_ids differ from the row's input_ids"
+    return None
+
+
+def verify_shard(output: Path, dataset, indices: range, num_layers: int | None, hidden: int | None) -> dict[int, str]:
+    """{index: problem} for every sample in `indices` without exactly one valid file."""
+    problems = {}
+    for i in indices:
+        why = check_file(hs_path(output, i), dataset[i]["input_ids"].tolist(), num_layers, hidden)
+        if why:
+            problems[i] = why
+    return problems
+
+
+def describe_gaps(problems: dict[int, str], limit: int = 5) -> str:
+    shown = ", ".join(f"hs_{i} ({why})" for i, why in sorted(problems.items())[:limit])
+    more = f" and {len(problems) - limit} more" if len(problems) > limit else ""
+    return f"{len(problems)} sample(s) without a valid file: {shown}{more}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformers backend
+
+
+@dataclass
+class CaptureSpec:
+    layer_ids: list[int]  # id i: the input of decoder layer i; id N: the pre-norm output of the last layer
+    num_layers: int
+    hidden: int
+
+
+class HiddenStateCapture:
+    """Forward hooks collecting, per forward pass, [B, S, k+1, H]: inputs of the aux layers, then
+    the pre-norm output of the last decoder layer. The forward stops right after the last layer
+    (no final norm, no lm_head)."""
+
+    class _Done(Exception):
+        pass
+
+    def __init__(self, parts, layer_ids: list[int]):
+        self.parts = parts
+        self.layer_ids = layer_ids
+        self._captured: dict[int, "torch.Tensor"] = {}
+        self._handles = []
+        n = parts.num_layers
+        for lid in layer_ids:
+            if lid < n:
+                self._handles.append(parts.layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True))
+        self._handles.append(parts.layers[n - 1].register_forward_hook(self._last_hook))
+
+    def _pre_hook(self, lid: int):
+        def hook(module, args, kwargs):
+            self._captured[lid] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _last_hook(self, module, args, output):
+        self._captured["last"] = output[0] if isinstance(output, (tuple, list)) else output
+        raise self._Done
+
+    def run(self, input_ids, attention_mask):
+        import torch
+
+        self._captured = {}
+        try:
+            self.parts.text_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        except self._Done:
+            pass
+        n = self.parts.num_layers
+        last = self._captured["last"]
+        stack = [last if lid == n else self._captured[lid] for lid in self.layer_ids] + [last]
+        return torch.stack(stack, dim=2)  # [B, S, k+1, H]
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+
+
+class AsyncWriter:
+    """Saves hidden-state files on a thread pool while the next batch computes.
+
+    Each file goes to `hs_<i>.safetensors.tmp-<pid>` and is renamed into place, so a crash never
+    leaves a truncated file under the final name. At most `max_pending` batches are in flight
+    (bounds host memory). On CUDA, `submit` gets a host tensor whose copy may still be running and
+    the event that marks its end.
+    """
+
+    def __init__(self, output: Path, threads: int, max_pending: int = 4):
+        self.output = output
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hs-writer")
+        self.pending: "queue.Queue[Future]" = queue.Queue()
+        self.max_pending = max_pending
+        self.written = 0
+        self._lock = threading.Lock()
+
+    def submit(self, host_batch, lengths: list[int], indices: list[int], token_ids: list, ready_event=None) -> None:
+        while self.pending.qsize() >= self.max_pending:
+            self.pending.get().result()
+        self.pending.put(self.pool.submit(self._write_batch, host_batch, lengths, indices, token_ids, ready_event))
+
+    def _write_batch(self, host_batch, lengths, indices, token_ids, ready_event) -> None:
+        from safetensors.torch import save_file
+
+        if ready_event is not None:
+            ready_event.synchronize()  # the side-stream device->host copy has landed
+        for row, (n, index, ids) in enumerate(zip(lengths, indices, token_ids)):
+            final = hs_path(self.output, index)
+            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+            save_file({"hidden_states": host_batch[row, :n].contiguous(), "token_ids": ids}, str(tmp))
+            os.replace(tmp, final)
+            with self._lock:
+                self.written += 1
+
+    def drain(self) -> None:
+        while not self.pending.empty():
+            self.pending.get().result()
+
+    def close(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Group sample indices by similar length (less padding), each batch <= batch_size rows and
+    <= max_tokens padded tokens (a long row still gets a batch of its own)."""
+    order = sorted(lengths, key=lambda i: (lengths[i], i))
+    batches, current = [], []
+    for i in order:
+        width = max([lengths[j] for j in current] + [lengths[i]])
+        if current and (len(current) >= batch_size or width * (len(current) + 1) > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, indices: range, rank: int, local_rank: int) -> dict:
+    import torch
+
+    from common.verifier import check_target_layers, default_target_layers, load_verifier, locate_decoder
+
+    device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    elif args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_verifier(args.verifier, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+    parts = locate_decoder(model)
+    layer_ids = check_target_layers(args.layers or default_target_layers(parts.num_layers), parts.num_layers)
+    hidden = int(parts.embed_tokens.weight.shape[1])
+    spec = CaptureSpec(layer_ids, parts.num_layers, hidden)
+    output = Path(args.output)
+    if rank == 0:
+        write_meta(output, args, spec, backend="transformers")
+    events.message(f"rank {rank}: verifier {parts.path} ({parts.num_layers} layers, hidden {hidden}, {next(model.parameters()).dtype}) on {device}; layers {layer_ids} + pre-norm last; samples {indices.start}..{indices.stop - 1}")
+
+    # Resume: skip valid files; anything else (missing, truncated, stale) is (re)generated.
+    todo: dict[int, int] = {}
+    regenerate = 0
+    for i in indices:
+        ids = dataset[i]["input_ids"]
+        why = check_file(hs_path(output, i), ids.tolist(), len(layer_ids) + 1, hidden)
+        if why is None:
+            continue
+        if why != "missing":
+            regenerate += 1
+            events.message(f"hs_{i}.safetensors is invalid ({why}); regenerating")
+        todo[i] = int(ids.shape[0])
+    skipped = len(indices) - len(todo)
+    if skipped:
+        events.message(f"rank {rank}: {skipped} valid file(s) kept, {len(todo)} to compute")
+
+    capture = HiddenStateCapture(parts, layer_ids)
+    writer = AsyncWriter(output, threads=args.writer_threads)
+    copy_stream = torch.cuda.Stream() if device.startswith("cuda") else None
+    pad_id = 0
+    done = 0
+    started = time.monotonic()
+    tokens = 0
+    try:
+        with torch.inference_mode():
+            for batch in plan_batches(todo, args.batch_size, args.max_batch_tokens):
+                rows = [dataset[i]["input_ids"] for i in batch]
+                lengths = [int(r.shape[0]) for r in rows]
+                width = max(lengths)
+                input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+                attention = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, ids in enumerate(rows):
+                    input_ids[r, : lengths[r]] = ids
+                    attention[r, : lengths[r]] = 1
+                states = capture.run(input_ids.to(device), attention.to(device)).to(torch.bfloat16)
+                host, ready = _to_host(states, copy_stream)
+                writer.submit(host, lengths, batch, [r.to(torch.long) for r in rows], ready)
+                done += len(batch)
+                tokens += sum(lengths)
+                if rank == 0 or args.world_size_effective == 1:
+                    events.progress(done, len(todo), unit="samples")
+        writer.drain()
+    finally:
+        capture.close()
+        writer.close()
+    seconds = time.monotonic() - started
+    return {
+        "computed": done,
+        "skipped_valid": skipped,
+        "regenerated": regenerate,
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 and tokens else 0.0,
+        "layers": layer_ids,
+        "num_layers": len(layer_ids) + 1,
+        "hidden": hidden,
+    }
+
+
+def _to_host(states, copy_stream):
+    """Device -> host. On CUDA: into pinned memory on a side stream, returning the event the writer
+    waits for, so the compute stream moves on to the next batch at once."""
+    import torch
+
+    if copy_stream is None:
+        return states.contiguous(), None
+    host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+    copy_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(copy_stream):
+        host.copy_(states, non_blocking=True)
+        states.record_stream(copy_stream)  # keep the device buffer alive until the copy is done
+        ready = torch.cuda.Event()
+        ready.record(copy_stream)
+    return host, ready
+
+
+def write_meta(output: Path, args: argparse.Namespace, spec: CaptureSpec, backend: str) -> None:
+    output.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "backend": backend,
+        "verifier": os.path.abspath(args.verifier),
+        "prepared": os.path.abspath(args.prepared),
+        "target_layer_ids": spec.layer_ids,
+        "verifier_num_layers": spec.num_layers,
+        "hidden_size": spec.hidden,
+        "hidden_states": "bf16 [T, len(target_layer_ids) + 1, hidden]: aux layer inputs, then the pre-norm last layer output",
+    }
+    tmp = output / f".{META_FILE}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, output / META_FILE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def resolve_rank(args: argparse.Namespace) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank): flags win, then torchrun's environment, then 0/1/0."""
+    env = os.environ
+    world = args.world_size if args.world_size is not None else int(env.get("WORLD_SIZE", 1))
+    rank = args.rank if args.rank is not None else int(env.get("RANK", 0))
+    local = int(env.get("LOCAL_RANK", rank if args.rank is not None else 0))
+    shard_range(0, rank, world)  # validates
+    return rank, world, local
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", required=True, help="verifier directory (or hub id on the GPU host)")
+    p.add_argument("--prepared", required=True, help="prepared dataset (prepare_data.py / speculators prepare-data)")
+    p.add_argument("--output", required=True, help="directory for hs_<i>.safetensors")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--layers", type=int, nargs="+", default=None, help="auxiliary layer ids (default [2, N//2, N-3]); id i = input of layer i")
+    p.add_argument("--rank", type=int, default=None, help="this shard (default: $RANK or 0)")
+    p.add_argument("--world-size", type=int, default=None, help="number of shards (default: $WORLD_SIZE or 1)")
+    p.add_argument("--verify-only", action="store_true", help="only check that every sample of the shard has one valid file")
+    p.add_argument("--events", default=None, help="events.jsonl to append to")
+    t = p.add_argument_group("transformers backend")
+    t.add_argument("--batch-size", type=int, default=16)
+    t.add_argument("--max-batch-tokens", type=int, default=32768, help="cap on padded tokens per batch")
+    t.add_argument("--writer-threads", type=int, default=4)
+    t.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
+    t.add_argument("--dtype", default="auto", help="verifier compute dtype (auto: bf16 on GPU, float32 on CPU); files are bf16 regardless")
+    t.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids spinning against other processes on a small box)")
+    t.add_argument("--trust-remote-code", action="store_true")
+    v = p.add_argument_group("vllm backend")
+    v.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--tensor-parallel-size", type=int, default=1)
+    v.add_argument("--max-model-len", type=int, default=None)
+    v.add_argument("--gpu-memory-utilization", type=float, default=None)
+    v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
+    v.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for /health")
+    v.add_argument("--stop-grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping the server")
+    v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
+    v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
+    v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: this python -m speculators generate-offline-data)")
+    v.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
+    args = p.parse_args(argv)
+    if args.batch_size < 1 or args.writer_threads < 1:
+        p.error("--batch-size and --writer-threads must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = EventLog(STAGE, args.events)
+    try:
+        rank, world, local_rank = resolve_rank(args)
+    except ValueError as e:
+        events.finished("failed", error=str(e))
+        return 1
+    args.world_size_effective = world
+    events.started(**{k: v for k, v in vars(args).items() if k != "world_size_effective"}, resolved_rank=rank, resolved_world_size=world)
+    started = time.monotonic()
+    try:
+        summary = run(args, events, rank, world, local_rank)
+    except Exception as e:
+        if not isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)):
+            import traceback
+
+            traceback.print_exc()
+        events.finished("failed", error=f"{type(e).__name__}: {e}")
+        return 1
+    events.artifact(args.output, kind="hidden_states")
+    events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)
+    return 0
+
+
+class ShardIncomplete(RuntimeError):
+    pass
+
+
+def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
+    from datasets import load_from_disk
+
+    if not Path(args.prepared).exists():
+        raise FileNotFoundError(f"prepared dataset {args.prepared} does not exist (run prepare first)")
+    dataset = load_from_disk(args.prepared)
+    dataset.set_format("torch")
+    indices = shard_range(len(dataset), rank, world)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"rank": rank, "world_size": world, "samples": len(indices)}
+
+    if not args.verify_only:
+        if args.backend == "transformers":
+            summary.update(extract_transformers(args, events, dataset, indices, rank, local_rank))
+        else:
+            from vllm_backend import extract_vllm
+
+            summary.update(extract_vllm(args, events, rank, world))
+
+    num_layers, hidden = summary.get("num_layers"), summary.get("hidden")
+    if num_layers is None:
+        num_layers, hidden = _expected_shape(output)
+    problems = verify_shard(output, dataset, indices, num_layers, hidden)
+    if problems:
+        raise ShardIncomplete(f"rank {rank}: " + describe_gaps(problems))
+    events.message(f"rank {rank}: verified {len(indices)} file(s) (samples {indices.start}..{indices.stop - 1})")
+    return summary
+
+
+def _expected_shape(output: Path) -> tuple[int | None, int | None]:
+    meta_path = output / META_FILE
+    if not meta_path.exists():
+        return None, None
+    meta = json.loads(meta_path.read_text())
+    return len(meta["target_layer_ids"]) + 1, meta["hidden_size"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
