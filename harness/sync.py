@@ -414,9 +414,10 @@ def apply_plan(
         "roots": plan.roots,
         "upload": {p: plan.local.entries[p].to_json() for p in plan.upload},
         "delete": plan.delete,
-        "manifest": {p: e.to_json() for p, e in plan.manifest.items()},
+        "drop": plan.ignored_manifest_entries,
+        "digest": manifest_digest(plan.manifest),
     }
-    argv = transport.local_argv([python, "-c", _remote_source("sync_apply.py"), workdir])  # `~` expanded there
+    argv = transport.local_argv([python, "-S", "-c", _remote_source("sync_apply.py"), workdir])  # `~` expanded there
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out: dict[str, bytes] = {}
 

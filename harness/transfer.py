@@ -59,8 +59,8 @@ _CHECKPOINT_DIR = re.compile(r"^\d+$")  # speculators names epoch checkpoints <s
 _FRAME_HEADER = struct.Struct(">BQ")
 _COUNTERS = struct.Struct("<Q")
 _SPLICE = hasattr(os, "splice")  # Linux: stream bytes go pipe -> file without passing through Python
-ADD_INTERVAL_S = 1.0  # how often _fetch_all considers adding a stream
-ADD_GAIN = 1.15  # ... and the rate gain the previous addition must have brought
+ADD_INTERVAL_S = 0.5  # how often _fetch_all considers adding a stream
+ADD_GAIN = 1.25  # ... and the rate gain the previous doubling must have brought
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
@@ -555,6 +555,13 @@ class _Stream(threading.Thread):
         self.argv, self.root, self.work, self.options, self.hasher, self.on_bytes = argv, root, work, options, hasher, on_bytes
         self.proc = proc  # already started (its connection set up while the listing ran)
         self.gave_up: str | None = None
+        self.receiving = threading.Event()  # set at the first byte
+
+        def on_bytes_here(k: int) -> None:
+            self.receiving.set()
+            on_bytes(k)
+
+        self.on_bytes = on_bytes_here
 
     def run(self) -> None:
         attempts = 0
@@ -769,8 +776,8 @@ def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, p
             progress.file_done(rel)
             continue
         if keep:
-            part.close()
-            report.failed.append((rel, why))
+            part.close()  # the bytes stay: the next attempt (or pull) resumes and verifies them
+            retry[rel] = why
         else:
             part.discard()  # never keep bytes that do not verify
             retry[rel] = why
@@ -788,9 +795,10 @@ def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, p
 
 def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict, prestarted: subprocess.Popen | None = None) -> None:
     """Fetch every incomplete piece of parts. Streams are added while they pay off: start with
-    one on the shared connection, then every ADD_INTERVAL_S add one on its own connection as long
-    as the last addition raised the aggregate rate by ADD_GAIN (a long link is window-bound per
-    stream: more streams help; loopback is CPU-bound: they do not)."""
+    one on the shared connection; measure ADD_INTERVAL_S once every stream delivers; double the
+    streams (each new one on its own connection, up to jobs) as long as the last doubling raised
+    the aggregate rate by ADD_GAIN. A long link is window-bound per stream, so more streams help
+    there; loopback is CPU-bound, so they do not, and the pull stays at one or two."""
     for p in parts:
         hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
     work = _WorkQueue([_Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
@@ -813,26 +821,33 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
     for st in streams:
         st.start()
     adding = options.adaptive and options.jobs > 1
-    best_rate, mark_bytes, mark_time = 0.0, counters["received"], None
+    best_rate, mark_bytes, mark_time = 0.0, 0, None
     while any(st.is_alive() for st in streams):
         for st in streams:
             st.join(ADD_INTERVAL_S / 10)
+        if not adding:
+            continue
         now = time.monotonic()
-        if mark_time is None:  # measure from the first byte, not from the connection set-up
-            if counters["received"] > mark_bytes:
+        if mark_time is None:
+            # measure only once every stream delivers: connection set-up is not throughput
+            if all(st.receiving.is_set() or not st.is_alive() for st in streams):
                 mark_bytes, mark_time = counters["received"], now
             continue
-        if not adding or now - mark_time < ADD_INTERVAL_S:
+        if now - mark_time < ADD_INTERVAL_S:
             continue
         rate = (counters["received"] - mark_bytes) / (now - mark_time)
-        mark_bytes, mark_time = counters["received"], now
         if len(streams) > 1 and rate < best_rate * ADD_GAIN:
-            adding = False  # the last stream added did not pay for itself: keep what we have
+            adding = False  # the last streams added did not pay for themselves: keep what we have
             continue
         best_rate = max(best_rate, rate)
-        if len(streams) < options.jobs and work.remaining_bytes() > 2 * rate * ADD_INTERVAL_S:
+        more = min(len(streams), options.jobs - len(streams))  # double, up to jobs
+        if more <= 0 or work.remaining_bytes() < 2 * rate * ADD_INTERVAL_S:
+            adding = False
+            continue
+        for _ in range(more):
             streams.append(_Stream(own, root, work, options, hasher, on_bytes))
             streams[-1].start()
+        mark_time = None
     counters["streams"] = max(counters.get("streams", 0), len(streams))
     why = next((st.gave_up for st in streams if st.gave_up), "connection lost")
     for seg in work.drain():

@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog, read_events  # noqa: E402
 
@@ -70,6 +72,7 @@ class PromptResult:
     generated: list[int]
     rounds: int
     accepted: list[int]  # accepted draft tokens per round (0..k)
+    trials: list[int]  # draft positions whose verdict mattered per round (k, fewer when the reply ended)
     greedy_match: bool | None = None
 
 
@@ -92,7 +95,7 @@ def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int,
     greedy, view = verifier.forward(prompt)
     seq = prompt + [greedy[-1]]  # prefill token
     generated = [greedy[-1]]
-    rounds, accepted_per_round = 0, []
+    rounds, accepted_per_round, trials_per_round = 0, [], []
     while generated[-1] not in eos and len(generated) < max_new_tokens:
         proposal = proposer.propose(seq, view, k)
         if len(proposal) != k:
@@ -104,19 +107,26 @@ def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int,
         while a < k and proposal[a] == choices[a]:
             a += 1
         new = proposal[:a] + [choices[a]]
-        # Stop at end of turn or at the budget, like a server would.
+        trials = k
+        # Stop at end of turn or at the budget, like a server would. Proposals past the stop
+        # were never needed: they count neither as accepted nor as rejected.
         for i, t in enumerate(new):
             if t in eos or len(generated) + i + 1 >= max_new_tokens:
                 new = new[: i + 1]
+                trials = min(k, len(new))
                 break
         rounds += 1
         accepted_per_round.append(min(a, len(new)))
+        trials_per_round.append(trials)
         seq += new
         generated += new
-    return PromptResult(len(prompt), generated, rounds, accepted_per_round)
+    return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)
 
 
 def greedy_decode(verifier: Verifier, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Plain greedy decoding (the reference speculation must reproduce)."""
+    if hasattr(verifier, "greedy"):
+        return verifier.greedy(prompt, max_new_tokens, eos)
     seq, out = list(prompt), []
     while len(out) < max_new_tokens:
         greedy, _ = verifier.forward(seq)
@@ -131,12 +141,14 @@ def summarize(results: list[PromptResult], k: int) -> Report:
     rounds = sum(r.rounds for r in results)
     # Tokens after the prefill token, i.e. those the rounds produced.
     produced = sum(len(r.generated) - 1 for r in results)
-    all_accepted = [a for r in results for a in r.accepted]
-    per_position = [sum(a >= i for a in all_accepted) / max(1, len(all_accepted)) for i in range(1, k + 1)]
-    conditional = []
+    verdicts = [(a, t) for r in results for a, t in zip(r.accepted, r.trials)]
+    per_position, conditional = [], []
     for i in range(1, k + 1):
-        reached = sum(a >= i - 1 for a in all_accepted)
-        conditional.append(sum(a >= i for a in all_accepted) / reached if reached else 0.0)
+        tried = [a for a, t in verdicts if t >= i]  # rounds in which proposal i mattered
+        accepted = sum(a >= i for a in tried)
+        reached = sum(a >= i - 1 for a in tried)  # ... and every proposal before it was accepted
+        per_position.append(accepted / len(tried) if tried else 0.0)
+        conditional.append(accepted / reached if reached else 0.0)
     checked = [r.greedy_match for r in results if r.greedy_match is not None]
     return Report(
         tau=produced / rounds if rounds else 0.0,
@@ -155,25 +167,61 @@ def summarize(results: list[PromptResult], k: int) -> Report:
 
 
 class HFVerifier:
-    """A transformers causal LM: greedy tokens, and the aux-layer hidden states (inputs of the
-    target layers, like the extract stage) in the dtype the draft was trained on."""
+    """A transformers causal LM: greedy tokens, and the draft's view of each position: the inputs
+    of the target layers (forward pre-hooks, as the extract stage captures them; id N = the last
+    layer's pre-norm output), in the dtype the draft was trained on."""
 
     def __init__(self, model, layers: list[int], hidden_dtype):
+        from common.verifier import locate_decoder
+
         self.model = model
+        self.parts = locate_decoder(model)
         self.layers = layers
         self.hidden_dtype = hidden_dtype
-        self.num_layers = len(_decoder_layers(model))
-        self.calls = 0
+        self.num_layers = self.parts.num_layers
+        self._captured: dict = {}
+        for lid in sorted(set(layers)):
+            if lid < self.num_layers:
+                self.parts.layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True)
+        self.parts.layers[self.num_layers - 1].register_forward_hook(self._last_hook)
+
+    def _pre_hook(self, lid: int):
+        def hook(module, args, kwargs):
+            self._captured[lid] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _last_hook(self, module, args, output):
+        self._captured[self.num_layers] = output[0] if isinstance(output, (tuple, list)) else output
 
     def forward(self, tokens: list[int]):
         import torch
 
-        self.calls += 1
+        self._captured = {}
         with torch.no_grad():
-            out = self.model(input_ids=torch.tensor([tokens]), output_hidden_states=True)
-        hs = out.hidden_states  # hs[l] = input of decoder layer l (hs[0]: the embeddings)
-        aux = torch.cat([hs[l] for l in self.layers], dim=-1).to(self.hidden_dtype)  # [1, T, n*H]
-        return out.logits[0].argmax(-1).tolist(), aux
+            logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False).logits
+        aux = torch.cat([self._captured[lid] for lid in self.layers], dim=-1).to(self.hidden_dtype)  # [1, T, n*H]
+        return logits[0].argmax(-1).tolist(), aux
+
+    @property
+    def device(self):
+        return self.parts.embed_tokens.weight.device
+
+    def greedy(self, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+        """Greedy decoding with a KV cache (transformers' generate), cut after the first eos."""
+        import torch
+
+        pad = self.model.config.pad_token_id if getattr(self.model.config, "pad_token_id", None) is not None else 0
+        with torch.no_grad():
+            out = self.model.generate(
+                torch.tensor([prompt], device=self.device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
+                max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad,
+            )
+        tokens = out[0, len(prompt):].tolist()
+        for i, t in enumerate(tokens):
+            if t in eos:
+                return tokens[: i + 1]
+        return tokens
 
 
 class Eagle3Proposer:
@@ -286,12 +334,6 @@ class GreedyOracleProposer:
         return out
 
 
-def _decoder_layers(model):
-    inner = getattr(model, "model", model)
-    inner = getattr(inner, "language_model", inner)
-    return inner.layers
-
-
 # ---------------------------------------------------------------------------------------------
 # Loading
 
@@ -359,8 +401,8 @@ def draft_layers(draft, num_verifier_layers: int) -> list[int]:
     if not layers:
         n = num_verifier_layers
         layers = [2, n // 2, n - 3]
-    if max(layers) >= num_verifier_layers:
-        raise EvalError(f"draft target layers {layers} need a verifier with more than {max(layers)} layers (it has {num_verifier_layers})")
+    if min(layers) < 0 or max(layers) > num_verifier_layers:
+        raise EvalError(f"draft target layers {layers} do not fit a verifier with {num_verifier_layers} layers")
     return layers
 
 
@@ -486,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, events: EventLog) -> Report:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from common.verifier import load_verifier, locate_decoder
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -502,10 +546,10 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = AutoTokenizer.from_pretrained(verifier_path)
-    model = AutoModelForCausalLM.from_pretrained(verifier_path, dtype=torch.float32).eval()
+    model = load_verifier(verifier_path, device="cpu", dtype=torch.float32)  # exact reference for greedy acceptance
     attn_impl = "sdpa" if args.attn_impl == "auto" else args.attn_impl
     draft = load_draft(ckpt, verifier_path, attn_impl)
-    layers = draft_layers(draft, len(_decoder_layers(model)))
+    layers = draft_layers(draft, locate_decoder(model).num_layers)
     verifier = HFVerifier(model, layers, torch.bfloat16)
     proposer = Eagle3Proposer(draft, autocast_dtype=None)
     eos = _eos_ids(tokenizer, model)

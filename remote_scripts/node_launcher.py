@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -94,6 +95,13 @@ def torchrun_argv(a: argparse.Namespace, local_addr: str) -> list[str]:
 
 
 class Watchdog:
+    """Heartbeats and outcomes through a TCPStore on node 0.
+
+    Every store call happens in a prober thread: on a partitioned link a call can block for
+    minutes (TCP retransmits), and the decision loop must not. The loop only reads what the
+    prober last learnt, and the time it last succeeded, so a silent store counts as silence.
+    """
+
     def __init__(self, a: argparse.Namespace, events: EventLog):
         self.a = a
         self.events = events
@@ -101,11 +109,13 @@ class Watchdog:
         self.me = a.node_rank
         self.peers = [r for r in range(a.nnodes) if r != self.me]
         self.store = None
+        self.lock = threading.Lock()
         self.store_ok_at = time.monotonic()
         self.seen: dict[int, tuple[int, float]] = {}  # peer -> (heartbeat count, when it last moved)
+        self.outcomes: dict[int, str] = {}
         self.started = time.monotonic()
         self.cancelled = False
-        self.store_down = False
+        self.closing = threading.Event()
 
     def name(self, rank: int) -> str:
         return f"{self.names[rank]} (node {rank})" if rank < len(self.names) else f"node {rank}"
@@ -130,42 +140,46 @@ class Watchdog:
                         raise RuntimeError(f"cannot reach the watch store on {self.name(0)} at {host}:{port + 1}: {e}") from None
                     time.sleep(self.a.heartbeat)
         self.store_ok_at = time.monotonic()
+        threading.Thread(target=self._probe_loop, name="watch-store", daemon=True).start()
 
-    def _store(self, fn, *args):
-        """One store call; None when the store is unreachable right now. After one failure the
-        rest of this round is skipped, so a partitioned node pays one store timeout per round,
-        not one per call."""
-        if self.store_down:
-            return None
-        try:
-            out = fn(*args)
-            self.store_ok_at = time.monotonic()
-            return out
-        except Exception:  # noqa: BLE001 - connection reset, timeout: counted as silence
-            self.store_down = True
-            return None
+    def _probe_loop(self) -> None:
+        while not self.closing.is_set():
+            try:
+                self.store.add(f"hb/{self.me}", 1)
+                for peer in self.peers:
+                    count = self.store.add(f"hb/{peer}", 0)
+                    outcome = self.store.get(f"outcome/{peer}").decode() if self.store.check([f"outcome/{peer}"]) else None
+                    now = time.monotonic()
+                    with self.lock:
+                        last = self.seen.get(peer)
+                        if count and (last is None or count != last[0]):
+                            self.seen[peer] = (count, now)
+                        if outcome:
+                            self.outcomes[peer] = outcome
+                with self.lock:
+                    self.store_ok_at = time.monotonic()
+            except Exception:  # noqa: BLE001 - reset, timeout: silence, judged by the loop
+                pass
+            self.closing.wait(self.a.heartbeat)
 
     def post(self, outcome: str) -> None:
-        self.store_down = False
-        if self.store is not None:
-            self._store(self.store.set, f"outcome/{self.me}", outcome)
+        """Publish our outcome; gives up after a few heartbeats if the store does not answer."""
+        if self.store is None:
+            return
+        done = threading.Event()
 
-    def outcome_of(self, rank: int) -> str | None:
-        if self._store(self.store.check, [f"outcome/{rank}"]):
-            value = self._store(self.store.get, f"outcome/{rank}")
-            return value.decode() if value is not None else None
-        return None
+        def put() -> None:
+            try:
+                self.store.set(f"outcome/{self.me}", outcome)
+                done.set()
+            except Exception:  # noqa: BLE001
+                pass
 
-    def refresh(self) -> None:
-        """Bump our heartbeat; note when each peer's last moved."""
-        now = time.monotonic()
-        self.store_down = False  # try again this round
-        self._store(self.store.add, f"hb/{self.me}", 1)
-        for peer in self.peers:
-            count = self._store(self.store.add, f"hb/{peer}", 0)
-            last = self.seen.get(peer)
-            if count and (last is None or count != last[0]):
-                self.seen[peer] = (count, now)
+        t = threading.Thread(target=put, daemon=True)
+        t.start()
+        t.join(max(5.0, 3 * self.a.heartbeat))
+
+    # -- decisions (read what the prober learnt; never block) --------------------------------------
 
     def silent_for(self, peer: int) -> float | None:
         last = self.seen.get(peer)
@@ -173,27 +187,28 @@ class Watchdog:
 
     def reason_to_stop(self) -> str | None:
         """Why this node should stop now, or None."""
-        self.refresh()
         now = time.monotonic()
-        for peer in self.peers:
-            outcome = self.outcome_of(peer)
-            if outcome and not outcome.startswith("ok"):
-                return f"{self.name(peer)} {outcome}"
-            silent = self.silent_for(peer)
-            if outcome is None and silent is not None and silent > self.a.peer_timeout:
-                return f"{self.name(peer)} silent for {silent:.0f} s (no heartbeat)"
-            if silent is None and now - self.started > self.a.join_timeout:
-                return f"{self.name(peer)} never started (waited {self.a.join_timeout:.0f} s)"
-        if now - self.store_ok_at > self.a.peer_timeout:
-            return f"lost the watch store on {self.name(0)} for {now - self.store_ok_at:.0f} s"
+        with self.lock:
+            for peer in self.peers:
+                outcome = self.outcomes.get(peer)
+                if outcome and not outcome.startswith("ok"):
+                    return f"{self.name(peer)} {outcome}"
+                silent = self.silent_for(peer)
+                if outcome is None and silent is not None and silent > self.a.peer_timeout:
+                    return f"{self.name(peer)} silent for {silent:.0f} s (no heartbeat)"
+                if silent is None and now - self.started > self.a.join_timeout:
+                    return f"{self.name(peer)} never started (waited {self.a.join_timeout:.0f} s)"
+            if now - self.store_ok_at > self.a.peer_timeout:
+                return f"lost the watch store on {self.name(0)} for {now - self.store_ok_at:.0f} s"
         return None
 
     def first_failed_peer(self) -> str | None:
-        self.store_down = False
-        for peer in self.peers:
-            outcome = self.outcome_of(peer)
-            if outcome and not outcome.startswith("ok"):
-                return f"{self.name(peer)} {outcome}"
+        time.sleep(self.a.heartbeat)  # one more probe round: a peer's failure may be in flight
+        with self.lock:
+            for peer in self.peers:
+                outcome = self.outcomes.get(peer)
+                if outcome and not outcome.startswith("ok"):
+                    return f"{self.name(peer)} {outcome}"
         return None
 
     def wait_for_peers_outcome(self) -> None:
@@ -203,11 +218,15 @@ class Watchdog:
         deadline = time.monotonic() + self.a.peer_timeout
         gone_after = 3 * self.a.heartbeat + 2.0
         while time.monotonic() < deadline:
-            self.refresh()
-            pending = [p for p in self.peers if not self.outcome_of(p)]
-            if all((self.silent_for(p) or 0.0) > gone_after or (self.silent_for(p) is None and time.monotonic() - self.started > gone_after) for p in pending):
-                return
+            with self.lock:
+                pending = [p for p in self.peers if p not in self.outcomes]
+                waited = time.monotonic() - self.started
+                if all((self.silent_for(p) or 0.0) > gone_after or (self.silent_for(p) is None and waited > gone_after) for p in pending):
+                    return
             time.sleep(self.a.heartbeat / 2)
+
+    def close(self) -> None:
+        self.closing.set()
 
 
 def descendants(pid: int) -> list[int]:
@@ -308,10 +327,17 @@ def main(argv: list[str] | None = None) -> int:
                 outcome += f" after {earlier}"
         dog.post(outcome)
         say(f"torchrun finished: {outcome}")
+        if code != 0:  # the node's verdict, after the ranks' own events: status shows the cause
+            events.finished("failed", error=outcome, node_rank=a.node_rank)
     if a.node_rank == 0:
         dog.wait_for_peers_outcome()
+    dog.close()
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Not sys.exit: a store call stuck on a dead link (daemon thread) must not delay the exit.
+    os._exit(exit_code)

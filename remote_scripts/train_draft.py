@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+# torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
 
@@ -272,7 +274,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         ckpt = output / str(last)
         check_checkpoint_config(ckpt)
         summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, **reporter.last_val_summary())
-        events.artifact(str(ckpt), kind="checkpoint")
+        if str(ckpt) not in reporter.reported_checkpoints:
+            events.artifact(str(ckpt), kind="checkpoint")
     return summary
 
 
@@ -288,7 +291,7 @@ class Reporter:
         self.started = time.monotonic()
         self.last_step = 0
         self.last_val: dict[str, float] = {}
-        self._reported_checkpoints: set[str] = set()
+        self.reported_checkpoints: set[str] = set()
 
     def on_train(self, step: int, record: dict) -> None:
         if self.rank != 0:
@@ -317,8 +320,8 @@ class Reporter:
         self.events.metric(step, **val_metrics, epoch=epoch)
         self.curves.metric(step, **val_metrics, epoch=epoch)
         ckpt = self.output / str(epoch)
-        if (ckpt / "config.json").is_file() and str(ckpt) not in self._reported_checkpoints:
-            self._reported_checkpoints.add(str(ckpt))
+        if (ckpt / "config.json").is_file() and str(ckpt) not in self.reported_checkpoints:
+            self.reported_checkpoints.add(str(ckpt))
             self.events.artifact(str(ckpt), kind="checkpoint")
 
     def last_val_summary(self) -> dict[str, float]:
@@ -362,7 +365,7 @@ def load_text_config(verifier: str):
 
 def extraction_layers(hs_dir: Path) -> list[int] | None:
     """The layer ids recorded by the extract stage, if it left a record next to its files."""
-    for name in ("extraction.json", "metadata.json", "hidden_states_config.json"):
+    for name in ("extract_meta.json", "extraction.json", "metadata.json"):
         f = hs_dir / name
         if f.is_file():
             meta = json.loads(f.read_text())

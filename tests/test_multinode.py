@@ -235,6 +235,31 @@ def test_cancel_stops_every_node(cluster_project, netns_cluster):
 @pytest.mark.netns
 @pytest.mark.ssh
 @pytest.mark.slow
+def test_cancelling_one_node_stops_the_others_without_a_laptop(cluster_project, netns_cluster):
+    """`harness cancel n1 RUN` (one host only, nobody watching): n1's watchdog posts
+    `cancelled` and the other nodes' watchdogs stop their ranks within a few heartbeats."""
+    runner = group_run(cluster_project)
+    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    wait_for_training(runner, launch.run_id)
+    started = time.monotonic()
+    assert runner.jobs("n1").cancel(launch.run_id) == "cancelled"
+    survivors = [n for n in netns_cluster.nodes if n.name != "n1"]
+    took = wait_until(lambda: all(not rank_processes(n) for n in survivors), timeout=60)
+    assert took < GRACE_S + 20, took
+    status = runner.status(launch.run_id)
+    states = {n.host: (n.state, n.failure()) for n in status.nodes}
+    assert states["n1"][0] == "cancelled"
+    for host in ("n0", "n2"):
+        st = runner.jobs(host).wait(launch.run_id, timeout=60)
+        failure = runner.node_status(host, launch.run_id).failure() or ""
+        assert st.state == "failed" and "n1 (node 1) cancelled" in failure, (host, st.state, failure)
+    assert status.origin().host == "n1"
+    print(f"cancel n1 alone: n0/n2 stopped {started and took:.1f} s later")
+
+
+@pytest.mark.netns
+@pytest.mark.ssh
+@pytest.mark.slow
 def test_parallel_sync_to_three_hosts_costs_about_one(tmp_path, netns_cluster, monkeypatch, request):
     from harness.config import load_config
     from harness.multinode import open_all, sync_hosts
@@ -341,3 +366,141 @@ def test_origin_prefers_a_silent_node_over_the_peers_it_broke():
     nodes[1] = failed("n1", 1, 11.0, "CHECK FAILED")
     # without a silent node: the earliest failure that was not a watchdog stop
     assert GroupStatus("g", "r", nodes).origin().host == "n0"
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded extraction across hosts, and the cross-shard check
+
+
+@pytest.mark.netns
+@pytest.mark.ssh
+@pytest.mark.slow
+@pytest.mark.pipeline
+def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project, netns_cluster, tiny_verifier, prepared_data):
+    """`extract` under torchrun on 3 hosts: each rank writes its sample range on its own host.
+    check_extraction finds every sample exactly once; a deleted and a corrupted file are
+    reported as a gap and an invalid file; a second run recomputes only those."""
+    from harness.extraction_check import check_extraction
+    from harness.transport import connect
+
+    config = cluster_project
+    for node in netns_cluster.nodes:  # the inputs each host has before extract: verifier, prepared data
+        outputs = node.workdir / "outputs"
+        shutil.copytree(tiny_verifier.verifier, outputs / "tiny-verifier")
+        shutil.copytree(prepared_data, outputs / "prepared")
+    runner = group_run(config)
+    launch = runner.start(["extract"], grace_s=GRACE_S)
+    status = runner.watch(launch.run_id, timeout=400)
+    assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
+
+    transports = {}
+    transport_for = lambda h: transports.setdefault(h, connect(config.host(h)))  # noqa: E731
+    report = check_extraction(config, runner.hosts, transport_for)
+    assert report.ok, report.lines()
+    n = report.num_samples
+    assert n > 0 and not report.gaps and not report.duplicates
+    # sharded: each host holds about a third, together exactly all
+    assert sum(report.valid_per_host.values()) == n
+    assert all(abs(v - n / 3) <= 1 for v in report.valid_per_host.values()), report.valid_per_host
+
+    hs1 = sorted((netns_cluster.node("n1").workdir / "outputs" / "hidden_states").glob("hs_*.safetensors"))
+    hs2 = sorted((netns_cluster.node("n2").workdir / "outputs" / "hidden_states").glob("hs_*.safetensors"))
+    gone, broken = hs1[0], hs2[-1]
+    gone.unlink()
+    broken.write_bytes(broken.read_bytes()[:100])  # truncated, as by a crash without the rename
+    report = check_extraction(config, runner.hosts, transport_for)
+    assert not report.ok
+    gone_i, broken_i = int(gone.stem.split("_")[1]), int(broken.stem.split("_")[1])
+    assert report.gaps == sorted({gone_i, broken_i})
+    assert [(h, i) for h, i, _ in report.invalid] == [("n2", broken_i)]
+    text = "\n".join(report.lines())
+    assert f"GAPS: 2 sample(s)" in text and "INVALID: n2:" in text
+
+    launch = runner.start(["extract"], grace_s=GRACE_S)  # resumable: only the two are recomputed
+    status = runner.watch(launch.run_id, timeout=400)
+    assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
+    log1 = (netns_cluster.node("n1").workdir / "runs" / launch.run_id / "extract" / "log").read_text()
+    assert "1 to compute" in log1, log1[-1500:]
+    report = check_extraction(config, runner.hosts, transport_for)
+    assert report.ok, report.lines()
+    for t in transports.values():
+        t.close()
+
+
+def test_merge_reports_gaps_invalid_duplicates_and_mismatch():
+    from harness.extraction_check import HostInventory, merge
+
+    meta = {"target_layer_ids": [2, 4, 5], "hidden_size": 64}
+    a = HostInventory("a", 10, set(range(0, 5)), {}, [], meta, "s1", "/a")
+    b = HostInventory("b", 10, {5, 6, 8, 4}, {7: "unreadable"}, ["hs_12.safetensors"], meta, "s2", "/b")
+    report = merge([a, b])
+    assert report.gaps == [7, 9] and report.invalid == [("b", 7, "unreadable")]
+    assert report.duplicates == {4: ["a", "b"]} and report.stray == [("b", "hs_12.safetensors")]
+    assert not report.ok and "GAPS: 2 sample(s) have no valid file on any host: 7, 9" in report.lines()
+    # one shared directory seen from two hosts is one copy, not two
+    shared = merge([HostInventory("a", 3, {0, 1, 2}, {}, [], meta, "same", "/x"), HostInventory("b", 3, {0, 1, 2}, {}, [], meta, "same", "/x")])
+    assert shared.ok and not shared.duplicates
+    other = dict(meta, target_layer_ids=[1, 2, 3])
+    bad = merge([HostInventory("a", 2, {0}, {}, [], meta, "s1", ""), HostInventory("b", 2, {1}, {}, [], other, "s2", "")])
+    assert not bad.ok and bad.mismatch
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI: a group wherever a host is accepted
+
+
+def harness_cli(config, cluster, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    env = cluster.env()
+    env["GLOO_SOCKET_IFNAME"] = "eth0"
+    env["COLUMNS"] = "220"  # rich tables: one row per line
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config.path), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=config.path.parent)
+
+
+@pytest.mark.netns
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_cli_group_sync_run_status_logs_cancel(cluster_project, netns_cluster):
+    import re
+
+    from harness.config import load_config
+
+    path = cluster_project.path
+    path.write_text(path.read_text().replace("steps = 400", "steps = 4").replace("step_seconds = 0.25", "step_seconds = 0.0"))
+    config = load_config(path)
+    (config.root / "remote_scripts" / "added_by_test.py").write_text("# new file\n")
+    sync = harness_cli(config, netns_cluster, "sync", "cluster")
+    assert sync.returncode == 0, sync.stderr
+    for node in netns_cluster.nodes:
+        assert (node.workdir / "remote_scripts" / "added_by_test.py").exists()
+        assert f"{node.name}: sent 1 files" in sync.stderr, sync.stderr
+
+    run = harness_cli(config, netns_cluster, "run", "cluster", "dist_check")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_id = next(line for line in run.stdout.splitlines() if re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", line))
+    for i, host in enumerate(("n0", "n1", "n2")):
+        assert re.search(rf"^\[{host}\] \[dist_check\] rank {i}/3 on .*all checks passed", run.stdout, re.M), run.stdout[-3000:]
+
+    status = harness_cli(config, netns_cluster, "status", "cluster", run_id)
+    assert status.returncode == 0, status.stderr
+    rows = [line for line in status.stdout.splitlines() if "dist_check" in line]
+    assert len(rows) == 3 and all("ok" in r for r in rows), status.stdout
+    assert all(h in status.stdout for h in ("n0", "n1", "n2"))
+
+    logs = harness_cli(config, netns_cluster, "logs", "cluster", run_id)
+    assert logs.returncode == 0, logs.stderr
+    for host in ("n0", "n1", "n2"):
+        assert f"[{host}] [node_launcher {host}] torchrun finished: ok" in logs.stdout, logs.stdout[-2000:]
+
+    path.write_text(path.read_text().replace("steps = 4", "steps = 400").replace("step_seconds = 0.0", "step_seconds = 0.25"))
+    started = harness_cli(config, netns_cluster, "run", "cluster", "dist_check", "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip().splitlines()[-1]
+    wait_for_training(group_run(load_config(path)), run_id)
+    cancel = harness_cli(config, netns_cluster, "cancel", "cluster", run_id)
+    assert cancel.returncode == 0, cancel.stderr
+    assert [line.split(": ")[-1] for line in cancel.stdout.splitlines()] == ["cancelled"] * 3, cancel.stdout
+    for node in netns_cluster.nodes:
+        assert rank_processes(node) == []
+    status = harness_cli(config, netns_cluster, "status", "cluster", run_id)
+    assert status.returncode != 0 and status.stdout.count("cancelled") >= 3, status.stdout

@@ -101,6 +101,8 @@ def test_one_changed_file_moves_alone(host, project):
     assert result.files_sent == 2
     assert (Path(workdir) / "remote_scripts" / "train.py").read_text() == "print('train v2')\n"
     assert stat.S_IMODE((Path(workdir) / "remote_scripts" / "run.sh").stat().st_mode) == 0o644
+    files, digest = read_host_manifest(transport, workdir)  # only the difference travelled
+    assert files == result.plan.manifest and digest == result.manifest_digest
 
 
 def test_ignore_rules_nested_gitignore_harnessignore_excludes_and_git(host, project):
@@ -232,3 +234,30 @@ def test_scan_of_5000_files_is_cached(tmp_path):
     assert len(first.entries) == 5000 and first.files_hashed == 5000
     second = scan_local(root, ["remote_scripts"], cache_file=cache)
     assert second.files_hashed == 0 and second.entries == first.entries
+
+
+@pytest.mark.ssh
+def test_cli_sync_dry_run_then_sync_then_noop(harness_config, ssh_host):
+    import subprocess
+    import sys
+
+    root = harness_config.parent
+    (root / "remote_scripts").mkdir()
+    (root / "remote_scripts" / "train.py").write_text("print('x')\n")
+
+    def harness(*args):
+        return subprocess.run([sys.executable, "-m", "harness", "--config", str(harness_config), *args], capture_output=True, text=True, env=ssh_host.env(), timeout=120)
+
+    dry = harness("sync", "box", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "send    remote_scripts/train.py" in dry.stdout and "send    harness.toml" in dry.stdout
+    workdir = root / "work" / "box"
+    assert not workdir.exists()
+    first = harness("sync", "box")
+    assert first.returncode == 0, first.stderr
+    assert (workdir / "remote_scripts" / "train.py").read_text() == "print('x')\n"
+    assert "sent 2 files" in first.stderr
+    again = harness("sync", "box")
+    assert again.returncode == 0 and "sent 0 files" in again.stderr and "2 unchanged" in again.stderr
+    bad = harness("sync", "nosuchhost")
+    assert bad.returncode == 2 and "unknown host or group" in bad.stderr

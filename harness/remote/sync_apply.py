@@ -1,7 +1,10 @@
 """Host side of `harness sync` (stdlib only; sent as `python3 -c SOURCE WORKDIR`, never imported).
 
 stdin: one JSON header line, then an uncompressed tar stream of the files to write.
-  header = {"upload": {path: entry}, "delete": [path, ...], "manifest": {path: entry}, "roots": [...]}
+  header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...],
+            "digest": sha256 of the resulting manifest's file table (computed by the laptop)}
+  The new manifest is the old one without `delete` and `drop` (entries the laptop found unsafe),
+  plus `upload`: only the difference travels.
 Order, chosen so that an interruption at any point leaves the host consistent:
   1. a pending manifest is written first: old entries plus every path about to be written, the
      latter with an unknown hash, so an interrupted sync re-sends them next time and still owns
@@ -9,15 +12,16 @@ Order, chosen so that an interruption at any point leaves the host consistent:
   2. deletions first (so a file can become a directory and back): only paths the old manifest
      lists, only under a synced root, never through a symlinked directory, files and links only
      (never a directory tree); directories this empties are removed;
-  3. each file/link is written under a temporary name in its directory and renamed over the
-     target (a symlink at the target is replaced, never followed);
+  3. a new file is written in place (nothing can be reading it; if interrupted, the pending
+     manifest has it re-sent); an existing one under a temporary name in its directory, then
+     renamed over the target (a running job never reads a half-written file; a symlink at the
+     target is replaced, never followed);
   4. the final manifest is renamed into place.
 The laptop already validated every path; this script checks again, because the manifest it
 derives from lives on the host and may have been edited.
 stdout: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
 """
 
-import hashlib
 import json
 import os
 import stat
@@ -41,15 +45,26 @@ def safe_rel(path, roots):
     return path
 
 
+_REAL_DIRS = set()  # parents already checked in this run (a sync touches the same few often)
+
+
 def parents_are_real_dirs(workdir, rel):
     """True when no directory between workdir and rel is a symlink (nothing escapes the tree)."""
     parent = os.path.dirname(rel)
-    return os.path.realpath(os.path.join(workdir, parent)) == os.path.normpath(os.path.join(workdir, parent))
+    if parent in _REAL_DIRS:
+        return True
+    full = os.path.normpath(os.path.join(workdir, parent))
+    if os.path.realpath(full) != full:
+        return False
+    _REAL_DIRS.add(parent)
+    return True
 
 
 def make_parents(workdir, rel, owned):
     """Create rel's parent directories. A parent that is a file or link sync put there earlier
     (it is in the old manifest) is replaced by a directory; anything else is refused."""
+    if os.path.dirname(rel) in _REAL_DIRS:
+        return
     parts = rel.split("/")[:-1]
     current = ""
     for part in parts:
@@ -74,8 +89,23 @@ def write_json(workdir, rel, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp-%d" % os.getpid()
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, sort_keys=True, separators=(",", ":"))
+        f.write(json.dumps(data, separators=(",", ":")))
     os.replace(tmp, path)
+
+
+def write_member(tar, member, path):
+    if member.issym():
+        os.symlink(member.linkname, path)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), member.mode & 0o7777)
+    with os.fdopen(fd, "wb") as out:
+        source = tar.extractfile(member)
+        while True:
+            chunk = source.read(1 << 20)
+            if not chunk:
+                break
+            out.write(chunk)
+        os.fchmod(out.fileno(), member.mode & 0o7777)  # exactly, whatever the umask
 
 
 def load_manifest(workdir):
@@ -88,9 +118,9 @@ def load_manifest(workdir):
         return {}
 
 
-def manifest_doc(files):
-    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return {"version": 1, "digest": hashlib.sha256(canonical.encode()).hexdigest(), "files": files}
+def manifest_doc(files, digest):
+    # digest: of the canonical file table, computed by the laptop (harness.sync.manifest_digest)
+    return {"version": 1, "digest": digest, "files": files}
 
 
 def main():
@@ -107,7 +137,7 @@ def main():
     pending = dict(old)
     for path, entry in upload.items():
         pending[path] = dict(entry, sha256="pending")
-    write_json(workdir, MANIFEST, manifest_doc(pending))
+    write_json(workdir, MANIFEST, manifest_doc(pending, "pending"))
 
     deleted = 0
     for path in header["delete"]:
@@ -141,6 +171,7 @@ def main():
                 break
             parent = os.path.dirname(parent)
 
+    _REAL_DIRS.clear()  # deletions may have removed directories they had checked
     written = 0
     with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8") as tar:
         for member in tar:
@@ -155,32 +186,30 @@ def main():
                 target = os.path.join(workdir, rel)
                 if os.path.isdir(target) and not os.path.islink(target):
                     raise OSError("a directory is in the way")
-                tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
-                if member.issym():
+                if not os.path.lexists(target):
+                    write_member(tar, member, target)  # new: nothing can read it half-written
+                else:
+                    # replace atomically: a running job never sees a half-written file
+                    tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
                     if os.path.lexists(tmp):
                         os.unlink(tmp)
-                    os.symlink(member.linkname, tmp)
-                else:
-                    source = tar.extractfile(member)
-                    with open(tmp, "wb") as out:
-                        while True:
-                            chunk = source.read(1 << 20)
-                            if not chunk:
-                                break
-                            out.write(chunk)
-                    os.chmod(tmp, member.mode & 0o7777)
-                os.replace(tmp, target)
+                    write_member(tar, member, tmp)
+                    os.replace(tmp, target)
                 written += 1
             except OSError as e:
                 refused.append([rel, str(e)])
                 upload.pop(rel, None)
 
-    final = header["manifest"]
+    gone = set(header["delete"]) | set(header["drop"])
+    final = {p: e for p, e in old.items() if p not in gone}
+    final.update(header["upload"])
+    digest = header["digest"]
     for path, _reason in refused:
         # What was not written is not ours in its new version: keep it marked for re-sending.
         if path in final and path not in upload:
             final[path] = dict(final[path], sha256="pending")
-    write_json(workdir, MANIFEST, manifest_doc(final))
+            digest = "incomplete"
+    write_json(workdir, MANIFEST, manifest_doc(final, digest))
     sys.stdout.write(json.dumps({"written": written, "deleted": deleted, "refused": refused}) + "\n")
 
 

@@ -80,14 +80,15 @@ def check_draft_attention(model: Any, device_type: str) -> str:
     if len(impls) != 1:
         raise AttentionMismatch(f"draft layers disagree on their attention implementation: {sorted(map(str, impls))}")
     (impl,) = impls
-    declared = getattr(model, "_attn_impl", impl)
-    if declared != impl:
-        raise AttentionMismatch(f"the draft builds masks for {declared!r} but its layers run {impl!r}")
     # A 2-document toy sequence, with the model's own mask builder (the one its forward uses).
     seq_len = 8
     doc_ids = torch.tensor([0] * 5 + [1] * 3)
-    mask = model._build_attn_mask(doc_ids, seq_len, "cpu" if device_type == "cpu" else device_type)
+    # Built on the CPU: only its type matters here, and the model may not be on its device yet.
+    mask = model._build_attn_mask(doc_ids, seq_len, "cpu")
     check_mask_compatible(impl, mask, device_type=device_type)
+    declared = getattr(model, "_attn_impl", impl)
+    if declared != impl:  # e.g. a float mask for eager handed to sdpa: consumable, but not what was chosen
+        raise AttentionMismatch(f"the draft builds masks for {declared!r} but its layers run {impl!r}")
     return impl
 
 

@@ -1,0 +1,35 @@
+"""`harness check-extract HOST|GROUP`: after a sharded extract, every sample must have exactly
+one valid hidden-state file across the hosts (logic: harness.extraction_check)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("check-extract")
+@click.argument("target", metavar="HOST|GROUP")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def check_extract(ctx: click.Context, target: str, as_json: bool) -> None:
+    """Check the hidden states of a (sharded) extract on HOST or every host of GROUP.
+
+    Reports gaps (samples with no valid file anywhere), invalid files, hosts that disagree on
+    the extraction's layers, and samples stored on more than one host. Exit 1 unless every
+    sample has exactly one valid file.
+    """
+    from harness.extraction_check import check_extraction
+
+    app = ctx.obj
+    hosts = [h.name for h in app.config.targets(target)]
+    try:
+        report = check_extraction(app.config, hosts, app.transport)
+    finally:
+        app.close()
+    if as_json:
+        import json
+
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in report.lines():
+            click.echo(line)
+    ctx.exit(0 if report.ok else 1)

@@ -1,0 +1,223 @@
+"""extract_hidden_states.py: speculators' hs_<i>.safetensors from the verifier (transformers backend),
+resume, sharding, nested verifiers; the vllm backend's command line and server lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
+
+pytestmark = pytest.mark.pipeline
+
+sys.path.insert(0, str(SCRIPTS_DIR))
+import extract_hidden_states as extract  # noqa: E402
+
+
+def _extract(*args) -> int:
+    return extract.main([str(a) for a in args])
+
+
+def _load_rows(prepared):
+    from datasets import load_from_disk
+
+    ds = load_from_disk(str(prepared))
+    ds.set_format("torch")
+    return ds
+
+
+def _reference(model, input_ids, layer_ids):
+    """[T, k+1, H] computed without hooks: HF's output_hidden_states[i] is the input of layer i, and
+    with the final norm replaced by Identity, output_hidden_states[-1] is the pre-norm last layer."""
+    import torch
+
+    from common.verifier import locate_decoder
+
+    parts = locate_decoder(model)
+    norm, parts.text_model.norm = parts.text_model.norm, torch.nn.Identity()
+    try:
+        with torch.no_grad():
+            hs = model(input_ids=input_ids[None], output_hidden_states=True).hidden_states
+    finally:
+        parts.text_model.norm = norm
+    n = parts.num_layers
+    return torch.stack([hs[i][0] for i in layer_ids] + [hs[n][0]], dim=1), hs
+
+
+def _assert_bf16_close(saved, reference):
+    import torch
+
+    scale = float(reference.abs().max())
+    torch.testing.assert_close(saved.float(), reference.float(), rtol=1.6e-2, atol=1.6e-2 * scale)
+
+
+def test_files_equal_an_independent_computation(tiny_verifier, prepared_data, hidden_states):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_verifier.verifier).eval()
+    meta = json.loads((hidden_states / "extract_meta.json").read_text())
+    n = model.config.num_hidden_layers
+    assert meta["target_layer_ids"] == [2, n // 2, n - 3]
+    rows = _load_rows(prepared_data)
+    lengths = set()
+    for i in (0, 1, 7, len(rows) // 2, len(rows) - 1):
+        saved = load_file(str(hidden_states / f"hs_{i}.safetensors"))
+        ids = rows[i]["input_ids"]
+        assert saved["hidden_states"].dtype == torch.bfloat16 and saved["token_ids"].dtype == torch.int64
+        assert torch.equal(saved["token_ids"], ids)
+        assert saved["hidden_states"].shape == (len(ids), 4, model.config.hidden_size)
+        reference, hf_states = _reference(model, ids, meta["target_layer_ids"])
+        _assert_bf16_close(saved["hidden_states"], reference)
+        # The last slot is NOT HF's output_hidden_states[-1] (that one is after the final norm).
+        assert not torch.allclose(saved["hidden_states"][:, -1].float(), hf_states[-1][0], atol=0.1)
+        lengths.add(len(ids))
+    assert len(lengths) > 1  # rows of different lengths: padding in a batch did not leak
+
+
+def test_speculators_dataset_reads_the_files(prepared_data, hidden_states):
+    from hs_connectors import FileTransfer
+    from speculators.train.data import ArrowDataset
+
+    dataset = ArrowDataset(max_len=256, datapath=str(prepared_data), transfer=FileTransfer(hidden_states), on_missing="raise")
+    sample = dataset[3]
+    t = sample["input_ids"].shape[0]
+    hidden = json.loads((hidden_states / "extract_meta.json").read_text())["hidden_size"]
+    assert sample["hidden_states"].shape == (t, 3 * hidden)
+    assert sample["verifier_last_hidden_states"].shape == (t, hidden)
+    assert sample["loss_mask"].shape == (t,)
+
+
+def test_custom_layers_and_the_final_layer_id(tiny_verifier, prepared_data, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_verifier.verifier).eval()
+    n = model.config.num_hidden_layers
+    out = tmp_path / "hs"
+    assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, "--layers", 1, 3, n, "--batch-size", 5) == 0
+    saved = load_file(str(out / "hs_2.safetensors"))["hidden_states"]
+    reference, _ = _reference(model, _load_rows(prepared_data)[2]["input_ids"], [1, 3, n])
+    _assert_bf16_close(saved, reference)
+    assert (saved[:, 2] == saved[:, 3]).all()  # layer id N is the pre-norm output of the last layer
+    assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", tmp_path / "bad", "--layers", 1, n + 1) == 1
+
+
+def test_resume_regenerates_bad_files_and_keeps_valid_ones(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    out = tmp_path / "hs"
+    shutil.copytree(hidden_states, out)
+    files = sorted(out.glob("hs_*.safetensors"))
+    for f in files:
+        os.utime(f, (1_000_000_000, 1_000_000_000))
+    truncated, missing, stale = out / "hs_3.safetensors", out / "hs_5.safetensors", out / "hs_7.safetensors"
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    os.utime(truncated, (1_000_000_000, 1_000_000_000))
+    missing.unlink()
+    shutil.copy(out / "hs_8.safetensors", stale)  # a readable file for another row: token_ids differ
+    os.utime(stale, (1_000_000_000, 1_000_000_000))
+
+    events = tmp_path / "events.jsonl"
+    assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, "--events", events) == 0
+    finished = read_events(events)[-1]
+    assert (finished["computed"], finished["regenerated"], finished["skipped_valid"]) == (3, 2, len(files) - 3)
+    rows = _load_rows(prepared_data)
+    for f in files:
+        index = int(f.stem.split("_")[1])
+        rewritten = f in (truncated, missing, stale)
+        assert (f.stat().st_mtime > 1_000_000_000) == rewritten, f.name
+        assert extract.check_file(f, rows[index]["input_ids"].tolist(), 4, finished["hidden"]) is None
+    assert not list(out.glob("*.tmp-*"))
+
+
+def test_shard_ranges_partition_every_sample():
+    for n in range(0, 23):
+        for world in range(1, 6):
+            covered = [i for r in range(world) for i in extract.shard_range(n, r, world)]
+            assert covered == list(range(n))
+            sizes = [len(extract.shard_range(n, r, world)) for r in range(world)]
+            assert max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError):
+        extract.shard_range(10, 3, 3)
+
+
+def test_shards_write_each_sample_exactly_once(tiny_verifier, prepared_data, tmp_path, monkeypatch):
+    out = tmp_path / "hs"
+    n = len(_load_rows(prepared_data))
+    seen: set[int] = set()
+    for rank in range(3):
+        if rank == 1:  # torchrun's environment instead of flags
+            monkeypatch.setenv("RANK", "1")
+            monkeypatch.setenv("WORLD_SIZE", "3")
+            flags = []
+        else:
+            monkeypatch.delenv("RANK", raising=False)
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+            flags = ["--rank", rank, "--world-size", 3]
+        assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, *flags) == 0
+        written = {int(p.stem.split("_")[1]) for p in out.glob("hs_*.safetensors")}
+        mine = set(extract.shard_range(n, rank, 3))
+        assert written == seen | mine and not (seen & mine)
+        seen = written
+    assert seen == set(range(n))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, "--verify-only") == 0
+
+
+def test_verify_only_reports_the_gaps(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    out = tmp_path / "hs"
+    shutil.copytree(hidden_states, out)
+    (out / "hs_4.safetensors").unlink()
+    (out / "hs_9.safetensors").write_bytes(b"\x00" * 10)
+    events = tmp_path / "events.jsonl"
+    assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, "--verify-only", "--events", events) == 1
+    error = read_events(events)[-1]["error"]
+    assert "2 sample(s) without a valid file" in error and "hs_4 (missing)" in error and "hs_9 (unreadable" in error
+    assert not (out / "hs_4.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def nested_verifier(tiny_verifier, tmp_path_factory) -> Path:
+    """A tiny Qwen2-VL: the text decoder lives under model.language_model, the layer count under
+    config.text_config (no top-level num_hidden_layers), as in Kimi-K2.5 / Qwen-VL verifiers."""
+    import torch
+    from transformers import AutoConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    vocab = AutoConfig.from_pretrained(tiny_verifier.verifier).vocab_size
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}, bos_token_id=None, eos_token_id=None),
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2),
+        vocab_size=vocab,
+    )
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config)
+    path = tmp_path_factory.mktemp("nested") / "qwen2vl"
+    model.save_pretrained(path)
+    return path
+
+
+def test_nested_text_config_verifier(nested_verifier, prepared_data, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from common.verifier import load_verifier, locate_decoder, num_hidden_layers
+
+    model = load_verifier(str(nested_verifier))
+    assert not hasattr(model.config, "num_hidden_layers")  # only text_config knows the depth
+    assert num_hidden_layers(model.config) == 7
+    assert locate_decoder(model).path == "model.language_model"
+    out = tmp_path / "hs"
+    assert _extract("--verifier", nested_verifier, "--prepared", prepared_data, "--output", out, "--batch-size", 4) == 0
+    assert json.loads((out / "extract_meta.json").read_text())["target_layer_ids"] == [2, 3, 4]
+    rows = _load_rows(prepared_data)
+    for i in (0, 11):
+        saved = load_file(str(out / f"hs_{i}.safetensors"))
+        assert torch.equal(saved["token_ids"], rows[i]["input_ids"])
+        reference, _ = _reference(model, rows[i]["input_ids"], [2, 3, 4])
+        _assert_bf16_close(saved["hidden_states"], reference)

@@ -1,0 +1,238 @@
+"""train_draft.py: the attention guard, the tile sizes, the other pure decisions, and real training
+steps with speculators' trainer on CPU (with a resume from the checkpoint it wrote)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pipeline
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("speculators")
+
+import train_draft  # noqa: E402
+from common import draft_attention as da  # noqa: E402
+
+from tests.fixtures.pipeline_data import read_events, run_script  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# The attention guard
+
+
+def _block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, kv: q >= kv, B=None, H=None, Q_LEN=128, KV_LEN=128, device="cpu")
+
+
+def _dense_mask():
+    return torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+
+
+def test_sdpa_is_refused_a_block_mask():
+    with pytest.raises(da.AttentionMismatch, match="'sdpa' cannot consume a block mask"):
+        da.check_mask_compatible("sdpa", _block_mask())
+    with pytest.raises(da.AttentionMismatch, match="'eager' cannot consume a block mask"):
+        da.check_mask_compatible("eager", _block_mask())
+
+
+@pytest.mark.parametrize("impl", sorted(da.FLEX_FAMILY))
+def test_the_flex_family_takes_a_block_mask_and_refuses_dense(impl):
+    da.check_mask_compatible(impl, _block_mask(), device_type="cuda")
+    with pytest.raises(da.AttentionMismatch, match="needs a flex BlockMask"):
+        da.check_mask_compatible(impl, _dense_mask(), device_type="cuda")
+
+
+def test_dense_implementations_take_dense_masks():
+    da.check_mask_compatible("sdpa", _dense_mask(), device_type="cpu")
+    da.check_mask_compatible("eager", torch.zeros(1, 1, 8, 8), device_type="cpu")
+
+
+def test_unset_or_unknown_implementation_is_refused():
+    with pytest.raises(da.AttentionMismatch, match="not set"):
+        da.check_mask_compatible(None, _block_mask())
+    with pytest.raises(da.AttentionMismatch, match="unknown attention implementation"):
+        da.check_mask_compatible("flash_attention_2", _dense_mask())
+
+
+def test_flex_cannot_train_on_cpu():
+    with pytest.raises(da.AttentionMismatch, match="cannot train on CPU"):
+        da.check_mask_compatible("simple_flex_attention", _block_mask(), device_type="cpu")
+
+
+def _tiny_draft(attn_impl):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    layer_config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    layer_config._attn_implementation = attn_impl
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=32,
+        norm_before_residual=True,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=None, architectures=[]),
+        ),
+    )
+    return Eagle3DraftModel(config)
+
+
+def test_guard_on_built_drafts():
+    assert da.check_draft_attention(_tiny_draft("sdpa"), "cpu") == "sdpa"
+    assert da.check_draft_attention(_tiny_draft("eager"), "cpu") == "eager"
+    # A hand-made LlamaConfig has _attn_implementation=None: speculators silently picks flex.
+    with pytest.raises(da.AttentionMismatch, match="cannot train on CPU"):
+        da.check_draft_attention(_tiny_draft(None), "cpu")
+    # The model builds a BlockMask (flex) while its layers would run sdpa: refused before a step.
+    draft = _tiny_draft("simple_flex_attention")
+    for layer in draft.layers:
+        layer.self_attn.config._attn_implementation = "sdpa"
+    with pytest.raises(da.AttentionMismatch, match="'sdpa' cannot consume a block mask"):
+        da.check_draft_attention(draft, "cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile sizes for flex_attention
+
+
+def _estimated_shared_memory(opts, head_dim, dtype_size=2):
+    """A rough upper estimate of Triton's shared memory for flex fwd/bwd with these tiles."""
+    fwd = dtype_size * head_dim * (opts["BLOCK_M"] + 2 * opts["BLOCK_N"]) * max(1, opts["num_stages"])
+    bwd1 = dtype_size * head_dim * (opts["BLOCK_N1"] * 2 + opts["BLOCK_M1"] * 3) * max(1, opts["num_stages"])
+    bwd2 = dtype_size * head_dim * (opts["BLOCK_M2"] * 2 + opts["BLOCK_N2"] * 3) * max(1, opts["num_stages"])
+    return max(fwd, bwd1, bwd2)
+
+
+@pytest.mark.parametrize("smem", [232448, 167936, 160 * 1024])  # H100/H200 and A100 opt-in limits
+def test_data_centre_gpus_keep_torch_defaults(smem):
+    assert da.flex_kernel_options(smem) is None
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_small_shared_memory_gets_small_tiles(head_dim):
+    limit = 101376  # sm_120 (workstation Blackwell): 'Required 106496, limit 101376'
+    opts = da.flex_kernel_options(limit, head_dim)
+    assert opts is not None and opts["num_stages"] == 1
+    assert max(opts["BLOCK_M"], opts["BLOCK_N"]) <= 64
+    assert opts["BLOCK_N1"] % opts["BLOCK_M1"] == 0 and opts["BLOCK_M2"] % opts["BLOCK_N2"] == 0
+    assert 128 % opts["BLOCK_N"] == 0  # the BlockMask's 128-token blocks split evenly into kernel tiles
+    assert _estimated_shared_memory(opts, head_dim) < limit
+
+
+def test_larger_heads_get_smaller_tiles():
+    small, big = da.flex_kernel_options(101376, 128), da.flex_kernel_options(101376, 256)
+    assert big["BLOCK_M"] < small["BLOCK_M"]
+
+
+def test_shared_memory_must_be_positive():
+    with pytest.raises(ValueError):
+        da.flex_kernel_options(0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other pure decisions
+
+
+@pytest.mark.parametrize(
+    ("device", "version", "expected"),
+    [("cpu", "2.13.0+cpu", "eager"), ("cuda", "2.11.0+cu128", "eager"), ("cuda", "2.13.0", "fused"), ("cuda", "2.10.1", "fused")],
+)
+def test_loss_implementation(device, version, expected):
+    assert train_draft.choose_loss_implementation(device, version) == expected
+
+
+def test_default_attention_and_workers():
+    assert da.default_attn_impl("cpu") == "sdpa"
+    assert da.default_attn_impl("cuda") == "simple_flex_attention"
+    assert train_draft.default_num_workers("cpu", 2, 1) == 0
+    assert train_draft.default_num_workers("cuda", 64, 8) == 7
+    assert train_draft.default_nproc(0) == 1 and train_draft.default_nproc(8) == 8
+
+
+def test_hidden_state_layout_check():
+    train_draft.check_hidden_state_layout((10, 4, 64), "BF16", 3, 64)
+    with pytest.raises(train_draft.TrainError, match=r"expected \[T, 4, 64\]"):
+        train_draft.check_hidden_state_layout((10, 3, 64), "BF16", 3, 64)
+    with pytest.raises(train_draft.TrainError, match="expected bfloat16"):
+        train_draft.check_hidden_state_layout((10, 4, 64), "F32", 3, 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Real training on CPU
+
+
+def _train(verifier, prepared, hidden_states, output, events, *extra, check=True):
+    return run_script(
+        "train_draft.py",
+        "--verifier", verifier, "--prepared", prepared, "--hidden-states", hidden_states, "--output", output,
+        "--total-seq-len", "256", "--threads", "1", "--events", events, *extra,
+        check=check,
+    )
+
+
+@pytest.mark.slow
+def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    out = tmp_path / "checkpoints"
+    first = tmp_path / "first.jsonl"
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, first, "--epochs", "1", "--max-steps", "3")
+    events = read_events(first)
+    assert events[-1]["event"] == "finished" and events[-1]["status"] == "ok", events[-1]
+    steps = [e for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
+    assert [e["step"] for e in steps] == [1, 2, 3]
+    m = steps[-1]["metrics"]
+    assert {"loss_0", "full_acc_0", "loss_2", "full_acc_2", "tokens_per_s"} <= set(m), m  # per TTT step
+    assert all(0.0 <= m[f"full_acc_{t}"] <= 1.0 for t in range(3))
+    assert any(e["event"] == "artifact" and e["kind"] == "checkpoint" for e in events)
+    config = json.loads((out / "0" / "config.json").read_text())
+    recorded = config["speculators_config"]["verifier"]["name_or_path"]
+    assert recorded == str(Path(tiny_verifier.verifier).resolve()) and Path(recorded).is_absolute()
+    assert config["transformer_layer_config"]["vocab_size"] > 0
+
+    second = tmp_path / "second.jsonl"
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, second, "--epochs", "2", "--max-steps", "5")
+    events = read_events(second)
+    assert events[-1]["status"] == "ok", events[-1]
+    assert any(e["event"] == "message" and "resuming after epoch 0" in e["text"] for e in events)
+    steps = [e["step"] for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
+    assert steps == [4, 5]  # the global step continues where the first run stopped
+    assert (out / "1" / "model.safetensors").is_file()
+
+
+def test_mismatched_hidden_states_fail_with_one_line(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    # Claim the files came from 2 layers: the layout check refuses before speculators starts.
+    proc = _train(tiny_verifier.verifier, prepared_data, hidden_states, tmp_path / "ck", tmp_path / "e.jsonl", "--layers", "2", "4", check=False)
+    assert proc.returncode != 0
+    finished = read_events(tmp_path / "e.jsonl")[-1]
+    assert finished["status"] == "failed" and "expected [T, 3," in finished["error"]
+    assert "\n" not in finished["error"]
+
+
+def test_missing_inputs_fail_with_one_line(tiny_verifier, prepared_data, tmp_path):
+    proc = _train(tiny_verifier.verifier, prepared_data, tmp_path / "nowhere", tmp_path / "ck", tmp_path / "e.jsonl", check=False)
+    assert proc.returncode != 0
+    finished = read_events(tmp_path / "e.jsonl")[-1]
+    assert finished["status"] == "failed" and "no such directory" in finished["error"]
+
+
+def test_flex_attention_is_refused_on_cpu_before_training(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    proc = _train(tiny_verifier.verifier, prepared_data, hidden_states, tmp_path / "ck", tmp_path / "e.jsonl", "--attn-impl", "simple_flex_attention", "--max-steps", "1", check=False)
+    assert proc.returncode != 0
+    finished = read_events(tmp_path / "e.jsonl")[-1]
+    assert "AttentionMismatch" in finished["error"] and "cannot train on CPU" in finished["error"]
+    assert not any(e["event"] == "metric" and "loss" in e.get("metrics", {}) for e in read_events(tmp_path / "e.jsonl"))
+    shutil.rmtree(tmp_path / "ck", ignore_errors=True)
