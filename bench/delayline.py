@@ -117,7 +117,7 @@ class DelayLine:
         async def read_side() -> None:
             nonlocal finished
             try:
-                while chunk := await src.read(1 << 16):
+                while chunk := await src.read(1 << 18):
                     held.append((time.monotonic() + self.one_way, chunk))
                     arrived.set()
             except (ConnectionError, asyncio.CancelledError):

@@ -15,9 +15,10 @@ stages run where:
 
 Stopping everything when one node fails, with a bound on the time:
   1. Attached (`harness run GROUP ...` without --detach): `GroupRun.watch` polls every node each
-     second; the first node that fails, is cancelled or stops answering (unreachable for
-     `unreachable_s`) makes it cancel all the others (supervisor cancel: SIGTERM, grace,
-     SIGKILL). Bound: poll + unreachable_s + grace.
+     second; the first node that reports failed or cancelled makes it cancel all the others
+     (supervisor cancel: SIGTERM, grace, SIGKILL). Bound: poll + grace. A node the laptop
+     cannot reach is reported but not acted on: it may be only the laptop's link that failed,
+     and the watchdogs below, which see each other, decide.
   2. Laptop gone: each node's watchdog (node_launcher.py) stops its torchrun when a peer posts a
      failure or cancel, when a peer's heartbeat stalls for the group's `watchdog_timeout`, or
      when node 0's store is gone that long. Bound: watchdog_timeout + grace + one heartbeat.
@@ -139,6 +140,16 @@ class NodeJobs(Jobs):
     def stage_env(self) -> dict[str, str]:
         return {**super().stage_env(), **distributed_env()}
 
+    def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
+        spec = super()._stage_spec(run_id, stage, stage_dir, argv)
+        if spec["kind"] == "docker" and STAGES[stage].distributed:
+            # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
+            # addresses, reachable from the other hosts: the container shares the host network.
+            create = spec["argv"]
+            assert create[:2] == ["docker", "create"], create[:2]
+            spec["argv"] = [*create[:2], "--network=host", *create[2:]]
+        return spec
+
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
         record = super()._record(run_id, stages, grace_s, image)
         record["group"] = {
@@ -226,11 +237,12 @@ class NodeStatus:
     status: RunStatus | None = None  # None: no answer
     error: str | None = None  # why there is no answer
     since: float | None = None  # when it stopped answering (monotonic)
+    missing: bool = False  # the host answered: it has no such run (it never started there)
 
     @property
     def state(self) -> str:
         if self.status is None:
-            return "unreachable"
+            return "missing" if self.missing else "unreachable"
         return self.status.state
 
     @property
@@ -240,7 +252,7 @@ class NodeStatus:
     def failure(self) -> str | None:
         """A one-line cause when this node failed, was cancelled, lost or is unreachable."""
         if self.status is None:
-            return f"unreachable ({self.error})" if self.error else "unreachable"
+            return f"{self.state} ({self.error})" if self.error else self.state
         st = self.status
         if st.state in ("ok", "running", "starting"):
             return None
@@ -278,7 +290,7 @@ class GroupStatus:
         """The node that most likely failed first: one that stopped answering (its peers then
         fail in their collectives), else the earliest failed stage that was not stopped
         because of a peer."""
-        gone = [n for n in self.nodes if n.status is None]
+        gone = [n for n in self.nodes if n.status is None and not n.missing]
         if gone:
             return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
         failed = []
@@ -376,8 +388,8 @@ class GroupRun:
         rank = self.hosts.index(host)
         try:
             return NodeStatus(host, rank, self.jobs(host).status(run_id))
-        except UsageError as e:
-            return NodeStatus(host, rank, None, str(e))
+        except UsageError as e:  # "no run ..."
+            return NodeStatus(host, rank, None, str(e), missing=True)
         except (HarnessError, OSError, EOFError) as e:
             return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 - paramiko raises its own types on a dead link
@@ -422,7 +434,8 @@ class GroupRun:
 
     def watch(self, run_id: str, on_update: Callable[[GroupStatus], None] | None = None, unreachable_s: float = UNREACHABLE_S,
               grace_s: float | None = None, poll_s: float = POLL_S, timeout: float | None = None) -> GroupStatus:
-        """Poll every node until all are final (or lost); on the first failure, cancel the rest."""
+        """Poll every node until each is final, or unreachable for `unreachable_s`. When one
+        reports failed or cancelled, cancel all the others at once (bound: poll + grace)."""
         latest: dict[str, NodeStatus] = {h: NodeStatus(h, i) for i, h in enumerate(self.hosts)}
         lock = threading.Lock()
         stop = threading.Event()
@@ -454,13 +467,16 @@ class GroupRun:
                     nodes = [dataclasses.replace(latest[h]) for h in self.hosts]
                 now = time.monotonic()
                 lost = {n.host for n in nodes if n.status is None and n.since is not None and now - n.since > unreachable_s}
-                bad = [n for n in nodes if (n.final and n.state != "ok") or n.host in lost]
-                if bad and first_failure is None:
-                    first = GroupStatus(self.group.name, run_id, nodes).origin() or bad[0]
+                failed = [n for n in nodes if n.final and n.state != "ok"]
+                if (failed or lost) and first_failure is None:
+                    first = GroupStatus(self.group.name, run_id, nodes).origin() or (failed or [latest[h] for h in lost])[0]
                     first_failure = f"{first.host}: {first.failure()}"
-                if bad and not stopped_others:
+                # Only a node that reported failure or cancel makes us cancel the rest. One we
+                # cannot reach may only be cut off from this laptop: the nodes' watchdogs, which
+                # see each other, decide about it (bound: watchdog_timeout + grace).
+                if failed and not stopped_others:
                     stopped_others = True
-                    others = [n.host for n in nodes if not n.final and n.host not in lost]
+                    others = [n.host for n in nodes if not n.final and n.status is not None]
                     if others:
                         self.cancel(run_id, grace_s, hosts=others)
                 group = GroupStatus(self.group.name, run_id, nodes, first_failure)

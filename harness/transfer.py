@@ -61,6 +61,9 @@ _COUNTERS = struct.Struct("<Q")
 _SPLICE = hasattr(os, "splice")  # Linux: stream bytes go pipe -> file without passing through Python
 ADD_INTERVAL_S = 0.5  # how often _fetch_all considers adding a stream
 ADD_GAIN = 1.25  # ... and the rate gain the previous doubling must have brought
+FIRST_STEP_STREAMS = 4
+BIG_PULL_BYTES = 256 * MiB
+LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
@@ -556,6 +559,7 @@ class _Stream(threading.Thread):
         self.proc = proc  # already started (its connection set up while the listing ran)
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
+        self.round_trip_s: float | None = None  # first request -> first answer
 
         def on_bytes_here(k: int) -> None:
             self.receiving.set()
@@ -593,6 +597,10 @@ class _Stream(threading.Thread):
                 proc.stdin.close()  # nothing more to ask: the helper exits
 
         try:
+            ready = _read_exact(proc.stdout, _FRAME_HEADER.size)
+            if len(ready) < _FRAME_HEADER.size or _FRAME_HEADER.unpack(ready)[0] != 3:
+                return False
+            asked = time.monotonic()
             proc.stdin.write(json.dumps(self.root).encode() + b"\n")
             refill()
             while in_flight:
@@ -600,6 +608,8 @@ class _Stream(threading.Thread):
                 if len(header) < _FRAME_HEADER.size:
                     return False  # dropped link or killed helper
                 status, length = _FRAME_HEADER.unpack(header)
+                if self.round_trip_s is None:
+                    self.round_trip_s = time.monotonic() - asked  # one request, one answer
                 seg = in_flight[0]
                 if status == 0:
                     if seg.part.receive(seg.piece, proc.stdout.fileno(), length, self.on_bytes) < length:
@@ -698,7 +708,8 @@ def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, p
     links: list[RemoteEntry] = []
     for e in chosen:
         if clean_rel(e.rel) is None:
-            report.refused.append((e.rel, "name leads outside the destination")) if first else None
+            if first:
+                report.refused.append((e.rel, "name leads outside the destination"))
         elif e.kind == "file":
             files.append(e)
         elif e.kind == "link":
@@ -795,9 +806,11 @@ def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, p
 
 def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, hasher: _Hasher, progress: PullProgress, counters: dict, prestarted: subprocess.Popen | None = None) -> None:
     """Fetch every incomplete piece of parts. Streams are added while they pay off: start with
-    one on the shared connection; measure ADD_INTERVAL_S once every stream delivers; double the
-    streams (each new one on its own connection, up to jobs) as long as the last doubling raised
-    the aggregate rate by ADD_GAIN. A long link is window-bound per stream, so more streams help
+    one on the shared connection and time its first request (the link's round trip). Below
+    LONG_LINK_RTT_S stay at one (loopback/LAN: crypto-bound, more streams only compete). On a
+    long link go to FIRST_STEP_STREAMS (at once for a big pull), then, measuring ADD_INTERVAL_S
+    once every stream delivers, double (each new stream on its own connection, up to jobs) as
+    long as the last step raised the aggregate rate by ADD_GAIN. A long link is window-bound per stream, so more streams help
     there; loopback is CPU-bound, so they do not, and the pull stays at one or two."""
     for p in parts:
         hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
@@ -818,6 +831,7 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
     streams = [_Stream(shared, root, work, options, hasher, on_bytes, prestarted)]
     if not options.adaptive:
         streams += [_Stream(own, root, work, options, hasher, on_bytes) for _ in range(options.jobs - 1)]
+
     for st in streams:
         st.start()
     adding = options.adaptive and options.jobs > 1
@@ -832,6 +846,16 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
             # measure only once every stream delivers: connection set-up is not throughput
             if all(st.receiving.is_set() or not st.is_alive() for st in streams):
                 mark_bytes, mark_time = counters["received"], now
+                if len(streams) == 1:
+                    rtt = streams[0].round_trip_s or 0.0
+                    if rtt < LONG_LINK_RTT_S:
+                        adding = False  # a short link: one stream is CPU-bound, more only compete
+                    elif work.remaining_bytes() >= BIG_PULL_BYTES:
+                        # a long link and a big pull: go to the first step at once (the ramp costs)
+                        for _ in range(min(options.jobs, FIRST_STEP_STREAMS) - 1):
+                            streams.append(_Stream(own, root, work, options, hasher, on_bytes))
+                            streams[-1].start()
+                        mark_time = None
             continue
         if now - mark_time < ADD_INTERVAL_S:
             continue
@@ -840,7 +864,8 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
             adding = False  # the last streams added did not pay for themselves: keep what we have
             continue
         best_rate = max(best_rate, rate)
-        more = min(len(streams), options.jobs - len(streams))  # double, up to jobs
+        # first step to FIRST_STEP_STREAMS (one more measurement saved on a long link), then double
+        more = min(max(len(streams), FIRST_STEP_STREAMS - len(streams)), options.jobs - len(streams))
         if more <= 0 or work.remaining_bytes() < 2 * rate * ADD_INTERVAL_S:
             adding = False
             continue

@@ -81,17 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     except CheckFailed as e:
         print(f"[dist_check] {tag}: CHECK FAILED: {e}", file=sys.stderr, flush=True)
         events.finished("failed", error=str(e))
-        return 1
+        abort(1)
     except Exception as e:  # a peer died, a timeout, ...: say which rank saw it
         print(f"[dist_check] {tag}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         events.finished("failed", error=f"{type(e).__name__}: {str(e)[:300]}")
-        return 1
-    finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - tearing down after a peer died may fail too
-                pass
+        abort(1)
+    dist.destroy_process_group()
     print(f"[dist_check] {tag}: all checks passed", flush=True)
     events.finished("ok", world_size=world)
     return 0
@@ -99,6 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
 class CheckFailed(Exception):
     pass
+
+
+def abort(code: int) -> None:
+    """Exit NOW, without destroy_process_group: with NCCL it waits for the peers' collectives,
+    so a failed rank would hang until the others time out (minutes) instead of failing the job
+    at once. torchrun sees the exit and stops this node; the peers' collectives then fail."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def check_all_reduce(dist, torch, device, rank: int, world: int) -> None:

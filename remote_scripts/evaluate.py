@@ -355,9 +355,12 @@ def load_draft(ckpt: Path, verifier: str, attn_impl: str):
 
     from common.draft_attention import check_draft_attention
 
+    import torch
+
     config = Eagle3SpeculatorConfig.from_pretrained(str(ckpt))
     config.transformer_layer_config._attn_implementation = attn_impl
-    draft = Eagle3DraftModel.from_pretrained(str(ckpt), config=config, verifier=verifier)
+    # bf16 weights and bf16 hidden states: what the checkpoint holds and what a server runs.
+    draft = Eagle3DraftModel.from_pretrained(str(ckpt), config=config, verifier=verifier, dtype=torch.bfloat16)
     draft.eval()
     check_draft_attention(draft, "cpu" if attn_impl in ("sdpa", "eager") else "cuda")
     return draft
@@ -505,7 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: sdpa; inference needs no flex)")
     p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="also decode each prompt greedily and check the speculative output equals it")
     p.add_argument("--train-metrics", default=None, help="train metrics/events JSONL for the curves (default: DRAFT/metrics.jsonl, then the train stage's events.jsonl)")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); the tiny models gain nothing from more")
     p.add_argument("--events", default=None)
     return p.parse_args(argv)
 

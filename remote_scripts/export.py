@@ -108,9 +108,10 @@ def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:
     hidden = draft.hidden_size
     n_aux = len(draft.config.eagle_aux_hidden_state_layer_ids or [0, 0, 0])
     T = 8
+    dtype = next(draft.fc.parameters()).dtype  # bf16, as saved (and as vLLM runs it)
     with torch.no_grad():
         tokens = draft(
-            hidden_states=torch.randn(1, T, n_aux * hidden),
+            hidden_states=torch.randn(1, T, n_aux * hidden, dtype=dtype),
             input_ids=torch.randint(0, draft.config.transformer_layer_config.vocab_size, (1, T)),
             document_ids=torch.zeros(1, T, dtype=torch.long),
             ttt_steps=1,
@@ -157,9 +158,12 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
 
     # Build next to the destination, check, then swap in: no half-written export at --output.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; an export is meant to be read by the server
     try:
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        shutil.copy2(ckpt / WEIGHTS, staging / WEIGHTS)
+        shutil.copyfile(ckpt / WEIGHTS, staging / WEIGHTS)  # contents only: the checkpoint's mode may be private
         for extra in ("generation_config.json",):
             if (ckpt / extra).is_file():
                 shutil.copy2(ckpt / extra, staging / extra)

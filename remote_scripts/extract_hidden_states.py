@@ -17,7 +17,10 @@ Backends:
                 truncated or mismatching one is (re)written, always via a temporary name + rename.
   vllm          starts `vllm serve` with the extract_hidden_states speculative config and the
                 hidden-states KV connector, waits for /health, runs speculators'
-                `generate-offline-data`, and always stops the server (see vllm_backend.py).
+                `generate-offline-data` for this shard, and always stops the server, also on
+                failure or SIGTERM (common/vllm_server.py). Logs: OUTPUT/vllm_server.rank<r>.log,
+                OUTPUT/generate_offline_data.rank<r>.log. NOT RUN against a real vLLM here (it
+                cannot be installed on the dev machines): tested with a stand-in server.
 
 Sharding: `--rank/--world-size` (or torchrun's RANK/WORLD_SIZE; LOCAL_RANK picks the GPU) give
 each rank a contiguous range of sample indices (the same split as speculators'
@@ -287,7 +290,7 @@ def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, in
                 writer.submit(host, lengths, batch, [r.to(torch.long) for r in rows], ready)
                 done += len(batch)
                 tokens += sum(lengths)
-                if rank == 0 or args.world_size_effective == 1:
+                if local_rank == 0:  # one progress stream per host
                     events.progress(done, len(todo), unit="samples")
         writer.drain()
     finally:
@@ -322,6 +325,85 @@ def _to_host(states, copy_stream):
     return host, ready
 
 
+def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: range, rank: int, world: int, local_rank: int) -> dict:
+    """Start vllm serve (one per process: port + LOCAL_RANK, one GPU each when tensor parallel is 1),
+    run speculators' generate-offline-data for this shard, and always stop the server."""
+    import shlex
+
+    from transformers import AutoConfig
+
+    from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
+    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, run_supervised, sigterm_raises
+
+    config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
+    n, hidden = num_hidden_layers(config), hidden_size(config)
+    layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
+    output = Path(args.output)
+    if rank == 0:
+        write_meta(output, args, CaptureSpec(layer_ids, n, hidden), backend="vllm")
+
+    # generate-offline-data skips any readable file; one for another row (stale) must go first.
+    stale = 0
+    for i in indices:
+        path = hs_path(output, i)
+        if path.exists() and check_file(path, dataset[i]["input_ids"].tolist(), len(layer_ids) + 1, hidden):
+            path.unlink()
+            stale += 1
+    if stale:
+        events.message(f"rank {rank}: removed {stale} invalid file(s) for regeneration")
+
+    opts = ServeOptions(
+        model=args.verifier,
+        layer_ids=layer_ids,
+        staging_dir=str(Path(args.staging_dir or output / ".staging") / f"rank{rank}"),
+        host=args.host,
+        port=args.port + local_rank,
+        tensor_parallel_size=args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        vllm_command=args.vllm_command,
+        extra_args=list(args.vllm_arg),
+    )
+    env = dict(os.environ)
+    if "LOCAL_RANK" in os.environ and args.tensor_parallel_size == 1:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
+        env["CUDA_VISIBLE_DEVICES"] = visible[local_rank] if visible else str(local_rank)
+    server_log = Path(args.server_log or output / f"vllm_server.rank{rank}.log")
+    client_log = output / f"generate_offline_data.rank{rank}.log"
+    launcher = shlex.split(args.offline_command) if args.offline_command else [sys.executable, "-m", "speculators", "generate-offline-data"]
+    client_argv = offline_data_argv(launcher, opts, args.prepared, str(output), rank, world, args.concurrency)
+
+    def progress() -> None:
+        if local_rank == 0:
+            events.progress(sum(hs_path(output, i).exists() for i in indices), len(indices), unit="samples")
+
+    started = time.monotonic()
+    with sigterm_raises(), ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=env) as server:
+        events.message(f"rank {rank}: vllm serve on port {opts.port}, layers {layer_ids}; log {server_log}")
+        waited = server.wait_healthy(args.health_timeout)
+        events.message(f"rank {rank}: vllm serve healthy after {waited:.0f} s; running generate-offline-data (log {client_log})")
+        # generate-offline-data skips a sample whose request failed after its retries; a second
+        # pass (it resumes: only missing files) catches transient failures. Gaps left after the
+        # last pass fail the stage in the final verification.
+        for attempt in range(1, args.offline_passes + 1):
+            code = run_supervised(client_argv, client_log, server=server, on_tick=progress)
+            if code != 0:
+                raise RuntimeError(f"generate-offline-data exited with status {code}; log {client_log}: {log_tail(client_log, 5)}")
+            missing = sum(not hs_path(output, i).exists() for i in indices)
+            if not missing:
+                break
+            events.message(f"rank {rank}: pass {attempt}: {missing} sample(s) still missing" + ("; retrying" if attempt < args.offline_passes else ""))
+    progress()
+    return {
+        "removed_invalid": stale,
+        "layers": layer_ids,
+        "num_layers": len(layer_ids) + 1,
+        "hidden": hidden,
+        "server_log": str(server_log.resolve()),
+        "vllm_seconds": round(time.monotonic() - started, 1),
+    }
+
+
 def write_meta(output: Path, args: argparse.Namespace, spec: CaptureSpec, backend: str) -> None:
     output.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -347,7 +429,7 @@ def resolve_rank(args: argparse.Namespace) -> tuple[int, int, int]:
     env = os.environ
     world = args.world_size if args.world_size is not None else int(env.get("WORLD_SIZE", 1))
     rank = args.rank if args.rank is not None else int(env.get("RANK", 0))
-    local = int(env.get("LOCAL_RANK", rank if args.rank is not None else 0))
+    local = int(env.get("LOCAL_RANK", 0))  # picks the GPU; a flag-launched process per host uses cuda:0
     shard_range(0, rank, world)  # validates
     return rank, world, local
 
@@ -384,6 +466,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
     v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: this python -m speculators generate-offline-data)")
+    v.add_argument("--offline-passes", type=int, default=2, help="generate-offline-data runs while samples are missing (each resumes)")
     v.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
     args = p.parse_args(argv)
     if args.batch_size < 1 or args.writer_threads < 1:
@@ -399,13 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         events.finished("failed", error=str(e))
         return 1
-    args.world_size_effective = world
-    events.started(**{k: v for k, v in vars(args).items() if k != "world_size_effective"}, resolved_rank=rank, resolved_world_size=world)
+    events.started(**vars(args), resolved_rank=rank, resolved_world_size=world)
     started = time.monotonic()
     try:
         summary = run(args, events, rank, world, local_rank)
     except Exception as e:
-        if not isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)):
+        if not isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)) and type(e).__name__ not in ("ServerFailed", "StageCancelled"):
             import traceback
 
             traceback.print_exc()
@@ -436,9 +518,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         if args.backend == "transformers":
             summary.update(extract_transformers(args, events, dataset, indices, rank, local_rank))
         else:
-            from vllm_backend import extract_vllm
-
-            summary.update(extract_vllm(args, events, rank, world))
+            summary.update(extract_vllm(args, events, dataset, indices, rank, world, local_rank))
 
     num_layers, hidden = summary.get("num_layers"), summary.get("hidden")
     if num_layers is None:

@@ -58,6 +58,12 @@ def choose_loss_implementation(device_type: str, torch_version: str) -> str:
     return "eager" if major_minor == "2.11" else "fused"
 
 
+def default_total_seq_len(device_type: str) -> int:
+    """Tokens packed per batch. The draft's attention is dense on CPU (sdpa over T x T*steps),
+    so long packs cost quadratically there; GPUs with flex attention want long packs."""
+    return 512 if device_type == "cpu" else 8192
+
+
 def default_nproc(cuda_device_count: int) -> int:
     return max(1, cuda_device_count)
 
@@ -95,12 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="checkpoint directory (one sub-directory per epoch)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="TTT steps = tokens the draft proposes")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="verifier layer ids the hidden states were extracted from (default: the extraction's record, else [2, N//2, N-3])")
-    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=3, help="the tiny demo language is learned in 1 epoch; real verifiers want more (speculators' default: 20)")
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     p.add_argument("--draft-vocab-size", type=int, default=None, help="prune the draft vocabulary to the N most frequent tokens (default: the verifier's full vocabulary)")
     p.add_argument("--num-layers", type=int, default=1, help="draft decoder layers")
-    p.add_argument("--total-seq-len", type=int, default=4096, help="tokens packed per batch (per GPU)")
+    p.add_argument("--total-seq-len", type=int, default=None, help="tokens packed per batch per process (default: 512 on CPU, 8192 on GPU)")
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: simple_flex_attention on GPU, sdpa on CPU)")
     p.add_argument("--loss-implementation", choices=["auto", "eager", "fused"], default="auto")
     p.add_argument("--hidden-states-dtype", default="bfloat16")
@@ -112,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-resume", action="store_true", help="start over even if --output has checkpoints")
     p.add_argument("--nproc", type=int, default=None, help="processes (GPUs) on this host (default: all visible GPUs; 1 on CPU)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: 1 on a CPU-only host, where the draft is too small to gain from more; torch's default with GPUs)")
     p.add_argument("--speculators-arg", action="append", default=[], metavar="FLAG=VALUE", help="extra `speculators train` flag, e.g. --speculators-arg=--weight-decay=0.0 (repeatable)")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     return p.parse_args(argv)
@@ -136,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
+    if args.threads or not cuda:
+        torch.set_num_threads(args.threads or 1)
     nproc = args.nproc or default_nproc(torch.cuda.device_count() if cuda else 0)
     if not under_torchrun() and cuda and nproc > 1:
         return relaunch_under_torchrun(nproc, argv)
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         "--lr", str(args.lr),
         "--optimizer", args.optimizer,
         "--num-layers", str(args.num_layers),
-        "--total-seq-len", str(args.total_seq_len),
+        "--total-seq-len", str(args.total_seq_len or default_total_seq_len(device_type)),
         "--draft-attn-impl", attn_impl,
         "--loss-implementation", loss_impl,
         "--hidden-states-dtype", args.hidden_states_dtype,
@@ -262,9 +268,13 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         cfg = TrainConfig.resolve(spec_argv)
     except SystemExit as e:
         raise TrainError(f"speculators rejected the configuration (exit {e.code}); its message is above") from None
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     speculators_main(cfg)
     bridge.detach()
+    # speculators catches SIGTERM/SIGINT, saves '<output>/interrupted' and returns normally.
+    interrupted = output / "interrupted"
+    if interrupted.is_dir() and interrupted.stat().st_mtime >= started_wall - 1:
+        raise TrainError(f"interrupted by a signal: speculators saved its state to {interrupted}; a new run resumes from the last finished epoch")
 
     summary: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1), "attn_implementation": attn_impl, "loss_implementation": loss_impl}
     if rank == 0:

@@ -3,6 +3,7 @@ the extra CA bundle + pip path of container/Dockerfile on a real Docker engine."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -58,14 +59,16 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     assert r.stdout.strip() == first.image_id and "unchanged, not rebuilt" in r.stderr and "Step" not in r.stderr
     assert time.monotonic() - t0 < 10
     # a changed stage script is a new input: new tag, real build, streamed output
-    (tmp_path / "remote_scripts" / "evaluate.py").write_text("print('v2')\n")
+    changed = f"print('v2 {os.urandom(8).hex()}')\n"  # unique: images persist across sessions
+    (tmp_path / "remote_scripts" / "evaluate.py").write_text(changed)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "COPY remote_scripts/" in r.stderr and "built: " in r.stderr
     second = r.stdout.strip()
     assert second != first.image_id and image_id(transport, f"{BUILD_TEST_IMAGE}:latest") == second
     baked = subprocess.run(["docker", "run", "--rm", second, "cat", "/opt/harness/remote_scripts/evaluate.py"], capture_output=True, text=True, timeout=60)
-    assert baked.stdout == "print('v2')\n"
+    assert baked.stdout == changed
+    subprocess.run(["docker", "rmi", "-f", second], capture_output=True, timeout=60)  # one-off image
 
 
 @pytest.mark.docker

@@ -106,7 +106,7 @@ def print_group_table(status) -> None:
         table.add_column(col)
     for node in status.nodes:
         if node.status is None:
-            table.add_row(str(node.rank), node.host, "", _styled("lost") if node.error else "unreachable", "", "", "", node.error or "")
+            table.add_row(str(node.rank), node.host, "", "[red]unreachable[/red]" if not node.missing else node.state, "", "", "", node.error or "")
             continue
         for s in node.status.stages:
             end = s.finished if s.finished else (time.time() if s.state == "running" else None)
@@ -198,8 +198,9 @@ def build_group(app, group: str, force: bool) -> int:
 
 
 def doctor_group(app, group: str, as_json: bool) -> int:
-    """Every host's checks (in parallel), then the group's own: can every node route to the
-    rendezvous host, and is the rendezvous port (and the watchdog's, +1) free there."""
+    """Every host's checks (in parallel), then the group's own: is the rendezvous port (and the
+    watchdog's, +1) free on host 0, and can every node route to the rendezvous host."""
+    from harness.cli.doctor_cmds import _render
     from harness.doctor import diagnose
     from harness.multinode import parallel
 
@@ -208,34 +209,23 @@ def doctor_group(app, group: str, as_json: bool) -> int:
     outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: app.transport(h), project=config))
     results = {h: (r if e is None else []) for h, r, e in outcome}
     errors = {h: e for h, _, e in outcome if e is not None}
-    group_checks = _group_checks(app, group) if not errors else []
-    failed = bool(errors) or any(r.status == "fail" for rs in results.values() for r in rs) or any(c["status"] == "fail" for c in group_checks)
+    group_checks = group_checks_for(app, group) if not errors else []
+    failed = bool(errors) or any(r.status == "fail" for rs in [*results.values(), group_checks] for r in rs)
     if as_json:
         import json
 
         click.echo(json.dumps({
             "group": group, "ok": not failed,
             "hosts": {h: {"checks": [r.to_dict() for r in results[h]], **({"error": str(errors[h])} if h in errors else {})} for h in hosts},
-            "group_checks": group_checks,
+            "group_checks": [c.to_dict() for c in group_checks],
         }, indent=2))
         return 1 if failed else 0
-    from harness.cli.doctor_cmds import _render
-
     for h in hosts:
         if h in errors:
             click.echo(f"{h}: doctor failed: {errors[h]}", err=True)
         else:
             _render(h, results[h])
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"doctor group {group}")
-    for column in ("check", "status", "finding", "fix"):
-        table.add_column(column)
-    style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
-    for c in group_checks:
-        table.add_row(c["name"], style[c["status"]], c["message"], c["fix"])
-    Console().print(table)
+    _render(f"group {group}", group_checks)
     return 1 if failed else 0
 
 
@@ -249,34 +239,32 @@ ROUTE_PROBE = (
 )
 
 
-def _group_checks(app, group: str) -> list[dict]:
+def group_checks_for(app, group: str):
+    """CheckResults of the group as a whole (no packet is sent: a UDP connect only routes)."""
+    from harness.doctor.base import CheckResult
     from harness.multinode import GroupRun, parallel
 
     runner = GroupRun(app.config, group, app.transport, install=False)  # doctor writes nothing
     cfg = runner.group
-    checks = []
     host = runner.rendezvous_host()
+    checks = []
     try:
         port = runner.free_port()
         if port == cfg.rdzv_port:
-            checks.append(_check("rendezvous port", "ok", f"{host}:{port} and {port + 1} are free on {runner.hosts[0]}", ""))
+            checks.append(CheckResult("rendezvous port", "ok", f"{host}:{port} and {port + 1} are free on {runner.hosts[0]}"))
         else:
-            checks.append(_check("rendezvous port", "warn", f"{cfg.rdzv_port} or {cfg.rdzv_port + 1} is taken on {runner.hosts[0]}; a run would use {port}",
-                                 f"free the port, or set rdzv_port in [groups.{group}]"))
+            checks.append(CheckResult("rendezvous port", "warn", f"{cfg.rdzv_port} or {cfg.rdzv_port + 1} is taken on {runner.hosts[0]}; a run would use {port}",
+                                      f"free the port, or set rdzv_port in [groups.{group}]"))
     except Exception as e:  # noqa: BLE001 - reported as a failed check
-        checks.append(_check("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python on that host"))
+        checks.append(CheckResult("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python3 on that host"))
 
     def route(h: str):
         return runner.transports[h].run([app.config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
 
     for h, result, error in parallel(runner.hosts, route):
         if error is None and result.ok:
-            checks.append(_check(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}", ""))
+            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}"))
         else:
             why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
-            checks.append(_check(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
+            checks.append(CheckResult(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
     return checks
-
-
-def _check(name: str, status: str, message: str, fix: str) -> dict:
-    return {"name": name, "status": status, "message": message, "fix": fix}

@@ -8,6 +8,11 @@ import posixpath
 import click
 
 
+# Below these a sync takes a blink: no progress bar (and no rich import) for it.
+QUIET_SYNC_BYTES = 4 << 20
+QUIET_SYNC_FILES = 200
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -62,8 +67,8 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
             if dry_run:
                 _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
                 continue
-            if plan.is_noop:
-                result = run_sync(transport, config.root, target.workdir, plan)
+            if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
+                result = run_sync(transport, config.root, target.workdir, plan, python=target.python)  # instant: no bar
             else:
                 progress = _progress()
                 with progress:

@@ -13,7 +13,8 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               they come (the laptop keeps a couple in flight). stdout: framed
               bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
               status 0 = data, 2 = segment complete, 1 = file changed/missing (segment aborted:
-              its (size, mtime_ns) no longer match the listing).
+              its (size, mtime_ns) no longer match the listing); one status-3 frame first, as
+              soon as the helper runs (so the laptop can time a request: the link's round trip).
 """
 
 import hashlib
@@ -158,6 +159,8 @@ def main():
     elif mode == "hash":
         do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
     elif mode == "send":
+        out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
+        out.flush()
         stdin = sys.stdin.buffer
         first = stdin.readline()
         if first:

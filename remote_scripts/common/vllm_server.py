@@ -1,0 +1,233 @@
+"""A `vllm serve` process for hidden-state extraction: its command line, and a lifecycle that always ends.
+
+vLLM 0.33.0 (read from its wheel) extracts hidden states through a speculative "method" plus a KV
+connector that writes one safetensors file per request into a shared directory:
+
+    vllm serve MODEL \
+      --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}}' \
+      --kv-transfer-config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                             "kv_connector_extra_config": {"shared_storage_path": DIR}}'
+
+speculators' `generate-offline-data` then sends every prepared row (max_tokens=1), and moves each
+file the connector wrote to OUTPUT/hs_<i>.safetensors.
+
+`ManagedServer` starts the server in its own process group with its output in a log file that is
+kept, waits for GET /health (failing fast, with the log's tail, if the process dies), and stops
+the whole group on exit: SIGTERM, a grace period, then SIGKILL -- also on an exception or when the
+stage itself gets SIGTERM (see `sigterm_raises`). Nothing here needs vllm installed: the
+executable is configurable, which is how the tests substitute a stand-in server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
+
+
+class ServerFailed(RuntimeError):
+    """vllm serve exited or never became healthy; the message carries the log's last lines."""
+
+
+class StageCancelled(RuntimeError):
+    """The stage received SIGTERM (harness cancel); raised so every cleanup runs."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str
+    layer_ids: list[int]
+    staging_dir: str  # the connector's shared_storage_path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    vllm_command: str = "vllm"  # may be several words ("python stand_in.py")
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def speculative_config(layer_ids: list[int]) -> dict:
+    return {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+
+
+def kv_transfer_config(staging_dir: str) -> dict:
+    return {
+        "kv_connector": HIDDEN_STATES_CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": os.path.abspath(staging_dir)},
+    }
+
+
+def serve_argv(o: ServeOptions) -> list[str]:
+    """The `vllm serve` command line (an argv list: no shell, JSON values passed verbatim)."""
+    argv = [*shlex.split(o.vllm_command), "serve", o.model, "--host", o.host, "--port", str(o.port)]
+    argv += ["--tensor-parallel-size", str(o.tensor_parallel_size)]
+    if o.max_model_len:
+        argv += ["--max-model-len", str(o.max_model_len)]
+    if o.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
+    argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids))]
+    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
+    return argv + list(o.extra_args)
+
+
+def offline_data_argv(launcher: list[str], o: ServeOptions, prepared: str, output: str, rank: int, world_size: int, concurrency: int) -> list[str]:
+    """speculators 0.9.0's `generate-offline-data` against the server (options read from its CLI)."""
+    return [
+        *launcher,
+        "--endpoint", f"{o.base_url}/v1",
+        "--model", o.model,  # verification only: must match the id vllm serves
+        "--preprocessed-data", prepared,
+        "--output", output,
+        "--concurrency", str(concurrency),
+        "--validate-outputs",
+        "--world-size", str(world_size),
+        "--rank", str(rank),
+    ]
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises StageCancelled so `finally` clauses stop child processes."""
+
+    def handler(signum, frame):
+        raise StageCancelled("cancelled (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float) -> int | None:
+    """SIGTERM the child's process group, wait `grace` seconds, then SIGKILL it. Returns the exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    # The leader may be gone while workers it spawned (vLLM's engine cores) live on: kill the group.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())[-1500:] or "(empty log)"
+
+
+class ManagedServer:
+    """`with ManagedServer(opts, log_path) as server: server.wait_healthy(600); ...` -- stopped on exit."""
+
+    def __init__(self, opts: ServeOptions, log_path: Path, stop_grace: float = 30.0, env: dict[str, str] | None = None):
+        self.opts = opts
+        self.log_path = Path(log_path)
+        self.stop_grace = stop_grace
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.exit_code: int | None = None
+
+    def __enter__(self) -> "ManagedServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
+        argv = serve_argv(self.opts)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {shlex.join(argv)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+            except FileNotFoundError:
+                raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)") from None
+
+    def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
+        """Seconds until GET /health answered 200. Fails fast if the server exits, or after `timeout`."""
+        assert self.proc is not None, "start() first"
+        started = time.monotonic()
+        url = f"{self.opts.base_url}/health"
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.exit_code = code
+                raise ServerFailed(f"vllm serve exited with status {code} before becoming healthy; log {self.log_path}: {log_tail(self.log_path)}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return time.monotonic() - started
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() - started > timeout:
+                raise ServerFailed(f"vllm serve not healthy after {timeout:.0f} s ({url}); log {self.log_path}: {log_tail(self.log_path)}")
+            time.sleep(poll)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.exit_code = stop_process_group(self.proc, self.stop_grace)
+            with open(self.log_path, "ab") as log:
+                log.write(f"[harness] vllm serve stopped (exit {self.exit_code})\n".encode())
+
+
+def run_supervised(argv: list[str], log_path: Path, server: ManagedServer | None = None, grace: float = 10.0, env: dict[str, str] | None = None, on_tick=None, tick_seconds: float = 5.0) -> int:
+    """Run a client command to completion in its own process group, logging to `log_path`.
+
+    Stops it (group-wide) on any exception, SIGTERM included; fails early if `server` dies meanwhile.
+    `on_tick()` is called every `tick_seconds` (progress reporting).
+    """
+    last_tick = time.monotonic()
+    with open(log_path, "ab") as log:
+        log.write(f"$ {shlex.join(argv)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if on_tick is not None and time.monotonic() - last_tick >= tick_seconds:
+                on_tick()
+                last_tick = time.monotonic()
+            if server is not None and not server.alive():
+                raise ServerFailed(f"vllm serve died while {Path(argv[0]).name} was running; log {server.log_path}: {log_tail(server.log_path)}")
+    finally:
+        stop_process_group(proc, grace)

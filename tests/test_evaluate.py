@@ -1,0 +1,279 @@
+"""evaluate.py: the speculation loop (exact tau for known drafts), the EAGLE-3 proposer's fidelity
+to speculators' forward, and the stage end to end on a briefly trained draft."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pipeline
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("speculators")
+
+import evaluate as ev  # noqa: E402
+
+from tests.fixtures.pipeline_data import read_events, run_script  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# The loop, on a toy verifier whose greedy choice is a fixed successor map
+
+
+EOS = 0
+
+
+class ChainVerifier:
+    """Greedy next token = successor[token]; each token's chain ends in EOS."""
+
+    def __init__(self, vocab: int = 50, seed: int = 0):
+        rng = random.Random(seed)
+        words = list(range(1, vocab))
+        rng.shuffle(words)
+        self.successor = {}
+        for i, w in enumerate(words):
+            self.successor[w] = words[i + 1] if (i + 1) % 12 and i + 1 < len(words) else EOS
+        self.successor[EOS] = EOS
+        self.calls = 0
+
+    def forward(self, tokens):
+        self.calls += 1
+        return [self.successor[t] for t in tokens], None
+
+
+def _prompts(v: ChainVerifier, n: int = 20):
+    rng = random.Random(1)
+    starts = [w for w in v.successor if w != EOS and v.successor[w] != EOS]
+    return [[rng.randrange(1, 50), rng.choice(starts)] for _ in range(n)]
+
+
+def _reply_length(v: ChainVerifier, prompt):
+    n, t = 0, prompt[-1]
+    while True:
+        t = v.successor[t]
+        n += 1
+        if t == EOS:
+            return n
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_a_draft_identical_to_the_verifier_is_always_accepted(k):
+    v = ChainVerifier()
+    prompts = _prompts(v)
+    results = [ev.speculate(v, ev.GreedyOracleProposer(v), p, k, 100, {EOS}) for p in prompts]
+    report = ev.summarize(results, k)
+    assert report.acceptance_per_position == [1.0] * k
+    # Every round yields k+1 tokens but the last of each reply: tau is exactly computable.
+    lengths = [_reply_length(v, p) - 1 for p in prompts]  # tokens after the prefill one
+    expected_rounds = sum(math.ceil(n / (k + 1)) for n in lengths)
+    assert report.rounds == expected_rounds
+    assert report.tau == pytest.approx(sum(lengths) / expected_rounds)
+    for p, r in zip(prompts, results):
+        assert r.generated == ev.greedy_decode(v, p, 100, {EOS})
+
+
+def test_a_random_draft_gets_about_one_token_per_round():
+    v = ChainVerifier(vocab=50)
+    results = [ev.speculate(v, ev.RandomProposer(50, seed=3), p, 3, 100, {EOS}) for p in _prompts(v)]
+    report = ev.summarize(results, 3)
+    assert 1.0 <= report.tau < 1.15
+    assert report.acceptance_per_position[0] < 0.15
+
+
+class HalfRightProposer:
+    """Right for the first proposal, wrong after: tau is exactly 2 but for reply ends."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def propose(self, tokens, view, k):
+        first = self.v.successor[tokens[-1]]
+        return [first] + [(first + 7) % 50 or 1] * (k - 1)
+
+
+def test_partial_acceptance_and_output_equals_greedy():
+    v = ChainVerifier()
+    prompts = _prompts(v)
+    results = [ev.speculate(v, HalfRightProposer(v), p, 3, 100, {EOS}) for p in prompts]
+    report = ev.summarize(results, 3)
+    assert report.acceptance_per_position[0] == 1.0
+    assert report.acceptance_per_position[1] < 0.2
+    assert 1.8 < report.tau <= 2.0
+    for p, r in zip(prompts, results):
+        assert r.generated == ev.greedy_decode(v, p, 100, {EOS})
+
+
+def test_the_token_budget_stops_generation():
+    v = ChainVerifier()
+    r = ev.speculate(v, ev.GreedyOracleProposer(v), [5, 7], 3, 4, set())  # no eos: budget only
+    assert len(r.generated) == 4
+
+
+def test_a_proposer_returning_the_wrong_count_is_an_error():
+    v = ChainVerifier()
+
+    class Short:
+        def propose(self, tokens, view, k):
+            return [1]
+
+    with pytest.raises(ev.EvalError, match="returned 1 tokens, expected 3"):
+        ev.speculate(v, Short(), _prompts(v)[0], 3, 50, {EOS})
+
+
+def test_summary_of_nothing():
+    report = ev.summarize([], 3)
+    assert report.tau == 0.0 and report.acceptance_per_position == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The EAGLE-3 proposer mirrors speculators' forward
+
+
+def _tiny_draft(draft_vocab: int | None = None):
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+    from transformers import LlamaConfig
+
+    torch.manual_seed(0)
+    vocab = 40
+    layer_config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    layer_config._attn_implementation = "sdpa"
+    config = Eagle3SpeculatorConfig(
+        transformer_layer_config=layer_config,
+        draft_vocab_size=draft_vocab or vocab,
+        norm_before_residual=True,
+        norm_before_fc=True,
+        norm_output=True,
+        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
+        speculators_config=SpeculatorsConfig(
+            algorithm="eagle3",
+            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
+            default_proposal_method="greedy",
+            verifier=VerifierConfig(name_or_path=None, architectures=[]),
+        ),
+    )
+    draft = Eagle3DraftModel(config)
+    with torch.no_grad():  # the vocab weights normally come from the verifier (NaN until then)
+        draft.embed_tokens.weight.normal_()
+        draft.lm_head.weight.normal_()
+    if draft_vocab:
+        keep = torch.tensor(sorted(random.Random(0).sample(range(vocab), draft_vocab)))
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[keep] = True
+        draft.load_vocab_mappings(t2d, keep - torch.arange(draft_vocab))
+    return draft.eval()
+
+
+@pytest.mark.parametrize("draft_vocab", [None, 24])
+def test_teacher_forced_chain_equals_speculators_forward(draft_vocab):
+    draft = _tiny_draft(draft_vocab)
+    T = 10
+    aux = torch.randn(1, T, 3 * 16)
+    ids = torch.randint(0, 40, (1, T))
+    with torch.no_grad():
+        reference = draft(hidden_states=aux, input_ids=ids, document_ids=torch.zeros(1, T, dtype=torch.long), ttt_steps=3)
+    mine = ev.Eagle3Proposer(draft).run(aux, ids, 3, teacher_forcing=True)
+    for step, (ref, got) in enumerate(zip(reference, mine)):
+        ref_target = ev.Eagle3Proposer(draft).to_target(ref)
+        assert torch.equal(ref_target, got), f"TTT step {step}"
+
+
+def test_free_running_chain_feeds_its_own_tokens():
+    draft = _tiny_draft()
+    T = 6
+    aux, ids = torch.randn(1, T, 48), torch.randint(0, 40, (1, T))
+    proposer = ev.Eagle3Proposer(draft)
+    steps = proposer.run(aux, ids, 3, teacher_forcing=False)
+    # Step 1 sees only verified inputs: identical either way.
+    assert torch.equal(steps[0], proposer.run(aux, ids, 1, teacher_forcing=True)[0])
+    # The proposal is the last position's chain; the view passed in covers tokens[:-1].
+    tokens = [3] + ids[0].tolist()
+    assert proposer.propose(tokens, aux, 3) == [int(s[0, -1]) for s in steps]
+
+
+def test_draft_tokens_map_to_verifier_ids():
+    draft = _tiny_draft(24)
+    p = ev.Eagle3Proposer(draft)
+    ids = torch.arange(24).unsqueeze(0)
+    mapped = p.to_target(ids)
+    assert torch.equal(mapped[0], torch.nonzero(draft.t2d).squeeze(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# The stage on the real tiny models
+
+
+@pytest.fixture(scope="module")
+def briefly_trained_draft(tiny_verifier, prepared_data, hidden_states, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval_draft") / "checkpoints"
+    run_script(
+        "train_draft.py", "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states,
+        "--output", out, "--epochs", "1", "--max-steps", "20", "--total-seq-len", "256",
+        "--events", out.parent / "events.jsonl",
+    )
+    return out
+
+
+def test_identity_draft_on_the_real_verifier(tiny_verifier):
+    from transformers import AutoTokenizer
+
+    from common.verifier import load_verifier
+
+    model = load_verifier(str(tiny_verifier.verifier), device="cpu", dtype=torch.float32)
+    verifier = ev.HFVerifier(model, [2, 4, 5], torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_verifier.verifier))
+    prompts = ev.load_prompts(tokenizer, tiny_verifier.data, "heldout", 4)
+    eos = {tokenizer.eos_token_id}
+    results = [ev.speculate(verifier, ev.GreedyOracleProposer(verifier), p, 3, 40, eos) for p in prompts]
+    report = ev.summarize(results, 3)
+    assert report.acceptance_per_position == [1.0, 1.0, 1.0]
+    assert 3.0 < report.tau <= 4.0
+    for p, r in zip(prompts, results):
+        assert r.generated == verifier.greedy(p, 40, eos)
+
+
+def test_evaluate_stage_end_to_end(tiny_verifier, briefly_trained_draft, tmp_path):
+    out = tmp_path / "eval"
+    events_path = tmp_path / "events.jsonl"
+    run_script(
+        "evaluate.py", "--verifier", tiny_verifier.verifier, "--draft", briefly_trained_draft, "--data", tiny_verifier.data,
+        "--output", out, "--speculative-tokens", "3", "--max-prompts", "8", "--events", events_path,
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert 1.0 <= report["tau"] <= 4.0
+    assert len(report["acceptance_per_position"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in report["acceptance_per_position"])
+    assert report["acceptance_per_position"] == sorted(report["acceptance_per_position"], reverse=True)
+    assert report["greedy_match"] == 1.0  # speculation never changes the verifier's output
+    assert report["prompts"] == 8
+    for png in ("acceptance.png", "training.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finished = read_events(events_path)[-1]
+    assert finished["status"] == "ok" and finished["tau"] == pytest.approx(report["tau"], abs=1e-3)
+
+
+def test_evaluate_without_heldout_rows_fails_with_one_line(tiny_verifier, briefly_trained_draft, tmp_path):
+    proc = run_script(
+        "evaluate.py", "--verifier", tiny_verifier.verifier, "--draft", briefly_trained_draft, "--data", tiny_verifier.data,
+        "--output", tmp_path / "eval", "--split", "nosuch", "--events", tmp_path / "e.jsonl", check=False,
+    )
+    assert proc.returncode != 0
+    finished = read_events(tmp_path / "e.jsonl")[-1]
+    assert finished["status"] == "failed" and "no rows with split='nosuch'" in finished["error"]
+    assert not (tmp_path / "eval" / "report.json").exists()
+
+
+def test_evaluate_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_path):
+    proc = run_script(
+        "evaluate.py", "--verifier", tiny_verifier.verifier, "--draft", tmp_path, "--data", tiny_verifier.data,
+        "--output", tmp_path / "eval", "--events", tmp_path / "e.jsonl", check=False,
+    )
+    assert proc.returncode != 0
+    assert "no checkpoint" in read_events(tmp_path / "e.jsonl")[-1]["error"]
