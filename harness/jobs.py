@@ -251,8 +251,11 @@ class Jobs:
             configured = gpu_count(self.host.container.gpus)
             if configured is not None:
                 return configured
-        result = self.transport.run(["nvidia-smi", "-L"])
-        return sum(1 for line in result.text.splitlines() if line.startswith("GPU ")) if result.ok else 0
+        # Host runtime: the stages inherit the host's environment, so a CUDA_VISIBLE_DEVICES
+        # set there limits what they see, and torchrun must start no more ranks than that.
+        probe = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
+        result = self.transport.run(["sh", "-c", probe])
+        return visible_gpu_count(result.text) if result.ok else 0
 
     # -- read back --------------------------------------------------------------------------------
 
@@ -324,6 +327,17 @@ def _host_record(host: HostConfig) -> dict[str, Any]:
     record = dataclasses.asdict(host)
     record["container"]["build_args"] = sorted(host.container.build_args)
     return record
+
+
+def visible_gpu_count(probe_output: str) -> int:
+    """GPUs the stages can use, from the probe's output: a CUDA_VISIBLE_DEVICES line ("all" when
+    unset), then `nvidia-smi -L`."""
+    first, _, rest = probe_output.partition("\n")
+    listed = sum(1 for line in rest.splitlines() if line.startswith("GPU "))
+    if first.strip() == "all":
+        return listed
+    visible = [d for d in first.split(",") if d.strip() and d.strip() != "-1"]
+    return min(listed, len(visible))
 
 
 def local_git_state(path: str) -> dict[str, Any]:

@@ -12,6 +12,10 @@ stages run where:
     node needs those inputs in its own workdir;
   * plain stages after the last distributed one (evaluate, export) run on node 0 only: they
     read what rank 0 wrote.
+Sharded extraction writes each rank's sample range on that rank's host; `harness check-extract
+GROUP` (harness/extraction_check.py) then checks that every sample has exactly one valid file.
+Training across hosts reads every sample on every host, so `extract train` in one group chain
+needs the pipeline's output_dir on storage all hosts share (the usual cluster setup).
 
 Stopping everything when one node fails, with a bound on the time:
   1. Attached (`harness run GROUP ...` without --detach): `GroupRun.watch` polls every node each
@@ -206,24 +210,23 @@ def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) 
 
 def sync_hosts(config: Config, transports: dict[str, "Transport"], paths: Sequence[str], *, workdirs: dict[str, str] | None = None,
                on_plan: Callable[[str, Any], None] | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None):
-    """`harness sync GROUP`: plan every host in turn (a local scan, cached, and one round trip
-    each; one thread touches the local hash cache), then upload to all hosts at once, one
-    transport each. Returns [(host, SyncResult, error)] in host order."""
-    from harness.sync import prepare_sync, run_sync
+    """`harness sync GROUP`: plan every host in turn (harness.sync.PreparedSync: a local scan,
+    cached, while the host sends its manifest; one thread touches the local hash cache), then
+    apply the plans on all hosts at once, one transport each. [(host, SyncResult, error)]."""
+    from harness.sync import PreparedSync
 
     hosts = list(transports)
     workdirs = workdirs or {h: config.host(h).workdir for h in hosts}
-    plans = {}
-    for h in hosts:
-        plans[h] = prepare_sync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude)
-        if on_plan:
-            on_plan(h, plans[h])
-
-    def one(h: str):
-        progress = progress_for(h) if progress_for else None
-        return run_sync(transports[h], config.root, workdirs[h], plans[h], python=config.host(h).python, progress=progress)
-
-    return parallel(hosts, one)
+    prepared: dict[str, PreparedSync] = {}
+    try:
+        for h in hosts:
+            prepared[h] = PreparedSync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude, python=config.host(h).python)
+            if on_plan:
+                on_plan(h, prepared[h].plan)
+        return parallel(hosts, lambda h: prepared[h].apply(progress_for(h) if progress_for else None))
+    finally:
+        for p in prepared.values():
+            p.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 How it decides what moves
   The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
   {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
-  entry is {kind: "file"|"link", size, mode, sha256, target}. A sync scans the local tree (hashes
-  cached by (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are
-  never re-read), reads the host manifest (one round trip), and sends only entries that differ.
-  A no-op sync therefore costs one round trip and moves no file.
+  entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
+  the host (harness/remote/sync_apply.py, through transport.local_argv: OpenSSH with a persistent
+  ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
+  (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
+  re-read). Only entries that differ are sent, over the same process. A no-op sync therefore
+  costs one remote exec, writes nothing on the host and moves no file.
 
 What it sends
   Regular files (content, permission bits) and symlinks (as links, never followed). Ignored:
@@ -24,9 +26,9 @@ What it deletes
   ignored and reported: an edited manifest cannot steer a deletion out of the tree.
 
 How bytes move
-  One uncompressed tar stream over one channel (transport.local_argv: OpenSSH for SSH hosts) into
-  harness/remote/sync_apply.py on the host, which writes each file under a temporary name and
-  renames it, applies deletions and writes the new manifest last.
+  One uncompressed tar stream into that helper, which applies deletions, writes new files in
+  place and replaces existing ones by rename, and writes the new manifest last (a pending
+  manifest first, so an interrupted sync re-sends and still owns what it was writing).
 
 Run records use `host_manifest_digest(transport, workdir)`: the digest of the code a run used.
 """
@@ -126,11 +128,14 @@ class IgnoreRules:
     """
 
     def __init__(self, exclude: Sequence[str] = ()):
-        from pathspec import GitIgnoreSpec
-
-        self._spec_type = GitIgnoreSpec
-        self._exclude = GitIgnoreSpec.from_lines(list(exclude)) if exclude else None
+        self._exclude = self._spec(list(exclude)) if exclude else None
         self._by_dir: dict[str, object | None] = {}
+
+    @staticmethod
+    def _spec(lines: list[str]):
+        from pathspec import GitIgnoreSpec  # only when there is a pattern to match
+
+        return GitIgnoreSpec.from_lines(lines)
 
     def _spec_for(self, root: Path, rel_dir: str):
         if rel_dir not in self._by_dir:
@@ -141,7 +146,7 @@ class IgnoreRules:
                     lines += f.read_text(encoding="utf-8", errors="replace").splitlines()
                 except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                     pass
-            self._by_dir[rel_dir] = self._spec_type.from_lines(lines) if lines else None
+            self._by_dir[rel_dir] = self._spec(lines) if lines else None
         return self._by_dir[rel_dir]
 
     def ignored(self, root: Path, rel: str, is_dir: bool) -> bool:
@@ -226,7 +231,7 @@ class _HashCache:
         os.replace(tmp, self.path)
 
 
-def _sha256_file(path: Path) -> str:
+def _sha256_file(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_BLOCK):
@@ -255,7 +260,7 @@ def scan_local(
     cache = _HashCache(cache_file)
     tree = LocalTree(entries={})
 
-    def add(rel: str, full: Path, st: os.stat_result) -> None:
+    def add(rel: str, full: str, st: os.stat_result) -> None:
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(full)
             if not _link_stays_inside(rel, target, roots):
@@ -293,7 +298,7 @@ def scan_local(
             if is_dir:
                 walk(rel)
             else:
-                add(rel, Path(child.path), child.stat(follow_symlinks=False))
+                add(rel, child.path, child.stat(follow_symlinks=False))
 
     for r in roots:
         full = root / r
@@ -310,7 +315,7 @@ def scan_local(
             if not rules.ignored(root, r, True):
                 walk(r)
         elif not rules.ignored(root, r, False):
-            add(r, full, st)
+            add(r, str(full), st)
     cache.save()
     return tree
 
@@ -324,6 +329,18 @@ def manifest_digest(files: dict[str, Entry]) -> str:
     table = {p: e.to_json() for p, e in files.items()}
     canonical = json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def parse_manifest(raw: bytes) -> tuple[dict[str, Entry], str | None]:
+    """(files, digest) from manifest bytes. An unreadable manifest owns nothing: the sync then
+    re-sends everything and deletes nothing."""
+    if not raw:
+        return {}, None
+    try:
+        doc = json.loads(raw)
+        return {str(p): Entry.from_json(e) for p, e in doc.get("files", {}).items()}, doc.get("digest")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}, None
 
 
 def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, Entry], str | None]:
@@ -341,13 +358,7 @@ def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, En
         return {}, None
     if proc.returncode != 0:
         raise RemoteCommandError(f"read {MANIFEST_PATH} on {transport.name}", proc.returncode, proc.stderr.decode("utf-8", "replace"))
-    try:
-        doc = json.loads(proc.stdout)
-        files = {str(p): Entry.from_json(e) for p, e in doc.get("files", {}).items()}
-        return files, doc.get("digest")
-    except (ValueError, KeyError, TypeError, AttributeError):
-        # An unreadable manifest owns nothing: the sync re-sends everything and deletes nothing.
-        return {}, None
+    return parse_manifest(proc.stdout)
 
 
 def host_manifest_digest(transport: Transport, workdir: str) -> str | None:
@@ -400,105 +411,166 @@ class _CountingPipe:
         self._raw.flush()
 
 
-def apply_plan(
-    transport: Transport,
-    root: Path,
-    workdir: str,
-    plan: SyncPlan,
-    *,
-    python: str = "python3",
-    progress: ProgressCallback | None = None,
-) -> SyncResult:
-    result = SyncResult(plan=plan, dry_run=False)
-    header = {
-        "roots": plan.roots,
-        "upload": {p: plan.local.entries[p].to_json() for p in plan.upload},
-        "delete": plan.delete,
-        "drop": plan.ignored_manifest_entries,
-        "digest": manifest_digest(plan.manifest),
-    }
-    argv = transport.local_argv([python, "-S", "-c", _remote_source("sync_apply.py"), workdir])  # `~` expanded there
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out: dict[str, bytes] = {}
+def _session_argv(python: str, workdir: str) -> list[str]:
+    """`cat` the manifest (then a NUL) at once, then become the apply helper: the laptop plans
+    while the interpreter starts. `~` in workdir is expanded on the host (by `cd` and by the
+    helper)."""
+    if workdir == "~" or workdir.startswith("~/"):
+        manifest = (workdir[2:].rstrip("/") + "/" if len(workdir) > 2 else "") + MANIFEST_PATH
+        go_home = "cd || exit 2; "
+    else:
+        manifest, go_home = workdir.rstrip("/") + "/" + MANIFEST_PATH, ""
+    script = go_home + 'if [ -f "$1" ]; then cat -- "$1" || exit 2; fi; printf "\\000"; exec "$2" -S -c "$3" "$4"'
+    return ["sh", "-c", script, "sh", manifest, python, _remote_source("sync_apply.py"), workdir]
 
-    def drain(name: str, stream) -> None:
-        out[name] = stream.read()
 
-    readers = [threading.Thread(target=drain, args=(n, s), daemon=True) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
-    for t in readers:
-        t.start()
-    sent = {"files": 0, "bytes": 0}
+class PreparedSync:
+    """A planned sync holding its one exec on the host (harness/remote/sync_apply.py).
 
-    def on_bytes(n: int) -> None:
-        sent["bytes"] += n
-        if progress:
-            progress(sent["files"], sent["bytes"])
+    The helper starts first and sends the host manifest; the local scan runs meanwhile; the plan
+    is then either applied over the same exec (`apply`) or dropped (`close`: the helper exits
+    without touching anything). A sync therefore costs one remote process, a no-op included.
+    Use as a context manager."""
 
-    try:
-        proc.stdin.write(json.dumps(header, ensure_ascii=True).encode() + b"\n")
-        pipe = _CountingPipe(proc.stdin, on_bytes)
-        with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", bufsize=1 << 20) as tar:
-            for rel in plan.upload:
-                entry = plan.local.entries[rel]
-                full = root / rel
-                info = tarfile.TarInfo(rel)
-                info.mtime = 0
-                if entry.kind == "link":
-                    info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.target, 0o777
-                    tar.addfile(info)
-                else:
-                    with open(full, "rb") as f:
-                        info.size = os.fstat(f.fileno()).st_size
-                        info.mode = entry.mode
-                        tar.addfile(info, f)
-                sent["files"] += 1
-                if progress:
-                    progress(sent["files"], sent["bytes"])
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # the helper died: its stderr says why
-    finally:
+    def __init__(self, transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None, plan: SyncPlan | None = None):
+        """plan: one made earlier (run_sync); otherwise scan and plan against the host's manifest."""
+        self.transport, self.root, self.workdir = transport, Path(root), workdir
+        roots = normalize_roots(paths)
+        self._proc = subprocess.Popen(transport.local_argv(_session_argv(python, workdir)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._pending_out = b""
+        self._stderr: list[bytes] = []
+        self._stderr_reader = threading.Thread(target=lambda: self._stderr.append(self._proc.stderr.read()), daemon=True)
+        self._stderr_reader.start()
+        self._done = False
+        try:
+            if plan is not None:
+                local = plan.local
+            else:
+                local = scan_local(self.root, roots, exclude, cache_file=cache_file if cache_file is not None else self.root / LOCAL_CACHE_PATH)
+            raw = self._read_manifest()
+            host, _ = parse_manifest(raw)
+            self.plan = plan if plan is not None else plan_sync(local, host, roots)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_manifest(self) -> bytes:
+        """The manifest bytes, up to the NUL that ends them (JSON never contains a raw NUL)."""
+        buffer = b""
+        fd = self._proc.stdout.fileno()
+        while b"\0" not in buffer:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                self._fail("read the host manifest")
+            buffer += chunk
+        raw, _, self._pending_out = buffer.partition(b"\0")
+        return raw
+
+    def _fail(self, what: str) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        code = self._proc.wait()
+        self._stderr_reader.join()
+        raise RemoteCommandError(f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
+
+    def apply(self, progress: ProgressCallback | None = None) -> SyncResult:
+        """Carry out the plan; raises SyncError if the host refused any path."""
+        plan = self.plan
+        if plan.is_noop:
+            self.close()
+            return SyncResult(plan=plan, dry_run=False, manifest_digest=manifest_digest(plan.manifest))
+        result = SyncResult(plan=plan, dry_run=False)
+        header = {
+            "roots": plan.roots,
+            "upload": {p: plan.local.entries[p].to_json() for p in plan.upload},
+            "delete": plan.delete,
+            "drop": plan.ignored_manifest_entries,
+            "digest": manifest_digest(plan.manifest),
+        }
+        sent = {"files": 0, "bytes": 0}
+
+        def on_bytes(n: int) -> None:
+            sent["bytes"] += n
+            if progress:
+                progress(sent["files"], sent["bytes"])
+
+        proc = self._proc
+        try:
+            proc.stdin.write(json.dumps(header, ensure_ascii=True).encode() + b"\n")
+            pipe = _CountingPipe(proc.stdin, on_bytes)
+            with tarfile.open(fileobj=pipe, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", bufsize=1 << 20) as tar:
+                for rel in plan.upload:
+                    entry = plan.local.entries[rel]
+                    info = tarfile.TarInfo(rel)
+                    info.mtime = 0
+                    if entry.kind == "link":
+                        info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.target, 0o777
+                        tar.addfile(info)
+                    else:
+                        with open(self.root / rel, "rb") as f:
+                            info.size = os.fstat(f.fileno()).st_size
+                            info.mode = entry.mode
+                            tar.addfile(info, f)
+                    sent["files"] += 1
+                    if progress:
+                        progress(sent["files"], sent["bytes"])
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the helper died: its stderr says why
+        out = self._pending_out + proc.stdout.read()
         code = proc.wait()
-        for t in readers:
-            t.join()
-    if code != 0:
-        raise RemoteCommandError("sync helper on " + transport.name, code, out.get("err", b"").decode("utf-8", "replace"))
-    report = json.loads(out["out"].decode().strip().splitlines()[-1])
-    result.files_sent = report["written"]
-    result.bytes_sent = plan.upload_bytes
-    result.deleted = report["deleted"]
-    result.refused = [tuple(r) for r in report["refused"]]
-    result.manifest_digest = manifest_digest(plan.manifest)
-    return result
+        self._stderr_reader.join()
+        self._done = True
+        if code != 0 or not out.strip():
+            raise RemoteCommandError("sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        result.files_sent = report["written"]
+        result.bytes_sent = plan.upload_bytes
+        result.deleted = report["deleted"]
+        result.refused = [tuple(r) for r in report["refused"]]
+        result.manifest_digest = manifest_digest(plan.manifest)
+        if result.refused:
+            listed = "; ".join(f"{p}: {why}" for p, why in result.refused[:5])
+            more = f" (and {len(result.refused) - 5} more)" if len(result.refused) > 5 else ""
+            raise SyncError(f"the host refused {len(result.refused)} path(s): {listed}{more}")
+        return result
+
+    def close(self) -> None:
+        """Let the helper go without changing anything (EOF before a header)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        # The helper changes nothing before it has a header, so there is nothing to wait for:
+        # end our side now (the host side sees the channel close and exits).
+        self._proc.terminate()
+        self._proc.wait()
+        self._proc.stdout.close()
+
+    def __enter__(self) -> "PreparedSync":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def prepare_sync(
-    transport: Transport,
-    root: Path,
-    paths: Sequence[str],
-    workdir: str,
-    *,
-    exclude: Sequence[str] = (),
-    cache_file: Path | None = None,
-) -> SyncPlan:
-    """Scan the local tree and read the host manifest (one round trip): what a sync would do."""
-    root = Path(root)
-    roots = normalize_roots(paths)
-    local = scan_local(root, roots, exclude, cache_file=cache_file if cache_file is not None else root / LOCAL_CACHE_PATH)
-    host, _ = read_host_manifest(transport, workdir)
-    return plan_sync(local, host, roots)
+def prepare_sync(transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None) -> SyncPlan:
+    """The plan alone (the helper exits without touching anything); run_sync applies it later."""
+    with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
+        return prepared.plan
 
 
 def run_sync(transport: Transport, root: Path, workdir: str, plan: SyncPlan, *, python: str = "python3", progress: ProgressCallback | None = None) -> SyncResult:
-    """Carry out a plan from prepare_sync; raises SyncError if the host refused any path."""
+    """Apply a plan from prepare_sync (a second exec; PreparedSync does both in one)."""
     if plan.is_noop:
         return SyncResult(plan=plan, dry_run=False, manifest_digest=manifest_digest(plan.manifest))
-    result = apply_plan(transport, Path(root), workdir, plan, python=python, progress=progress)
-    if result.refused:
-        listed = "; ".join(f"{p}: {why}" for p, why in result.refused[:5])
-        more = f" (and {len(result.refused) - 5} more)" if len(result.refused) > 5 else ""
-        raise SyncError(f"the host refused {len(result.refused)} path(s): {listed}{more}")
-    return result
+    with PreparedSync(transport, root, plan.roots, workdir, python=python, plan=plan) as prepared:
+        return prepared.apply(progress)
 
 
 def sync(
@@ -514,7 +586,7 @@ def sync(
     cache_file: Path | None = None,
 ) -> SyncResult:
     """Push `paths` (relative to `root`) to `workdir` on the host; see the module docstring."""
-    plan = prepare_sync(transport, root, paths, workdir, exclude=exclude, cache_file=cache_file)
-    if dry_run:
-        return SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest))
-    return run_sync(transport, root, workdir, plan, python=python, progress=progress)
+    with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
+        if dry_run:
+            return SyncResult(plan=prepared.plan, dry_run=True, manifest_digest=manifest_digest(prepared.plan.manifest))
+        return prepared.apply(progress)

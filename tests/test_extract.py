@@ -220,3 +220,135 @@ def test_nested_text_config_verifier(nested_verifier, prepared_data, tmp_path):
         assert torch.equal(saved["token_ids"], rows[i]["input_ids"])
         reference = _reference(model, rows[i]["input_ids"], [2, 3, 4])
         _assert_bf16_close(saved["hidden_states"], reference)
+
+
+# ---------------------------------------------------------------------------------------------
+# vllm backend: the composed command lines, and the server lifecycle around a stand-in server
+# (tests/fixtures/vllm_stand_in.py; a real vLLM cannot be installed on these machines).
+
+STAND_IN = Path(__file__).resolve().parent / "fixtures" / "vllm_stand_in.py"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _vllm_args(tiny_verifier, prepared, out, mode, record, *extra):
+    return [
+        "--backend", "vllm", "--verifier", tiny_verifier.verifier, "--prepared", prepared, "--output", out,
+        "--vllm-command", f"{sys.executable} {STAND_IN} --mode {mode} --record {record}",
+        "--port", _free_port(), "--concurrency", 4, "--events", out.parent / "events.jsonl", *extra,
+    ]
+
+
+def test_vllm_serve_command_line():
+    from common.vllm_server import ServeOptions, offline_data_argv, serve_argv
+
+    opts = ServeOptions(model="/models/kimi", layer_ids=[2, 30, 58], staging_dir="/data/staging", port=8100, tensor_parallel_size=8, max_model_len=4096, vllm_command="/opt/venv/bin/vllm", extra_args=["--trust-remote-code"])
+    argv = serve_argv(opts)
+    assert argv[:3] == ["/opt/venv/bin/vllm", "serve", "/models/kimi"]
+    value = lambda flag: argv[argv.index(flag) + 1]  # noqa: E731
+    assert json.loads(value("--speculative-config")) == {"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}}
+    assert json.loads(value("--kv-transfer-config")) == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "/data/staging"}}
+    assert (value("--port"), value("--tensor-parallel-size"), value("--max-model-len")) == ("8100", "8", "4096")
+    assert argv[-1] == "--trust-remote-code"
+
+    # The client command is accepted by the installed speculators CLI (parsed, not run).
+    import typer.main
+    from speculators.cli import app
+
+    client = offline_data_argv(["speculators", "generate-offline-data"], opts, "/data/prepared", "/data/hs", rank=1, world_size=4, concurrency=16)
+    group = typer.main.get_command(app)
+    command = group.get_command(group.make_context("speculators", ["generate-offline-data"]), "generate-offline-data")
+    params = command.make_context("generate-offline-data", client[2:]).params
+    assert params["endpoint"] == "http://127.0.0.1:8100/v1" and params["model"] == "/models/kimi"
+    assert (params["preprocessed_data"], params["output"], params["rank"], params["world_size"], params["concurrency"]) == ("/data/prepared", "/data/hs", 1, 4, 16)
+    assert params["validate_outputs"] is True
+
+
+def test_vllm_backend_runs_speculators_offline_datagen_against_a_server(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    """The real `speculators generate-offline-data` against the stand-in, which parses our flags
+    as vllm would; the files equal the transformers backend's."""
+    import torch
+    from safetensors.torch import load_file
+
+    out, record = tmp_path / "hs", tmp_path / "server.json"
+    proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "serve", record), check=False, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finished = read_events(tmp_path / "events.jsonl")[-1]
+    assert finished["status"] == "ok" and finished["layers"] == [2, 4, 5]
+    server = json.loads(record.read_text())
+    assert not _alive(server["pid"])  # stopped after the run
+    assert "listening on" in (out / "vllm_server.rank0.log").read_text()  # log kept
+    assert not list((out / ".staging" / "rank0").iterdir())  # every file moved into place
+    for i in (0, 5, 17):
+        ours, reference = load_file(str(out / f"hs_{i}.safetensors")), load_file(str(hidden_states / f"hs_{i}.safetensors"))
+        assert torch.equal(ours["token_ids"], reference["token_ids"])
+        _assert_bf16_close(ours["hidden_states"], reference["hidden_states"].float())
+
+
+def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):
+    out, record = tmp_path / "hs", tmp_path / "server.json"
+    import time
+
+    started = time.monotonic()
+    proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "die", record, "--health-timeout", 300), check=False)
+    assert proc.returncode == 1 and time.monotonic() - started < 60
+    error = read_events(tmp_path / "events.jsonl")[-1]["error"]
+    assert "exited with status 3 before becoming healthy" in error and "CUDA out of memory (simulated)" in error
+    assert (out / "vllm_server.rank0.log").exists()
+
+
+def test_vllm_server_that_never_gets_healthy_is_killed(tiny_verifier, prepared_data, tmp_path):
+    out, record = tmp_path / "hs", tmp_path / "server.json"
+    proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "hang", record, "--health-timeout", 3, "--stop-grace", 1), check=False)
+    assert proc.returncode == 1
+    assert "not healthy after 3 s" in read_events(tmp_path / "events.jsonl")[-1]["error"]
+    assert not _alive(json.loads(record.read_text())["pid"])  # it ignored SIGTERM: SIGKILL after the grace
+
+
+def test_vllm_server_is_stopped_when_the_client_fails(tiny_verifier, prepared_data, tmp_path):
+    out, record = tmp_path / "hs", tmp_path / "server.json"
+    client = f"{sys.executable} -c 'import sys; sys.exit(4)'"
+    proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "health-only", record, "--offline-command", client), check=False)
+    assert proc.returncode == 1
+    assert "generate-offline-data exited with status 4" in read_events(tmp_path / "events.jsonl")[-1]["error"]
+    assert not _alive(json.loads(record.read_text())["pid"])
+
+
+def test_sigterm_of_the_stage_stops_server_and_client(tiny_verifier, prepared_data, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from tests.fixtures.pipeline_data import offline_env
+
+    out, record, client_pid = tmp_path / "hs", tmp_path / "server.json", tmp_path / "client.pid"
+    client = f"{sys.executable} -c 'import os, time; open(\"{client_pid}\", \"w\").write(str(os.getpid())); time.sleep(300)'"
+    argv = [sys.executable, str(SCRIPTS_DIR / "extract_hidden_states.py"), *map(str, _vllm_args(tiny_verifier, prepared_data, out, "health-only", record, "--offline-command", client))]
+    stage = subprocess.Popen(argv, env=offline_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (client_pid.exists() and client_pid.read_text()) and time.monotonic() < deadline:
+            assert stage.poll() is None, "the stage ended early"
+            time.sleep(0.2)
+        stage.send_signal(signal.SIGTERM)
+        assert stage.wait(timeout=60) == 1
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+    assert "cancelled" in read_events(tmp_path / "events.jsonl")[-1]["error"]
+    assert not _alive(json.loads(record.read_text())["pid"])
+    assert not _alive(int(client_pid.read_text()))

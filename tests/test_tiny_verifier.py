@@ -94,3 +94,19 @@ def test_too_few_layers_is_one_clear_error(tmp_path):
     assert finished["event"] == "finished" and finished["status"] == "failed"
     assert "at least 7" in finished["error"] and "\n" not in finished["error"]
     assert not (tmp_path / "v").exists() and not (tmp_path / "d.jsonl").exists()
+
+
+def test_stage_command_lines_from_the_harness_are_accepted():
+    """harness.pipeline composes these stages' flags; each script must parse them as given."""
+    from harness.config import PipelineConfig
+    from harness.pipeline import stage_argv
+
+    import extract_hidden_states
+    import prepare_data
+
+    config = PipelineConfig(target_layer_ids=[2, 5])
+    for stage, module in (("verifier", tiny), ("prepare", prepare_data), ("extract", extract_hidden_states)):
+        argv = stage_argv(stage, config, events_path="runs/r1/events.jsonl")
+        args = module.parse_args(argv[2:])
+        assert args.events == "runs/r1/events.jsonl"
+    assert extract_hidden_states.parse_args(stage_argv("extract", config)[2:]).layers == [2, 5]

@@ -135,7 +135,7 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
     transports = open_all(app.transport, hosts)
     if dry_run:
         for h in hosts:
-            plan = prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude)
+            plan = prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude, python=config.host(h).python)
             _print_plan(h, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
         return 0
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 
 class EventRenderer:
-    def __init__(self) -> None:
+    def __init__(self, log_stream: TextIO | None = None) -> None:
+        """log_stream: where stage log text goes (stdout by default; stderr when stdout must
+        carry only a machine-readable result)."""
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,6 +30,7 @@ class EventRenderer:
             transient=True,
             disable=not self.console.is_terminal,
         )
+        self.log_stream = log_stream or sys.stdout
         self._tasks: dict[str, Any] = {}
         self._pending = b""
         self.final_states: dict[str, dict[str, Any]] = {}
@@ -48,13 +51,13 @@ class EventRenderer:
                 try:
                     self.handle(json.loads(line))
                 except ValueError:
-                    sys.stdout.write(line.decode("utf-8", "replace") + "\n")
+                    self.log_stream.write(line.decode("utf-8", "replace") + "\n")
 
     def handle(self, item: dict[str, Any]) -> None:
         stage = item.get("stage", "?")
         if "log" in item:
-            sys.stdout.write(item["log"])
-            sys.stdout.flush()
+            self.log_stream.write(item["log"])
+            self.log_stream.flush()
         elif "event" in item:
             self._on_event(stage, item["event"])
         elif "state" in item:

@@ -52,7 +52,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     Files an earlier sync put there and that are gone here are deleted, only inside the synced
     paths; everything else on the host (runs/, outputs, data) is never touched.
     """
-    from harness.sync import SyncResult, manifest_digest, prepare_sync, run_sync
+    from harness.sync import PreparedSync, SyncResult, manifest_digest
 
     app = ctx.obj
     config = app.config
@@ -63,23 +63,24 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     try:
         for target in config.targets(host):
             transport = app.transport(target.name)
-            plan = prepare_sync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude)
-            if dry_run:
-                _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
-                continue
-            if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
-                result = run_sync(transport, config.root, target.workdir, plan, python=target.python)  # instant: no bar
-            else:
-                progress = _progress()
-                with progress:
-                    task = progress.add_task(f"sync {target.name}", total=plan.upload_bytes, files=f"0/{len(plan.upload)} files")
+            with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
+                plan = prepared.plan
+                if dry_run:
+                    _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                    continue
+                if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
+                    result = prepared.apply()  # a blink: no progress bar (and no rich import)
+                else:
+                    progress = _progress()
+                    with progress:
+                        task = progress.add_task(f"sync {target.name}", total=plan.upload_bytes, files=f"0/{len(plan.upload)} files")
 
-                    def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload)) -> None:
-                        # bytes on the wire include tar headers: cap at the payload total
-                        _progress.update(_task, completed=min(sent, plan.upload_bytes), files=f"{files}/{_n} files")
+                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload)) -> None:
+                            # bytes on the wire include tar headers: cap at the payload total
+                            _progress.update(_task, completed=min(sent, plan.upload_bytes), files=f"{files}/{_n} files")
 
-                    result = run_sync(transport, config.root, target.workdir, plan, python=target.python, progress=on_progress)
-                    progress.update(task, completed=plan.upload_bytes)
+                        result = prepared.apply(on_progress)
+                        progress.update(task, completed=plan.upload_bytes)
             _print_summary(target.name, result)
     finally:
         app.close()

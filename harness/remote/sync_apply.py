@@ -1,6 +1,9 @@
 """Host side of `harness sync` (stdlib only; sent as `python3 -c SOURCE WORKDIR`, never imported).
 
-stdin: one JSON header line, then an uncompressed tar stream of the files to write.
+The laptop's command line prints the current manifest (then a NUL byte) with `cat` before this
+script starts, so planning overlaps the interpreter's start-up (harness.sync.PreparedSync).
+stdin: one JSON header line (an empty line or EOF: change nothing and exit), then an
+uncompressed tar stream of the files to write.
   header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...],
             "digest": sha256 of the resulting manifest's file table (computed by the laptop)}
   The new manifest is the old one without `delete` and `drop` (entries the laptop found unsafe),
@@ -19,7 +22,7 @@ Order, chosen so that an interruption at any point leaves the host consistent:
   4. the final manifest is renamed into place.
 The laptop already validated every path; this script checks again, because the manifest it
 derives from lives on the host and may have been edited.
-stdout: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
+stdout at the end: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
 """
 
 import json
@@ -125,10 +128,13 @@ def manifest_doc(files, digest):
 
 def main():
     workdir = os.path.normpath(os.path.expanduser(sys.argv[1]))
+    stream = sys.stdin.buffer
+    line = stream.readline()
+    if not line.strip():
+        return  # nothing to do (a no-op or a dry run): the host is left exactly as it was
+    header = json.loads(line)
     os.makedirs(workdir, exist_ok=True)
     workdir = os.path.realpath(workdir)
-    stream = sys.stdin.buffer
-    header = json.loads(stream.readline())
     roots = header["roots"]
     upload = header["upload"]
     refused = []

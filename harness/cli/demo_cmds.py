@@ -1,0 +1,52 @@
+"""`harness demo`: the whole pipeline on this machine (the logic lives in harness.demo)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.command("demo")
+@click.option("--workdir", type=click.Path(file_okay=False), default="demo-output", show_default=True, help="Where the demo writes everything (verifier, data, draft, report, runs).")
+@click.option("-k", "--speculative-tokens", type=click.IntRange(1, 8), default=3, show_default=True, help="Tokens the draft proposes per verifier step.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the summary, as JSON (keys tau, acceptance_per_position, ...).")
+def demo(workdir: str, speculative_tokens: int, as_json: bool) -> None:
+    """Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.
+
+    No SSH and no container: the same sync, detached-run and stage code as on a GPU box, through
+    the local transport. Stages: build and train a tiny verifier on a learnable chat language,
+    prepare, extract hidden states, train the draft, evaluate acceptance, export.
+    """
+    from pathlib import Path
+
+    from harness.cli.render import EventRenderer
+    from harness.demo import DemoOptions, run_demo
+
+    options = DemoOptions(workdir=Path(workdir), speculative_tokens=speculative_tokens)
+    renderer = EventRenderer(log_stream=sys.stderr if as_json else sys.stdout)
+    with renderer:
+        summary = run_demo(options, renderer.feed)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+        return
+    _print_summary(summary)
+
+
+def _print_summary(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"EAGLE-3 demo: run {summary.run_id} ({summary.seconds:.0f} s)", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("acceptance length tau", f"{summary.tau:.2f}  (k = {summary.k}, {summary.prompts} held-out prompts)")
+    for i, a in enumerate(summary.acceptance_per_position, 1):
+        table.add_row(f"accepted at position {i}", f"{a:.1%}")
+    table.add_row("draft checkpoint", summary.draft)
+    table.add_row("vLLM export", summary.export)
+    table.add_row("report", summary.report)
+    for name, path in summary.plots.items():
+        table.add_row(f"plot: {name}", path)
+    Console().print(table)

@@ -1,0 +1,139 @@
+"""The embedded default: the whole EAGLE-3 pipeline on this machine, on a tiny verifier.
+
+Nothing here is special-cased: the demo is a config with one local host (runtime "host"), and it
+goes through the same library path as a GPU box: `sync` pushes remote_scripts/ into the demo's
+workdir, `Jobs.start` launches the detached supervisor that runs the stages one after another,
+and the summary is read from the evaluate stage's report.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
+from harness.errors import HarnessError
+from harness.pipeline import DEMO_CHAIN, StagePaths
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Stage flags tuned for 2 CPU cores: the whole chain in a few minutes, tau >= 3.5 at k = 3.
+# Torch's default of one OpenMP thread per core is very slow when anything else runs on the
+# machine; one thread per stage is faster and predictable.
+DEMO_STAGE_ARGS: dict[str, dict[str, Any]] = {
+    "verifier": {"threads": 1},
+    "prepare": {},
+    "extract": {"threads": 1},
+    "train": {"threads": 1},
+    "evaluate": {"threads": 1},
+    "export": {},
+}
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    workdir: Path = Path("demo-output")  # everything the demo writes lives here
+    speculative_tokens: int = 3
+    stage_args: dict[str, dict[str, Any]] = field(default_factory=lambda: DEMO_STAGE_ARGS)
+
+
+@dataclass(frozen=True)
+class DemoSummary:
+    run_id: str
+    tau: float
+    acceptance_per_position: list[float]
+    k: int
+    prompts: int
+    draft: str
+    export: str
+    report: str
+    plots: dict[str, str]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "tau": self.tau,
+            "acceptance_per_position": self.acceptance_per_position,
+            "k": self.k,
+            "prompts": self.prompts,
+            "draft": self.draft,
+            "export": self.export,
+            "report": self.report,
+            "plots": self.plots,
+            "seconds": self.seconds,
+        }
+
+
+def demo_config(options: DemoOptions) -> Config:
+    """The demo's config: one local host whose workdir is options.workdir, the stages run by the
+    very interpreter running harness (it has the pipeline extra installed)."""
+    workdir = options.workdir.expanduser().resolve()
+    host = HostConfig(name="local", local=True, workdir=str(workdir), runtime="host", python=sys.executable)
+    pipeline = PipelineConfig(
+        verifier="outputs/tiny-verifier",
+        data="outputs/chat.jsonl",
+        output_dir="outputs",
+        max_seq_len=256,
+        speculative_tokens=options.speculative_tokens,
+        stages=options.stage_args,
+    )
+    return Config(
+        path=REPO_ROOT / "harness.toml",  # not read: sync paths are relative to its directory
+        hosts={"local": host},
+        sync=SyncConfig(paths=["remote_scripts"]),
+        pipeline=pipeline,
+    )
+
+
+def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSummary:
+    """Sync, run the demo chain attached (its JSON-lines stream goes to `on_output`), summarize."""
+    import time
+
+    from harness.jobs import Jobs
+    from harness.sync import sync
+    from harness.transport.local import LocalTransport
+
+    if not (REPO_ROOT / "remote_scripts").is_dir():
+        raise HarnessError(f"remote_scripts/ not found next to the harness package ({REPO_ROOT}); run the demo from a checkout")
+    started = time.monotonic()
+    config = demo_config(options)
+    host = config.hosts["local"]
+    transport = LocalTransport("local")
+    sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
+    jobs = Jobs(config, host, transport)
+    run_id = jobs.start(list(DEMO_CHAIN))
+    jobs.follow(run_id, on_output, follow=True, as_json=True)
+    status = jobs.status(run_id)
+    if status.state != "ok":
+        failed = status.failed_stage
+        if failed:
+            raise HarnessError(f"demo run {run_id}: stage {failed.stage} exited with code {failed.exit_code}; its log: {host.workdir}/runs/{run_id}/{failed.stage}/log")
+        raise HarnessError(f"demo run {run_id} ended {status.state}; logs under {host.workdir}/runs/{run_id}/")
+    return _summary(run_id, config, time.monotonic() - started)
+
+
+def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
+    workdir = Path(config.hosts["local"].workdir)
+    paths = StagePaths.from_config(config.pipeline)
+    report_path = workdir / paths.evaluation / "report.json"
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"demo run {run_id}: no readable evaluation report at {report_path} ({e})") from None
+    extra = report.get("extra") or {}
+    return DemoSummary(
+        run_id=run_id,
+        tau=float(report["tau"]),
+        acceptance_per_position=[float(a) for a in report["acceptance_per_position"]],
+        k=int(report["k"]),
+        prompts=int(report.get("prompts", 0)),
+        draft=str(extra.get("draft") or workdir / paths.checkpoints),
+        export=str(workdir / paths.export),
+        report=str(report_path),
+        plots={k: str(v) for k, v in (extra.get("plots") or {}).items()},
+        seconds=round(seconds, 1),
+    )
