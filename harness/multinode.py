@@ -300,7 +300,8 @@ class GroupStatus:
         for n in self.failed_nodes():
             stage = next((s for s in n.status.stages if s.state in ("failed", "cancelled")), None) if n.status else None
             why = str(((stage.last_event if stage else None) or {}).get("error", ""))
-            caused_by_peer = why.startswith("stopped:")
+            # node_launcher.py says so: "stopped: <peer> ..." or "... after <peer> failed"
+            caused_by_peer = why.startswith("stopped:") or " after " in why
             failed.append((caused_by_peer, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
         return min(failed, key=lambda f: f[:3])[3] if failed else None
 

@@ -237,7 +237,7 @@ class Eagle3Proposer:
 
         n = len(tokens) - 1  # verified positions 0..n-1 have hidden states; tokens[n] is the newest
         aux = verifier_view[:, :n]
-        ids = torch.tensor([tokens[1 : n + 1]])
+        ids = torch.tensor([tokens[1 : n + 1]], device=aux.device)
         steps = self.run(aux, ids, k, teacher_forcing=False)
         return [int(s[0, -1]) for s in steps]
 
@@ -508,6 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: sdpa; inference needs no flex)")
     p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="also decode each prompt greedily and check the speculative output equals it")
     p.add_argument("--train-metrics", default=None, help="train metrics/events JSONL for the curves (default: DRAFT/metrics.jsonl, then the train stage's events.jsonl)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); the tiny models gain nothing from more")
     p.add_argument("--events", default=None)
     return p.parse_args(argv)
@@ -549,9 +550,11 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = AutoTokenizer.from_pretrained(verifier_path)
-    model = load_verifier(verifier_path, device="cpu", dtype=torch.float32)  # exact reference for greedy acceptance
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # The verifier in the stages' common dtype (fp32 on CPU, bf16 on GPU), the draft in bf16.
+    model = load_verifier(verifier_path, device=device)
     attn_impl = "sdpa" if args.attn_impl == "auto" else args.attn_impl
-    draft = load_draft(ckpt, verifier_path, attn_impl)
+    draft = load_draft(ckpt, verifier_path, attn_impl).to(device)
     layers = draft_layers(draft, locate_decoder(model).num_layers)
     verifier = HFVerifier(model, layers, torch.bfloat16)
     proposer = Eagle3Proposer(draft, autocast_dtype=None)

@@ -203,13 +203,19 @@ class Watchdog:
         return None
 
     def first_failed_peer(self) -> str | None:
-        time.sleep(self.a.heartbeat)  # one more probe round: a peer's failure may be in flight
-        with self.lock:
-            for peer in self.peers:
-                outcome = self.outcomes.get(peer)
-                if outcome and not outcome.startswith("ok"):
-                    return f"{self.name(peer)} {outcome}"
-        return None
+        """A peer's failure that came first (our ranks died of it), if one is posted within two
+        probe rounds: the peer that failed may still be posting while its collectives already
+        broke ours."""
+        deadline = time.monotonic() + 2 * self.a.heartbeat + 1.0
+        while True:
+            with self.lock:
+                for peer in self.peers:
+                    outcome = self.outcomes.get(peer)
+                    if outcome and not outcome.startswith("ok"):
+                        return f"{self.name(peer)} {outcome}"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
 
     def wait_for_peers_outcome(self) -> None:
         """Node 0 hosts the store: keep it up until every live peer has posted its outcome, so
@@ -312,11 +318,12 @@ def main(argv: list[str] | None = None) -> int:
             stop_reason = reason
             dog.post(f"stopped ({reason})")
             break
-        time.sleep(a.heartbeat)
+        time.sleep(0.2)  # cheap: reason_to_stop reads memory; the prober talks to the store
     if stop_reason is not None:
         say(f"stopping torchrun: {stop_reason}")
         stop_tree(proc, a.grace)
-        events.finished("failed", error=f"stopped: {stop_reason}", node_rank=a.node_rank)
+        # "stopped: ..." names a peer's trouble; "cancelled" is this node's own cancel
+        events.finished("failed", error="cancelled" if stop_reason == "cancelled" else f"stopped: {stop_reason}", node_rank=a.node_rank)
         code = 143 if stop_reason == "cancelled" else 3
     else:
         code = proc.returncode

@@ -395,6 +395,9 @@ def test_origin_prefers_a_silent_node_over_the_peers_it_broke():
     nodes[1] = failed("n1", 1, 11.0, "CHECK FAILED")
     # without a silent node: the earliest failure that was not a watchdog stop
     assert GroupStatus("g", "r", nodes).origin().host == "n0"
+    # a node whose ranks died after a peer's cancel points at that peer, even if it ended first
+    nodes = [failed("n0", 0, 3.0, "failed (torchrun exit code 1) after n1 (node 1) cancelled"), failed("n1", 1, 4.0, "cancelled")]
+    assert GroupStatus("g", "r", nodes).origin().host == "n1"
 
 
 # ---------------------------------------------------------------------------------------------

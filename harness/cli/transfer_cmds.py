@@ -139,7 +139,7 @@ def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str]:
 @click.option("--include", multiple=True, metavar="PATTERN", help="Only paths matching (gitignore-style; repeatable).")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
 @click.option("--latest-checkpoint", is_flag=True, help="Only the newest checkpoint directory, plus run records and logs.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Parallel OpenSSH streams.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel OpenSSH streams (added while they raise throughput on a long link).")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
 @click.pass_context
 def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, jobs: int, dry_run: bool) -> None:
@@ -197,7 +197,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
             click.echo(
                 f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({_human(report.bytes_received)} at {_human(rate)}/s"
                 + (f", {_human(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
-                + f"), {len(report.identical)} already identical, {len(report.links)} links",
+                + f", {report.streams} stream{'s' if report.streams != 1 else ''}), {len(report.identical)} already identical, {len(report.links)} links",
                 err=True,
             )
         if not report.ok:

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""`speculators train ARGS...` run directly (its own config resolver and trainer), with an
+observer only: a handler on logger `speculators.metrics` appends each step's record (its
+synchronised step profile included) to $BENCH_METRICS, and at exit the peak GPU memory.
+Nothing of harness or remote_scripts is imported: this is the reference side of the ratio."""
+
+import atexit
+import json
+import logging
+import os
+import sys
+
+
+class _ToFile(logging.Handler):
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict):
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record.msg, default=float) + "\n")
+
+
+def _peak_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        with open(os.environ["BENCH_METRICS"], "a") as f:
+            f.write(json.dumps({"peak_memory_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2)}) + "\n")
+
+
+if __name__ == "__main__":
+    logging.getLogger("speculators.metrics").addHandler(_ToFile(os.environ["BENCH_METRICS"]))
+    atexit.register(_peak_memory)
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    main(TrainConfig.resolve(sys.argv[1:]))
