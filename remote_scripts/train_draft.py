@@ -268,6 +268,10 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         cfg = TrainConfig.resolve(spec_argv)
     except SystemExit as e:
         raise TrainError(f"speculators rejected the configuration (exit {e.code}); its message is above") from None
+    if rank == 0:
+        # The exact flags handed to speculators, so anyone can re-run `speculators train` with them
+        # (bench/gpu compares our stage against that direct run on the same data).
+        print("speculators argv: " + json.dumps(spec_argv), flush=True)
     started, started_wall = time.monotonic(), time.time()
     speculators_main(cfg)
     bridge.detach()
@@ -277,6 +281,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         raise TrainError(f"interrupted by a signal: speculators saved its state to {interrupted}; a new run resumes from the last finished epoch")
 
     summary: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1), "attn_implementation": attn_impl, "loss_implementation": loss_impl}
+    if device_type == "cuda":
+        summary["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if rank == 0:
         last = latest_epoch(output)
         if last is None:

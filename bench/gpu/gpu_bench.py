@@ -53,19 +53,26 @@ class Row:
 # setup
 
 
-def make_verifier(path: Path, layers: int) -> None:
+# Llama-3.1-8B's shape; --tiny shrinks it to check this script's mechanics on a CPU.
+FULL_SHAPE = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}
+TINY_SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128256}
+
+
+def device() -> str:
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def make_verifier(path: Path, layers: int, shape: dict) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if (path / "config.json").exists():
         return
     config = LlamaConfig(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
+        **shape,
         num_hidden_layers=layers,
-        vocab_size=128256,
         max_position_embeddings=8192,
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
@@ -76,11 +83,12 @@ def make_verifier(path: Path, layers: int) -> None:
     )
     config._attn_implementation = "sdpa"  # the verifier runs plain causal attention
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device()):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     del model
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def make_prepared(path: Path, samples: int, seq_len: int) -> int:
@@ -117,15 +125,21 @@ def run_stage(work: Path, stage: str, stage_args: dict, env: dict[str, str], tim
     os.environ.update(env)
     for k in [k for k in ("CUDA_VISIBLE_DEVICES",) if k not in env]:
         os.environ.pop(k, None)
-    host = HostConfig(name="gpu", local=True, workdir=str(REPO), runtime="host", python=sys.executable)
+    from harness.config import SyncConfig
+    from harness.sync import sync
+
+    workdir = work / "harness-workdir"
+    host = HostConfig(name="gpu", local=True, workdir=str(workdir), runtime="host", python=sys.executable)
     pipeline = PipelineConfig(verifier=str(work / "verifier"), data="", output_dir=str(work), stages={stage: stage_args})
-    config = Config(path=REPO / "harness.toml", hosts={"gpu": host}, pipeline=pipeline)
-    jobs = Jobs(config, host, LocalTransport("gpu"))
+    config = Config(path=REPO / "harness.toml", hosts={"gpu": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=pipeline)
+    transport = LocalTransport("gpu")
+    sync(transport, config.root, config.sync.paths, str(workdir), python=sys.executable)
+    jobs = Jobs(config, host, transport)
     run_id = jobs.start([stage])
     status = jobs.wait(run_id, timeout=timeout, poll_s=2.0)
-    events_path = REPO / "runs" / run_id / stage / "events.jsonl"
-    events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
-    log = (REPO / "runs" / run_id / stage / "log").read_text(errors="replace")
+    stage_dir = workdir / "runs" / run_id / stage
+    events = [json.loads(line) for line in (stage_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    log = (stage_dir / "log").read_text(errors="replace")
     if status.state != "ok":
         print(log[-6000:])
         raise SystemExit(f"{stage} run {run_id} ended {status.state}")
@@ -145,6 +159,13 @@ def steady_tokens_per_s(metric_events: list[dict], warmup: int) -> tuple[float, 
 # parts
 
 
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def part_extract(work: Path, args, rows: list[Row]) -> None:
     import torch
 
@@ -155,26 +176,29 @@ def part_extract(work: Path, args, rows: list[Row]) -> None:
     # forward-only: the same model, capture hooks and batches, no device->host copy, no writes
     ds = load_from_disk(str(work / "prepared"))
     ds.set_format(type="torch")
-    model = load_verifier(str(work / "verifier"), device="cuda:0", dtype="auto")
+    dev = device()
+    model = load_verifier(str(work / "verifier"), device=dev, dtype="auto")
     parts = locate_decoder(model)
     capture = HiddenStateCapture(parts, default_target_layers(parts.num_layers))
     lengths = {i: int(ds[i]["seq_len"]) for i in range(len(ds))}
     batches = plan_batches(lengths, args.extract_batch_size, args.extract_max_batch_tokens)
     with torch.inference_mode():
         for b in batches[:2]:  # warm-up
-            capture.run(torch.stack([ds[i]["input_ids"] for i in b]).cuda(), torch.ones(len(b), lengths[b[0]], dtype=torch.long, device="cuda"))
-        torch.cuda.synchronize()
+            ids = torch.stack([ds[i]["input_ids"] for i in b]).to(dev)
+            capture.run(ids, torch.ones_like(ids))
+        sync()
         t0 = time.perf_counter()
         tokens = 0
         for b in batches:
-            ids = torch.stack([ds[i]["input_ids"] for i in b]).cuda()
+            ids = torch.stack([ds[i]["input_ids"] for i in b]).to(dev)
             capture.run(ids, torch.ones_like(ids)).to(torch.bfloat16)
             tokens += ids.numel()
-        torch.cuda.synchronize()
+        sync()
         forward_tps = tokens / (time.perf_counter() - t0)
     capture.close()
     del model, capture
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
     stage_args = {"batch_size": args.extract_batch_size, "max_batch_tokens": args.extract_max_batch_tokens, "output": str(work / "hidden_states"), "prepared": str(work / "prepared")}
     fin = run_stage(work, "extract", stage_args, {"CUDA_VISIBLE_DEVICES": "0"}, timeout=900)
@@ -260,6 +284,7 @@ def main() -> None:
     p.add_argument("--total-seq-len", type=int, default=8192)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu-bench-out"))
+    p.add_argument("--tiny", action="store_true", help="a small verifier and few samples: checks the mechanics on a CPU")
     args = p.parse_args()
     parts = {"setup", "extract", "train", "ddp"} if args.parts == "all" else set(args.parts.split(","))
     work = Path(args.work)
@@ -269,12 +294,12 @@ def main() -> None:
 
     import torch
 
-    gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "CPU (mechanics check only)"
     rows: list[Row] = []
     results: dict = {"gpu": gpu, "torch": torch.__version__}
     t0 = time.monotonic()
     if "setup" in parts:
-        make_verifier(work / "verifier", args.layers)
+        make_verifier(work / "verifier", args.layers, TINY_SHAPE if args.tiny else FULL_SHAPE)
         results["tokens"] = make_prepared(work / "prepared", args.samples, args.seq_len)
         print(f"setup: {results['tokens']} tokens, verifier {args.layers} layers, {time.monotonic() - t0:.0f} s", flush=True)
     if "extract" in parts:

@@ -34,16 +34,17 @@ def init(app, path: str | None) -> None:
 def hosts(app) -> None:
     """List configured hosts and groups."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     config = app.config
-    table = Table(title=f"hosts in {config.path}")
+    table = Table(title=f"hosts in {escape(str(config.path))}")
     for column in ("name", "reach", "runtime", "workdir", "env"):
         table.add_column(column)
     for name, h in config.hosts.items():
         reach = "local" if h.is_local else f"ssh {h.ssh}"
         runtime = h.runtime if h.runtime == "host" else f"docker ({h.container.image})"
-        table.add_row(name, reach, runtime, h.workdir, ", ".join(h.env))
+        table.add_row(*(escape(cell) for cell in (name, reach, runtime, h.workdir, ", ".join(h.env))))
     console = Console()
     console.print(table)
     if config.groups:
@@ -51,5 +52,5 @@ def hosts(app) -> None:
         groups.add_column("name")
         groups.add_column("hosts")
         for name, g in config.groups.items():
-            groups.add_row(name, ", ".join(g.hosts))
+            groups.add_row(escape(name), escape(", ".join(g.hosts)))
         console.print(groups)

@@ -31,12 +31,15 @@ def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
 
 def _render(host: str, results) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Findings and fixes carry remote text (paths, package specs like torch[cuda]): escape
+    # them so rich shows the brackets instead of eating them as markup.
     style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
-    table = Table(title=f"doctor {host}")
+    table = Table(title=f"doctor {escape(host)}")
     for column in ("check", "status", "finding", "fix"):
         table.add_column(column)
     for r in results:
-        table.add_row(r.name, style[r.status], r.message, r.fix)
+        table.add_row(escape(r.name), style[r.status], escape(r.message), escape(r.fix))
     Console().print(table)

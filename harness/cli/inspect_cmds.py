@@ -169,7 +169,7 @@ def render_grep(result, ignore_case: bool = False, context: int = 1) -> None:
     to stderr, so piped output is exactly the hit lines."""
     import re
 
-    from rich.markup import escape
+    from rich.text import Text
 
     console = _console()
     color = console.is_terminal
@@ -201,9 +201,12 @@ def render_grep(result, ignore_case: bool = False, context: int = 1) -> None:
             if not is_hit:
                 _emit(console, f"{file}-{number}-{text}", color, "dim")
             elif color:
-                marked = regex.sub(lambda m: "\0" + m.group(0) + "\1", text)
-                body = escape(marked).replace("\0", "[bold red]").replace("\1", "[/bold red]")
-                console.print(f"[magenta]{escape(file)}[/magenta]:[green]{number}[/green]:{body}")
+                # Styled spans on a Text, not markup: a source line is arbitrary text
+                # (brackets, backslashes before a match) and must print exactly as written.
+                body = Text(text)
+                for m in regex.finditer(text):
+                    body.stylize("bold red", m.start(), m.end())
+                console.print(Text.assemble((file, "magenta"), ":", (str(number), "green"), ":", body))
             else:
                 click.echo(f"{file}:{number}:{text}")
     dist = f" ({result.dist})" if result.dist else ""

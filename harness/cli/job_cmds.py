@@ -125,6 +125,7 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
 def runs(ctx: click.Context, host: str) -> None:
     """List the runs on HOST, oldest first."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     app = ctx.obj
@@ -132,14 +133,14 @@ def runs(ctx: click.Context, host: str) -> None:
         all_runs = _jobs(app, host).list_runs()
     finally:
         app.close()
-    table = Table(title=f"runs on {host}")
+    table = Table(title=f"runs on {escape(host)}")
     for col in ("run", "state", "stages", "started", "duration", "at stage"):
         table.add_column(col, no_wrap=col != "at stage")
     for r in all_runs:
         done = sum(1 for s in r.stages if s.state == "ok")
         current = next((s.stage for s in r.stages if s.state in ("running", "failed", "cancelled")), "")
         end = r.finished if r.finished else (time.time() if r.state == "running" else None)
-        table.add_row(r.run_id, _styled(r.state), f"{done}/{len(r.stages)}", _clock(r.started), _duration(r.started, end), current)
+        table.add_row(escape(r.run_id), _styled(r.state), f"{done}/{len(r.stages)}", _clock(r.started), _duration(r.started, end), escape(current))
     Console().print(table)
 
 
@@ -166,23 +167,29 @@ def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> N
 
 def _print_run_table(st) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Everything below comes from the remote run record and events (stage messages, paths,
+    # errors): escaped, so text in [brackets] shows as written instead of being read as markup.
     rec = st.record
     git = rec.get("git") or {}
     commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "")
     image = (rec.get("image") or {}).get("id") or "-"
-    table = Table(title=f"run {st.run_id} on {rec.get('host', '?')}: {st.state}", caption=f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}")
+    table = Table(
+        title=escape(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}"),
+        caption=escape(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
+    )
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
         table.add_column(col, no_wrap=col != "last event")
     for s in st.stages:
         table.add_row(
-            s.stage,
+            escape(s.stage),
             _styled(s.state),
             _clock(s.started),
             _duration(s.started, s.finished if s.finished else (time.time() if s.state == "running" else None)),
             "" if s.exit_code is None else str(s.exit_code),
-            describe_event(s.last_event),
+            escape(describe_event(s.last_event)),
         )
     Console(stderr=False).print(table)
 
@@ -207,7 +214,11 @@ def describe_event(ev: dict | None) -> str:
 
 def _styled(state: str) -> str:
     color = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}.get(state, "")
-    return f"[{color}]{state}[/{color}]" if color else state
+    if not color:
+        from rich.markup import escape
+
+        return escape(state)  # an unknown state read from the remote record: shown as written
+    return f"[{color}]{state}[/{color}]"
 
 
 def _clock(t: float | None) -> str:

@@ -64,16 +64,24 @@ class EventRenderer:
             self.final_states[stage] = item["state"]
             task = self._tasks.get(stage)
             if task is not None:
-                self.progress.update(task, description=f"{stage} ({item['state'].get('state')})")
+                self.progress.update(task, description=_plain(f"{stage} ({item['state'].get('state')})"))
 
     def _on_event(self, stage: str, ev: dict[str, Any]) -> None:
         kind = ev.get("event")
         if kind == "progress" and ev.get("total"):
             task = self._tasks.get(stage)
             if task is None:
-                task = self._tasks[stage] = self.progress.add_task(stage, total=ev["total"], unit=ev.get("unit", ""))
+                task = self._tasks[stage] = self.progress.add_task(_plain(stage), total=ev["total"], unit=_plain(ev.get("unit", "")))
             self.progress.update(task, completed=ev.get("step", 0), total=ev["total"])
         elif kind == "metric" and stage in self._tasks:
             metrics = ev.get("metrics") or {}
             text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:3])
-            self.progress.update(self._tasks[stage], description=f"{stage} {text}")
+            self.progress.update(self._tasks[stage], description=_plain(f"{stage} {text}"))
+
+
+def _plain(text: Any) -> str:
+    """The bar's columns render rich markup, but stage names, units and metric names come from
+    the remote side: escaped, so a "[" in them shows as written instead of vanishing or raising."""
+    from rich.markup import escape
+
+    return escape(str(text))

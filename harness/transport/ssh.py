@@ -3,8 +3,9 @@
 ~/.ssh/config is honoured (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump,
 UserKnownHostsFile, HashKnownHosts), as are the agent and key files. Host keys are strict: an
 unknown host is refused with its fingerprint and the flag that accepts it once; a changed key is
-always refused. The connection opens lazily on first use, so a command that only needs
-`local_argv` (bulk streams through OpenSSH) never pays for it.
+always refused. paramiko is imported, ~/.ssh/config parsed and the connection opened on the
+first operation that needs them, so a command that only needs `local_argv` (sync, pull, exec:
+bulk streams through OpenSSH) never pays for any of it (~0.1 s of imports alone).
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
-
-import paramiko
 
 from harness.config import HostConfig
 from harness.errors import AuthError, ConnectError, HostKeyError, TransportError
@@ -29,6 +29,8 @@ from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
 
 if TYPE_CHECKING:
+    import paramiko
+
     from harness.transport import ConnectOptions
 
 KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
@@ -82,24 +84,30 @@ def _local_user() -> str:
     return getpass.getuser()
 
 
-class _StrictHostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Unknown key: refuse with the fingerprint, or record it once when the user said so."""
+def strict_host_key_policy(host_name: str, known_hosts: str, accept_new: bool, hash_names: bool) -> paramiko.MissingHostKeyPolicy:
+    """Unknown key: refuse with the fingerprint, or record it once when the user said so.
 
-    def __init__(self, host_name: str, known_hosts: str, accept_new: bool, hash_names: bool):
-        self.host_name, self.known_hosts, self.accept_new, self.hash_names = host_name, known_hosts, accept_new, hash_names
+    The class is defined here, at connect time, because it subclasses paramiko's policy and this
+    module imports paramiko only when a connection is really opened."""
+    import paramiko
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.accept_new:
-            raise HostKeyError(
-                f"{self.host_name}: unknown host key for {hostname}: {key.get_name()} {key.fingerprint}; refusing to connect",
-                f"if that fingerprint is right, re-run with {openssh.ACCEPT_FLAG} to record it in {self.known_hosts}",
-            )
-        record_host_key(self.known_hosts, hostname, key, hashed=self.hash_names)
-        sys.stderr.write(f"harness: recorded {key.get_name()} {key.fingerprint} for {hostname} in {self.known_hosts}\n")
+    class StrictHostKeyPolicy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            if not accept_new:
+                raise HostKeyError(
+                    f"{host_name}: unknown host key for {hostname}: {key.get_name()} {key.fingerprint}; refusing to connect",
+                    f"if that fingerprint is right, re-run with {openssh.ACCEPT_FLAG} to record it in {known_hosts}",
+                )
+            record_host_key(known_hosts, hostname, key, hashed=hash_names)
+            sys.stderr.write(f"harness: recorded {key.get_name()} {key.fingerprint} for {hostname} in {known_hosts}\n")
+
+    return StrictHostKeyPolicy()
 
 
 def record_host_key(known_hosts: str, name: str, key: paramiko.PKey, *, hashed: bool) -> None:
     """Append one line like OpenSSH does (hashed when HashKnownHosts is on)."""
+    import paramiko
+
     entry = paramiko.HostKeys.hash_host(name) if hashed else name
     directory = os.path.dirname(known_hosts) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -119,14 +127,24 @@ class SSHTransport(Transport):
         self.host = host
         self.options = options
         self.ssh_config_path = openssh.ssh_config_path(options.ssh_config)
-        self._ssh_config = paramiko.SSHConfig.from_path(self.ssh_config_path) if self.ssh_config_path else None
-        self.target = resolve(host.ssh, self._ssh_config, host.identity_file)
         self._client: paramiko.SSHClient | None = None
         self._jumps: list[paramiko.SSHClient] = []
         self._sftp: paramiko.SFTPClient | None = None
         self._home: str | None = None
 
     # -- connection -----------------------------------------------------------------------------
+
+    @cached_property
+    def _ssh_config(self) -> paramiko.SSHConfig | None:
+        """~/.ssh/config as paramiko reads it (OpenSSH reads it itself for local_argv)."""
+        import paramiko
+
+        return paramiko.SSHConfig.from_path(self.ssh_config_path) if self.ssh_config_path else None
+
+    @cached_property
+    def target(self) -> ResolvedHost:
+        """What paramiko connects to, after ~/.ssh/config."""
+        return resolve(self.host.ssh, self._ssh_config, self.host.identity_file)
 
     def _known_hosts_for(self, target: ResolvedHost) -> str:
         explicit = openssh.known_hosts_override(self.options.known_hosts)
@@ -140,6 +158,8 @@ class SSHTransport(Transport):
     def open(self) -> "SSHTransport":
         """Connect now (idempotent). Every other method calls this."""
         if self._client is None:
+            import paramiko
+
             sock = None
             hops = [resolve(h, self._ssh_config) for h in self.target.proxy_jump]
             for hop, nxt in zip(hops, [*hops[1:], self.target]):
@@ -156,6 +176,8 @@ class SSHTransport(Transport):
 
     def _connect_one(self, target: ResolvedHost, sock) -> paramiko.SSHClient:
         where = f"{self.name} ({target.describe()}{', via ' + ','.join(self.target.proxy_jump) if sock else ''})"
+        import paramiko
+
         known_hosts = self._known_hosts_for(target)
         client = paramiko.SSHClient()
         for path in (SYSTEM_KNOWN_HOSTS, known_hosts):
@@ -165,7 +187,7 @@ class SSHTransport(Transport):
                 except (OSError, paramiko.SSHException) as e:
                     raise HostKeyError(f"{where}: cannot read known_hosts file {path}: {e}") from None
         client.set_missing_host_key_policy(
-            _StrictHostKeyPolicy(self.name, known_hosts, self.options.accept_new_host_key, target.hash_known_hosts)
+            strict_host_key_policy(self.name, known_hosts, self.options.accept_new_host_key, target.hash_known_hosts)
         )
         key_files = [p for p in target.identity_files if os.path.isfile(p)]
         timeout = self.host.connect_timeout
@@ -424,6 +446,7 @@ def send_signal(chan: paramiko.Channel, name: str) -> None:
     """RFC 4254 6.9 "signal" request (paramiko has no public call for it)."""
     from paramiko.common import cMSG_CHANNEL_REQUEST
     from paramiko.message import Message
+    from paramiko.ssh_exception import SSHException
 
     m = Message()
     m.add_byte(cMSG_CHANNEL_REQUEST)
@@ -433,7 +456,7 @@ def send_signal(chan: paramiko.Channel, name: str) -> None:
     m.add_string(name)
     try:
         chan.transport._send_user_message(m)
-    except (EOFError, OSError, paramiko.SSHException):
+    except (EOFError, OSError, SSHException):
         pass
 
 

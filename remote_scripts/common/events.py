@@ -65,7 +65,7 @@ class EventLog:
         elif event == "message":
             text = str(fields.get("text"))
         elif event == "finished":
-            text = f"finished: {fields.get('status')}" + (f" ({fields['error']})" if fields.get("error") else "")
+            text = str(fields.get("status")) + (f" ({fields['error']})" if fields.get("error") else "")
         else:
             text = json.dumps(fields, default=str)[:200]
         print(f"[{self.stage}] {event}: {text}", file=sys.stderr, flush=True)
