@@ -231,7 +231,8 @@ class _HashCache:
         os.replace(tmp, self.path)
 
 
-def _sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a local file, read in blocks (sync's scan and pull's verification)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_HASH_BLOCK):
@@ -271,7 +272,7 @@ def scan_local(
         elif stat.S_ISREG(st.st_mode):
             digest = cache.lookup(rel, st)
             if digest is None:
-                digest = _sha256_file(full)
+                digest = sha256_file(full)
                 tree.files_hashed += 1
             cache.store(rel, st, digest)
             tree.entries[rel] = Entry("file", st.st_size, stat.S_IMODE(st.st_mode), digest)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.sync import sha256_file
 from harness.transport.base import Transport
 
 PART_SUFFIX = ".harness-part"
@@ -666,14 +667,6 @@ def _stop(proc: subprocess.Popen | None) -> None:
                 pass
 
 
-def _local_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def pull(
     transport: Transport,
     remote_path: str,
@@ -780,7 +773,7 @@ def _pull_pass(transport, remote_path, local_root: Path, options: PullOptions, p
     differing: list[RemoteEntry] = []
     for e in maybe_same:
         digest, _, _, err = hashes.get(e.rel)
-        if err is None and digest == _local_sha256(targets[e.rel]):
+        if err is None and digest == sha256_file(targets[e.rel]):
             report.identical.append(e.rel)
             progress.file_done(e.rel)
         else:

@@ -521,11 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args, events)
     except Exception as e:  # one line for the laptop; the traceback stays in the log
-        import traceback
-
-        traceback.print_exc()
-        events.finished("failed", error=f"{type(e).__name__}: {e}")
-        return 1
+        return events.failed(e)
     events.finished("ok", tau=round(report.tau, 4), acceptance_per_position=report.acceptance_per_position, report=report.extra.get("report"))
     return 0
 

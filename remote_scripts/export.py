@@ -138,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(args, events)
     except Exception as e:  # one line for the laptop; the traceback stays in the log
-        import traceback
-
-        traceback.print_exc()
-        events.finished("failed", error=f"{type(e).__name__}: {e}")
-        return 1
+        return events.failed(e)
     events.finished("ok", **summary)
     return 0
 

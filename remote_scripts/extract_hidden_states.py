@@ -487,12 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(args, events, rank, world, local_rank)
     except Exception as e:
-        if not isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)) and type(e).__name__ not in ("ServerFailed", "StageCancelled"):
-            import traceback
-
-            traceback.print_exc()
-        events.finished("failed", error=f"{type(e).__name__}: {e}")
-        return 1
+        expected = isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)) or type(e).__name__ in ("ServerFailed", "StageCancelled")
+        return events.failed(e, traceback=not expected)
     events.artifact(args.output, kind="hidden_states")
     events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)
     return 0

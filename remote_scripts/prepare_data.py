@@ -250,12 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = prepare(args, events)
     except Exception as e:
-        if not isinstance(e, (MalformedRow, ValueError, FileNotFoundError, FileExistsError)):
-            import traceback
-
-            traceback.print_exc()
-        events.finished("failed", error=f"{type(e).__name__}: {e}")
-        return 1
+        return events.failed(e, traceback=not isinstance(e, (MalformedRow, ValueError, FileNotFoundError, FileExistsError)))
     events.artifact(args.output, kind="prepared")
     summary = {k: v for k, v in asdict(report).items() if k != "malformed_lines"}
     events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)

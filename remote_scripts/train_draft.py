@@ -156,11 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(args, events, rank)
     except Exception as e:  # one line for the laptop; the traceback stays in the log
-        import traceback
-
-        traceback.print_exc()
-        events.finished("failed", error=f"{type(e).__name__}: {e}" + (f" (rank {rank})" if rank else ""))
-        return 1
+        return events.failed(e, where=f" (rank {rank})" if rank else "")
     if rank == 0:
         events.finished("ok", **summary)
     return 0

@@ -253,7 +253,10 @@ def test_flex_attention_verdicts():
     assert status == "warn" and "needs 104 KiB shared memory per block, the GPU has 99 KiB" in message and "sm_120" in message
     assert "fwd_BLOCK_M=32" in fix
     broken = run_checks(FakeHost(facts(torch={"devices": [workstation] * 2}, flex={"status": "failed", "error": error, "smem_required": 106496, "smem_limit": 101376, "small_tiles": {"status": "failed", "error": "still"}})))
-    assert broken["flex-attention"].status == "fail" and 'draft_attn_impl = "sdpa"' in broken["flex-attention"].fix
+    assert broken["flex-attention"].status == "fail" and 'pipeline.stages.train.attn_impl = "sdpa"' in broken["flex-attention"].fix
+    # the train stage's auto attention resolves to flex on this GPU: refused too; the small tiles would do
+    assert broken["train-settings"].status == "fail" and "simple_flex_attention (auto)" in broken["train-settings"].message
+    assert tiles["train-settings"].status == "ok"
     cpu = run_checks(FakeHost(facts(flex={"status": "failed", "device": "cpu", "error": "NotImplementedError: FlexAttention does not support backward on CPU."})))
     assert cpu["flex-attention"].status == "warn" and "backward on CPU" in cpu["flex-attention"].message
 
@@ -291,24 +294,66 @@ def test_verifier_config_dtype_and_target_layers():
 
 
 def test_train_settings_known_bad_combinations():
-    sdpa_block = run_checks(FakeHost(HEALTHY), project(train='draft_attn_impl = "sdpa"\nmask = "block"'))["train-settings"]
-    assert sdpa_block.status == "fail" and "cannot take a flex BlockMask" in sdpa_block.message
-    assert run_checks(FakeHost(HEALTHY), project(train='draft_attn_impl = "eager"\nmask = "block"'))["train-settings"].status == "fail"
-    assert run_checks(FakeHost(HEALTHY), project(train='draft_attn_impl = "sdpa"'))["train-settings"].status == "ok"
+    def train_settings(probe, train=""):
+        return run_checks(FakeHost(probe), project(train=train))["train-settings"]
+
+    # GPU, torch 2.14: auto resolves to flex attention and the fused loss
+    auto = train_settings(HEALTHY)
+    assert (auto.status, auto.message) == ("ok", "attention simple_flex_attention (auto), loss fused (auto) on CUDA")
+    # explicit dense attention on a GPU where flex works: trains, with a dense mask
+    for dense in ("sdpa", "eager"):
+        r = train_settings(HEALTHY, f'attn_impl = "{dense}"')
+        assert r.status == "warn" and "dense attention mask" in r.message and 'attn_impl = "auto"' in r.fix
+    # ... but it is the right choice where flex does not compile
+    no_flex = facts(flex={"status": "failed", "error": "no", "small_tiles": {"status": "failed"}})
+    assert train_settings(no_flex, 'attn_impl = "sdpa"').status == "ok"
+    # torch 2.11: auto picks the eager loss (fine); an explicit fused loss is refused
     torch_211 = facts(versions={"torch": "2.11.0+cu128"}, torch={"version": "2.11.0+cu128"})
-    fused = run_checks(FakeHost(torch_211))["train-settings"]  # speculators' default loss is fused
+    r = train_settings(torch_211)
+    assert (r.status, r.message) == ("ok", "attention simple_flex_attention (auto), loss eager (auto) on CUDA")
+    fused = train_settings(torch_211, 'loss_implementation = "fused"')
     assert (fused.status, fused.fix) == ("fail", 'use the eager loss: pipeline.stages.train.loss_implementation = "eager"')
-    assert run_checks(FakeHost(torch_211), project(train='loss_implementation = "eager"'))["train-settings"].status == "ok"
+    assert train_settings(torch_211, 'loss_implementation = "eager"').status == "ok"
+    # CPU: auto resolves to sdpa + eager; explicit flex attention or fused loss cannot train there
     cpu = facts(torch={"cuda_available": False, "devices": []})
-    flex_cpu = run_checks(FakeHost(cpu))["train-settings"]
-    assert flex_cpu.status == "fail" and "no backward on CPU" in flex_cpu.message and 'draft_attn_impl = "sdpa"' in flex_cpu.fix
-    # on the CPU, 2.11's fused loss is only compiled when asked to be
-    cpu_211 = facts(versions={"torch": "2.11.0"}, torch={"version": "2.11.0", "cuda_available": False, "devices": []})
-    assert run_checks(FakeHost(cpu_211), project(train='draft_attn_impl = "sdpa"'))["train-settings"].status == "ok"
-    assert run_checks(FakeHost(cpu_211), project(train='draft_attn_impl = "sdpa"\ncompile = true'))["train-settings"].status == "fail"
-    assert run_checks(FakeHost(HEALTHY), project(train='draft_attn_impl = "flash"'))["train-settings"].status == "fail"
+    r = train_settings(cpu)
+    assert (r.status, r.message) == ("ok", "attention sdpa (auto), loss eager (auto) on CPU")
+    flex_cpu = train_settings(cpu, 'attn_impl = "simple_flex_attention"')
+    assert flex_cpu.status == "fail" and "no backward on CPU" in flex_cpu.message and 'pipeline.stages.train.attn_impl = "sdpa"' in flex_cpu.fix
+    fused_cpu = train_settings(cpu, 'loss_implementation = "fused"')
+    assert fused_cpu.status == "fail" and "no Triton on CPU" in fused_cpu.message
+    # values train_draft.py would refuse (including the names speculators uses, not the script)
+    assert train_settings(HEALTHY, 'attn_impl = "flash"').status == "fail"
+    assert train_settings(HEALTHY, 'attn_impl = "flex_attention"').status == "fail"
+    assert train_settings(HEALTHY, 'loss_implementation = "triton"').status == "fail"
 
 
+def test_train_settings_mirror_train_draft(monkeypatch):
+    """The doctor's keys, choices and resolution of "auto" are train_draft.py's own (the laptop
+    side never imports remote_scripts/, so the mirror is checked here against the script)."""
+    import argparse
+
+    from harness.doctor import ml_checks
+    from harness.pipeline import to_flags
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "remote_scripts"))
+    import train_draft
+    from common import draft_attention
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", lambda self, argv=None: self)
+    parser = train_draft.parse_args([])  # the parser itself, with its real flags and choices
+    by_flag = {flag: action for action in parser._actions for flag in action.option_strings}
+    for key, choices in ((ml_checks.ATTN_KEY, ml_checks.ATTN_CHOICES), (ml_checks.LOSS_KEY, ml_checks.LOSS_CHOICES)):
+        flag = to_flags({key: "x"})[0]  # how the pipeline passes [pipeline.stages.train] key
+        assert flag in by_flag, f"train_draft.py has no {flag}"
+        assert tuple(by_flag[flag].choices) == choices and by_flag[flag].default == "auto"
+    for device in ("cpu", "cuda"):
+        assert ml_checks.resolve_attention("auto", device) == draft_attention.default_attn_impl(device)
+        for version in ("2.11.0+cu128", "2.11.1", "2.10.0", "2.14.0+cu129", "2.15.0.dev20260101"):
+            assert ml_checks.resolve_loss("auto", device, version) == train_draft.choose_loss_implementation(device, version), (device, version)
+        for explicit in ("sdpa", "eager", "simple_flex_attention"):
+            assert ml_checks.resolve_attention(explicit, device) == explicit
+        assert ml_checks.resolve_loss("fused", device, "2.11.0") == "fused"
 def test_version_matching():
     m = compat.matches
     assert m("2.14.0+cu129", "==2.14.0") and m("2.14.0", ">=2.9.0,<=2.14.1") and not m("2.14.2", ">=2.9.0,<=2.14.1")
@@ -329,7 +374,7 @@ def test_probe_runs_on_this_machine(tmp_path):
     verifier = tmp_path / "models/tiny"
     verifier.mkdir(parents=True)
     (verifier / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "text_config": {"model_type": "qwen2", "num_hidden_layers": 8, "hidden_size": 64, "num_attention_heads": 4, "dtype": "bfloat16"}}))
-    config = project(pipeline='data = "outputs/chat.jsonl"', train='draft_attn_impl = "sdpa"', verifier="models/tiny")
+    config = project(pipeline='data = "outputs/chat.jsonl"', train='attn_impl = "sdpa"', verifier="models/tiny")
     host = config.host("gpu")
     import dataclasses
 

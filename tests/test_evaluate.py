@@ -20,7 +20,7 @@ pytest.importorskip("speculators")
 
 import evaluate as ev  # noqa: E402
 
-from tests.fixtures.pipeline_data import read_events, run_script  # noqa: E402
+from tests.fixtures.pipeline_data import read_events, run_script, tiny_eagle3_draft  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The loop, on a toy verifier whose greedy choice is a fixed successor map
@@ -136,30 +136,9 @@ def test_summary_of_nothing():
 
 
 def _tiny_draft(draft_vocab: int | None = None):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import LlamaConfig
-
     torch.manual_seed(0)
     vocab = 40
-    layer_config = LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
-    layer_config._attn_implementation = "sdpa"
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layer_config,
-        draft_vocab_size=draft_vocab or vocab,
-        norm_before_residual=True,
-        norm_before_fc=True,
-        norm_output=True,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=None, architectures=[]),
-        ),
-    )
-    draft = Eagle3DraftModel(config)
+    draft = tiny_eagle3_draft("sdpa", vocab=vocab, draft_vocab=draft_vocab, norm_before_fc=True, norm_output=True)
     with torch.no_grad():  # the vocab weights normally come from the verifier (NaN until then)
         draft.embed_tokens.weight.normal_()
         draft.lm_head.weight.normal_()

@@ -20,7 +20,7 @@ pytest.importorskip("speculators")
 import train_draft  # noqa: E402
 from common import draft_attention as da  # noqa: E402
 
-from tests.fixtures.pipeline_data import read_events, run_script  # noqa: E402
+from tests.fixtures.pipeline_data import read_events, run_script, tiny_eagle3_draft  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # The attention guard
@@ -68,26 +68,7 @@ def test_flex_cannot_train_on_cpu():
 
 
 def _tiny_draft(attn_impl):
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import LlamaConfig
-
-    layer_config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=8)
-    layer_config._attn_implementation = attn_impl
-    config = Eagle3SpeculatorConfig(
-        transformer_layer_config=layer_config,
-        draft_vocab_size=32,
-        norm_before_residual=True,
-        eagle_aux_hidden_state_layer_ids=[1, 2, 3],
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3",
-            proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=None, architectures=[]),
-        ),
-    )
-    return Eagle3DraftModel(config)
+    return tiny_eagle3_draft(attn_impl)
 
 
 def test_guard_on_built_drafts():

@@ -23,6 +23,14 @@ def build(ctx: click.Context, host: str, force: bool) -> None:
     from harness.runtime.image import build as build_image
 
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: build on every host at once
+        from harness.cli.group_cmds import build_group
+
+        try:
+            code = build_group(app, host, force)
+        finally:
+            app.close()
+        ctx.exit(code)
     host_cfg = app.host(host)
     if host_cfg.runtime != "docker":
         raise UsageError(f"host {host} has runtime = \"{host_cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")

@@ -14,6 +14,14 @@ def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
     from harness.doctor import diagnose
 
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: every host's checks, then the group's own
+        from harness.cli.group_cmds import doctor_group
+
+        try:
+            code = doctor_group(app, host, as_json)
+        finally:
+            app.close()
+        ctx.exit(code)
     config = app.host(host)
     try:
         results = diagnose(config, lambda: app.transport(host), project=app.config)

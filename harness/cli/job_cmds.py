@@ -42,6 +42,14 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     """
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: one run across its hosts (harness.multinode)
+        from harness.cli.group_cmds import run_group
+
+        try:
+            code = run_group(app, host, list(stages), detach, grace)
+        finally:
+            app.close()
+        ctx.exit(code)
     code = 0
     try:
         jobs = _jobs(app, host)
@@ -93,6 +101,14 @@ def exit_code_of(status) -> int:
 def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: bool) -> None:
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line."""
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: every node's log, lines prefixed [host]
+        from harness.cli.group_cmds import logs_group
+
+        try:
+            code = logs_group(app, host, run_id, stage, follow)
+        finally:
+            app.close()
+        ctx.exit(code)
     try:
         _jobs(app, host).follow(run_id, _stdout_sink, stage=stage, follow=follow)
     except KeyboardInterrupt:
@@ -111,6 +127,14 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
     Without RUN, the newest run. Exit code: 0 when the run is ok or still running.
     """
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: every node's stages in one table
+        from harness.cli.group_cmds import status_group
+
+        try:
+            code = status_group(app, host, run_id)
+        finally:
+            app.close()
+        ctx.exit(code)
     try:
         st = _jobs(app, host).status(run_id or "last")
     finally:
@@ -152,6 +176,14 @@ def runs(ctx: click.Context, host: str) -> None:
 def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> None:
     """Cancel RUN on HOST: SIGTERM, a grace period, then SIGKILL; recorded as `cancelled`."""
     app = ctx.obj
+    if app.config.groups.get(host):  # a group: cancel on every node at once
+        from harness.cli.group_cmds import cancel_group
+
+        try:
+            code = cancel_group(app, host, run_id, grace)
+        finally:
+            app.close()
+        ctx.exit(code)
     try:
         jobs = _jobs(app, host)
         state = jobs.cancel(run_id, grace)

@@ -30,14 +30,15 @@ DEFAULT_TARGET_LAYERS = 3  # speculators' default [2, N//2, N-3]
 GIB = 2**30
 DISK_HEADROOM = 1.2  # checkpoints and logs share the disk with the hidden states
 
-FLEX_IMPLS = ("simple_flex_attention", "flex_attention")
-ATTN_IMPLS = (*FLEX_IMPLS, "sdpa", "eager")
-LOSS_IMPLS = ("fused", "eager")
-# Keys of [pipeline.stages.train] the checks read (speculators' own names for the settings).
-ATTN_KEYS = ("draft_attn_impl", "attn_implementation", "attention")
+# The train stage's own flags (remote_scripts/train_draft.py parse_args; harness.pipeline turns
+# [pipeline.stages.train] keys into flags: attn_impl -> --attn-impl). The choices mirror the
+# script's, and `resolve_*` below mirror how it resolves "auto"; tests/test_doctor_ml.py checks
+# both against the script itself, since the laptop side never imports remote_scripts/.
+ATTN_KEY = "attn_impl"
 LOSS_KEY = "loss_implementation"
-COMPILE_KEY = "compile"
-MASK_KEY = "mask"  # "block" (a flex BlockMask) or "dense"
+ATTN_CHOICES = ("auto", "simple_flex_attention", "sdpa", "eager")
+LOSS_CHOICES = ("auto", "eager", "fused")
+FLEX_ATTN = "simple_flex_attention"  # the only one for which speculators' draft builds a flex BlockMask
 
 # docker's words when the container cannot get a GPU (no NVIDIA runtime / toolkit)
 GPU_RUNTIME_ERRORS = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime name: nvidia", "libnvidia-ml")
@@ -71,14 +72,32 @@ class RunPlan:
 
     @property
     def attention(self) -> str:
-        for key in ATTN_KEYS:
-            if key in self.train:
-                return str(self.train[key])
-        return "simple_flex_attention"  # speculators' default
+        """As configured: "auto" unless [pipeline.stages.train] sets attn_impl."""
+        return str(self.train.get(ATTN_KEY, "auto"))
 
     @property
     def loss(self) -> str:
-        return str(self.train.get(LOSS_KEY, "fused"))  # speculators' default
+        """As configured: "auto" unless [pipeline.stages.train] sets loss_implementation."""
+        return str(self.train.get(LOSS_KEY, "auto"))
+
+
+def resolve_attention(setting: str, device_type: str) -> str:
+    """What train_draft runs for --attn-impl SETTING (draft_attention.default_attn_impl for auto)."""
+    if setting != "auto":
+        return setting
+    return "sdpa" if device_type == "cpu" else FLEX_ATTN
+
+
+def resolve_loss(setting: str, device_type: str, torch_version: str) -> str:
+    """What train_draft runs for --loss-implementation SETTING (its choose_loss_implementation
+    for auto: eager on CPU, where there is no Triton, and on torch 2.11, where the fused loss
+    crashes under torch.compile; fused otherwise)."""
+    if setting != "auto":
+        return setting
+    if device_type == "cpu":
+        return "eager"
+    major_minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+    return "eager" if major_minor == "2.11" else "fused"
 
 
 def hidden_state_bytes(samples: int, seq_len: int, layers: int, hidden: int) -> int:
@@ -331,15 +350,15 @@ def verdict_flex_attention(probe: ProbeOutcome) -> CheckResult:
     gpu = f"{device.get('name')} sm_{''.join(map(str, device.get('capability', [])))}" if device else "CPU"
     smem_text = f", {smem // 1024} KiB shared memory per block" if smem else ""
     if flex.get("device") == "cpu":
-        return CheckResult(name, "warn", f"no CUDA GPU: {flex.get('error') or 'FlexAttention backward is unsupported on CPU'}", 'CPU hosts run only the demo, with pipeline.stages.train.draft_attn_impl = "sdpa"')
+        return CheckResult(name, "warn", f"no CUDA GPU: {flex.get('error') or 'FlexAttention backward is unsupported on CPU'}", 'CPU hosts run only the demo, with pipeline.stages.train.attn_impl = "sdpa"')
     if flex["status"] == "ok":
         return CheckResult(name, "ok", f"torch.compile(flex_attention) forward+backward with a BlockMask runs on {gpu} (head_dim {flex.get('head_dim')}{smem_text}, {flex.get('elapsed_s')} s)")
     need = f" (needs {flex['smem_required'] // 1024} KiB shared memory per block, the GPU has {flex['smem_limit'] // 1024} KiB)" if flex.get("smem_required") else ""
     small = flex.get("small_tiles")
     if small and small.get("status") == "ok":
         tiles = ", ".join(f"{k}={v}" for k, v in small["kernel_options"].items())
-        return CheckResult(name, "warn", f"the default flex tiles do not fit {gpu}{need}; smaller tiles work", f"train with flex kernel_options {{{tiles}}} (or pipeline.stages.train.draft_attn_impl = \"sdpa\")")
-    return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'set pipeline.stages.train.draft_attn_impl = "sdpa", or use a torch/triton that supports this GPU')
+        return CheckResult(name, "warn", f"the default flex tiles do not fit {gpu}{need}; smaller tiles work", f"train with flex kernel_options {{{tiles}}} (or pipeline.stages.train.attn_impl = \"sdpa\")")
+    return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'set pipeline.stages.train.attn_impl = "sdpa", or use a torch/triton that supports this GPU')
 
 
 def verdict_verifier_config(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
@@ -423,27 +442,44 @@ def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[st
 
 
 def verdict_train_settings(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
-    """The train stage's attention and loss implementations against known-bad combinations."""
+    """The train stage's attention and loss implementations, as train_draft.py will RESOLVE them
+    on this host ("auto" included), against the combinations known to fail."""
     name = "train-settings"
-    attn, loss = plan.attention, plan.loss
-    if attn not in ATTN_IMPLS:
-        return CheckResult(name, "fail", f"unknown attention implementation {attn!r}", f"use one of: {', '.join(ATTN_IMPLS)}")
-    if loss not in LOSS_IMPLS:
-        return CheckResult(name, "fail", f"unknown loss implementation {loss!r}", f"use one of: {', '.join(LOSS_IMPLS)}")
-    setting = f"attention {attn}, loss {loss}"
-    if attn not in FLEX_IMPLS and str(plan.train.get(MASK_KEY, "")).lower() in ("block", "blockmask", "block_mask"):
-        return CheckResult(name, "fail", f"{setting}: {attn} cannot take a flex BlockMask (mask = \"block\")", 'set pipeline.stages.train.draft_attn_impl = "simple_flex_attention" for a BlockMask, or mask = "dense" with sdpa/eager')
+    attn_setting, loss_setting = plan.attention, plan.loss
+    if attn_setting not in ATTN_CHOICES:
+        return CheckResult(name, "fail", f"unknown attention implementation {ATTN_KEY} = {attn_setting!r} (train_draft.py would refuse it)", f"use one of: {', '.join(ATTN_CHOICES)}")
+    if loss_setting not in LOSS_CHOICES:
+        return CheckResult(name, "fail", f"unknown loss implementation {LOSS_KEY} = {loss_setting!r} (train_draft.py would refuse it)", f"use one of: {', '.join(LOSS_CHOICES)}")
     if probe.facts is None:
-        return CheckResult(name, "warn", f"{setting}; not checked against the host: the stage interpreter did not answer", "fix the stage-gpus/image check above, then re-run doctor")
+        return CheckResult(name, "warn", f"attention {attn_setting}, loss {loss_setting}; not resolved against the host: the stage interpreter did not answer", "fix the stage-gpus/image check above, then re-run doctor")
     torch = probe.facts.get("torch") or {}
-    cuda = bool(torch.get("cuda_available"))
-    if attn in FLEX_IMPLS and not cuda:
-        return CheckResult(name, "fail", f"{setting}: no CUDA GPU, and FlexAttention has no backward on CPU", 'set pipeline.stages.train.draft_attn_impl = "sdpa" on CPU hosts')
-    # speculators compiles the draft's forward whenever CUDA is available; `compile` forces it
-    compiled = cuda or bool(plan.train.get(COMPILE_KEY))
-    torch_version = probe.facts["versions"].get("torch") or torch.get("version")
-    if compiled and loss == "fused" and torch_version:
+    device = "cuda" if torch.get("cuda_available") else "cpu"
+    torch_version = str(probe.facts["versions"].get("torch") or torch.get("version") or "")
+    attn = resolve_attention(attn_setting, device)
+    loss = resolve_loss(loss_setting, device, torch_version)
+
+    def shown(resolved: str, setting: str) -> str:
+        return f"{resolved} (auto)" if setting == "auto" else resolved
+
+    setting = f"attention {shown(attn, attn_setting)}, loss {shown(loss, loss_setting)} on {'CUDA' if device == 'cuda' else 'CPU'}"
+    if device == "cpu":
+        if attn == FLEX_ATTN:
+            return CheckResult(name, "fail", f"{setting}: no CUDA GPU, and FlexAttention has no backward on CPU", f'set pipeline.stages.train.{ATTN_KEY} = "sdpa" (or "auto") on CPU hosts')
+        if loss == "fused":
+            return CheckResult(name, "fail", f"{setting}: the fused loss is a Triton kernel, and there is no Triton on CPU", f'set pipeline.stages.train.{LOSS_KEY} = "eager" (or "auto")')
+        return CheckResult(name, "ok", setting)
+    # On CUDA speculators compiles the draft's forward (torch.compile), which is where the fused
+    # loss breaks on some torch versions.
+    if loss == "fused" and torch_version:
         for bad in compat.KNOWN_BAD:
             if bad.package == "torch" and bad.setting == "fused loss under torch.compile" and compat.matches(torch_version, bad.spec):
-                return CheckResult(name, "fail", f"{setting} on torch {torch_version}: {bad.problem}", bad.fix)
-    return CheckResult(name, "ok", f"{setting}" + (" under torch.compile" if compiled else "") + f" on {'CUDA' if cuda else 'CPU'}")
+                return CheckResult(name, "fail", f"{setting}, torch {torch_version}: {bad.problem}", bad.fix)
+    flex = probe.facts.get("flex") or {}
+    flex_works = flex.get("status") == "ok" or (flex.get("small_tiles") or {}).get("status") == "ok"  # train_draft picks the small tiles itself
+    if attn == FLEX_ATTN and flex.get("status") == "failed" and not flex_works:
+        return CheckResult(name, "fail", f"{setting}: flex_attention does not compile on this GPU (see the flex-attention check)", f'set pipeline.stages.train.{ATTN_KEY} = "sdpa"')
+    if attn != FLEX_ATTN and flex_works:
+        # speculators' draft builds a dense [T, T x steps] mask for sdpa/eager (a flex BlockMask
+        # only for simple_flex_attention): it trains, at quadratic memory in total_seq_len.
+        return CheckResult(name, "warn", f"{setting}: a dense attention mask on a GPU where flex attention works (memory grows with total_seq_len squared)", f'set pipeline.stages.train.{ATTN_KEY} = "auto" (simple_flex_attention here)')
+    return CheckResult(name, "ok", setting)

@@ -418,19 +418,26 @@ class SSHTransport(Transport):
         return RemoteStat(s.st_size or 0, s.st_mode or 0, float(s.st_mtime or 0), st.S_ISDIR(s.st_mode or 0), st.S_ISLNK(s.st_mode or 0))
 
 
+def _channel_request(chan: paramiko.Channel, request: str, *, want_reply: bool) -> paramiko.Message:
+    """An RFC 4254 5.4 channel request for `chan`, ready for its request-specific fields (for the
+    requests paramiko has no public call for, or none with the options needed here)."""
+    from paramiko.common import cMSG_CHANNEL_REQUEST
+    from paramiko.message import Message
+
+    m = Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(chan.remote_chanid)
+    m.add_string(request)
+    m.add_boolean(want_reply)
+    return m
+
+
 def _request_pty(chan: paramiko.Channel, term: str, cols: int, rows: int, *, echo: bool) -> None:
     """Channel.get_pty with terminal modes (RFC 4254 8: opcode 53 = ECHO, 0 = TTY_OP_END)."""
     import struct
 
-    from paramiko.common import cMSG_CHANNEL_REQUEST
-    from paramiko.message import Message
-
     modes = b"" if echo else struct.pack(">BI", 53, 0)
-    m = Message()
-    m.add_byte(cMSG_CHANNEL_REQUEST)
-    m.add_int(chan.remote_chanid)
-    m.add_string("pty-req")
-    m.add_boolean(True)
+    m = _channel_request(chan, "pty-req", want_reply=True)
     m.add_string(term)
     m.add_int(cols)
     m.add_int(rows)
@@ -444,15 +451,9 @@ def _request_pty(chan: paramiko.Channel, term: str, cols: int, rows: int, *, ech
 
 def send_signal(chan: paramiko.Channel, name: str) -> None:
     """RFC 4254 6.9 "signal" request (paramiko has no public call for it)."""
-    from paramiko.common import cMSG_CHANNEL_REQUEST
-    from paramiko.message import Message
     from paramiko.ssh_exception import SSHException
 
-    m = Message()
-    m.add_byte(cMSG_CHANNEL_REQUEST)
-    m.add_int(chan.remote_chanid)
-    m.add_string("signal")
-    m.add_boolean(False)
+    m = _channel_request(chan, "signal", want_reply=False)
     m.add_string(name)
     try:
         chan.transport._send_user_message(m)

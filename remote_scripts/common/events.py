@@ -92,6 +92,16 @@ class EventLog:
             fields["error"] = error
         self.emit("finished", **fields)
 
+    def failed(self, error: BaseException, *, traceback: bool = True, where: str = "") -> int:
+        """End the stage on `error`: one line for the laptop (`finished` with status failed), the
+        traceback in the log unless the error explains itself. Returns the exit code, 1."""
+        if traceback:
+            import traceback as tb
+
+            tb.print_exception(error)
+        self.finished("failed", error=f"{type(error).__name__}: {error}{where}")
+        return 1
+
 
 def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
