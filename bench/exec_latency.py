@@ -38,6 +38,7 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=30, help="runs of each command")
+    parser.add_argument("--record", action="store_true", help="append the figures to bench/RESULTS.md")
     args = parser.parse_args()
 
     # An installed package has its bytecode compiled (pip does it); an editable checkout under
@@ -61,14 +62,19 @@ def main() -> None:
             times["ssh (ControlMaster)"].append(timed(ssh, env))
         medians = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
         with open("/proc/loadavg") as f:
-            print(f"load average: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs")
+            lines = [f"load average: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs"]
         for k, v in times.items():
             walls = [w for w, _ in v]
             cpu = statistics.median(c for _, c in v)
-            print(f"{k:22s} median {medians[k] * 1000:7.1f} ms   min {min(walls) * 1000:7.1f} ms   "
-                  f"client CPU {cpu * 1000:6.1f} ms   (n={len(v)})")
+            lines.append(f"{k:22s} median {medians[k] * 1000:7.1f} ms   min {min(walls) * 1000:7.1f} ms   "
+                         f"client CPU {cpu * 1000:6.1f} ms   (n={len(v)})")
         ratio = medians["harness exec"] / medians["ssh (ControlMaster)"]
-        print(f"ratio harness/ssh: {ratio:.2f} (target <= 1.5)")
+        lines.append(f"ratio harness/ssh: {ratio:.2f} (target <= 1.5)")
+        print("\n".join(lines))
+        if args.record:
+            stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            with open(ROOT / "bench" / "RESULTS.md", "a") as f:
+                f.write(f"\n## bench/exec_latency.py\n\n### {stamp}: `python bench/exec_latency.py -n {args.n} --record` (test sshd on loopback)\n\n```\n" + "\n".join(lines) + "\n```\n")
     finally:
         stop_testbed(testbed)
 
