@@ -10,7 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="pipeline"
 [ "${1:-}" = "--dev" ] && extras="pipeline,dev"
-python3 -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[${extras}]"
 python3 -m pip uninstall -q -y torchvision torchaudio >/dev/null 2>&1 || true
