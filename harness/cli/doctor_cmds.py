@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.group_cmds import dispatch_if_group
+
 
 @click.command()
 @click.argument("host")
@@ -14,14 +16,7 @@ def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
     from harness.doctor import diagnose
 
     app = ctx.obj
-    if app.config.groups.get(host):  # a group: every host's checks, then the group's own
-        from harness.cli.group_cmds import doctor_group
-
-        try:
-            code = doctor_group(app, host, as_json)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "doctor_group", as_json)  # a group: every host's checks, then the group's own
     config = app.host(host)
     try:
         results = diagnose(config, lambda: app.transport(host), project=app.config)

@@ -17,6 +17,19 @@ def is_group(app, name: str) -> bool:
     return name in app.config.groups
 
 
+def dispatch_if_group(ctx: click.Context, name: str, handler: str, *args) -> None:
+    """When NAME is a group, run the group form of the command (function `handler` of this
+    module) and exit with its code; for a host, return and let the host command go on."""
+    app = ctx.obj
+    if not is_group(app, name):
+        return
+    try:
+        code = globals()[handler](app, name, *args)
+    finally:
+        app.close()
+    ctx.exit(code)
+
+
 def _group_run(app, group: str):
     from harness.multinode import GroupRun
 

@@ -11,6 +11,8 @@ import time
 
 import click
 
+from harness.cli.group_cmds import dispatch_if_group
+
 RUN_ID_HELP = "a run id (as printed by `harness run`) or 'last'"
 
 
@@ -42,14 +44,7 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     """
     app = ctx.obj
-    if app.config.groups.get(host):  # a group: one run across its hosts (harness.multinode)
-        from harness.cli.group_cmds import run_group
-
-        try:
-            code = run_group(app, host, list(stages), detach, grace)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "run_group", list(stages), detach, grace)  # a group: one run across its hosts (harness.multinode)
     code = 0
     try:
         jobs = _jobs(app, host)
@@ -101,14 +96,7 @@ def exit_code_of(status) -> int:
 def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: bool) -> None:
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line."""
     app = ctx.obj
-    if app.config.groups.get(host):  # a group: every node's log, lines prefixed [host]
-        from harness.cli.group_cmds import logs_group
-
-        try:
-            code = logs_group(app, host, run_id, stage, follow)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "logs_group", run_id, stage, follow)  # a group: every node's log, lines prefixed [host]
     try:
         _jobs(app, host).follow(run_id, _stdout_sink, stage=stage, follow=follow)
     except KeyboardInterrupt:
@@ -127,14 +115,7 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
     Without RUN, the newest run. Exit code: 0 when the run is ok or still running.
     """
     app = ctx.obj
-    if app.config.groups.get(host):  # a group: every node's stages in one table
-        from harness.cli.group_cmds import status_group
-
-        try:
-            code = status_group(app, host, run_id)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "status_group", run_id)  # a group: every node's stages in one table
     try:
         st = _jobs(app, host).status(run_id or "last")
     finally:
@@ -176,14 +157,7 @@ def runs(ctx: click.Context, host: str) -> None:
 def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> None:
     """Cancel RUN on HOST: SIGTERM, a grace period, then SIGKILL; recorded as `cancelled`."""
     app = ctx.obj
-    if app.config.groups.get(host):  # a group: cancel on every node at once
-        from harness.cli.group_cmds import cancel_group
-
-        try:
-            code = cancel_group(app, host, run_id, grace)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "cancel_group", run_id, grace)  # a group: cancel on every node at once
     try:
         jobs = _jobs(app, host)
         state = jobs.cancel(run_id, grace)

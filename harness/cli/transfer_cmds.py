@@ -7,6 +7,8 @@ import posixpath
 
 import click
 
+from harness.cli.group_cmds import dispatch_if_group
+
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
 QUIET_SYNC_BYTES = 4 << 20
@@ -60,14 +62,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     config_rel = os.path.relpath(config.path, config.root)
     if not config_rel.startswith("..") and config_rel not in paths:
         paths.append(config_rel)  # the config itself always goes (it may have another name)
-    if config.groups.get(host):  # a group: every host at once (harness.multinode.sync_hosts)
-        from harness.cli.group_cmds import sync_group
-
-        try:
-            code = sync_group(app, host, paths, dry_run)
-        finally:
-            app.close()
-        ctx.exit(code)
+    dispatch_if_group(ctx, host, "sync_group", paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
     try:
         for target in config.targets(host):
             transport = app.transport(target.name)
