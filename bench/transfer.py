@@ -212,28 +212,32 @@ class Bench:
         return rows
 
 
-def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict) -> str:
+def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str]) -> str:
+    """The dated section for RESULTS.md; parts that were skipped are named, not shown as zeros."""
+    command = f"python bench/transfer.py --size-mib {size_mib} --files {files}" + "".join(f" --skip {s}" for s in skipped)
     lines = [
-        f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `python bench/transfer.py --size-mib {size_mib} --files {files}`",
+        f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `{command}`",
         "",
         f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}.",
-        "",
-        f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's):",
-        "",
-        "| link | tool | seconds | MiB/s | harness vs this |",
-        "| --- | --- | ---: | ---: | ---: |",
     ]
-    for link, seconds in pulls.items():
-        ours = seconds["harness pull"]
-        for tool, s in seconds.items():
-            lines.append(f"| {link} | {tool} | {s:.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
-    lines += ["", f"Sync of a {files}-file tree (median seconds; ratio = harness time / rsync time, target <= 1.0 for no-op and one file):", "",
-              "| case | harness sync | rsync -a --delete | ratio |", "| --- | ---: | ---: | ---: |"]
-    for case, r in syncs.items():
-        lines.append(f"| {case} | {r['harness sync']:.3f} | {r['rsync -a --delete']:.3f} | {r['harness sync'] / r['rsync -a --delete']:.2f} |")
-    lines += ["", f"Resume: a pull through the delay line killed (SIGKILL) at {resume['killed_at']:.1%} and run again: the host sent "
-              f"{resume['sent_again'] / MiB:.2f} MiB again ({resume['sent_again_pct']:.2f}% of the file; target <= 1%).", ""]
-    return "\n".join(lines)
+    if pulls:
+        lines += ["", f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's):", "",
+                  "| link | tool | seconds | MiB/s | harness vs this |", "| --- | --- | ---: | ---: | ---: |"]
+        for link, seconds in pulls.items():
+            ours = seconds["harness pull"]
+            for tool, s in seconds.items():
+                lines.append(f"| {link} | {tool} | {s:.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
+    if syncs:
+        lines += ["", f"Sync of a {files}-file tree (median seconds; ratio = harness time / rsync time, target <= 1.0 for no-op and one file):", "",
+                  "| case | harness sync | rsync -a --delete | ratio |", "| --- | ---: | ---: | ---: |"]
+        for case, r in syncs.items():
+            lines.append(f"| {case} | {r['harness sync']:.3f} | {r['rsync -a --delete']:.3f} | {r['harness sync'] / r['rsync -a --delete']:.2f} |")
+    if resume:
+        lines += ["", f"Resume: a pull through the delay line killed (SIGKILL) at {resume['killed_at']:.1%} and run again: the host sent "
+                  f"{resume['sent_again'] / MiB:.2f} MiB again ({resume['sent_again_pct']:.2f}% of the file; target <= 1%)."]
+    if skipped:
+        lines += ["", f"Not run this time: {', '.join(skipped)}."]
+    return "\n".join(lines + [""])
 
 
 def main() -> None:
@@ -263,8 +267,8 @@ def main() -> None:
         if "slow" not in args.skip:
             pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs)
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
-        resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else {"killed_at": 0, "sent_again": 0, "sent_again_pct": 0}
-        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume)
+        resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
+        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip)
         print()
         print(table)
         if args.record:
