@@ -176,7 +176,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
         if not HOST_NAME_RE.match(name):
             raise ConfigError(file, key, "host names are letters, digits, '.', '_' and '-'")
         _expect(file, key, table, dict, "a table")
-        host = _build(HostConfig, {**table, "name": name}, file, key)
+        host = dataclasses.replace(_build(HostConfig, table, file, key), name=name)
         _validate_host(file, key, host)
         hosts[name] = host
 
@@ -186,7 +186,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
     for name, table in groups_raw.items():
         key = f"groups.{name}"
         _expect(file, key, table, dict, "a table")
-        group = _build(GroupConfig, {**table, "name": name}, file, key)
+        group = dataclasses.replace(_build(GroupConfig, table, file, key), name=name)
         if name in hosts:
             raise ConfigError(file, key, "a group cannot have the name of a host")
         if not group.hosts:
@@ -255,7 +255,8 @@ def _build(cls: type, table: Any, file: str, prefix: str) -> Any:
     """Build dataclass `cls` from a TOML table, checking every key and type."""
     _expect(file, prefix, table, dict, "a table")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    # `name` comes from the table's own key ([hosts.NAME]), never from inside the table
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name"}
     _reject_unknown(file, prefix, table, set(fields))
     kwargs = {}
     for name, value in table.items():

@@ -32,6 +32,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ('[hosts.gpu]\nssh = "u@h"\n[hosts.gpu.container]\nshm_size = 16\n', "hosts.gpu.container.shm_size", "expected a string"),
         ('[hosts.gpu]\nworkdir = "/x"\n', "hosts.gpu", "expected ssh ="),
         ('[hostz.gpu]\nssh = "u@h"\n', "hostz", "unknown key"),
+        # a host's name is its table's key; `name` inside the table would silently lose
+        ('[hosts.gpu]\nssh = "u@h"\nname = "other"\n', "hosts.gpu.name", "unknown key"),
     ],
 )
 def test_invalid_config_is_one_line_naming_file_and_key(tmp_path, text, key, expected):
