@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import os
 import shutil
 import signal

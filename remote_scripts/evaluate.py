@@ -40,7 +40,7 @@ from typing import Any, Protocol
 # torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog, read_events  # noqa: E402
+from common.events import EventLog, read_events, run_stage  # noqa: E402
 
 STAGE = "evaluate"
 
@@ -515,15 +515,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
-    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
-    try:
+    def evaluate(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
         report = run(args, events)
-    except Exception as e:  # one line for the laptop; the traceback stays in the log
-        return events.failed(e)
-    events.finished("ok", tau=round(report.tau, 4), acceptance_per_position=report.acceptance_per_position, report=report.extra.get("report"))
-    return 0
+        return {"tau": round(report.tau, 4), "acceptance_per_position": report.acceptance_per_position, "report": report.extra.get("report")}
+
+    return run_stage(STAGE, parse_args(argv), evaluate)
 
 
 def run(args: argparse.Namespace, events: EventLog) -> Report:

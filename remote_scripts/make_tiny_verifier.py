@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
 
 STAGE = "verifier"
 
@@ -308,15 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
-    events.started(**vars(args))
-    try:
-        summary = run(args, events)
-    except Exception as e:  # one line for the laptop; the traceback stays in the log
-        return events.failed(e)
-    events.finished("ok", **summary)
-    return 0
+    return run_stage(STAGE, parse_args(argv), run)
 
 
 def run(args: argparse.Namespace, events: EventLog) -> dict:

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
 
 STAGE = "prepare"
 ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system", "tool": "tool"}
@@ -243,18 +243,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
-    events.started(**vars(args))
-    started = time.monotonic()
-    try:
+    def prepare_stage(args: argparse.Namespace, events: EventLog) -> dict:
+        started = time.monotonic()
         report = prepare(args, events)
-    except Exception as e:
-        return events.failed(e, traceback=not isinstance(e, (MalformedRow, ValueError, FileNotFoundError, FileExistsError)))
-    events.artifact(args.output, kind="prepared")
-    summary = {k: v for k, v in asdict(report).items() if k != "malformed_lines"}
-    events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)
-    return 0
+        events.artifact(args.output, kind="prepared")
+        return {"seconds": round(time.monotonic() - started, 1), **{k: v for k, v in asdict(report).items() if k != "malformed_lines"}}
+
+    # these explain themselves in one line: no traceback in the log
+    return run_stage(STAGE, parse_args(argv), prepare_stage, self_explaining=(MalformedRow, ValueError, FileNotFoundError, FileExistsError))
 
 
 if __name__ == "__main__":

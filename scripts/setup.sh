@@ -14,6 +14,8 @@ python3 -m pip install -q "torch==2.13.0"
 python3 -m pip install -q -e ".[${extras}]"
 python3 -m pip uninstall -q -y torchvision torchaudio >/dev/null 2>&1 || true
 python3 - <<'PY'
-import torch, transformers, speculators  # noqa: F401  (fails loudly if the install is broken)
-print(f"setup ok: torch {torch.__version__}, transformers {transformers.__version__}, speculators {speculators.__version__}")
+from importlib.metadata import version
+
+import speculators, torch, transformers  # noqa: F401  (fails loudly if the install is broken)
+print(f"setup ok: torch {torch.__version__}, transformers {transformers.__version__}, speculators {version('speculators')}")
 PY

@@ -11,8 +11,6 @@ and speculators installed on this machine, through the CLI; and the CLI over the
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 import sys
 import textwrap

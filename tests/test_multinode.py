@@ -118,8 +118,6 @@ def wait_until(predicate, timeout: float, poll: float = 0.5) -> float:
 @pytest.mark.slow
 def test_one_run_across_three_hosts(cluster_project, netns_cluster):
     """A real 3-node DDP job: one run id, a run directory per node, merged logs, checked results."""
-    from harness.multinode import GroupRun
-
     config = cluster_project
     path = config.path.parent / "harness.toml"
     path.write_text(path.read_text().replace("steps = 400", "steps = 6").replace("step_seconds = 0.25", "step_seconds = 0.0"))
@@ -446,7 +444,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     assert report.gaps == sorted({gone_i, broken_i})
     assert [(h, i) for h, i, _ in report.invalid] == [("n2", broken_i)]
     text = "\n".join(report.lines())
-    assert f"GAPS: 2 sample(s)" in text and "INVALID: n2:" in text
+    assert "GAPS: 2 sample(s)" in text and "INVALID: n2:" in text
 
     launch = runner.start(["extract"], grace_s=GRACE_S)  # resumable: only the two are recomputed
     status = runner.watch(launch.run_id, timeout=400)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.fixtures.pipeline_data import FIXTURE_MAX_SEQ_LEN, SCRIPTS_DIR, read_events, run_script
+from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
 
 pytestmark = pytest.mark.pipeline
 

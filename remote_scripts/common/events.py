@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 EVENTS_ENV = "HARNESS_EVENTS"
 
@@ -101,6 +101,20 @@ class EventLog:
             tb.print_exception(error)
         self.finished("failed", error=f"{type(error).__name__}: {error}{where}")
         return 1
+
+
+def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, Any]], *, self_explaining: tuple[type[BaseException], ...] = ()) -> int:
+    """A stage's main(): `started` with its arguments, then `run(args, events)`, whose returned
+    summary goes into `finished`. An exception becomes one `failed` line and exit code 1 (its
+    traceback stays in the log, unless it is one of `self_explaining`)."""
+    events = EventLog(stage, getattr(args, "events", None))
+    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+    try:
+        summary = run(args, events)
+    except Exception as e:  # one line for the laptop; the traceback stays in the log
+        return events.failed(e, traceback=not isinstance(e, self_explaining))
+    events.finished("ok", **summary)
+    return 0
 
 
 def _fmt(v: Any) -> str:
