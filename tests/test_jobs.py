@@ -287,9 +287,9 @@ def kill_link_and_harness(proc: subprocess.Popen, ssh_host) -> None:
     proc.wait()
 
 
-@pytest.mark.ssh
-def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path, ssh_host):
-    config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
+def start_attached_run(config, ssh_host) -> tuple[subprocess.Popen, str]:
+    """`harness run box prepare train`, attached in its own process group, read until the first
+    stage has streamed its first line (the run is really going); returns (process, run id)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=ssh_host.env(),
@@ -299,6 +299,13 @@ def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path
     seen = b""
     while b"line 1 of 3" not in seen:
         seen += proc.stdout.read1(4096)
+    return proc, run_id
+
+
+@pytest.mark.ssh
+def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path, ssh_host):
+    config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
+    proc, run_id = start_attached_run(config, ssh_host)
     before = sshd_session_pids(ssh_host)
     assert before, "no SSH connection to cut"
     kill_link_and_harness(proc, ssh_host)

@@ -192,21 +192,13 @@ def test_exec_runs_in_the_container(tmp_path, harness_test_image, docker_base_im
 
 @pytest.mark.ssh
 def test_ssh_docker_run_survives_link_and_harness_kill(tmp_path, ssh_host, harness_test_image, docker_base_image):
-    from tests.test_jobs import kill_link_and_harness
+    from tests.test_jobs import kill_link_and_harness, start_attached_run
 
     config = write_project(
         tmp_path / "project", tmp_path / "work", {"prepare": {"lines": 3, "sleep": 2}, "train": {"lines": 4, "sleep": 3}},
         host_table={"local": False, "ssh": ssh_host.alias, "connect_timeout": 5, "runtime": "docker"}, container=container_table(docker_base_image),
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=ssh_host.env(),
-    )
-    run_id = proc.stdout.readline().decode().strip()
-    assert run_id, proc.stderr.read1(4096)
-    seen = b""
-    while b"line 1 of 3" not in seen:
-        seen += proc.stdout.read1(4096)
+    proc, run_id = start_attached_run(config, ssh_host)
     kill_link_and_harness(proc, ssh_host)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=120, env=ssh_host.env())
     assert r.returncode == 0, r.stderr
