@@ -65,6 +65,10 @@ class HostConfig:
     identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
     connect_timeout: float = 10.0
     data_dir: str = ""  # where large outputs go if not under workdir
+    # runtime = "host": the GPU indices everything the harness runs there may use (its
+    # CUDA_VISIBLE_DEVICES), e.g. one node per GPU of a shared box; []: what the host's own
+    # environment allows. Containers take theirs from container.gpus.
+    gpus: list[int] = field(default_factory=list)
     container: ContainerConfig = field(default_factory=ContainerConfig)
 
     @property
@@ -216,6 +220,10 @@ def _validate_host(file: str, key: str, host: HostConfig) -> None:
             raise ConfigError(file, f"{key}.env", f"expected environment variable names, got {name!r}")
     if host.connect_timeout <= 0:
         raise ConfigError(file, f"{key}.connect_timeout", "expected a positive number of seconds")
+    if any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in host.gpus) or len(set(host.gpus)) != len(host.gpus):
+        raise ConfigError(file, f"{key}.gpus", f"expected distinct GPU indices >= 0, got {host.gpus!r}")
+    if host.gpus and host.runtime == "docker":
+        raise ConfigError(file, f"{key}.gpus", "applies to runtime = \"host\"; a docker host picks its GPUs with container.gpus")
     c = host.container
     if not SIZE_RE.match(c.shm_size):
         raise ConfigError(file, f"{key}.container.shm_size", f'expected a size like "16g", got {c.shm_size!r}')

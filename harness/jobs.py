@@ -251,8 +251,12 @@ class Jobs:
             configured = gpu_count(self.host.container.gpus)
             if configured is not None:
                 return configured
-        # Host runtime: the stages inherit the host's environment, so a CUDA_VISIBLE_DEVICES
-        # set there limits what they see, and torchrun must start no more ranks than that.
+        # Host runtime: the stages see the host's `gpus` if set, else inherit the host's
+        # environment, where a CUDA_VISIBLE_DEVICES limits what they see; torchrun must start no
+        # more ranks than that.
+        if self.host.gpus:
+            result = self.transport.run(["nvidia-smi", "-L"])
+            return visible_gpu_count(",".join(map(str, self.host.gpus)) + "\n" + result.text) if result.ok else 0
         probe = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
         result = self.transport.run(["sh", "-c", probe])
         return visible_gpu_count(result.text) if result.ok else 0

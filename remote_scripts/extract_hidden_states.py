@@ -175,7 +175,7 @@ class AsyncWriter:
     Each file goes to `hs_<i>.safetensors.tmp-<pid>` and is renamed into place, so a crash never
     leaves a truncated file under the final name. At most `max_pending` batches are in flight
     (bounds host memory). On CUDA, `submit` gets a host tensor whose copy may still be running and
-    the event that marks its end.
+    the event that marks its end, and `done` (the pinned ring's give-back) once its files are written.
     """
 
     def __init__(self, output: Path, threads: int, max_pending: int = 4):
@@ -186,23 +186,27 @@ class AsyncWriter:
         self.written = 0
         self._lock = threading.Lock()
 
-    def submit(self, host_batch, lengths: list[int], indices: list[int], token_ids: list, ready_event=None) -> None:
+    def submit(self, host_batch, lengths: list[int], indices: list[int], token_ids: list, ready_event=None, done=None) -> None:
         while self.pending.qsize() >= self.max_pending:
             self.pending.get().result()
-        self.pending.put(self.pool.submit(self._write_batch, host_batch, lengths, indices, token_ids, ready_event))
+        self.pending.put(self.pool.submit(self._write_batch, host_batch, lengths, indices, token_ids, ready_event, done))
 
-    def _write_batch(self, host_batch, lengths, indices, token_ids, ready_event) -> None:
+    def _write_batch(self, host_batch, lengths, indices, token_ids, ready_event, done) -> None:
         from safetensors.torch import save_file
 
-        if ready_event is not None:
-            ready_event.synchronize()  # the side-stream device->host copy has landed
-        for row, (n, index, ids) in enumerate(zip(lengths, indices, token_ids)):
-            final = hs_path(self.output, index)
-            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-            save_file({"hidden_states": host_batch[row, :n].contiguous(), "token_ids": ids}, str(tmp))
-            os.replace(tmp, final)
-            with self._lock:
-                self.written += 1
+        try:
+            if ready_event is not None:
+                ready_event.synchronize()  # the side-stream device->host copy has landed
+            for row, (n, index, ids) in enumerate(zip(lengths, indices, token_ids)):
+                final = hs_path(self.output, index)
+                tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+                save_file({"hidden_states": host_batch[row, :n].contiguous(), "token_ids": ids}, str(tmp))
+                os.replace(tmp, final)
+                with self._lock:
+                    self.written += 1
+        finally:
+            if done is not None:
+                done()
 
     def drain(self) -> None:
         while not self.pending.empty():
@@ -213,6 +217,41 @@ class AsyncWriter:
             self.drain()
         finally:
             self.pool.shutdown(wait=True)
+
+
+class PinnedRing:
+    """Page-locked host buffers for the device->host copies, allocated once and reused.
+
+    Pinning memory (cudaHostAlloc) is slow, hundreds of milliseconds per GiB, and a fresh pinned
+    tensor per batch paid that on the compute thread for every batch until torch's host cache
+    warmed up. The ring pins `slots` buffers of the largest batch before the first batch; the
+    writer gives each back once its files are written, and the compute loop waits for a free one
+    (the back-pressure that bounds host memory).
+    """
+
+    def __init__(self, slots: int, nbytes: int):
+        import torch
+
+        self.free: "queue.Queue" = queue.Queue()
+        for _ in range(slots):
+            self.free.put(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+
+    def take(self, shape, dtype):
+        """A free buffer viewed as `shape`/`dtype`, and the callback that gives it back."""
+        import math
+
+        import torch
+
+        buf = self.free.get()
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        return buf[:nbytes].view(dtype).view(shape), lambda: self.free.put(buf)
+
+
+def default_writer_threads(cpu_count: int, local_processes: int) -> int:
+    """Saving is a copy into the page cache; an 8B verifier on an H200 produces ~4 GiB/s of it (32
+    KiB per token). On 2 x H200 (bench/RESULTS.md) 2 threads fell behind and 8 were no faster
+    than 4. Half of this process's share of the CPUs, 1 to 4."""
+    return max(1, min(4, cpu_count // (2 * max(1, local_processes))))
 
 
 def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int) -> list[list[int]]:
@@ -268,15 +307,31 @@ def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, in
         events.message(f"rank {rank}: {skipped} valid file(s) kept, {len(todo)} to compute")
 
     capture = HiddenStateCapture(parts, layer_ids)
-    writer = AsyncWriter(output, threads=args.writer_threads)
-    copy_stream = torch.cuda.Stream() if device.startswith("cuda") else None
+    batches = plan_batches(todo, args.batch_size, args.max_batch_tokens)
+    on_cuda = device.startswith("cuda")
+    ring = None
+    if on_cuda and batches:
+        # Pinned buffers and the first kernels' set-up (cuBLAS handles, kernel choice) are paid
+        # once, here, not inside the first batches: tokens_per_s is the loop's steady rate.
+        t0 = time.monotonic()
+        largest = max(len(b) * max(todo[i] for i in b) for b in batches)
+        slot_bytes = largest * (len(layer_ids) + 1) * hidden * 2  # bf16 [B, S, k+1, H]
+        ring = PinnedRing(args.host_buffers, slot_bytes)
+        with torch.inference_mode():
+            warm = torch.zeros((1, min(128, largest)), dtype=torch.long, device=device)
+            capture.run(warm, torch.ones_like(warm))
+        torch.cuda.synchronize()
+        events.message(f"rank {rank}: pinned {args.host_buffers} x {slot_bytes / 2**30:.2f} GiB host buffers and warmed up in {time.monotonic() - t0:.1f} s")
+    writer = AsyncWriter(output, threads=args.writer_threads, max_pending=args.host_buffers)
+    copy_stream = torch.cuda.Stream() if on_cuda else None
     pad_id = 0
     done = 0
     started = time.monotonic()
     tokens = 0
+    waited_for_writer = 0.0  # the compute loop blocked on a free host buffer: writing is the bound
     try:
         with torch.inference_mode():
-            for batch in plan_batches(todo, args.batch_size, args.max_batch_tokens):
+            for batch in batches:
                 rows = [dataset[i]["input_ids"] for i in batch]
                 lengths = [int(r.shape[0]) for r in rows]
                 width = max(lengths)
@@ -286,19 +341,27 @@ def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, in
                     input_ids[r, : lengths[r]] = ids
                     attention[r, : lengths[r]] = 1
                 states = capture.run(input_ids.to(device), attention.to(device)).to(torch.bfloat16)
-                host, ready = _to_host(states, copy_stream)
-                writer.submit(host, lengths, batch, [r.to(torch.long) for r in rows], ready)
+                t_wait = time.monotonic()
+                host, ready, give_back = _to_host(states, copy_stream, ring)
+                writer.submit(host, lengths, batch, [r.to(torch.long) for r in rows], ready, give_back)
+                waited_for_writer += time.monotonic() - t_wait
                 done += len(batch)
                 tokens += sum(lengths)
                 if local_rank == 0:  # one progress stream per host
                     events.progress(done, len(todo), unit="samples")
+        t_drain = time.monotonic()
         writer.drain()
+        drain = time.monotonic() - t_drain
     finally:
         capture.close()
         writer.close()
     seconds = time.monotonic() - started
     return {
         "computed": done,
+        "loop_seconds": round(seconds, 3),
+        "waited_for_writer_s": round(waited_for_writer, 3),
+        "final_drain_s": round(drain, 3),
+        "writer_threads": args.writer_threads,
         "skipped_valid": skipped,
         "regenerated": regenerate,
         "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 and tokens else 0.0,
@@ -308,21 +371,22 @@ def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, in
     }
 
 
-def _to_host(states, copy_stream):
-    """Device -> host. On CUDA: into pinned memory on a side stream, returning the event the writer
-    waits for, so the compute stream moves on to the next batch at once."""
+def _to_host(states, copy_stream, ring: PinnedRing | None):
+    """Device -> host. On CUDA: into a pinned ring buffer on a side stream, returning the event
+    the writer waits for (so the compute stream moves on to the next batch at once) and the
+    buffer's give-back."""
     import torch
 
     if copy_stream is None:
-        return states.contiguous(), None
-    host = torch.empty(states.shape, dtype=states.dtype, pin_memory=True)
+        return states.contiguous(), None, None
+    host, give_back = ring.take(states.shape, states.dtype)
     copy_stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(copy_stream):
         host.copy_(states, non_blocking=True)
         states.record_stream(copy_stream)  # keep the device buffer alive until the copy is done
         ready = torch.cuda.Event()
         ready.record(copy_stream)
-    return host, ready
+    return host, ready, give_back
 
 
 def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: range, rank: int, world: int, local_rank: int) -> dict:
@@ -448,7 +512,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t = p.add_argument_group("transformers backend")
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--max-batch-tokens", type=int, default=32768, help="cap on padded tokens per batch")
-    t.add_argument("--writer-threads", type=int, default=4)
+    t.add_argument("--writer-threads", type=int, default=None, help="threads saving files (default: half this process's share of the CPUs, 1 to 4)")
+    t.add_argument("--host-buffers", type=int, default=3, help="batches in flight between the GPU and the files (pinned host buffers of the largest batch each, on CUDA)")
     t.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
     t.add_argument("--dtype", default="auto", help="verifier compute dtype (auto: bf16 on GPU, float32 on CPU); files are bf16 regardless")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids spinning against other processes on a small box)")
@@ -469,8 +534,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--offline-passes", type=int, default=2, help="generate-offline-data runs while samples are missing (each resumes)")
     v.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
     args = p.parse_args(argv)
-    if args.batch_size < 1 or args.writer_threads < 1:
-        p.error("--batch-size and --writer-threads must be at least 1")
+    if args.writer_threads is None:
+        args.writer_threads = default_writer_threads(os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    if args.batch_size < 1 or args.writer_threads < 1 or args.host_buffers < 1:
+        p.error("--batch-size, --writer-threads and --host-buffers must be at least 1")
     return args
 
 

@@ -5,8 +5,9 @@
 
 What this adds around `speculators train` (speculators.train.cli.main, called in-process):
 * launch: one process per visible GPU through torchrun (this script re-executes itself under
-  `python -m torch.distributed.run` unless it already runs under torchrun; `--nproc 1` or CPU:
-  in-process). On CPU it runs single-process, with the shims of common/speculators_compat.py.
+  `python -m torch.distributed.run` unless it already runs under torchrun; `--processes 1` or CPU:
+  in-process). DDP by default, `--fsdp` for speculators' FSDP2 sharding. On CPU it runs
+  single-process, with the shims of common/speculators_compat.py.
 * explicit choices instead of defaults that break on one platform or another: the draft's
   attention implementation (simple_flex_attention on GPU, sdpa on CPU, then checked against the
   mask the built model makes), the loss implementation (eager on CPU and on torch 2.11, where the
@@ -117,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-freq", type=int, default=1, help="log metrics every N steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-resume", action="store_true", help="start over even if --output has checkpoints")
-    p.add_argument("--nproc", type=int, default=None, help="processes (GPUs) on this host (default: all visible GPUs; 1 on CPU)")
+    p.add_argument("--fsdp", action="store_true", help="shard parameters, gradients and optimizer state over the processes (FSDP2) instead of replicating them (DDP, the default); needs 2 or more")
+    p.add_argument("--processes", type=int, default=None, help="processes (GPUs) on this host (default: all visible GPUs; 1 on CPU); not --nproc: torchrun would take that for its own --nproc-per-node")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: 1 on a CPU-only host, where the draft is too small to gain from more; torch's default with GPUs)")
     p.add_argument("--speculators-arg", action="append", default=[], metavar="FLAG=VALUE", help="extra `speculators train` flag, e.g. --speculators-arg=--weight-decay=0.0 (repeatable)")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     if args.threads or not cuda:
         torch.set_num_threads(args.threads or 1)
-    nproc = args.nproc or default_nproc(torch.cuda.device_count() if cuda else 0)
+    nproc = args.processes or default_nproc(torch.cuda.device_count() if cuda else 0)
     if not under_torchrun() and cuda and nproc > 1:
         return relaunch_under_torchrun(nproc, argv)
 
@@ -174,10 +176,12 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type == "cpu" and under_torchrun():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            raise TrainError("several training processes need GPUs: this host has none (run with --nproc 1)")
+            raise TrainError("several training processes need GPUs: this host has none (run with --processes 1)")
         for name in TORCHRUN_ENV:  # a 1-process torchrun on CPU: speculators would ask for an accelerator
             os.environ.pop(name, None)
 
+    if args.fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise TrainError("--fsdp shards over several processes: this run has one (use --processes 2 or more on a host with GPUs)")
     verifier = resolve_verifier(args.verifier)
     prepared, hs_dir, output = Path(args.prepared).resolve(), Path(args.hidden_states).resolve(), Path(args.output).resolve()
     for what, path in (("--prepared", prepared), ("--hidden-states", hs_dir)):
@@ -234,6 +238,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         spec_argv += ["--max-steps", str(args.max_steps)]
     if args.no_resume:
         spec_argv += ["--no-resume-from-checkpoint"]
+    if args.fsdp:
+        spec_argv += ["--fsdp-shard"]
     for extra in args.speculators_arg:
         spec_argv += extra.split("=", 1) if extra.startswith("--") and "=" in extra else [extra]
 
@@ -242,7 +248,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         (output / "metrics.jsonl").unlink(missing_ok=True)  # the curves start over with the run
     if rank == 0:
         events.message(
-            f"device {device_type}, attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
+            f"device {device_type}, {os.environ.get('WORLD_SIZE', '1')} process(es), {'FSDP' if args.fsdp else 'DDP'}, "
+            f"attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
             f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}"
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )

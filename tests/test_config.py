@@ -34,6 +34,9 @@ def write(tmp_path: Path, text: str) -> Path:
         ('[hostz.gpu]\nssh = "u@h"\n', "hostz", "unknown key"),
         # a host's name is its table's key; `name` inside the table would silently lose
         ('[hosts.gpu]\nssh = "u@h"\nname = "other"\n', "hosts.gpu.name", "unknown key"),
+        ('[hosts.gpu]\nssh = "u@h"\ngpus = [0, 0]\n', "hosts.gpu.gpus", "distinct GPU indices"),
+        ('[hosts.gpu]\nssh = "u@h"\ngpus = [-1]\n', "hosts.gpu.gpus", "distinct GPU indices"),
+        ('[hosts.gpu]\nssh = "u@h"\nruntime = "docker"\ngpus = [1]\n', "hosts.gpu.gpus", "container.gpus"),
     ],
 )
 def test_invalid_config_is_one_line_naming_file_and_key(tmp_path, text, key, expected):
@@ -94,3 +97,17 @@ def test_bad_ssh_target_is_a_usage_error():
     for bad in ("me@box:99999", "-oProxyCommand=x", "a b"):
         with pytest.raises(UsageError):
             SSHTarget.parse(bad)
+
+
+def test_host_gpus_limit_what_the_stages_see(tmp_path):
+    """`gpus` on a host-runtime host becomes the CUDA_VISIBLE_DEVICES of what runs there (one
+    node per GPU of a shared box); run for real through the local transport."""
+    from harness.runtime import runtime_for
+    from harness.transport.local import LocalTransport
+
+    config = load_config(write(tmp_path, f'[hosts.n1]\nlocal = true\nworkdir = "{tmp_path}"\ngpus = [1, 3]\n[hosts.all]\nlocal = true\nworkdir = "{tmp_path}"\n'))
+    show = [sys.executable, "-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"]
+    for host, expected in (("n1", "1,3"), ("all", "unset")):
+        transport = LocalTransport(host)
+        result = transport.run(runtime_for(config.host(host), transport).wrap(show))
+        assert result.ok and result.text.strip() == expected, (host, result.text)

@@ -352,3 +352,12 @@ def test_sigterm_of_the_stage_stops_server_and_client(tiny_verifier, prepared_da
     assert "cancelled" in read_events(tmp_path / "events.jsonl")[-1]["error"]
     assert not _alive(json.loads(record.read_text())["pid"])
     assert not _alive(int(client_pid.read_text()))
+
+
+def test_writer_threads_follow_the_cpus_per_process():
+    from extract_hidden_states import default_writer_threads
+
+    assert default_writer_threads(2, 1) == 1  # a small box: one writer beside the compute thread
+    assert default_writer_threads(32, 2) == 4  # 8 were no faster than 4 on an H200 box
+    assert default_writer_threads(128, 8) == 4
+    assert default_writer_threads(16, 8) == 1

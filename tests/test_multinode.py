@@ -526,6 +526,13 @@ def test_cli_group_sync_run_status_logs_cancel(cluster_project, netns_cluster):
     assert len(rows) == 3 and all("ok" in r for r in rows), status.stdout
     assert all(h in status.stdout for h in ("n0", "n1", "n2"))
 
+    runs = harness_cli(config, netns_cluster, "runs", "cluster")
+    assert runs.returncode == 0, runs.stderr
+    header = next(line for line in runs.stdout.splitlines() if "n0" in line)
+    assert "n1" in header and "n2" in header, runs.stdout
+    row = next(line for line in runs.stdout.splitlines() if run_id in line)
+    assert row.count("ok") == 3, runs.stdout  # one run id, its state on every host
+
     logs = harness_cli(config, netns_cluster, "logs", "cluster", run_id)
     assert logs.returncode == 0, logs.stderr
     for host in ("n0", "n1", "n2"):
@@ -543,3 +550,82 @@ def test_cli_group_sync_run_status_logs_cancel(cluster_project, netns_cluster):
         assert rank_processes(node) == []
     status = harness_cli(config, netns_cluster, "status", "cluster", run_id)
     assert status.returncode != 0 and status.stdout.count("cancelled") >= 3, status.stdout
+
+
+def test_no_distributed_stage_flag_is_taken_by_torchrun():
+    """torchrun parses the whole command line, the stage's flags after the script included, and
+    argparse accepts abbreviations: a stage flag that starts one of torchrun's options (train's
+    old `--nproc` against `--nproc-per-node`) stops the launch before the stage runs."""
+    import argparse
+    import importlib
+
+    from torch.distributed.run import get_args_parser
+
+    from harness.pipeline import STAGES
+
+    torchrun_options = [o for a in get_args_parser()._actions for o in a.option_strings]
+
+    class Captured(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        raise Captured(self)
+
+    sys.path.insert(0, str(REPO / "remote_scripts"))
+    checked = 0
+    for stage in (s for s in STAGES.values() if s.distributed):
+        module = importlib.import_module(stage.script.removesuffix(".py"))
+        original = argparse.ArgumentParser.parse_args
+        argparse.ArgumentParser.parse_args = capture
+        try:
+            module.parse_args([])
+        except Captured as e:
+            parser = e.args[0]
+        finally:
+            argparse.ArgumentParser.parse_args = original
+        flags = [o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help")]
+        clashes = [(f, o) for f in flags for o in torchrun_options if o.startswith(f)]
+        assert not clashes, f"{stage.name}: {clashes}"
+        checked += len(flags)
+    assert checked > 40  # the three stages' flags were really read
+
+
+@pytest.mark.netns
+@pytest.mark.ssh
+@pytest.mark.docker
+@pytest.mark.slow
+def test_cli_group_build_fans_out_and_skips_unchanged(tmp_path, netns_cluster, docker_base_image):
+    """`harness build GROUP`: every host builds at once over its own SSH connection (the three
+    namespace hosts share this machine's engine); a second build finds the content-hash tag on
+    every host and builds nothing."""
+    import re
+
+    from harness.config import load_config
+    from tests.fixtures.docker_engine import startable_memlock
+    from tests.fixtures.netns import ensure_nodes_up, write_cluster_config
+
+    ensure_nodes_up(netns_cluster)
+    shutil.copytree(REPO / "container", tmp_path / "container")
+    shutil.copytree(REPO / "remote_scripts", tmp_path / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    image = f"harness-group-build-test-{os.getpid()}"  # a fresh repository: the first build really builds
+    container = (f'image = "{image}"\nbase_image = "{docker_base_image}"\ngpus = "none"\nshm_size = "1g"\n'
+                 f'build_args = {{ INSTALL_ML = "0" }}\nulimits = {{ memlock = {startable_memlock()} }}\n')
+    tables = "".join(f"[hosts.{n.name}.container]\n{container}\n" for n in netns_cluster.nodes)
+    path = write_cluster_config(tmp_path, netns_cluster, extra=tables)
+    path.write_text(path.read_text().replace('runtime = "host"', 'runtime = "docker"'))
+    config = load_config(path)
+    try:
+        first = harness_cli(config, netns_cluster, "build", "cluster", timeout=900)
+        assert first.returncode == 0, first.stderr[-3000:]
+        done = dict(re.findall(r"^(n\d): (?:built|unchanged, not rebuilt): \S+ (\S+)$", first.stdout, re.M))
+        assert sorted(done) == ["n0", "n1", "n2"] and len(set(done.values())) == 1, first.stdout
+        assert "built:" in first.stdout, first.stdout  # at least one host really built
+        assert re.search(r"^\[n\d\] ", first.stderr, re.M), first.stderr[-2000:]  # build output, prefixed per host
+
+        again = harness_cli(config, netns_cluster, "build", "cluster", timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert sorted(re.findall(r"^(n\d): unchanged, not rebuilt: ", again.stdout, re.M)) == ["n0", "n1", "n2"], again.stdout
+    finally:
+        refs = subprocess.run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", image], capture_output=True, text=True).stdout.split()
+        if refs:  # by reference: untags ours only, never an image other tests share
+            subprocess.run(["docker", "rmi", *refs], capture_output=True)

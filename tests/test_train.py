@@ -217,3 +217,11 @@ def test_flex_attention_is_refused_on_cpu_before_training(tiny_verifier, prepare
     assert "AttentionMismatch" in finished["error"] and "cannot train on CPU" in finished["error"]
     assert not any(e["event"] == "metric" and "loss" in e.get("metrics", {}) for e in read_events(tmp_path / "e.jsonl"))
     shutil.rmtree(tmp_path / "ck", ignore_errors=True)
+
+
+def test_fsdp_on_one_process_fails_with_one_line(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    proc = _train(tiny_verifier.verifier, prepared_data, hidden_states, tmp_path / "ck", tmp_path / "e.jsonl", "--fsdp", check=False)
+    assert proc.returncode != 0
+    finished = read_events(tmp_path / "e.jsonl")[-1]
+    assert finished["status"] == "failed" and "--fsdp shards over several processes" in finished["error"]
+    assert not (tmp_path / "ck").exists()

@@ -17,7 +17,7 @@ class _ToFile(logging.Handler):
         self.path = path
 
     def emit(self, record: logging.LogRecord) -> None:
-        if isinstance(record.msg, dict):
+        if record.name == "speculators.metrics" and isinstance(record.msg, dict):
             with open(self.path, "a") as f:
                 f.write(json.dumps(record.msg, default=float) + "\n")
 
@@ -31,7 +31,9 @@ def _peak_memory() -> None:
 
 
 if __name__ == "__main__":
-    logging.getLogger("speculators.metrics").addHandler(_ToFile(os.environ["BENCH_METRICS"]))
+    # On the root logger: speculators' dictConfig replaces the handlers of its own loggers, and
+    # its metric records propagate up to the root.
+    logging.getLogger().addHandler(_ToFile(os.environ["BENCH_METRICS"]))
     atexit.register(_peak_memory)
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig

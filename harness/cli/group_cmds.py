@@ -107,6 +107,34 @@ def cancel_group(app, group: str, run_id: str, grace: float | None) -> int:
     return 1 if any(s.startswith("error") for s in states.values()) else 0
 
 
+def runs_group(app, group: str) -> int:
+    """Every host's runs, asked in parallel, as one table: a group run shares its id across hosts."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from harness.cli.job_cmds import _styled
+    from harness.multinode import parallel
+
+    runner = _group_run(app, group)
+    listed = {h: (runs, error) for h, runs, error in parallel(runner.hosts, lambda h: runner.jobs(h).list_runs())}
+    states: dict[str, dict[str, str]] = {}
+    for host, (runs, error) in listed.items():
+        for r in runs or []:
+            states.setdefault(r.run_id, {})[host] = r.state
+    table = Table(title=f"runs on group {escape(group)}")
+    table.add_column("run", no_wrap=True)
+    for host in runner.hosts:
+        table.add_column(escape(host) + (" (unreachable)" if listed[host][1] is not None else ""))
+    for run_id in sorted(states):
+        table.add_row(escape(run_id), *(_styled(states[run_id][h]) if h in states[run_id] else ("?" if listed[h][1] is not None else "-") for h in runner.hosts))
+    Console().print(table)
+    for host, (_, error) in listed.items():
+        if error is not None:
+            click.echo(f"{host}: {type(error).__name__}: {error}", err=True)
+    return 1 if any(error is not None for _, error in listed.values()) else 0
+
+
 def print_group_table(status) -> None:
     from rich.console import Console
     from rich.table import Table

@@ -128,12 +128,13 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
 @click.argument("host")
 @click.pass_context
 def runs(ctx: click.Context, host: str) -> None:
-    """List the runs on HOST, oldest first."""
+    """List the runs on HOST (or on every host of a group), oldest first."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     app = ctx.obj
+    dispatch_if_group(ctx, host, "runs_group")  # a group: one row per run id, one column per host
     try:
         all_runs = _jobs(app, host).list_runs()
     finally:

@@ -19,5 +19,8 @@ class HostRuntime(Runtime):
 
     def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
         # Environment values come from the transport's env (inherited), so env_names need no
-        # flags here; labels and names only mean something to Docker.
+        # flags here; labels and names only mean something to Docker. The host's `gpus` is
+        # configuration, not a secret: it may stand on the command line.
+        if self.host.gpus:
+            argv = ["env", "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, self.host.gpus)), *argv]
         return ["sh", "-c", _CD_AND_EXEC, self.workdir, *argv]
