@@ -75,6 +75,11 @@ class HostConfig:
     def is_local(self) -> bool:
         return self.local
 
+    def env_values(self) -> dict[str, str]:
+        """Values of the `env` names from this process's environment: held in memory, handed to
+        the transport, never written to a file or a command line."""
+        return {name: os.environ[name] for name in self.env if name in os.environ}
+
 
 @dataclass(frozen=True)
 class GroupConfig:

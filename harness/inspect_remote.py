@@ -243,9 +243,7 @@ def stage_command(runtime: Runtime, argv: list[str]) -> list[str]:
 def stage_env(runtime: Runtime) -> dict[str, str]:
     """The host's `env = [names]` with values from this process, as the stages get them (a
     library may import differently with HF_HOME, TRANSFORMERS_OFFLINE, ... set)."""
-    from harness.remote_exec import passthrough_env
-
-    return passthrough_env(runtime.host)
+    return runtime.host.env_values()
 
 
 def parse_answer(stdout: bytes) -> dict[str, Any] | None:

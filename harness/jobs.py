@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import secrets
 import subprocess
@@ -55,11 +54,6 @@ VERSIONS_SNIPPET = (
 def new_run_id() -> str:
     """UTC timestamp + 24 random bits: sortable, and two runs started together never collide."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-def passthrough_env(host: HostConfig) -> dict[str, str]:
-    """Values of the host's `env` names from this process's environment (held in memory only)."""
-    return {name: os.environ[name] for name in host.env if name in os.environ}
 
 
 def stage_command(stage: str, config: Config, python: str, events_path: str, nproc: int) -> list[str]:
@@ -187,7 +181,7 @@ class Jobs:
 
     def stage_env(self) -> dict[str, str]:
         """Environment values the stages get (through the supervisor's stdin, never a file)."""
-        return passthrough_env(self.host)
+        return self.host.env_values()
 
     def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
         if self.runtime.kind == "docker":

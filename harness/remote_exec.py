@@ -33,14 +33,9 @@ def in_workdir(workdir: str, argv: Sequence[str]) -> list[str]:
     return ["sh", "-c", IN_WORKDIR, "sh", workdir, *argv]
 
 
-def passthrough_env(host: HostConfig) -> dict[str, str]:
-    """The host's `env = [names]`, with values from this process's environment (never stored)."""
-    return {name: os.environ[name] for name in host.env if name in os.environ}
-
-
 def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, options: ConnectOptions, transport_factory) -> int:
     """Run argv on the host; return its exit code. transport_factory() opens the Transport."""
-    env = passthrough_env(host)
+    env = host.env_values()
     if host.runtime == "docker":
         from harness.runtime import WrapOptions, runtime_for
 

@@ -256,8 +256,11 @@ def default_writer_threads(cpu_count: int, local_processes: int) -> int:
 
 def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int) -> list[list[int]]:
     """Group sample indices by similar length (less padding), each batch <= batch_size rows and
-    <= max_tokens padded tokens (a long row still gets a batch of its own)."""
-    order = sorted(lengths, key=lambda i: (lengths[i], i))
+    <= max_tokens padded tokens (a long row still gets a batch of its own).
+
+    Longest rows first: a batch too large for the GPU fails in the first seconds rather than at
+    the end, and the last batch, whose files no later compute hides, is the smallest."""
+    order = sorted(lengths, key=lambda i: (-lengths[i], i))
     batches, current = [], []
     for i in order:
         width = max([lengths[j] for j in current] + [lengths[i]])

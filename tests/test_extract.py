@@ -361,3 +361,15 @@ def test_writer_threads_follow_the_cpus_per_process():
     assert default_writer_threads(32, 2) == 4  # 8 were no faster than 4 on an H200 box
     assert default_writer_threads(128, 8) == 4
     assert default_writer_threads(16, 8) == 1
+
+
+def test_batches_run_longest_first_within_the_limits():
+    from extract_hidden_states import plan_batches
+
+    lengths = {0: 10, 1: 300, 2: 50, 3: 300, 4: 12, 5: 299, 6: 1000}
+    batches = plan_batches(lengths, batch_size=2, max_tokens=700)
+    assert sorted(i for b in batches for i in b) == sorted(lengths)  # every sample exactly once
+    assert batches[0] == [6]  # the longest alone: 2 x 1000 > 700
+    assert all(len(b) <= 2 and max(lengths[i] for i in b) * len(b) <= 700 for b in batches[1:])
+    widths = [max(lengths[i] for i in b) for b in batches]
+    assert widths == sorted(widths, reverse=True)  # the last batch is the cheapest to write

@@ -50,7 +50,6 @@ def shell(ctx: click.Context, host: str) -> None:
 
     Same mounts, working directory and environment as the stages; exits with the shell's code.
     """
-    from harness.jobs import passthrough_env
     from harness.runtime import runtime_for
     from harness.runtime.base import WrapOptions
 
@@ -64,7 +63,7 @@ def shell(ctx: click.Context, host: str) -> None:
         else:
             transport.check(["mkdir", "-p", "--", runtime.workdir])
         argv = runtime.wrap(LOGIN_SHELL, WrapOptions(interactive=True))
-        code = transport.run_pty(argv, env=passthrough_env(host_cfg))
+        code = transport.run_pty(argv, env=host_cfg.env_values())
     finally:
         app.close()
     ctx.exit(code)
