@@ -42,6 +42,17 @@ def test_content_hash_covers_every_input(tmp_path):
     assert gather_inputs(other, other.host("box")).build_args["BASE_IMAGE"] == "base:2"
 
 
+def test_missing_context_directory_is_one_error_before_any_build(tmp_path):
+    import shutil
+
+    from harness.errors import UsageError
+
+    config = load_config(project(tmp_path, "base:1"))
+    shutil.rmtree(tmp_path / "remote_scripts")
+    with pytest.raises(UsageError, match=r"remote_scripts/ not found next to harness.toml"):
+        gather_inputs(config, config.host("box"))
+
+
 @pytest.mark.docker
 def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_image):
     config_path = project(tmp_path, docker_base_image)

@@ -3,6 +3,11 @@
 
     bash bench/gpu/run.sh            # installs the carried wheels, then runs this with --parts all
 
+All parts take ~17 minutes on 2 x H200, more than one device call's 10; the measured calls were
+    bash bench/gpu/run.sh --parts setup,extract,train,ddp --samples 37
+    bash bench/gpu/run.sh --parts setup,extract,nodes,fsdp --extract-writer-threads 2,8 --no-extract-shm --samples 37
+and FSDP alone still wants one: `--parts setup,extract,fsdp --no-extract-shm` (~5 minutes).
+
 Parts (each prints its rows at once; results.json and the table are rewritten after every part,
 so a run stopped by its time limit still returns what it measured):
   setup    a Llama-3.1-8B-shaped verifier with random weights (hidden 4096, intermediate 14336,

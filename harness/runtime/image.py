@@ -104,6 +104,9 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
         raise UsageError(f"{config.path}: hosts.{host.name}.container.dockerfile: expected a path inside the project, got {c.dockerfile!r}")
     if not (root / dockerfile).is_file():
         raise UsageError(f"{root / dockerfile}: Dockerfile not found")
+    missing = sorted(top for top in CONTEXT_DIRS if not (root / top).exists())
+    if missing:  # the Dockerfile COPYs them: say so here, not in the middle of docker's output
+        raise UsageError(f"{root}: {', '.join(m + '/' for m in missing)} not found next to {config.path.name} (the image is built from them)")
     files: dict[str, bytes] = {}
     for top in {*CONTEXT_DIRS, dockerfile.parts[0]}:
         base = root / top
