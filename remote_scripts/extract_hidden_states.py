@@ -10,11 +10,12 @@ Row i of the prepared dataset (datasets.load_from_disk(--prepared)) -> OUTPUT/hs
 OUTPUT/extract_meta.json records the layers, hidden size and verifier path, for train to check.
 
 Backends:
-  transformers  forward hooks on the verifier, batched (right padding: causal attention makes each
-                row's first T positions exactly its own); the next batch computes while a pool of
-                writer threads saves the last one (on CUDA the device->host copy runs on a side
-                stream into pinned memory). Resumable: a valid file is skipped, a missing,
-                truncated or mismatching one is (re)written, always via a temporary name + rename.
+  transformers  forward hooks on the verifier, batched longest first (right padding: causal
+                attention makes each row's first T positions exactly its own); the next batch
+                computes while a pool of writer threads saves the last one (on CUDA the
+                device->host copy runs on a side stream into pinned buffers, pinned once and
+                reused: PinnedRing). Resumable: a valid file is skipped, a missing, truncated or
+                mismatching one is (re)written, always via a temporary name + rename.
   vllm          starts `vllm serve` with the extract_hidden_states speculative config and the
                 hidden-states KV connector, waits for /health, runs speculators'
                 `generate-offline-data` for this shard, and always stops the server, also on
