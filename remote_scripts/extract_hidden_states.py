@@ -230,12 +230,12 @@ class PinnedRing:
     (the back-pressure that bounds host memory).
     """
 
-    def __init__(self, slots: int, nbytes: int):
+    def __init__(self, slots: int, nbytes: int, pin: bool = True):
         import torch
 
         self.free: "queue.Queue" = queue.Queue()
         for _ in range(slots):
-            self.free.put(torch.empty(nbytes, dtype=torch.uint8, pin_memory=True))
+            self.free.put(torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin))  # pin=False: tests on CPU
 
     def take(self, shape, dtype):
         """A free buffer viewed as `shape`/`dtype`, and the callback that gives it back."""

@@ -373,3 +373,33 @@ def test_batches_run_longest_first_within_the_limits():
     assert all(len(b) <= 2 and max(lengths[i] for i in b) * len(b) <= 700 for b in batches[1:])
     widths = [max(lengths[i] for i in b) for b in batches]
     assert widths == sorted(widths, reverse=True)  # the last batch is the cheapest to write
+
+
+def test_pinned_ring_hands_out_each_buffer_once_until_given_back():
+    """The ring's bookkeeping (on CPU, unpinned): a taken buffer is not handed out again before
+    the writer gives it back, the compute loop waits when all are out, and views have the
+    batch's shape and dtype over distinct memory."""
+    import threading
+
+    import torch
+
+    from extract_hidden_states import PinnedRing
+
+    ring = PinnedRing(2, 4 * 3 * 2, pin=False)
+    a, give_a = ring.take((4, 3), torch.bfloat16)
+    b, give_b = ring.take((2, 3), torch.bfloat16)
+    assert a.shape == (4, 3) and a.dtype == torch.bfloat16 and b.shape == (2, 3)
+    a.fill_(1.0)
+    b.fill_(2.0)
+    assert bool((a == 1.0).all())  # no overlap between the two slots
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(ring.take((4, 3), torch.bfloat16)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # both slots out: the loop waits (back-pressure)
+    give_a()
+    waiter.join(5)
+    assert got and got[0][0].data_ptr() == a.data_ptr()  # the given-back slot, reused
+    give_b()
+    got[0][1]()
+    assert ring.free.qsize() == 2
