@@ -380,6 +380,26 @@ def test_node_command_runs_torchrun_through_the_launcher(tmp_path):
     assert jobs.stage_command("evaluate", "/x/e", nproc=8)[1] == "remote_scripts/evaluate.py"  # plain stages: no torchrun
 
 
+def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
+    """In containers, the rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's
+    own addresses, which the other hosts reach: distributed stages get --network=host, plain ones
+    keep Docker's default."""
+    from harness.config import parse_config
+    from harness.multinode import GroupLaunch, NodeJobs
+    from harness.transport.local import LocalTransport
+
+    hosts = {h: {"local": True, "workdir": str(tmp_path / h), "runtime": "docker"} for h in ("a", "b")}
+    config = parse_config({"hosts": hosts, "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
+    launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 1, 30.0, 10.0)
+    jobs = NodeJobs(config, config.host("a"), LocalTransport("a"), launch, 0)
+    run_dir = str(tmp_path / "a" / "runs" / launch.run_id)
+    train = jobs._stage_spec(launch.run_id, "train", f"{run_dir}/train", jobs.stage_command("train", f"{run_dir}/train/events.jsonl", nproc=1))
+    assert train["kind"] == "docker" and train["argv"][:3] == ["docker", "create", "--network=host"]
+    assert "remote_scripts/node_launcher.py" in train["argv"]
+    evaluate = jobs._stage_spec(launch.run_id, "evaluate", f"{run_dir}/evaluate", jobs.stage_command("evaluate", f"{run_dir}/evaluate/events.jsonl", nproc=1))
+    assert evaluate["argv"][:2] == ["docker", "create"] and "--network=host" not in evaluate["argv"]
+
+
 def test_origin_prefers_a_silent_node_over_the_peers_it_broke():
     from harness.jobs import RunStatus, StageStatus
     from harness.multinode import GroupStatus, NodeStatus
