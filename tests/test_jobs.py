@@ -151,14 +151,7 @@ def test_cli_run_survives_killing_harness_and_logs_f_is_complete(tmp_path):
     laptop): the chain goes on, and `harness logs -f` afterwards shows every line."""
     make_jobs(tmp_path, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 6, "sleep": 3}})
     config = tmp_path / "project" / "harness.toml"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    run_id = proc.stdout.readline().decode().strip()
-    seen = b""
-    while b"line 1 of 3" not in seen:  # attached: the log streams
-        seen += proc.stdout.read1(4096)
+    proc, run_id = start_attached_run(config)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=60)
@@ -287,12 +280,13 @@ def kill_link_and_harness(proc: subprocess.Popen, ssh_host) -> None:
     proc.wait()
 
 
-def start_attached_run(config, ssh_host) -> tuple[subprocess.Popen, str]:
-    """`harness run box prepare train`, attached in its own process group, read until the first
-    stage has streamed its first line (the run is really going); returns (process, run id)."""
+def start_attached_run(config, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """`harness run box prepare train`, attached in its own process group (so killing the group
+    is a closed laptop), read until the first stage has streamed its first line (the run is
+    really going); returns (process, run id)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=ssh_host.env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env,
     )
     run_id = proc.stdout.readline().decode().strip()
     assert run_id, proc.stderr.read1(4096)
@@ -305,7 +299,7 @@ def start_attached_run(config, ssh_host) -> tuple[subprocess.Popen, str]:
 @pytest.mark.ssh
 def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path, ssh_host):
     config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
-    proc, run_id = start_attached_run(config, ssh_host)
+    proc, run_id = start_attached_run(config, ssh_host.env())
     before = sshd_session_pids(ssh_host)
     assert before, "no SSH connection to cut"
     kill_link_and_harness(proc, ssh_host)

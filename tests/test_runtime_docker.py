@@ -155,14 +155,9 @@ def test_docker_exit_code_cancel_and_secrets(tmp_path, harness_test_image, docke
 def test_docker_run_survives_killing_harness(tmp_path, harness_test_image, docker_base_image):
     docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 3, "sleep": 2}, "train": {"lines": 4, "sleep": 2}})
     config = tmp_path / "project" / "harness.toml"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )
-    run_id = proc.stdout.readline().decode().strip()
-    seen = b""
-    while b"line 1 of 3" not in seen:
-        seen += proc.stdout.read1(4096)
+    from tests.test_jobs import start_attached_run
+
+    proc, run_id = start_attached_run(config)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90)
@@ -198,7 +193,7 @@ def test_ssh_docker_run_survives_link_and_harness_kill(tmp_path, ssh_host, harne
         tmp_path / "project", tmp_path / "work", {"prepare": {"lines": 3, "sleep": 2}, "train": {"lines": 4, "sleep": 3}},
         host_table={"local": False, "ssh": ssh_host.alias, "connect_timeout": 5, "runtime": "docker"}, container=container_table(docker_base_image),
     )
-    proc, run_id = start_attached_run(config, ssh_host)
+    proc, run_id = start_attached_run(config, ssh_host.env())
     kill_link_and_harness(proc, ssh_host)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=120, env=ssh_host.env())
     assert r.returncode == 0, r.stderr
