@@ -11,8 +11,9 @@ OUTPUT/extract_meta.json records the layers, hidden size and verifier path, for 
 
 Backends:
   transformers  forward hooks on the verifier, batched longest first (right padding: causal
-                attention makes each row's first T positions exactly its own); the next batch
-                computes while a pool of writer threads saves the last one (on CUDA the
+                attention makes each row's first T positions exactly its own; the last batch
+                split into single rows, `--tail-rows`); the next batch computes while a pool of
+                writer threads saves the last one's files, one thread per file (on CUDA the
                 device->host copy runs on a side stream into pinned buffers, pinned once and
                 reused: PinnedRing). Resumable: a valid file is skipped, a missing, truncated or
                 mismatching one is (re)written, always via a temporary name + rename.
@@ -173,45 +174,67 @@ class HiddenStateCapture:
 class AsyncWriter:
     """Saves hidden-state files on a thread pool while the next batch computes.
 
-    Each file goes to `hs_<i>.safetensors.tmp-<pid>` and is renamed into place, so a crash never
-    leaves a truncated file under the final name. At most `max_pending` batches are in flight
-    (bounds host memory). On CUDA, `submit` gets a host tensor whose copy may still be running and
-    the event that marks its end, and `done` (the pinned ring's give-back) once its files are written.
+    One task per file, so the rows of one batch are written in parallel (the last batch's files,
+    which no later compute hides, take a thread each). Each file goes to
+    `hs_<i>.safetensors.tmp-<pid>` and is renamed into place, so a crash never leaves a truncated
+    file under the final name. At most `max_pending` batches are in flight (bounds host memory).
+    On CUDA, `submit` gets a host tensor whose copy may still be running and the event that marks
+    its end, and `done` (the pinned ring's give-back), called once all of the batch's files are
+    written.
     """
 
     def __init__(self, output: Path, threads: int, max_pending: int = 4):
         self.output = output
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hs-writer")
-        self.pending: "queue.Queue[Future]" = queue.Queue()
+        self.pending: "queue.Queue[list[Future]]" = queue.Queue()
         self.max_pending = max_pending
         self.written = 0
         self._lock = threading.Lock()
 
     def submit(self, host_batch, lengths: list[int], indices: list[int], token_ids: list, ready_event=None, done=None) -> None:
         while self.pending.qsize() >= self.max_pending:
-            self.pending.get().result()
-        self.pending.put(self.pool.submit(self._write_batch, host_batch, lengths, indices, token_ids, ready_event, done))
+            self._wait(self.pending.get())
+        remaining = [len(indices)]
 
-    def _write_batch(self, host_batch, lengths, indices, token_ids, ready_event, done) -> None:
+        def file_finished() -> None:
+            with self._lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last and done is not None:
+                done()
+
+        self.pending.put([
+            self.pool.submit(self._write_file, host_batch, row, n, index, ids, ready_event, file_finished)
+            for row, (n, index, ids) in enumerate(zip(lengths, indices, token_ids))
+        ])
+
+    def _write_file(self, host_batch, row: int, n: int, index: int, ids, ready_event, finished) -> None:
         from safetensors.torch import save_file
 
         try:
             if ready_event is not None:
                 ready_event.synchronize()  # the side-stream device->host copy has landed
-            for row, (n, index, ids) in enumerate(zip(lengths, indices, token_ids)):
-                final = hs_path(self.output, index)
-                tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+            final = hs_path(self.output, index)
+            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{row}")
+            try:
                 save_file({"hidden_states": host_batch[row, :n].contiguous(), "token_ids": ids}, str(tmp))
                 os.replace(tmp, final)
-                with self._lock:
-                    self.written += 1
+            except BaseException:
+                tmp.unlink(missing_ok=True)  # a disk-full half file must not pile up beside the others
+                raise
+            with self._lock:
+                self.written += 1
         finally:
-            if done is not None:
-                done()
+            finished()
+
+    @staticmethod
+    def _wait(futures: "list[Future]") -> None:
+        for f in futures:
+            f.result()
 
     def drain(self) -> None:
         while not self.pending.empty():
-            self.pending.get().result()
+            self._wait(self.pending.get())
 
     def close(self) -> None:
         try:
@@ -255,12 +278,14 @@ def default_writer_threads(cpu_count: int, local_processes: int) -> int:
     return max(1, min(4, cpu_count // (2 * max(1, local_processes))))
 
 
-def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int) -> list[list[int]]:
+def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int, tail_rows: int = 0) -> list[list[int]]:
     """Group sample indices by similar length (less padding), each batch <= batch_size rows and
     <= max_tokens padded tokens (a long row still gets a batch of its own).
 
     Longest rows first: a batch too large for the GPU fails in the first seconds rather than at
-    the end, and the last batch, whose files no later compute hides, is the smallest."""
+    the end, and the last batch, whose files no later compute hides, is the smallest. With
+    `tail_rows` > 0 the last batch is split further into batches of that many rows, so its first
+    files are written while its last rows compute (the final drain is one small batch)."""
     order = sorted(lengths, key=lambda i: (-lengths[i], i))
     batches, current = [], []
     for i in order:
@@ -271,6 +296,9 @@ def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int) -> l
         current.append(i)
     if current:
         batches.append(current)
+    if tail_rows > 0 and batches and len(batches[-1]) > tail_rows:
+        last = batches.pop()
+        batches += [last[k : k + tail_rows] for k in range(0, len(last), tail_rows)]
     return batches
 
 
@@ -311,7 +339,7 @@ def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, in
         events.message(f"rank {rank}: {skipped} valid file(s) kept, {len(todo)} to compute")
 
     capture = HiddenStateCapture(parts, layer_ids)
-    batches = plan_batches(todo, args.batch_size, args.max_batch_tokens)
+    batches = plan_batches(todo, args.batch_size, args.max_batch_tokens, args.tail_rows)
     on_cuda = device.startswith("cuda")
     ring = None
     if on_cuda and batches:
@@ -517,6 +545,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--batch-size", type=int, default=16)
     t.add_argument("--max-batch-tokens", type=int, default=32768, help="cap on padded tokens per batch")
     t.add_argument("--writer-threads", type=int, default=None, help="threads saving files (default: half this process's share of the CPUs, 1 to 4)")
+    t.add_argument("--tail-rows", type=int, default=1, help="split the last batch into batches of this many rows, so its files are written while the rest of it computes (0: keep it whole)")
     t.add_argument("--host-buffers", type=int, default=3, help="batches in flight between the GPU and the files (pinned host buffers of the largest batch each, on CUDA)")
     t.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
     t.add_argument("--dtype", default="auto", help="verifier compute dtype (auto: bf16 on GPU, float32 on CPU); files are bf16 regardless")
@@ -542,6 +571,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.writer_threads = default_writer_threads(os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if args.batch_size < 1 or args.writer_threads < 1 or args.host_buffers < 1:
         p.error("--batch-size, --writer-threads and --host-buffers must be at least 1")
+    if args.tail_rows < 0:
+        p.error("--tail-rows must be 0 (off) or more")
     return args
 
 

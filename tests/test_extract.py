@@ -375,6 +375,75 @@ def test_batches_run_longest_first_within_the_limits():
     assert widths == sorted(widths, reverse=True)  # the last batch is the cheapest to write
 
 
+def test_the_last_batch_is_split_into_single_rows_when_asked():
+    from extract_hidden_states import plan_batches
+
+    lengths = {i: 100 for i in range(11)}
+    whole = plan_batches(lengths, batch_size=4, max_tokens=10_000)
+    assert [len(b) for b in whole] == [4, 4, 3]
+    tapered = plan_batches(lengths, batch_size=4, max_tokens=10_000, tail_rows=1)
+    assert [len(b) for b in tapered] == [4, 4, 1, 1, 1]
+    assert [i for b in tapered for i in b] == [i for b in whole for i in b]  # same order, same samples
+    assert [len(b) for b in plan_batches(lengths, 4, 10_000, tail_rows=2)] == [4, 4, 2, 1]
+    assert plan_batches({}, 4, 10_000, tail_rows=1) == []
+
+
+def test_writer_saves_a_batch_s_files_in_parallel_and_gives_the_buffer_back_once(tmp_path, monkeypatch):
+    """One task per file: three files of one batch are in save_file at the same moment (a barrier
+    that sequential writing would never pass), each lands under its final name with the row's
+    states, and the batch's give-back runs once, after the last file."""
+    import threading
+
+    import safetensors.torch
+    import torch
+    from safetensors.torch import load_file
+
+    from extract_hidden_states import AsyncWriter, hs_path
+
+    together = threading.Barrier(3, timeout=10)
+    real_save = safetensors.torch.save_file
+
+    def save_when_all_three_are_writing(tensors, path):
+        together.wait()  # BrokenBarrierError if the rows were written one after another
+        real_save(tensors, path)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_when_all_three_are_writing)
+    gave_back = []
+    batch = torch.arange(3 * 5 * 2 * 4, dtype=torch.float32).view(3, 5, 2, 4).to(torch.bfloat16)
+    writer = AsyncWriter(tmp_path, threads=3, max_pending=2)
+    writer.submit(batch, [5, 3, 4], [7, 8, 9], [torch.arange(n) for n in (5, 3, 4)], done=lambda: gave_back.append(len(list(tmp_path.glob("hs_*.safetensors")))))
+    writer.close()
+    assert gave_back == [3]  # once, when all three files were in place
+    assert writer.written == 3
+    for row, (index, n) in enumerate([(7, 5), (8, 3), (9, 4)]):
+        got = load_file(str(hs_path(tmp_path, index)))
+        assert torch.equal(got["hidden_states"], batch[row, :n])
+        assert got["token_ids"].tolist() == list(range(n))
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_a_failed_file_still_gives_the_buffer_back_and_fails_the_drain(tmp_path, monkeypatch):
+    import safetensors.torch
+    import torch
+
+    from extract_hidden_states import AsyncWriter, hs_path
+
+    def disk_full(tensors, path):
+        Path(path).write_bytes(b"half a file")
+        if path.startswith(str(hs_path(tmp_path, 1))):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    gave_back = []
+    writer = AsyncWriter(tmp_path, threads=2)
+    writer.submit(torch.zeros(2, 3, 1, 1), [3, 3], [0, 1], [torch.arange(3)] * 2, done=lambda: gave_back.append(True))
+    with pytest.raises(OSError, match="No space left"):
+        writer.close()
+    assert gave_back == [True]  # the pinned buffer returns to the ring even though a write failed
+    assert not hs_path(tmp_path, 1).exists()  # nothing under the final name for the failed row
+    assert hs_path(tmp_path, 0).exists() and not list(tmp_path.glob("*.tmp-*"))  # the half file is gone
+
+
 def test_pinned_ring_hands_out_each_buffer_once_until_given_back():
     """The ring's bookkeeping (on CPU, unpinned): a taken buffer is not handed out again before
     the writer gives it back, the compute loop waits when all are out, and views have the

@@ -6,7 +6,9 @@
 All parts take ~17 minutes on 2 x H200, more than one device call's 10; the measured calls were
     bash bench/gpu/run.sh --parts setup,extract,train,ddp --samples 37
     bash bench/gpu/run.sh --parts setup,extract,nodes,fsdp --extract-writer-threads 2,8 --no-extract-shm --samples 37
-and FSDP alone still wants one: `--parts setup,extract,fsdp --no-extract-shm` (~5 minutes).
+and the third session's call, FSDP and the extraction tail (the stage's default splits the last
+batch into single rows; --extract-tail-rows 0, measured beside it, keeps it whole):
+    bash bench/gpu/run.sh --parts setup,extract,fsdp --no-extract-shm --samples 37
 
 Parts (each prints its rows at once; results.json and the table are rewritten after every part,
 so a run stopped by its time limit still returns what it measured):
@@ -229,8 +231,10 @@ EDGE = 8  # positions kept per sample at each end, to compare the stage's files 
 
 
 def forward_only(work: Path, args) -> tuple[float, dict[int, tuple]]:
-    """Tokens/s of the verifier's capture forward on the stage's own batches (no device->host
-    copy, no files), and each sample's first and last EDGE positions for the file check."""
+    """Tokens/s of the verifier's capture forward on the stage's batches (no device->host copy, no
+    files), and each sample's first and last EDGE positions for the file check. The last batch
+    stays whole (tail_rows 0) here: the reference is the forward at its fastest, so the stage's
+    single-row tail batches count against it."""
     import torch
     from datasets import load_from_disk
 
@@ -303,27 +307,30 @@ def part_extract(work: Path, args, rows: list[Row], results: dict) -> None:
 
     forward_tps, edges = forward_only(work, args)
     stage_args = {"batch_size": args.extract_batch_size, "max_batch_tokens": args.extract_max_batch_tokens, "prepared": str(work / "prepared")}
-    # The last run writes the hidden states the train parts read: the stage's default threads.
-    threads = [int(t) for t in args.extract_writer_threads.split(",") if t] + [None]
-    runs = [("disk", work / "hidden_states", t) for t in threads]
+    # The last run writes the hidden states the train parts read: the stage's defaults.
+    disk = work / "hidden_states"
+    runs = [("disk", disk, {"writer_threads": int(t)}) for t in args.extract_writer_threads.split(",") if t]
+    runs += [("disk", disk, {"tail_rows": int(t)}) for t in args.extract_tail_rows.split(",") if t]
+    runs.append(("disk", disk, {}))
     if args.extract_shm:
         needed = 2 * results.get("tokens", 0) * 4 * FULL_SHAPE["hidden_size"] * 2
         shm = Path("/dev/shm")
         if shm.is_dir() and shutil.disk_usage(shm).free > needed:
-            runs.insert(0, ("/dev/shm", shm / "gpu-bench-hidden-states", None))
+            runs.insert(0, ("/dev/shm", shm / "gpu-bench-hidden-states", {}))
         else:
             results["extract_shm"] = f"not run: /dev/shm has {shutil.disk_usage(shm).free / 2**30:.1f} GiB free, needs {needed / 2**30:.1f}" if shm.is_dir() else "not run: no /dev/shm"
     results["extract"] = []
-    for where, output, writer_threads in runs:
+    for where, output, overrides in runs:
         shutil.rmtree(output, ignore_errors=True)
-        fin = run_stage(work, "extract", {**stage_args, "output": str(output), "writer_threads": writer_threads}, [0], timeout=900)
+        fin = run_stage(work, "extract", {**stage_args, "output": str(output), **overrides}, [0], timeout=900)
         e2e = float(fin.get("tokens_per_s") or 0.0)
         check = compare_files(output, edges)
         setup_msg = next((e["text"] for e in fin["_events"] if e.get("event") == "message" and "pinned" in e.get("text", "")), "")
         keys = ("stage_seconds", "loop_seconds", "waited_for_writer_s", "final_drain_s", "writer_threads")
-        results["extract"].append({"where": where, "tokens_per_s": e2e, "forward_only_tokens_per_s": forward_tps, "files_vs_forward_only": check, "setup": setup_msg,
+        results["extract"].append({"where": where, "overrides": overrides, "tokens_per_s": e2e, "forward_only_tokens_per_s": forward_tps, "files_vs_forward_only": check, "setup": setup_msg,
                                    **{k: fin.get("seconds" if k == "stage_seconds" else k) for k in keys}})
-        rows.append(Row(f"extraction tokens/s, `extract` stage writing to {where} with {fin.get('writer_threads')} writer threads vs forward-only "
+        tail = f"tail_rows {overrides['tail_rows']}" if "tail_rows" in overrides else "default tail_rows"
+        rows.append(Row(f"extraction tokens/s, `extract` stage writing to {where} with {fin.get('writer_threads')} writer threads, {tail}, vs forward-only "
                         f"(1 GPU; blocked on writes {fin.get('waited_for_writer_s')} s, final drain {fin.get('final_drain_s')} s of {fin.get('loop_seconds')} s; "
                         f"files equal forward-only: {check['exact']}/{check['files']})",
                         f"{e2e:,.0f}", f"{forward_tps:,.0f}", e2e / forward_tps if forward_tps else None, ">= 0.8"))
@@ -438,6 +445,7 @@ def main() -> None:
     p.add_argument("--extract-batch-size", type=int, default=8)
     p.add_argument("--extract-max-batch-tokens", type=int, default=32768)
     p.add_argument("--extract-writer-threads", default="", help="comma-separated writer-thread counts to measure besides the stage's default")
+    p.add_argument("--extract-tail-rows", default="0", help="comma-separated --tail-rows values to measure besides the stage's default (0: the last batch whole)")
     p.add_argument("--extract-shm", action=argparse.BooleanOptionalAction, default=True, help="also measure the stage writing to /dev/shm")
     p.add_argument("--train-epochs", type=int, default=3)
     p.add_argument("--total-seq-len", type=int, default=8192)
