@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.results_file import record  # noqa: E402
 from tests.fixtures.sshd import start_testbed, stop_testbed, write_harness_config  # noqa: E402
 
 
@@ -73,8 +74,7 @@ def main() -> None:
         print("\n".join(lines))
         if args.record:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-            with open(ROOT / "bench" / "RESULTS.md", "a") as f:
-                f.write(f"\n## bench/exec_latency.py\n\n### {stamp}: `python bench/exec_latency.py -n {args.n} --record` (test sshd on loopback)\n\n```\n" + "\n".join(lines) + "\n```\n")
+            record("## bench/exec_latency.py", f"### {stamp}: `python bench/exec_latency.py -n {args.n} --record` (test sshd on loopback)\n\n```\n" + "\n".join(lines) + "\n```")
     finally:
         stop_testbed(testbed)
 

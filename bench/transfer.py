@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.delayline import DelayLine  # noqa: E402
+from bench.results_file import record  # noqa: E402
 from harness.transfer import received_bytes  # noqa: E402
 from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
 
@@ -271,16 +272,7 @@ def main() -> None:
         print()
         print(table)
         if args.record:
-            results = ROOT / "bench" / "RESULTS.md"
-            if not results.exists():
-                results.write_text("# Benchmark results\n\nEach bench appends a dated section under its own heading.\n")
-            text = results.read_text()
-            heading = "## bench/transfer.py"
-            if heading not in text:
-                text = text.rstrip("\n") + f"\n\n{heading}\n"
-            head, _, rest = text.partition(heading)
-            # newest run first, under the heading; other benches' sections stay as they are
-            results.write_text(head + heading + "\n\n" + table + "\n" + rest.lstrip("\n"))
+            record("## bench/transfer.py", table)
     finally:
         bench.close()
         shutil.rmtree(work, ignore_errors=True)

@@ -3,12 +3,13 @@
 
     bash bench/gpu/run.sh            # installs the carried wheels, then runs this with --parts all
 
-All parts take ~17 minutes on 2 x H200, more than one device call's 10; the measured calls were
-    bash bench/gpu/run.sh --parts setup,extract,train,ddp --samples 37
+All parts take ~17 minutes on 2 x H200, more than one device call's 10. The calls that produced
+bench/RESULTS.md (newest first; `ddp` before `fsdp` gives the FSDP row its ratio):
+    bash bench/gpu/run.sh --parts setup,extract,train,ddp --no-extract-shm --extract-tail-rows "" --samples 37
+    bash bench/gpu/run.sh --parts setup,extract,ddp,fsdp --no-extract-shm --samples 37
     bash bench/gpu/run.sh --parts setup,extract,nodes,fsdp --extract-writer-threads 2,8 --no-extract-shm --samples 37
-and the third session's call, FSDP and the extraction tail (the stage's default splits the last
-batch into single rows; --extract-tail-rows 0, measured beside it, keeps it whole):
-    bash bench/gpu/run.sh --parts setup,extract,fsdp --no-extract-shm --samples 37
+The extract part measures the stage's defaults and, beside them, each of --extract-writer-threads
+and --extract-tail-rows (default "0": the last batch whole, as before `--tail-rows`).
 
 Parts (each prints its rows at once; results.json and the table are rewritten after every part,
 so a run stopped by its time limit still returns what it measured):
@@ -418,7 +419,7 @@ def part_multi(work: Path, args, rows: list[Row], results: dict, part: str) -> N
 
 # Seconds per part on 2 x H200 (2026-11-30; the first compiled train pays ~100 s of compilation), to
 # skip a part that cannot finish inside --budget-s rather than lose the whole table to the limit.
-PART_ESTIMATE_S = {"setup": 30, "extract": 60, "train": 370, "ddp": 210, "nodes": 210, "fsdp": 180}
+PART_ESTIMATE_S = {"setup": 30, "extract": 60, "train": 370, "ddp": 210, "nodes": 210, "fsdp": 260}
 ORDER = ["setup", "extract", "train", "ddp", "nodes", "fsdp"]
 
 
