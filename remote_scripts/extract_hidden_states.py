@@ -215,7 +215,7 @@ class AsyncWriter:
             if ready_event is not None:
                 ready_event.synchronize()  # the side-stream device->host copy has landed
             final = hs_path(self.output, index)
-            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}-{row}")
+            tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
             try:
                 save_file({"hidden_states": host_batch[row, :n].contiguous(), "token_ids": ids}, str(tmp))
                 os.replace(tmp, final)
