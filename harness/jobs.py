@@ -29,6 +29,7 @@ from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
+from harness.runtime.host import with_visible_gpus
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -245,14 +246,11 @@ class Jobs:
             configured = gpu_count(self.host.container.gpus)
             if configured is not None:
                 return configured
-        # Host runtime: the stages see the host's `gpus` if set, else inherit the host's
-        # environment, where a CUDA_VISIBLE_DEVICES limits what they see; torchrun must start no
-        # more ranks than that.
-        if self.host.gpus:
-            result = self.transport.run(["nvidia-smi", "-L"])
-            return visible_gpu_count(",".join(map(str, self.host.gpus)) + "\n" + result.text) if result.ok else 0
+        # Host runtime: the stages see the CUDA_VISIBLE_DEVICES the host's `gpus` sets, else the
+        # one their environment inherits; torchrun must start no more ranks than that. The probe
+        # runs under the same setting as the stages.
         probe = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
-        result = self.transport.run(["sh", "-c", probe])
+        result = self.transport.run(with_visible_gpus(self.host, ["sh", "-c", probe]))
         return visible_gpu_count(result.text) if result.ok else 0
 
     # -- read back --------------------------------------------------------------------------------
