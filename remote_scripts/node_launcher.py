@@ -24,6 +24,9 @@ torchrun (--max-restarts 0) exits, and a hung collective is further bounded by t
 process-group timeout. `--rdzv-conf is_host` is explicit because torch's guess (compare the
 endpoint with this machine's hostname) misses addresses on secondary NICs.
 
+torchrun's stderr (its ranks' too) passes through this launcher into the same log; when torchrun
+fails, the node's verdict names the cause it printed (common/torchrun_output.py), not just exit 1.
+
 Run by hand on each node (what the harness writes into the stage's spec.json):
     python remote_scripts/node_launcher.py --node-rank 0 --nnodes 2 --endpoint 10.0.0.1:29500 \
         --run-id test -- remote_scripts/dist_check.py --steps 5
@@ -32,6 +35,7 @@ Run by hand on each node (what the harness writes into the stage's spec.json):
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import os
 import signal
@@ -43,6 +47,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
+from common.torchrun_output import failure_cause  # noqa: E402
 
 FINAL = ("ok", "failed", "cancelled", "stopped")
 
@@ -235,6 +240,31 @@ class Watchdog:
         self.closing.set()
 
 
+class StderrTee:
+    """Copies torchrun's stderr (its ranks' too) to ours line by line, keeping the last lines:
+    torchrun's exit code is only 1, the cause is in what it printed."""
+
+    def __init__(self, stream, keep: int = 400):
+        self.tail: collections.deque[str] = collections.deque(maxlen=keep)
+        self.thread = threading.Thread(target=self._pump, args=(stream,), name="torchrun-stderr", daemon=True)
+        self.thread.start()
+
+    def _pump(self, stream) -> None:
+        out = sys.stderr.buffer
+        for line in iter(stream.readline, b""):
+            out.write(line)
+            out.flush()
+            self.tail.append(line.decode(errors="replace"))
+
+    def drain(self) -> None:
+        # Ranks that outlive torchrun keep the pipe open: give the last lines a moment, no more.
+        self.thread.join(timeout=5)
+
+    def cause(self) -> str | None:
+        self.drain()
+        return failure_cause(list(self.tail))
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below pid (torchrun's workers run in sessions of their own, so a process
     group kill would miss them)."""
@@ -306,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     argv_ = torchrun_argv(a, local_addr)
     say(f"node {a.node_rank}/{a.nnodes} at {local_addr}: {' '.join(argv_[1:])}")
     # Same process group as us: the supervisor's cancel (killpg) reaches torchrun directly too.
-    proc = subprocess.Popen(argv_, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv_, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    stderr = StderrTee(proc.stderr)
     stop_reason = None
     while proc.poll() is None:
         if dog.cancelled:
@@ -327,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 143 if stop_reason == "cancelled" else 3
     else:
         code = proc.returncode
-        outcome = "ok" if code == 0 else f"failed (torchrun exit code {code})"
+        cause = stderr.cause() if code != 0 else None
+        outcome = "ok" if code == 0 else f"failed (torchrun exit code {code}{': ' + cause if cause else ''})"
         if code != 0:
             earlier = dog.first_failed_peer()
             if earlier:  # our ranks died of a peer's failure (a collective broke): say so
@@ -336,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"torchrun finished: {outcome}")
         if code != 0:  # the node's verdict, after the ranks' own events: status shows the cause
             events.finished("failed", error=outcome, node_rank=a.node_rank)
+    stderr.drain()
     if a.node_rank == 0:
         dog.wait_for_peers_outcome()
     dog.close()

@@ -299,10 +299,8 @@ def test_parallel_sync_to_three_hosts_costs_about_one(tmp_path, netns_cluster, m
     assert three < 2 * one, (one, three)
 
 
-@pytest.mark.slow
-def test_group_of_local_hosts_runs_without_root(tmp_path, monkeypatch):
-    """The same launch path with no namespaces or sshd: two `local = true` hosts (distinct
-    workdirs) as two nodes on loopback, as on one GPU box split into two nodes."""
+def local_pair(tmp_path, monkeypatch, dist_check_options: str):
+    """Two `local = true` hosts (distinct workdirs) as the group `pair`, synced: a runner."""
     from harness.config import load_config
     from harness.multinode import GroupRun, open_all, sync_hosts
     from harness.transport import connect
@@ -311,13 +309,20 @@ def test_group_of_local_hosts_runs_without_root(tmp_path, monkeypatch):
     (tmp_path / "harness.toml").write_text(
         "".join(f'[hosts.l{i}]\nlocal = true\nworkdir = "{tmp_path}/work/l{i}"\npython = "{sys.executable}"\n\n' for i in range(2))
         + '[groups.pair]\nhosts = ["l0", "l1"]\nrdzv_port = 0\nnproc_per_node = 1\n\n[sync]\npaths = ["remote_scripts"]\n\n'
-        + '[pipeline.stages.dist_check]\nsteps = 3\n'
+        + f"[pipeline.stages.dist_check]\n{dist_check_options}\n"
     )
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     config = load_config(tmp_path / "harness.toml")
     transports = open_all(lambda h: connect(config.host(h)), ["l0", "l1"])
     assert all(error is None for _, _, error in sync_hosts(config, transports, ["remote_scripts"]))
-    runner = GroupRun(config, "pair", lambda h: transports[h])
+    return GroupRun(config, "pair", lambda h: transports[h])
+
+
+@pytest.mark.slow
+def test_group_of_local_hosts_runs_without_root(tmp_path, monkeypatch):
+    """The same launch path with no namespaces or sshd: two `local = true` hosts as two nodes
+    on loopback, as on one GPU box split into two nodes."""
+    runner = local_pair(tmp_path, monkeypatch, "steps = 3")
     launch = runner.start(["dist_check"], grace_s=GRACE_S)
     assert launch.rdzv_host == "127.0.0.1" and launch.rdzv_port > 0  # rdzv_port = 0: chosen free on host 0
     status = runner.watch(launch.run_id, timeout=300)
@@ -325,6 +330,21 @@ def test_group_of_local_hosts_runs_without_root(tmp_path, monkeypatch):
     for i in range(2):
         log = (tmp_path / "work" / f"l{i}" / "runs" / launch.run_id / "dist_check" / "log").read_text()
         assert f"rank {i}/2" in log and "all checks passed" in log
+
+
+@pytest.mark.slow
+def test_a_failed_rank_is_named_in_the_group_status(tmp_path, monkeypatch):
+    """torchrun exits 1 whatever went wrong; the node's status line carries the cause it printed
+    (the rank, its exit code and its last words), so nobody has to dig through the logs."""
+    runner = local_pair(tmp_path, monkeypatch, "steps = 3\nfail_rank = 1\nfail_step = 2")
+    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    status = runner.watch(launch.run_id, timeout=300)
+    assert status.state == "failed" and status.origin().host == "l1", [(n.host, n.state, n.failure()) for n in status.nodes]
+    failure = status.origin().failure() or ""
+    assert "torchrun exit code 1: rank 1 (local_rank: 0): exit code 1" in failure, failure
+    assert "rank 1 fails at step 2 as asked (--fail-rank)" in failure, failure  # the rank's last words
+    log = (tmp_path / "work" / "l1" / "runs" / launch.run_id / "dist_check" / "log").read_text()
+    assert "Root Cause (first observed failure)" in log  # torchrun's stderr still reaches the log
 
 
 # ---------------------------------------------------------------------------------------------
