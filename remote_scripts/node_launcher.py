@@ -252,8 +252,11 @@ class StderrTee:
     def _pump(self, stream) -> None:
         out = sys.stderr.buffer
         for line in iter(stream.readline, b""):
-            out.write(line)
-            out.flush()
+            try:
+                out.write(line)
+                out.flush()
+            except OSError:  # a full disk under the log: keep reading, or torchrun stalls on the pipe
+                pass
             self.tail.append(line.decode(errors="replace"))
 
     def drain(self) -> None:
