@@ -246,7 +246,8 @@ def forward_only(work: Path, args) -> tuple[float, dict[int, tuple]]:
     ds.set_format(type="torch")
     dev = device()
     model = load_verifier(str(work / "verifier"), device=dev, dtype="auto")
-    capture = HiddenStateCapture(locate_decoder(model), default_target_layers(locate_decoder(model).num_layers))
+    parts = locate_decoder(model)
+    capture = HiddenStateCapture(parts, default_target_layers(parts.num_layers))
     lengths = {i: int(ds[i]["seq_len"]) for i in range(len(ds))}
     batches = plan_batches(lengths, args.extract_batch_size, args.extract_max_batch_tokens)
     edges: dict[int, tuple] = {}
