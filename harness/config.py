@@ -87,7 +87,7 @@ class GroupConfig:
 
     name: str = ""
     hosts: list[str] = field(default_factory=list)
-    rdzv_port: int = 29500  # c10d rendezvous port on the first host
+    rdzv_port: int = 29500  # torchrun's rendezvous port on the first host (the watchdogs use +1)
     rdzv_host: str = ""  # address the other nodes use to reach the first; default: its ssh host
     nproc_per_node: int = 0  # processes per host under torchrun; 0: the host's GPU count (at least 1)
     watchdog_timeout: float = 60.0  # a node silent this long (or failed) stops the others (see harness/multinode.py)

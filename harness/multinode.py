@@ -7,7 +7,8 @@ stages run where:
 
   * distributed stages (extract, train, dist_check) run on every node, each under
     remote_scripts/node_launcher.py: torchrun --nnodes N --node-rank i --nproc-per-node G
-    --rdzv-backend c10d --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID, plus a peer watchdog;
+    --rdzv-backend static --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID, plus a peer watchdog
+    (static: node i holds ranks i*G..i*G+G-1, so global rank 0 is on node 0);
   * plain stages before the first distributed one (verifier, prepare) run on every node: each
     node needs those inputs in its own workdir;
   * plain stages after the last distributed one (evaluate, export) run on node 0 only: they
@@ -291,8 +292,9 @@ class GroupStatus:
 
     def origin(self) -> NodeStatus | None:
         """The node that most likely failed first: one that stopped answering (its peers then
-        fail in their collectives), else the earliest failed stage that was not stopped
-        because of a peer."""
+        fail in their collectives), else the earliest stage that failed by itself, else the
+        earliest cancelled (a cancel is someone's act, never a peer's failure), else the
+        earliest stopped because of a peer."""
         gone = [n for n in self.nodes if n.status is None and not n.missing]
         if gone:
             return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
@@ -302,7 +304,9 @@ class GroupStatus:
             why = str(((stage.last_event if stage else None) or {}).get("error", ""))
             # node_launcher.py says so: "stopped: <peer> ..." or "... after <peer> failed"
             caused_by_peer = why.startswith("stopped:") or " after " in why
-            failed.append((caused_by_peer, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
+            cancelled = why == "cancelled" or (stage is not None and stage.state == "cancelled")
+            tier = 2 if caused_by_peer else 1 if cancelled else 0
+            failed.append((tier, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
         return min(failed, key=lambda f: f[:3])[3] if failed else None
 
 

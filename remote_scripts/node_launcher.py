@@ -4,15 +4,15 @@ The harness starts this on every host of a group (`harness run GROUP STAGE`), ea
 detached supervisor, with the same run id. It runs
 
     python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node G
-        --rdzv-backend c10d --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID
-        --rdzv-conf is_host=<i == 0> --local-addr <this node's address> --max-restarts 0
+        --rdzv-backend static --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID
+        --rdzv-conf timeout=<join timeout> --local-addr <this node's address> --max-restarts 0
         SCRIPT ARGS...
 
 and watches the other nodes, so that one failed, cancelled or vanished node stops the whole run
 within a bounded time even when no laptop is attached:
 
   * Node 0's watchdog hosts a small TCPStore on PORT+1 (torch's own key-value store, the same
-    thing the c10d rendezvous uses); every watchdog bumps a heartbeat counter in it every
+    thing the rendezvous uses); every watchdog bumps a heartbeat counter in it every
     --heartbeat seconds and posts its node's outcome when torchrun ends or it is cancelled.
   * A watchdog stops its own torchrun (SIGTERM, --grace seconds, then SIGKILL to every process
     it started, ranks included) as soon as a peer posts failed/cancelled, a peer's heartbeat has
@@ -21,11 +21,21 @@ within a bounded time even when no laptop is attached:
 So with the laptop gone, a dead node stops the others within peer_timeout + grace (+ one
 heartbeat); a crashed rank is usually faster, because its peers' collectives fail at once and
 torchrun (--max-restarts 0) exits, and a hung collective is further bounded by the stage's own
-process-group timeout. `--rdzv-conf is_host` is explicit because torch's guess (compare the
-endpoint with this machine's hostname) misses addresses on secondary NICs.
+process-group timeout.
+
+The rendezvous is static, not c10d: the group is a fixed list of hosts with no restarts, and
+static makes node i hold global ranks i*G .. i*G+G-1. c10d hands out node ranks in the sorted
+order of the nodes' addresses (then pids), so "10.0.0.10" came before "10.0.0.9" and two nodes
+on one address drew lots; rank 0 then saved the checkpoint on whichever host, while the stages
+after training (evaluate, export) run on node 0 and read it there. Node 0's torchrun hosts the
+store (rank 0 of the static rendezvous), so no is_host guess is needed either.
 
 torchrun's stderr (its ranks' too) passes through this launcher into the same log; when torchrun
 fails, the node's verdict names the cause it printed (common/torchrun_output.py), not just exit 1.
+A node whose ranks failed by themselves posts that at once; one whose ranks only lost a peer
+(a collective's connection closed) first waits briefly for the peer's word and adds "after
+<peer> failed ...", so that `harness status` points at the node where it went wrong. (Both
+waiting for each other, as they once did, let the race decide.)
 
 Run by hand on each node (what the harness writes into the stage's spec.json):
     python remote_scripts/node_launcher.py --node-rank 0 --nnodes 2 --endpoint 10.0.0.1:29500 \
@@ -47,7 +57,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
-from common.torchrun_output import failure_cause  # noqa: E402
+from common.torchrun_output import failure_cause, is_peer_loss  # noqa: E402
 
 FINAL = ("ok", "failed", "cancelled", "stopped")
 
@@ -57,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-rank", type=int, required=True)
     p.add_argument("--nnodes", type=int, required=True)
     p.add_argument("--nproc-per-node", type=int, default=1)
-    p.add_argument("--endpoint", required=True, help="HOST0:PORT of the c10d rendezvous (the watch store uses PORT+1)")
+    p.add_argument("--endpoint", required=True, help="HOST0:PORT of the rendezvous (the watch store uses PORT+1)")
     p.add_argument("--run-id", required=True)
     p.add_argument("--node-names", default="", help="comma-separated host names, for messages")
     p.add_argument("--local-addr", default="", help="this node's address as the others see it (default: the source address towards HOST0)")
@@ -92,8 +102,8 @@ def torchrun_argv(a: argparse.Namespace, local_addr: str) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank), "--nproc-per-node", str(a.nproc_per_node),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", a.endpoint, "--rdzv-id", a.run_id,
-        "--rdzv-conf", f"is_host={'true' if a.node_rank == 0 else 'false'}",
+        "--rdzv-backend", "static", "--rdzv-endpoint", a.endpoint, "--rdzv-id", a.run_id,
+        "--rdzv-conf", f"timeout={max(1, round(a.join_timeout))}",
         "--local-addr", local_addr, "--max-restarts", "0",
         *a.command,
     ]
@@ -363,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         code = proc.returncode
         cause = stderr.cause() if code != 0 else None
         outcome = "ok" if code == 0 else f"failed (torchrun exit code {code}{': ' + cause if cause else ''})"
-        if code != 0:
+        if code != 0 and is_peer_loss(cause):
             earlier = dog.first_failed_peer()
             if earlier:  # our ranks died of a peer's failure (a collective broke): say so
                 outcome += f" after {earlier}"

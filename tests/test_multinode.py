@@ -3,7 +3,7 @@
 The hosts n0, n1, n2 (tests/fixtures/netns.py) each have their own network stack, address and
 sshd. The job is remote_scripts/dist_check.py: real torch.distributed (Gloo on CPU) all_reduce
 and DDP steps that check their own results, launched by the harness through node_launcher.py
-(torchrun --nnodes 3 --rdzv-backend c10d ...). Then: kill a node, cut a node's link with no
+(torchrun --nnodes 3 --rdzv-backend static ...). Then: kill a node, cut a node's link with no
 laptop watching, cancel, and time a parallel sync.
 
 The unit tests at the bottom need none of that.
@@ -339,10 +339,18 @@ def test_a_failed_rank_is_named_in_the_group_status(tmp_path, monkeypatch):
     runner = local_pair(tmp_path, monkeypatch, "steps = 3\nfail_rank = 1\nfail_step = 2")
     launch = runner.start(["dist_check"], grace_s=GRACE_S)
     status = runner.watch(launch.run_id, timeout=300)
-    assert status.state == "failed" and status.origin().host == "l1", [(n.host, n.state, n.failure()) for n in status.nodes]
+    lines = [(n.host, n.state, n.failure()) for n in status.nodes]
+    # Rank 1 is on l1 (the static rendezvous follows the node order), and l1 is named as where it
+    # went wrong, although l0's rank failed too (its collective lost rank 1) at about the same time.
+    assert status.state == "failed" and status.origin().host == "l1", lines
     failure = status.origin().failure() or ""
     assert "torchrun exit code 1: rank 1 (local_rank: 0): exit code 1" in failure, failure
     assert "rank 1 fails at step 2 as asked (--fail-rank)" in failure, failure  # the rank's last words
+    assert " after " not in failure, failure
+    # l0 names l1 as the cause: its watchdog stopped it ("stopped: l1 ..."), or its rank failed
+    # first ("... after l1 ..."); or the laptop's watcher cancelled it before either.
+    l0 = status.nodes[0]
+    assert l0.state == "cancelled" or "l1 (node 1) failed (torchrun exit code 1: rank 1" in (l0.failure() or ""), lines
     log = (tmp_path / "work" / "l1" / "runs" / launch.run_id / "dist_check" / "log").read_text()
     assert "Root Cause (first observed failure)" in log  # torchrun's stderr still reaches the log
 
@@ -435,6 +443,10 @@ def test_origin_prefers_a_silent_node_over_the_peers_it_broke():
     assert GroupStatus("g", "r", nodes).origin().host == "n0"
     # a node whose ranks died after a peer's cancel points at that peer, even if it ended first
     nodes = [failed("n0", 0, 3.0, "failed (torchrun exit code 1) after n1 (node 1) cancelled"), failed("n1", 1, 4.0, "cancelled")]
+    assert GroupStatus("g", "r", nodes).origin().host == "n1"
+    # a node the watcher cancelled is not where it went wrong, even by an earlier (skewed) clock
+    cancelled = NodeStatus("n0", 0, RunStatus("r", "cancelled", [StageStatus("dist_check", "cancelled", 1.0, 3.0, 143, {"event": "finished", "error": "cancelled"})]))
+    nodes = [cancelled, failed("n1", 1, 4.0, "failed (torchrun exit code 1: rank 1 (local_rank: 0): exit code 1; ValueError: bad batch)")]
     assert GroupStatus("g", "r", nodes).origin().host == "n1"
 
 

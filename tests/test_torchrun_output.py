@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-from common.torchrun_output import MAX_CHARS, failure_cause  # noqa: E402
+from common.torchrun_output import MAX_CHARS, failure_cause, is_peer_loss  # noqa: E402
 
 AGENT_FRAMES = """Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
@@ -95,3 +95,15 @@ def test_no_traceback_gives_the_last_line_and_nothing_gives_none():
 def test_the_line_is_bounded():
     cause = failure_cause(["ValueError: " + "x" * 1000 + "\n"])
     assert cause is not None and len(cause) == MAX_CHARS and cause.endswith("...")
+
+
+def test_a_rank_that_lost_its_peer_is_told_from_one_that_failed_by_itself():
+    # The two nodes' cause lines of one run in CI (2026-11-30): rank 1 failed, rank 0 lost it.
+    lost = ("rank 0 (local_rank: 0): exit code 1; [dist_check] finished: failed (RuntimeError: [/__w/pytorch/pytorch/third_party/"
+            "gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:11915. This is typically caused by a remote wo...")
+    own = "rank 1 (local_rank: 0): exit code 1; [dist_check] finished: failed (rank 1 fails at step 2 as asked (--fail-rank))"
+    assert is_peer_loss(lost) and not is_peer_loss(own)
+    assert is_peer_loss(failure_cause(lines(STORE_GONE)))  # node 0's store went away
+    assert is_peer_loss("rank 2 (local_rank: 0): exit code 1; DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:2046, remote process exited or there was a network error")
+    assert not is_peer_loss(failure_cause(lines(RANK_RAISED))) and not is_peer_loss(failure_cause(lines(RANK_ABORTED)))
+    assert is_peer_loss(None)  # nothing to go on: wait for a peer's word rather than claim the failure

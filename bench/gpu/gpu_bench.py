@@ -25,7 +25,7 @@ so a run stopped by its time limit still returns what it measured):
            against `speculators train` run directly on the same data with the same flags
   ddp      the `train` stage on both GPUs (torchrun, DDP) against the 1-GPU run
   nodes    the same train stage as a group run of two nodes of one GPU each on this machine
-           (harness.multinode.GroupRun: node_launcher, c10d rendezvous, NCCL) against `ddp`
+           (harness.multinode.GroupRun: node_launcher, torchrun's rendezvous, NCCL) against `ddp`
   fsdp     the `train` stage on both GPUs with --fsdp (speculators' FSDP2): that it works, and
            its tokens/s against DDP
 
@@ -409,7 +409,7 @@ def part_multi(work: Path, args, rows: list[Row], results: dict, part: str) -> N
         fin = run_group_stage(work, "train", train_args(work, args, "ckpt_nodes"), timeout=1200)
         rec = results["train_nodes"] = train_record(fin, args.warmup_steps, 2)
         base = results.get("train_ddp", {}).get("tokens_per_s")
-        rows.append(Row("training tokens/s, 2 nodes x 1 GPU (group run, c10d rendezvous, NCCL) vs 1 node x 2 GPUs", f"{rec['tokens_per_s']:,.0f}", f"{base:,.0f}" if base else "n/a", rec["tokens_per_s"] / base if base else None, "report"))
+        rows.append(Row("training tokens/s, 2 nodes x 1 GPU (group run, NCCL) vs 1 node x 2 GPUs", f"{rec['tokens_per_s']:,.0f}", f"{base:,.0f}" if base else "n/a", rec["tokens_per_s"] / base if base else None, "report"))
     else:
         fin = run_stage(work, "train", train_args(work, args, "ckpt_fsdp", processes=2, fsdp=True, epochs=min(args.train_epochs, 2)), [0, 1], timeout=1200)
         rec = results["train_fsdp"] = train_record(fin, args.warmup_steps, 2)

@@ -7,6 +7,10 @@ naming the rank, its exit code and the signal that killed it; or, when torchrun 
 (its rendezvous store went away), its own exception. node_launcher.py tees torchrun's stderr,
 keeps the tail, and puts this line into the node's verdict, so `harness status GROUP` shows
 the cause without a trip through the logs.
+
+`is_peer_loss` tells the two kinds of failure apart: a node whose ranks died of their own error
+is where a group run went wrong; one whose ranks only lost a peer (a collective's connection
+closed under them, the rendezvous store vanished) failed because another node did.
 """
 
 from __future__ import annotations
@@ -19,6 +23,15 @@ _LOG_LINE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d")
 _FIELD = re.compile(r"^\s+(\w+)\s*:\s*(.*)$")
 _SIGNAL = re.compile(r"\((SIG[A-Z0-9]+)\)")
 MAX_CHARS = 240
+
+# What a rank or torchrun says when the failure happened elsewhere: Gloo's and NCCL's words for a
+# peer that went away, torch's store and rendezvous errors when node 0's store did.
+_PEER_LOSS = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection was likely closed"
+    r"|remote process exited|ncclRemoteError|NCCL communicator was aborted|Watchdog caught collective operation timeout"
+    r"|DistNetworkError|RendezvousConnectionError|RendezvousClosedError|Socket Timeout",
+    re.IGNORECASE,
+)
 
 
 def failure_cause(stderr_tail: list[str]) -> str | None:
@@ -36,6 +49,13 @@ def failure_cause(stderr_tail: list[str]) -> str | None:
     root = _root_cause(lines[start:])
     words = _last_words(lines[:start])
     return _short("; ".join(part for part in (root, words) if part)) or None
+
+
+def is_peer_loss(cause: str | None) -> bool:
+    """Whether this cause line says the ranks lost a peer rather than failed by themselves.
+    No cause at all counts as a peer loss: waiting for a peer's word costs seconds, while
+    claiming a failure as our own would point the user at the wrong node."""
+    return cause is None or _PEER_LOSS.search(cause) is not None
 
 
 def _root_cause(lines: list[str]) -> str | None:
