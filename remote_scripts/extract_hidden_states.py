@@ -42,9 +42,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
+
+if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
+    import torch
 
 STAGE = "extract"
 META_FILE = "extract_meta.json"
@@ -135,7 +139,7 @@ class HiddenStateCapture:
     def __init__(self, parts, layer_ids: list[int]):
         self.parts = parts
         self.layer_ids = layer_ids
-        self._captured: dict[int, "torch.Tensor"] = {}
+        self._captured: dict[int, torch.Tensor] = {}
         self._handles = []
         n = parts.num_layers
         for lid in layer_ids:
