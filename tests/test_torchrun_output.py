@@ -98,7 +98,8 @@ def test_the_line_is_bounded():
 
 
 def test_a_rank_that_lost_its_peer_is_told_from_one_that_failed_by_itself():
-    # The two nodes' cause lines of one run in CI (2026-11-30): rank 1 failed, rank 0 lost it.
+    # Cause lines as two nodes printed them (CI's failed run and a local repeat, 2026-11-30): rank 1
+    # failed by itself, rank 0 lost it.
     lost = ("rank 0 (local_rank: 0): exit code 1; [dist_check] finished: failed (RuntimeError: [/__w/pytorch/pytorch/third_party/"
             "gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:11915. This is typically caused by a remote wo...")
     own = "rank 1 (local_rank: 0): exit code 1; [dist_check] finished: failed (rank 1 fails at step 2 as asked (--fail-rank))"
