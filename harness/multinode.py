@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness.config import Config, GroupConfig, HostConfig
 from harness.errors import HarnessError, RemoteCommandError, UsageError
-from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, new_run_id
+from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
 
 if TYPE_CHECKING:
@@ -253,18 +253,22 @@ class NodeStatus:
     def final(self) -> bool:
         return self.status is not None and self.status.state in FINAL_RUN_STATES
 
+    def stopped_stage(self) -> tuple[StageStatus | None, str]:
+        """The first stage that failed or was cancelled, and the error its finished event gave
+        ("" when none)."""
+        stage = next((s for s in self.status.stages if s.state in ("failed", "cancelled")), None) if self.status else None
+        event = (stage.last_event if stage else None) or {}
+        return stage, str(event.get("error") or "") if event.get("event") == "finished" else ""
+
     def failure(self) -> str | None:
         """A one-line cause when this node failed, was cancelled, lost or is unreachable."""
         if self.status is None:
             return f"{self.state} ({self.error})" if self.error else self.state
-        st = self.status
-        if st.state in ("ok", "running", "starting"):
+        if self.status.state in ("ok", "running", "starting"):
             return None
-        bad = next((s for s in st.stages if s.state in ("failed", "cancelled")), None)
+        bad, why = self.stopped_stage()
         if bad is None:
-            return st.state
-        ev = bad.last_event or {}
-        why = ev.get("error") if ev.get("event") == "finished" else None
+            return self.status.state
         code = f" exit code {bad.exit_code}" if bad.exit_code is not None else ""
         return f"{bad.stage} {bad.state}{code}" + (f": {why}" if why else "")
 
@@ -300,8 +304,7 @@ class GroupStatus:
             return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
         failed = []
         for n in self.failed_nodes():
-            stage = next((s for s in n.status.stages if s.state in ("failed", "cancelled")), None) if n.status else None
-            why = str(((stage.last_event if stage else None) or {}).get("error", ""))
+            stage, why = n.stopped_stage()
             # node_launcher.py says so: "stopped: <peer> ..." or "... after <peer> failed"
             caused_by_peer = why.startswith("stopped:") or " after " in why
             cancelled = why == "cancelled" or (stage is not None and stage.state == "cancelled")
