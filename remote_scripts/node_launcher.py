@@ -5,7 +5,7 @@ detached supervisor, with the same run id. It runs
 
     python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node G
         --rdzv-backend static --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID
-        --rdzv-conf timeout=<join timeout> --local-addr <this node's address> --max-restarts 0
+        --rdzv-conf timeout=<join timeout> --max-restarts 0
         SCRIPT ARGS...
 
 and watches the other nodes, so that one failed, cancelled or vanished node stops the whole run
@@ -28,7 +28,8 @@ static makes node i hold global ranks i*G .. i*G+G-1. c10d hands out node ranks 
 order of the nodes' addresses (then pids), so "10.0.0.10" came before "10.0.0.9" and two nodes
 on one address drew lots; rank 0 then saved the checkpoint on whichever host, while the stages
 after training (evaluate, export) run on node 0 and read it there. Node 0's torchrun hosts the
-store (rank 0 of the static rendezvous), so no is_host guess is needed either.
+store (rank 0 of the static rendezvous), so no is_host guess is needed either, and no
+--local-addr (only c10d and etcd read it).
 
 torchrun's stderr (its ranks' too) passes through this launcher into the same log; when torchrun
 fails, the node's verdict names the cause it printed (common/torchrun_output.py), not just exit 1.
@@ -70,7 +71,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--endpoint", required=True, help="HOST0:PORT of the rendezvous (the watch store uses PORT+1)")
     p.add_argument("--run-id", required=True)
     p.add_argument("--node-names", default="", help="comma-separated host names, for messages")
-    p.add_argument("--local-addr", default="", help="this node's address as the others see it (default: the source address towards HOST0)")
     p.add_argument("--heartbeat", type=float, default=2.0)
     p.add_argument("--peer-timeout", type=float, default=60.0, help="seconds without a peer's heartbeat before giving up on it")
     p.add_argument("--join-timeout", type=float, default=600.0, help="seconds to wait for every node to show up")
@@ -98,13 +98,13 @@ def source_address_towards(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def torchrun_argv(a: argparse.Namespace, local_addr: str) -> list[str]:
+def torchrun_argv(a: argparse.Namespace) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(a.nnodes), "--node-rank", str(a.node_rank), "--nproc-per-node", str(a.nproc_per_node),
         "--rdzv-backend", "static", "--rdzv-endpoint", a.endpoint, "--rdzv-id", a.run_id,
         "--rdzv-conf", f"timeout={max(1, round(a.join_timeout))}",
-        "--local-addr", local_addr, "--max-restarts", "0",
+        "--max-restarts", "0",
         *a.command,
     ]
 
@@ -274,7 +274,7 @@ class StderrTee:
         self.thread.join(timeout=5)
 
     def cause(self) -> str | None:
-        self.drain()
+        """After drain(): one line on why torchrun failed."""
         return failure_cause(list(self.tail))
 
 
@@ -331,7 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     events = EventLog(a.stage, a.events, echo=False)
     host, port = split_endpoint(a.endpoint)
-    local_addr = a.local_addr or source_address_towards(host, port)
     dog = Watchdog(a, events)
 
     def on_term(signum, frame) -> None:
@@ -346,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"error: {e}")
         events.finished("failed", error=str(e), node_rank=a.node_rank)
         return 1
-    argv_ = torchrun_argv(a, local_addr)
-    say(f"node {a.node_rank}/{a.nnodes} at {local_addr}: {' '.join(argv_[1:])}")
+    argv_ = torchrun_argv(a)
+    # The address this node reaches node 0 from: where its collectives' traffic leaves.
+    say(f"node {a.node_rank}/{a.nnodes} at {source_address_towards(host, port)}: {' '.join(argv_[1:])}")
     # Same process group as us: the supervisor's cancel (killpg) reaches torchrun directly too.
     proc = subprocess.Popen(argv_, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     stderr = StderrTee(proc.stderr)
@@ -369,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         # "stopped: ..." names a peer's trouble; "cancelled" is this node's own cancel
         events.finished("failed", error="cancelled" if stop_reason == "cancelled" else f"stopped: {stop_reason}", node_rank=a.node_rank)
         code = 143 if stop_reason == "cancelled" else 3
+        stderr.drain()
     else:
+        stderr.drain()  # torchrun's last lines, its report among them, before reading the cause
         code = proc.returncode
         cause = stderr.cause() if code != 0 else None
         outcome = "ok" if code == 0 else f"failed (torchrun exit code {code}{': ' + cause if cause else ''})"
@@ -381,7 +383,6 @@ def main(argv: list[str] | None = None) -> int:
         say(f"torchrun finished: {outcome}")
         if code != 0:  # the node's verdict, after the ranks' own events: status shows the cause
             events.finished("failed", error=outcome, node_rank=a.node_rank)
-    stderr.drain()
     if a.node_rank == 0:
         dog.wait_for_peers_outcome()
     dog.close()
