@@ -233,7 +233,12 @@ _MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || e
 def stage_command(runtime: Runtime, argv: list[str]) -> list[str]:
     """Host-level argv that runs argv in the stage environment (runtime.wrap), creating the
     host directories a container runtime mounts first."""
-    wrapped = runtime.wrap(argv)
+    return with_host_dirs(runtime, runtime.wrap(argv))
+
+
+def with_host_dirs(runtime: Runtime, wrapped: list[str]) -> list[str]:
+    """`wrapped` (a runtime's host-level argv), after creating the host directories a container
+    runtime mounts (docker would create missing ones owned by root)."""
     dirs = list(getattr(runtime, "host_dirs", lambda: [])())
     if not dirs:
         return wrapped

@@ -161,8 +161,6 @@ class Jobs:
         run_dir = self.run_dir(run_id)
         image = self._image()
         nproc = self._gpu_count() if any(STAGES[s].distributed for s in stages) else 0
-        if self.runtime.kind == "docker":
-            self.transport.check(["mkdir", "-p", "--", *self.runtime.host_dirs()])
         for stage in stages:
             sd = f"{run_dir}/{stage}"
             argv = self.stage_command(stage, f"{sd}/events.jsonl", nproc)
@@ -220,16 +218,15 @@ class Jobs:
             "probe_argv": probe,
         }
 
-    def _image(self) -> dict[str, str | None]:
+    def _image(self) -> dict[str, Any]:
+        """The image the stages run and the versions it recorded at build time, after one
+        throwaway container proved it starts with the configured options (one line otherwise:
+        not built, or ulimits the engine refuses). Also creates the host directories it mounts."""
         if self.runtime.kind != "docker":
-            return {"ref": None, "id": None}
-        from harness.runtime.image import image_id
+            return {"ref": None, "id": None, "versions": None}
+        from harness.runtime.preflight import check_container
 
-        ref = self.runtime.image
-        found = image_id(self.transport, ref)
-        if not found:
-            raise UsageError(f"{self.host.name}: no image {ref} (run `harness build {self.host.name}` first)")
-        return {"ref": ref, "id": found}
+        return check_container(self.transport, self.runtime).to_record()  # type: ignore[arg-type]
 
     def _manifest_hash(self) -> str | None:
         try:

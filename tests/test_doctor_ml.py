@@ -19,6 +19,7 @@ import pytest
 from harness import compat
 from harness.config import parse_config
 from harness.doctor.ml_checks import PROBE_MARKER, MLDoctor, hidden_state_bytes
+from harness.runtime.preflight import VERSIONS_FILE
 from harness.runtime.host import HostRuntime
 from harness.transport.base import RunResult
 
@@ -50,13 +51,15 @@ def facts(**changes: Any) -> dict[str, Any]:
 
 
 class FakeHost:
-    """A command runner answering like a host: the ML probe (through the runtime), df, and
-    `docker image inspect`. Records every argv."""
+    """A command runner answering like a host: the ML probe (through the runtime), df,
+    `docker image inspect` (both image tags exist unless `images` says otherwise), and the
+    container start check (`start_error`: docker's stderr when it fails). Records every argv."""
 
-    def __init__(self, probe: dict | None = None, *, probe_error: str = "", free_gib: dict[str, float] | None = None, images: dict[str, str] | None = None):
+    def __init__(self, probe: dict | None = None, *, probe_error: str = "", free_gib: dict[str, float] | None = None, images: dict[str, str] | None = None, start_error: str = ""):
         self.probe, self.probe_error = probe, probe_error
         self.free_gib = free_gib or {}
-        self.images = images or {}
+        self.images = {ref: "sha256:aaa" for ref in IMAGE_REFS} if images is None else images
+        self.start_error = start_error
         self.calls: list[list[str]] = []
         self.name = "gpu"
 
@@ -80,6 +83,12 @@ class FakeHost:
                 existing = path if path.startswith("/") else f"/home/me/harness/{path}"
                 lines.append(f"{path}\t{existing}\t/dev/nvme0n1 1000000000 1 {int(gib * 2**20)} 1% /")
             return RunResult(0, ("\n".join(lines) + "\n").encode(), b"")
+        if argv[:2] == ["docker", "run"] and argv[-2:] == ["cat", "/proc/self/limits"]:  # the engine's limits
+            return RunResult(0, ENGINE_LIMITS.encode(), b"")
+        if "docker" in argv and any(VERSIONS_FILE in a for a in argv):  # the start check
+            if self.start_error:
+                return RunResult(125, b"", self.start_error.encode())
+            return RunResult(0, json.dumps({"torch": "2.14.0+cu129", "vllm": "0.33.0"}).encode() + b"\n", b"")
         if argv[:3] == ["docker", "image", "inspect"]:
             ref = argv[-1]
             if ref in self.images:
@@ -108,6 +117,16 @@ max_seq_len = 2048
 
 
 IMAGE_REFS = ("harness-eagle3:abc123", "harness-eagle3:latest")
+ENGINE_LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max stack size            8388608              unlimited            bytes
+Max open files            20000                20000                files
+Max locked memory         8388608              8388608              bytes
+"""
+RUNC_RLIMIT_8 = (
+    "docker: Error response from daemon: failed to create shim task: OCI runtime create failed: runc create failed: unable to start container "
+    "process: error during container init: error setting rlimits for ready process: error setting rlimit type 8: operation not permitted: unknown\n\n"
+    "Run 'docker run --help' for more information\n"
+)
 
 
 def run_checks(runner: FakeHost, config=None, **host_changes) -> dict[str, Any]:
@@ -136,14 +155,15 @@ def test_healthy_host_is_all_ok_in_one_probe_round_trip():
     runner = FakeHost(HEALTHY, images={IMAGE_REFS[0]: "sha256:aaa", IMAGE_REFS[1]: "sha256:aaa"})
     results = run_checks(runner)
     assert {n: r.status for n, r in results.items()} == {
-        "image": "ok", "stage-gpus": "ok", "versions": "ok", "flex-attention": "ok", "verifier": "ok",
+        "image": "ok", "container": "ok", "stage-gpus": "ok", "versions": "ok", "flex-attention": "ok", "verifier": "ok",
         "verifier-dtype": "ok", "target-layers": "ok", "hidden-state-disk": "ok", "train-settings": "ok",
     }
     probes = [c for c in runner.calls if any(PROBE_MARKER.strip() in a for a in c)]
     # through the runtime, once, after creating the directories the container mounts
     assert len(probes) == 1 and probes[0][:2] == ["sh", "-c"]
     assert probes[0][3:10] == ["sh", "2", "/home/me/harness", "/home/me/.cache/huggingface", "docker", "run", "--rm"]
-    assert len(runner.calls) == 4  # + df once + docker image inspect of the two tags
+    # + df once + docker image inspect of the two tags + the start check (inspect, run)
+    assert len(runner.calls) == 6
     assert results["stage-gpus"].message == "2 GPU(s) visible inside the container: NVIDIA H100 80GB HBM3 (driver 580.65.06); torch 2.14.0+cu129 (CUDA 12.9) uses them (sm_90)"
     assert results["target-layers"].message == "speculators' default [2, N//2, N-3] = [2, 16, 29] (N = 32)"
     assert "227 KiB shared memory per block" in results["flex-attention"].message
@@ -199,17 +219,40 @@ def test_image_built_and_current():
     assert run_checks(FakeHost(HEALTHY), runtime="host")["image"].status == "ok"
 
 
+def test_before_the_first_build_no_container_is_started():
+    """No :latest on the host: the container check says "not built" in one line, and neither it
+    nor the probe runs a container (docker would try a registry for a missing image)."""
+    runner = FakeHost(HEALTHY, images={})
+    results = run_checks(runner)
+    status, message, fix = verdict(results, "container")
+    assert (status, message, fix) == ("fail", "gpu: harness-eagle3:latest not built: harness build gpu", "harness build gpu")
+    assert verdict(results, "stage-gpus")[0::2] == ("fail", "harness build gpu")
+    assert results["image"].message.startswith("harness-eagle3:abc123 not built: harness build gpu")
+    assert not [c for c in runner.calls if c[:2] == ["docker", "run"] or "docker" in " ".join(c[3:10])]
+
+
+def test_an_engine_refusing_the_ulimits_is_one_line_naming_them():
+    results = run_checks(FakeHost(HEALTHY, start_error=RUNC_RLIMIT_8))
+    status, message, fix = verdict(results, "container")
+    assert status == "fail"
+    assert message == "gpu: the Docker engine refused container.ulimits memlock = -1: the host's hard limit for memlock is 8388608"
+    assert fix == "set hosts.gpu.container.ulimits = { memlock = 8388608 } or raise the engine's limit (e.g. LimitMEMLOCK= in docker.service)"
+    assert verdict(results, "stage-gpus")[0::2] == ("fail", "see the container check")
+
+
 def test_image_tag_is_the_content_hash_of_container(tmp_path):
     """Without the injected refs: the tag harness build would give container/ right now."""
     from harness.runtime.image import gather_inputs
     from tests.fixtures.job_project import write_build_context, write_project
+
+    from harness.transport.local import LocalTransport
 
     write_build_context(tmp_path)
     config = parse_config_file(write_project(tmp_path, tmp_path / "work", {}, host_name="gpu", host_table={"runtime": "docker"}))
     host = config.host("gpu")
     tag = gather_inputs(config, host).content_hash
     doctor = MLDoctor(config, host)
-    assert doctor.image_refs() == (f"harness-eagle3:{tag}", "harness-eagle3:latest")
+    assert doctor.image_refs(LocalTransport()) == (f"harness-eagle3:{tag}", "harness-eagle3:latest")
 
 
 def parse_config_file(path: Path):

@@ -21,6 +21,7 @@ from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
 from harness.inspect_remote import stage_command, stage_env
 from harness.pipeline import StagePaths
+from harness.runtime.preflight import not_built
 
 PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
 PROBE_MARKER = "@@harness-ml-probe@@ "
@@ -42,7 +43,7 @@ FLEX_ATTN = "simple_flex_attention"  # the only one for which speculators' draft
 
 # docker's words when the container cannot get a GPU (no NVIDIA runtime / toolkit)
 GPU_RUNTIME_ERRORS = ("could not select device driver", "nvidia-container-cli", "unknown or invalid runtime name: nvidia", "libnvidia-ml")
-NO_IMAGE_ERRORS = ("Unable to find image", "No such image", "pull access denied", "manifest unknown")
+NO_IMAGE_ERRORS = ("not built: harness build", "Unable to find image", "No such image", "pull access denied", "manifest unknown")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,6 +174,7 @@ class MLDoctor:
         self._runtime_factory = runtime_factory
         self._image_ref_factory = image_ref_factory
         self._probe: ProbeOutcome | None = None
+        self._container: CheckResult | None = None
         self._space: dict[str, FreeSpace] | None = None
 
     def runtime(self, runner):
@@ -182,9 +184,21 @@ class MLDoctor:
 
         return runtime_for(self.host, runner)
 
+    def container(self, runner) -> CheckResult:
+        """Docker runtime: the image is built and a throwaway container starts with the configured
+        options (ulimits, shm, mounts; harness.runtime.preflight), before the probe or any stage."""
+        if self._container is None:
+            self._container = verdict_container(self.runtime(runner), runner)
+        return self._container
+
     def probe(self, runner: CommandRunner) -> ProbeOutcome:
         if self._probe is None:
             runtime = self.runtime(runner)
+            if runtime.kind == "docker" and self.container(runner).status == "fail":
+                # no image or an engine that refuses the options: the probe would fail the same
+                # way (or, without --pull=never, try a registry): say why once
+                self._probe = ProbeOutcome(None, 125, self.container(runner).message)
+                return self._probe
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
             argv = stage_command(runtime, [runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
             r = runner.run(argv, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
@@ -198,13 +212,13 @@ class MLDoctor:
             self._space = free_space(runner, self.host.workdir, paths)
         return self._space
 
-    def image_refs(self) -> tuple[str, str]:
+    def image_refs(self, runner: CommandRunner) -> tuple[str, str]:
         """(the tag of the image for the current container/, the tag stages run)."""
         if self._image_ref_factory is not None:
             return self._image_ref_factory(self.config, self.host)
-        from harness.runtime.image import current_ref, gather_inputs, image_ref
+        from harness.runtime.image import current_inputs, current_ref, image_ref
 
-        inputs = gather_inputs(self.config, self.host)
+        inputs = current_inputs(runner, self.config, self.host)  # as `harness build` computes it
         return image_ref(self.host.container, inputs.content_hash), current_ref(self.host.container)
 
     # -- the checks -------------------------------------------------------------------------
@@ -220,10 +234,15 @@ class MLDoctor:
             if host.runtime != "docker":
                 return CheckResult("image", "ok", 'no image: runtime = "host"')
             try:
-                current, latest = self.image_refs()
+                current, latest = self.image_refs(runner)
             except Exception as e:  # no container/ next to harness.toml, unreadable files
                 return CheckResult("image", "warn", f"cannot compute the image tag here: {e}", "run doctor from the project (next to container/)")
             return verdict_image(current, _image_id(runner, current), latest, _image_id(runner, latest), host)
+
+        def check_container_starts(runner, host):
+            if host.runtime != "docker":
+                return CheckResult("container", "ok", 'no container: runtime = "host"')
+            return self.container(runner)
 
         def check_library_versions(runner, host):
             return verdict_library_versions(self.probe(runner), host)
@@ -244,7 +263,7 @@ class MLDoctor:
             return verdict_train_settings(self.plan, self.probe(runner))
 
         return [
-            check_image_current, check_gpus_in_stage_env, check_library_versions, check_flex_attention,
+            check_image_current, check_container_starts, check_gpus_in_stage_env, check_library_versions, check_flex_attention,
             check_verifier_config, check_verifier_dtype, check_target_layers, check_hidden_state_disk,
             check_train_settings,
         ]
@@ -280,6 +299,8 @@ def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckRes
             return CheckResult(name, "fail", f"a container cannot get a GPU: {probe.error}", "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker && systemctl restart docker`")
         if any(e in probe.error for e in NO_IMAGE_ERRORS):
             return CheckResult(name, "fail", f"the image is not on the host: {probe.error}", f"harness build {host.name}")
+        if "container.ulimits" in probe.error:
+            return CheckResult(name, "fail", f"no container starts: {probe.error}", "see the container check")
         return CheckResult(name, "fail", f"the stage interpreter did not start (exit {probe.exit_code}): {probe.error}", f"try it by hand: harness exec {host.name} python3 -c 'print(1)'")
     if host.runtime == "docker" and host.container.gpus in ("none", 0, []):
         return CheckResult(name, "warn", "no GPUs requested (container.gpus = \"none\"): the stages run on the CPU", 'set container.gpus = "all" for real runs')
@@ -305,9 +326,25 @@ def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckRes
     return CheckResult(name, "ok", f"{message}; torch {torch.get('version')} (CUDA {torch.get('cuda_version')}) uses them ({', '.join(caps)})")
 
 
+def verdict_container(runtime, runner) -> CheckResult:
+    from harness.errors import HarnessError
+    from harness.runtime.preflight import ImageNotBuilt, check_container
+
+    name = "container"
+    try:
+        facts = check_container(runner, runtime)
+    except ImageNotBuilt as e:
+        return CheckResult(name, "fail", e.message, f"harness build {runtime.host.name}")
+    except HarnessError as e:  # an engine that refuses the ulimits (or another start failure)
+        return CheckResult(name, "fail", e.message, e.hint or "run the container by hand: harness exec " + runtime.host.name + " true")
+    limits = ", ".join(f"{k}={v}" for k, v in runtime.ulimits().items())
+    held = ", ".join(f"{k} {v or 'absent'}" for k, v in facts.versions.items()) if facts.versions else "no versions recorded at build time"
+    return CheckResult(name, "ok", f"{facts.ref} starts with the configured options (ulimits {limits}); image holds {held}")
+
+
 def verdict_image(current_ref: str, current_id: str | None, latest_ref: str, latest_id: str | None, host: HostConfig) -> CheckResult:
     if current_id is None:
-        return CheckResult("image", "fail", f"{current_ref} (the image for the current container/ and remote_scripts/) is not built on {host.name}", f"harness build {host.name}")
+        return CheckResult("image", "fail", f"{not_built(current_ref, host.name)} (the image for the current container/ and remote_scripts/)", f"harness build {host.name}")
     if latest_id != current_id:
         return CheckResult("image", "warn", f"{latest_ref} is not the current build {current_ref}: stages would run an older image", f"harness build {host.name} (re-tags, nothing rebuilds)")
     return CheckResult("image", "ok", f"{current_ref} built and current ({current_id[:19]})")

@@ -12,6 +12,8 @@ probe) gets the same options from `run_options`, so a shell sees exactly what a 
     secret never appears on a command line or in a file the harness writes
   - labels naming the run and the stage, and `--init` so signals reach the stage and zombies
     are reaped (a Python PID 1 would ignore SIGTERM)
+  - `--pull=never`: the image is the one `harness build` made on the host; a missing one is an
+    error, never a registry pull (harness.runtime.preflight says "not built" first)
 """
 
 from __future__ import annotations
@@ -79,10 +81,15 @@ class DockerRuntime(Runtime):
     def _expand(self, path: str) -> str:
         return self.home + path[1:] if path == "~" or path.startswith("~/") else path
 
-    def run_options(self, options: WrapOptions = WrapOptions()) -> list[str]:
+    def ulimits(self) -> dict[str, int | str]:
+        """The --ulimit values containers get: the defaults, overridden by container.ulimits."""
+        return {**DEFAULT_ULIMITS, **self.host.container.ulimits}
+
+    def run_options(self, options: WrapOptions = WrapOptions(), gpus: bool = True) -> list[str]:
         c = self.host.container
-        opts: list[str] = ["--init", *gpus_flag(c.gpus), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
-        for name, value in {**DEFAULT_ULIMITS, **c.ulimits}.items():
+        # --pull=never: a missing image is an error, never a registry pull (harness build makes it)
+        opts: list[str] = ["--pull=never", "--init", *(gpus_flag(c.gpus) if gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
+        for name, value in self.ulimits().items():
             opts += ["--ulimit", f"{name}={value}"]
         opts += ["-v", f"{self.workdir}:{self.workdir}", "-w", self.workdir]
         if self.host.data_dir:
@@ -100,10 +107,11 @@ class DockerRuntime(Runtime):
             opts += ["--name", options.name]
         return opts
 
-    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
-        """`docker run --rm` in the foreground: exec, shell, inspect, probes."""
+    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions(), gpus: bool = True) -> list[str]:
+        """`docker run --rm` in the foreground: exec, shell, inspect, probes (`gpus=False`: the
+        container start check, harness.runtime.preflight)."""
         tty = ["-i", "-t"] if options.interactive else ["-i"]
-        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *argv]
+        return ["docker", "run", "--rm", *tty, *self.run_options(options, gpus), self.image, *argv]
 
     def create_argv(self, argv: Sequence[str], options: WrapOptions) -> list[str]:
         """`docker create` for a detached job: the supervisor starts it, waits, removes it."""

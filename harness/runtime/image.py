@@ -137,6 +137,19 @@ def image_id(transport: "Transport", ref: str) -> str | None:
     return result.text.strip() or None
 
 
+def current_inputs(transport: "Transport", config: Config, host: HostConfig) -> BuildInputs:
+    """The inputs `harness build` sends right now, the host's CA bundle included: the one source
+    of the image tag (build and doctor both call it, so they always name the same image)."""
+    c = host.container
+    extra_ca = None
+    if c.ca_bundle:
+        try:
+            extra_ca = transport.get_bytes(transport.expand(c.ca_bundle))
+        except FileNotFoundError:
+            raise UsageError(f"{config.path}: hosts.{host.name}.container.ca_bundle: {c.ca_bundle} not found on {host.name}") from None
+    return gather_inputs(config, host, extra_ca)
+
+
 def build(
     transport: "Transport",
     config: Config,
@@ -146,13 +159,7 @@ def build(
 ) -> BuildResult:
     """Build the image on the host unless an image with the same content hash exists."""
     c = host.container
-    extra_ca = None
-    if c.ca_bundle:
-        try:
-            extra_ca = transport.get_bytes(transport.expand(c.ca_bundle))
-        except FileNotFoundError:
-            raise UsageError(f"{config.path}: hosts.{host.name}.container.ca_bundle: {c.ca_bundle} not found on {host.name}") from None
-    inputs = gather_inputs(config, host, extra_ca)
+    inputs = current_inputs(transport, config, host)
     tag = inputs.content_hash
     ref = image_ref(c, tag)
     latest = current_ref(c)
