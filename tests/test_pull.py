@@ -285,16 +285,78 @@ def test_pull_over_ssh_verifies_and_refuses(ssh_host, tmp_path, monkeypatch, rem
         assert again.bytes_received == 0 and len(again.identical) == 4
 
 
+def fake_run(workdir: Path, run_id: str = "20260101-120000-abcdef", best: str | None = "0") -> Path:
+    """A finished run as harness lays it out: records and logs under runs/<id>/, what the stages
+    made under the pipeline's output_dir (here a non-default one, as recorded in run.json)."""
+    run_dir = workdir / "runs" / run_id
+    (run_dir / "train").mkdir(parents=True)
+    pipeline = {"output_dir": "out", "stages": {"evaluate": {"output": "reports/k3"}}}
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "workdir": str(workdir), "config": {"pipeline": pipeline}}))
+    (run_dir / "train" / "log").write_text("step 1\n")
+    (run_dir / "train" / "state.json").write_text("{}")
+    ckpts = workdir / "out" / "checkpoints"
+    for epoch in (0, 1):
+        (ckpts / str(epoch)).mkdir(parents=True)
+        (ckpts / str(epoch) / "model.safetensors").write_bytes(os.urandom(1000))
+    (ckpts / "metrics.jsonl").write_text('{"step": 1}\n')
+    if best is not None:
+        (ckpts / "best.json").write_text(json.dumps({"checkpoint": best, "step": 1, "tau": 3.6}))
+    (workdir / "reports" / "k3").mkdir(parents=True)
+    for name in ("report.json", "acceptance.png", "training.png"):
+        (workdir / "reports" / "k3" / name).write_bytes(b"x")
+    (workdir / "out" / "export").mkdir(parents=True)
+    (workdir / "out" / "export" / "config.json").write_text("{}")
+    (workdir / "out" / "hidden_states").mkdir()
+    (workdir / "out" / "hidden_states" / "hs_0.safetensors").write_bytes(b"big")  # never pulled
+    return run_dir
+
+
+def pulled(out_dir: Path) -> list[str]:
+    return sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
+
+
+RUN_FILES = ["outputs/checkpoints/best.json", "outputs/checkpoints/metrics.jsonl", "outputs/eval/acceptance.png", "outputs/eval/report.json",
+             "outputs/eval/training.png", "outputs/export/config.json", "run.json", "train/log", "train/state.json"]
+
+
+def test_a_run_brings_records_report_plots_export_and_the_checkpoint_asked_for(tmp_path):
+    from harness.run_pull import RunPullRequest, plan, pull_run
+
+    run_dir = fake_run(tmp_path / "work")
+    t = LocalTransport()
+    report = pull_run(t, plan(t, "box", str(run_dir), RunPullRequest()), str(tmp_path / "plain"), PullOptions())
+    assert report.ok and pulled(tmp_path / "plain") == RUN_FILES == sorted(report.fetched)
+    latest = tmp_path / "latest"
+    pull_run(t, plan(t, "box", str(run_dir), RunPullRequest(latest_checkpoint=True)), str(latest), PullOptions())
+    assert pulled(latest) == sorted(RUN_FILES + ["outputs/checkpoints/1/model.safetensors"])
+    best = tmp_path / "best"
+    pull_run(t, plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True)), str(best), PullOptions())
+    assert pulled(best) == sorted(RUN_FILES + ["outputs/checkpoints/0/model.safetensors"])
+    assert (best / "outputs/checkpoints/0/model.safetensors").read_bytes() == (tmp_path / "work/out/checkpoints/0/model.safetensors").read_bytes()
+
+
+def test_a_run_without_a_best_checkpoint_is_one_error_and_a_bad_record_is_refused(tmp_path):
+    from harness.errors import UsageError
+    from harness.run_pull import RunPullRequest, plan
+
+    run_dir = fake_run(tmp_path / "work", best=None)
+    t = LocalTransport()
+    ckpts = tmp_path / "work" / "out" / "checkpoints"
+    with pytest.raises(UsageError, match=f"^box: the run recorded no best checkpoint \\({ckpts}/best.json not found\\)$"):
+        plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
+    for bad in ("../../etc", "0/model.safetensors", ""):
+        (ckpts / "best.json").write_text(json.dumps({"checkpoint": bad}))
+        with pytest.raises(UsageError, match="not a directory directly under"):
+            plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
+    (ckpts / "best.json").write_text(json.dumps({"checkpoint": "7"}))
+    with pytest.raises(UsageError, match="names checkpoint '7', which is not in"):
+        plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
+
+
 @pytest.mark.ssh
 def test_cli_pull_of_a_run_id_and_exit_code_on_refusal(harness_config, ssh_host, tmp_path):
     run_id = "20260101-120000-abcdef"
-    run_dir = harness_config.parent / "work" / "box" / "runs" / run_id
-    (run_dir / "train").mkdir(parents=True)
-    (run_dir / "run.json").write_text("{}")
-    (run_dir / "train" / "log").write_text("step 1\n")
-    for epoch in (0, 1):
-        (run_dir / "checkpoints" / str(epoch)).mkdir(parents=True)
-        (run_dir / "checkpoints" / str(epoch) / "model.safetensors").write_bytes(os.urandom(1000))
+    run_dir = fake_run(harness_config.parent / "work" / "box", run_id)
     out_dir = tmp_path / "out"
 
     def harness(*args):
@@ -302,11 +364,14 @@ def test_cli_pull_of_a_run_id_and_exit_code_on_refusal(harness_config, ssh_host,
 
     r = harness("pull", "box", run_id, str(out_dir), "--latest-checkpoint")
     assert r.returncode == 0, r.stderr
-    got = sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
-    assert got == ["checkpoints/1/model.safetensors", "run.json", "train/log"]
+    assert pulled(out_dir) == sorted(RUN_FILES + ["outputs/checkpoints/1/model.safetensors"])
     default = harness("pull", "box", run_id, "--include", "log")
     assert default.returncode == 0, default.stderr
-    assert (tmp_path / "runs" / run_id / "train" / "log").read_text() == "step 1\n"
+    assert pulled(tmp_path / "runs" / run_id) == ["train/log"]
+    (run_dir.parents[1] / "out" / "checkpoints" / "best.json").unlink()
+    no_best = harness("pull", "box", "last", str(tmp_path / "b"), "--best-checkpoint")
+    assert no_best.returncode == 2
+    assert no_best.stderr.strip().splitlines() == [f"harness: error: box: the run recorded no best checkpoint ({run_dir.parents[1]}/out/checkpoints/best.json not found)"]
     os.symlink("/etc/passwd", run_dir / "evil")
     refused = harness("pull", "box", run_id, str(out_dir))
     assert refused.returncode == 1 and "refused evil" in refused.stderr

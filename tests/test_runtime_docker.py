@@ -120,7 +120,7 @@ def test_docker_chain_logs_record_labels_and_cleanup(tmp_path, harness_test_imag
     assert log_lines(text) == expected_log("prepare_data", 3) + expected_log("train_draft", 2)
     assert f"cwd {workdir}" in text  # the workdir is mounted at the same path and is the cwd
     record = json.loads((workdir / "runs" / run_id / "run.json").read_text())
-    assert record["image"] == {"ref": "harness-eagle3-test:latest", "id": harness_test_image}
+    assert record["image"] == {"ref": "harness-eagle3-test:latest", "id": harness_test_image, "versions": {"torch": None, "transformers": None, "speculators": None, "vllm": None}}
     assert record["versions"] == {"torch": None, "transformers": None, "speculators": None, "vllm": None}  # INSTALL_ML=0
     assert record["runtime"] == "docker"
     # containers are removed once their exit code is recorded

@@ -118,21 +118,21 @@ def _print_summary(host: str, result) -> None:
 # pull
 
 
-def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str]:
-    """(remote path, default local dir) for a path or a run id."""
+def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str, bool]:
+    """(remote path, default local dir, is a run) for a path or a run id."""
     from harness.jobs import RUN_ID_RE, RUNS_DIR
 
     host = app.host(host_name)
-    workdir = host.workdir.rstrip("/")  # `~` is expanded on the host
+    workdir = transport.expand(host.workdir).rstrip("/")
     if what == "last" or RUN_ID_RE.match(what):
         from harness.jobs import Jobs
 
         run_id = what if what != "last" else Jobs(app.config, host, transport).resolve_run_id("last")
-        return f"{workdir}/{RUNS_DIR}/{run_id}", os.path.join("runs", run_id)
+        return f"{workdir}/{RUNS_DIR}/{run_id}", os.path.join("runs", run_id), True
     path = what
     if not path.startswith(("/", "~")):
         path = f"{workdir}/{path}"  # relative paths are relative to the host's workdir
-    return path, posixpath.basename(path.rstrip("/")) or "pulled"
+    return path, posixpath.basename(path.rstrip("/")) or "pulled", False
 
 
 @click.command("pull")
@@ -141,30 +141,44 @@ def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str]:
 @click.argument("local_dir", required=False)
 @click.option("--include", multiple=True, metavar="PATTERN", help="Only paths matching (gitignore-style; repeatable).")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
-@click.option("--latest-checkpoint", is_flag=True, help="Only the newest checkpoint directory, plus run records and logs.")
+@click.option("--latest-checkpoint", is_flag=True, help="RUN: add the newest checkpoint. PATH: only its newest checkpoint directory, plus records and logs.")
+@click.option("--best-checkpoint", is_flag=True, help="Add the checkpoint best.json names (RUN: in train's output; PATH: a checkpoints directory).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel OpenSSH streams (added while they raise throughput on a long link).")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
 @click.pass_context
-def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, jobs: int, dry_run: bool) -> None:
+def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool) -> None:
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last') from
     HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
+
+    A run brings its records and logs, evaluate's report and plots, the export and train's
+    metrics (under LOCAL_DIR/outputs/); checkpoints only with --latest-checkpoint or
+    --best-checkpoint.
 
     Every file is checked against its SHA-256 computed on the host and renamed into place only
     once verified; an interrupted pull resumes from the bytes already received; names that would
     land outside LOCAL_DIR are refused.
     """
+    from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
     from harness.transfer import PullOptions, PullProgress
-    from harness.transfer import pull as pull_tree
 
     app = ctx.obj
     code = 0
     try:
         transport = app.transport(host)
-        remote_path, default_dir = _remote_path(app, host, transport, remote)
+        remote_path, default_dir, is_run = _remote_path(app, host, transport, remote)
         destination = local_dir or default_dir
-        options = PullOptions(include=tuple(include), exclude=tuple(exclude), latest_checkpoint=latest_checkpoint, jobs=jobs, python=app.host(host).python, dry_run=dry_run)
+        options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
+        if is_run:
+            what = plan(transport, host, remote_path, RunPullRequest(latest_checkpoint, best_checkpoint))
+            for name in what.missing:
+                click.echo(f"absent  {name}: the run has not made it", err=True)
+        elif best_checkpoint:  # PATH is a checkpoints directory
+            name = best_checkpoint_name(transport, host, remote_path)
+            what = RunPullPlan([Part(f"{remote_path}/{BEST_FILE}", "."), Part(f"{remote_path}/{name}", name)], [])
+        else:
+            what = RunPullPlan([Part(remote_path, ".", latest_checkpoint=latest_checkpoint)], [])
         if dry_run:
-            report = pull_tree(transport, remote_path, destination, options)
+            report = pull_run(transport, what, destination, options)
             for p in report.planned:
                 click.echo(f"fetch   {p}")
         else:
@@ -190,7 +204,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
                     bar.update(self.task, files=f"{self.files}/{self.total_files} files")
 
             with bar:
-                report = pull_tree(transport, remote_path, destination, options, Bar())
+                report = pull_run(transport, what, destination, options, Bar())
         for name, why in report.refused:
             click.echo(f"refused {name}: {why}", err=True)
         for name, why in report.failed:
