@@ -52,6 +52,20 @@ def test_a_base_python_the_lock_does_not_cover_fails_with_one_line(tmp_path):
     assert r.returncode == 1 and "regenerate it with scripts/lock-container-requirements.sh" in r.stderr
 
 
+@pytest.mark.docker
+def test_the_build_stops_on_a_base_python_the_lock_does_not_cover(tmp_path, docker_base_image):
+    """The Dockerfile runs check_lock.py before pip touches the lock: a lock for other Pythons
+    than the base's fails the build there, with the one line (here the base is bookworm's 3.11)."""
+    config = docker_project(tmp_path, docker_base_image, "harness-lock-check-test", build_args={"INSTALL_ML": "0", "EXTRA_PIP_PACKAGES": "six==1.17.0"})
+    lock = tmp_path / "container" / "constraints.txt"
+    lock.write_text("".join("# python: 3.99\n" if line.startswith("# python:") else line for line in lock.read_text().splitlines(keepends=True)))
+    r = harness(config, "build", "box")
+    assert r.returncode == 1
+    assert "check_lock: the base image's Python is 3.11; the lock (container/constraints.txt) covers Python 3.99 only" in r.stderr
+    assert "Collecting six" not in r.stderr  # stopped before pip
+    assert r.stderr.strip().splitlines()[-1].startswith("harness: error: remote command failed")
+
+
 @pytest.mark.pipeline
 def test_record_versions_reads_package_metadata(tmp_path):
     """speculators 0.9.0 has no __version__: the versions come from package metadata."""
