@@ -375,3 +375,37 @@ def test_cli_pull_of_a_run_id_and_exit_code_on_refusal(harness_config, ssh_host,
     os.symlink("/etc/passwd", run_dir / "evil")
     refused = harness("pull", "box", run_id, str(out_dir))
     assert refused.returncode == 1 and "refused evil" in refused.stderr
+
+
+@pytest.mark.ssh
+@pytest.mark.pipeline
+@pytest.mark.slow
+def test_pull_of_a_real_training_run_brings_a_checkpoint_that_loads(tmp_path, ssh_host, tiny_verifier, prepared_data, hidden_states):
+    """`harness run box train` really trains (runtime host, over the test sshd); then
+    `harness pull box last --latest-checkpoint` brings its checkpoint, and speculators loads it."""
+    import shutil
+
+    from tests.fixtures.job_project import toml_value
+    from tests.fixtures.pipeline_data import load_checkpoint
+
+    shutil.copytree(REPO / "remote_scripts", tmp_path / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    workdir = tmp_path / "work"
+    train = {"prepared": str(prepared_data), "hidden_states": str(hidden_states), "total_seq_len": 256, "threads": 1, "epochs": 1, "max_steps": 3}
+    lines = ["[hosts.box]", f'ssh = "{ssh_host.alias}"', f"workdir = {toml_value(str(workdir))}", f"python = {toml_value(sys.executable)}",
+             "[sync]", 'paths = ["remote_scripts"]', "[pipeline]", f"verifier = {toml_value(str(tiny_verifier.verifier))}", "[pipeline.stages.train]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in train.items()]
+    config = tmp_path / "harness.toml"
+    config.write_text("\n".join(lines) + "\n")
+
+    def harness(*args):
+        return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True, env=ssh_host.env(), timeout=900, cwd=tmp_path)
+
+    assert harness("sync", "box").returncode == 0
+    run = harness("run", "box", "train")
+    assert run.returncode == 0, run.stderr[-3000:]
+    r = harness("pull", "box", "last", str(tmp_path / "pulled"), "--latest-checkpoint")
+    assert r.returncode == 0, r.stderr
+    assert "absent  outputs/eval: the run has not made it" in r.stderr  # no evaluate stage in this run
+    ckpt = tmp_path / "pulled" / "outputs" / "checkpoints" / "0"
+    assert sha(ckpt / "model.safetensors") == sha(workdir / "outputs" / "checkpoints" / "0" / "model.safetensors")
+    assert load_checkpoint(ckpt, tiny_verifier.verifier)["forward_ok"] is True
