@@ -194,8 +194,6 @@ def _slow_link_files(ssh_host, tmp_path: Path, port: int) -> tuple[Path, Path]:
           IdentityFile {ssh_host.key_path}
           IdentitiesOnly yes
           UserKnownHostsFile {known_hosts}
-          BatchMode yes
-          StrictHostKeyChecking yes
         """))
     return config, known_hosts
 
