@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.errors import HarnessError, UsageError
 from harness.sync import sha256_file
 from harness.transport.base import Transport
 from harness.transport.openssh import bulk_failure

@@ -68,7 +68,7 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == first.image_id and "unchanged, not rebuilt" in r.stderr and "Step" not in r.stderr
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # generous (loaded CI): the proof is the message and no build output
     # a changed stage script is a new input: new tag, real build, streamed output
     changed = f"print('v2 {os.urandom(8).hex()}')\n"  # unique: images persist across sessions
     (tmp_path / "remote_scripts" / "evaluate.py").write_text(changed)

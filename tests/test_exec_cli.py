@@ -127,7 +127,7 @@ def test_wrong_key_and_closed_port_are_one_line_errors(tmp_path, ssh_host, env):
     config = tmp_path / "harness.toml"
     config.write_text(
         f'[hosts.wrong]\nssh = "{ssh_host.user}@127.0.0.1:{ssh_host.port}"\nidentity_file = "{ssh_host.wrong_key_path}"\n'
-        f'[hosts.closed]\nssh = "root@127.0.0.1:{port}"\nconnect_timeout = 3\n'
+        f'[hosts.closed]\nssh = "root@127.0.0.1:{port}"\nconnect_timeout = 120\n'
     )
     empty = tmp_path / "empty_ssh_config"
     empty.write_text("Host *\n  IdentitiesOnly yes\n")
@@ -139,7 +139,7 @@ def test_wrong_key_and_closed_port_are_one_line_errors(tmp_path, ssh_host, env):
     r = harness(config, "exec", "closed", "--", "true", env=env)
     assert r.returncode == 255 and "cannot connect" in r.stderr.decode() and "Connection refused" in r.stderr.decode()
     assert len(r.stderr.decode().strip().splitlines()) == 1
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # refused at once, not after the 120 s timeout (generous: loaded CI)
 
 
 def test_proxyjump_host(harness_config, env, ssh_host):

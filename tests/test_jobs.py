@@ -88,7 +88,7 @@ def test_cancel_terminates_then_records_cancelled(tmp_path):
     pgid = json.loads((workdir / "runs" / run_id / "prepare" / "state.json").read_text())["pgid"]
     t0 = time.monotonic()
     assert jobs.cancel(run_id) == "cancelled"
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # SIGTERM ended it: no wait for a grace period (generous: loaded CI)
     status = jobs.status(run_id)
     assert [(s.stage, s.state) for s in status.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
     assert status.stages[0].exit_code == -signal.SIGTERM  # it died of the SIGTERM
@@ -103,7 +103,7 @@ def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
     t0 = time.monotonic()
     assert jobs.cancel(run_id) == "cancelled"
     elapsed = time.monotonic() - t0
-    assert 1.4 < elapsed < 10, elapsed  # waited the grace period, then killed
+    assert 1.4 < elapsed < 60, elapsed  # waited the grace period, then killed
     assert jobs.status(run_id).stages[0].exit_code == -signal.SIGKILL
 
 
@@ -168,9 +168,8 @@ def test_cli_status_runs_cancel(tmp_path):
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.strip()
     assert "harness logs box " + run_id in r.stderr
-    time.sleep(1.0)
-    r = harness_cli(config, "status", "box", run_id)
-    assert "running" in r.stdout and "prepare" in r.stdout and "pending" in r.stdout
+    r = _wait_for_status(lambda: harness_cli(config, "status", "box", run_id).stdout, "running")
+    assert "prepare" in r and "pending" in r
     r = harness_cli(config, "cancel", "box", "last")
     assert r.returncode == 0 and f"run {run_id}: cancelled" in r.stdout
     r = harness_cli(config, "runs", "box")
@@ -185,9 +184,8 @@ def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     _wait_for_line(jobs, run_id, "line 1 of 100")
     run_dir = workdir / "runs" / run_id
     os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
-    time.sleep(0.5)
-    status = jobs.status(run_id)
-    assert status.state == "lost" and status.stages[0].state == "running"
+    status = _wait_for_status(lambda: jobs.status(run_id), "lost", key=lambda s: s.state)
+    assert status.stages[0].state == "running"
     assert "line 1 of 100" in collect(jobs, run_id, follow=True)  # follow ends: nobody will finish it
     pgid = json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"]
     os.killpg(pgid, 0)  # the stage itself still runs
@@ -235,6 +233,16 @@ def _wait_for_line(jobs: Jobs, run_id: str, text: str, timeout: float = 30) -> N
     while text not in collect(jobs, run_id):
         assert time.monotonic() < deadline, f"no {text!r} in the log"
         time.sleep(0.2)
+
+
+def _wait_for_status(read, wanted: str, key=lambda text: text, timeout: float = 60):
+    """Poll read() until key(result) contains `wanted` (a generous deadline, not a fixed sleep:
+    CI is a loaded 2-core machine); returns the last result."""
+    deadline = time.monotonic() + timeout
+    while wanted not in key(result := read()):
+        assert time.monotonic() < deadline, f"never {wanted!r}: {result}"
+        time.sleep(0.2)
+    return result
 
 
 def _dead(pid: int) -> bool:
@@ -304,8 +312,8 @@ def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path
     assert before, "no SSH connection to cut"
     kill_link_and_harness(proc, ssh_host)
     run_dir = tmp_path / "work" / "runs" / run_id
-    time.sleep(1.0)
-    assert json.loads((run_dir / "state.json").read_text())["state"] == "running"  # still going
+    # still going: a line the stage writes after the cut (read from the host's files directly)
+    _wait_for_status(lambda: (run_dir / "prepare" / "log").read_text(errors="replace"), "line 3 of 3")
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90, env=ssh_host.env())
     assert r.returncode == 0, r.stderr
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
