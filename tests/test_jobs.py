@@ -340,3 +340,62 @@ def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
         assert jobs.status(long).stages[0].state == "cancelled"
     assert_secret_absent(tmp_path / "work", SECRET_VALUE)
     assert SECRET_VALUE not in ssh_host.box.log_text()  # nor in the sshd's (DEBUG) log
+
+
+@pytest.mark.ssh
+def test_ssh_attached_run_ctrl_c_detaches_and_the_run_goes_on(tmp_path, ssh_host):
+    """Ctrl-C in the terminal (SIGINT to the whole foreground process group: harness and any ssh
+    it started) while attached over SSH: harness detaches, says how to come back, and the run
+    on the host finishes on its own."""
+    config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
+    proc, run_id = start_attached_run(config, ssh_host.env())
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert f"detached from run {run_id}" in err.decode() and f"harness logs box {run_id} -f" in err.decode()
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=120, env=ssh_host.env())
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout
+
+
+def processes_showing(needle: bytes) -> list[str]:
+    """'pid: command line' of every process on this machine whose command line holds needle."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if needle in cmdline:
+                shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
+                found.append(f"{pid}: {shown[:200]}")
+    return found
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_harness_run_puts_no_secret_on_any_command_line(tmp_path, where, monkeypatch, request):
+    """While `harness run` (attached) runs a stage that reads a secret, no process on this
+    machine (harness, ssh, sshd's session, the supervisor, the stage: the host IS this machine)
+    has the value on its command line; the stage still gets it."""
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    stages = {"prepare": {"lines": 4, "sleep": 3, "print_env": SECRET_NAME}}
+    if where == "ssh":
+        ssh_host = request.getfixturevalue("ssh_host")
+        config, env = ssh_project(tmp_path, ssh_host, stages, env=[SECRET_NAME]), ssh_host.env()
+    else:
+        make_jobs(tmp_path, stages, host_table={"env": [SECRET_NAME]})
+        config, env = tmp_path / "project" / "harness.toml", None
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen: list[str] = []
+    while proc.poll() is None:
+        seen += processes_showing(SECRET_VALUE.encode())
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert f"env {SECRET_NAME} sha256 {hashlib.sha256(SECRET_VALUE.encode()).hexdigest()}" in out.decode()  # delivered
+    assert seen == []
+    assert_secret_absent(tmp_path / "work", SECRET_VALUE)
