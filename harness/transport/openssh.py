@@ -113,15 +113,13 @@ class OpenSSHOptions:
 def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: str = "ssh") -> list[str]:
     """`ssh <options>` (without destination or command)."""
     argv = [ssh_binary, "-F", safety_config(o)]
+    for key, value in _safety_settings(o):
+        argv += ["-o", f"{key}={value}"]
     argv += [
-        "-o", f"StrictHostKeyChecking={'accept-new' if o.accept_new_host_key else 'yes'}",
-        "-o", f"BatchMode={'yes' if o.batch_mode else 'no'}",
         "-o", f"ConnectTimeout={max(1, int(round(o.connect_timeout)))}",
         "-o", f"ServerAliveInterval={o.keepalive_s}",
         "-o", "ServerAliveCountMax=3",
     ]
-    if o.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={_ssh_quote_path(o.known_hosts)}"]
     for key in o.identity_files:
         argv += ["-i", key]
     if o.proxy_jump:
@@ -155,18 +153,21 @@ def argv_for(o: OpenSSHOptions, argv: Sequence[str]) -> list[str]:
     return command_argv(o, quote_argv(argv))
 
 
+def _safety_settings(o: OpenSSHOptions) -> list[tuple[str, str]]:
+    """Given both as -o and in safety_config (which ProxyJump hops read)."""
+    settings = [("StrictHostKeyChecking", "accept-new" if o.accept_new_host_key else "yes"), ("BatchMode", "yes" if o.batch_mode else "no")]
+    if o.known_hosts:
+        settings.append(("UserKnownHostsFile", _ssh_quote_path(o.known_hosts)))
+    return settings
+
+
 def safety_config(o: OpenSSHOptions) -> str:
     """The ssh_config file harness hands to `ssh -F`: its own host-key and batch settings first,
     then the user's config (OpenSSH keeps the first value it reads for an option, so a user's
     `StrictHostKeyChecking no` cannot weaken them). Why a file and not only -o: for each ProxyJump
     hop, ssh starts another ssh that gets -F but none of the -o options."""
-    lines = [
-        "# written by harness: its safety settings first, then the user's ssh_config",
-        f"StrictHostKeyChecking {'accept-new' if o.accept_new_host_key else 'yes'}",
-        f"BatchMode {'yes' if o.batch_mode else 'no'}",
-    ]
-    if o.known_hosts:
-        lines.append(f"UserKnownHostsFile {_ssh_quote_path(o.known_hosts)}")
+    lines = ["# written by harness: its safety settings first, then the user's ssh_config"]
+    lines += [f"{key} {value}" for key, value in _safety_settings(o)]
     includes = [o.ssh_config] if o.ssh_config else []
     if o.ssh_config in (None, os.path.expanduser("~/.ssh/config")) and os.path.isfile(SYSTEM_SSH_CONFIG):
         includes.append(SYSTEM_SSH_CONFIG)  # what ssh reads after the user's file when no -F names one
