@@ -285,5 +285,5 @@ def test_a_trained_draft_beats_a_random_one_on_the_same_prompts(tiny_verifier, b
     trained, random_ = reports["trained"], reports["random"]
     print(f"tau: trained {trained['tau']:.3f}, random {random_['tau']:.3f}")
     assert trained["prompts"] == random_["prompts"] == 8
-    assert trained["tau"] > random_["tau"] + 0.1, (trained["tau"], random_["tau"])
+    assert trained["tau"] > random_["tau"] + 0.05, (trained["tau"], random_["tau"])  # measured here: 1.146 against 1.000
     assert trained["acceptance_per_position"][0] > random_["acceptance_per_position"][0]

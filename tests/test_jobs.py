@@ -20,6 +20,7 @@ from harness.config import load_config
 from harness.jobs import Jobs
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, script_stem, write_project
+from tests.fixtures.processes import processes_showing
 
 SECRET_NAME = "HARNESS_TEST_SECRET"
 SECRET_VALUE = "s3cr3t-value-" + os.urandom(6).hex()
@@ -358,21 +359,6 @@ def test_ssh_attached_run_ctrl_c_detaches_and_the_run_goes_on(tmp_path, ssh_host
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout
-
-
-def processes_showing(needle: bytes) -> list[str]:
-    """'pid: command line' of every process on this machine whose command line holds needle."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if needle in cmdline:
-                shown = cmdline.replace(b"\0", b" ").decode(errors="replace")
-                found.append(f"{pid}: {shown[:200]}")
-    return found
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])

@@ -16,6 +16,7 @@ import pytest
 from harness.config import HostConfig
 from harness.errors import AuthError, ConnectError, HostKeyError, UsageError
 from harness.transport import connect
+from tests.fixtures.processes import processes_showing
 from tests.fixtures.sshd import free_port
 
 pytestmark = pytest.mark.ssh
@@ -95,14 +96,7 @@ def test_env_values_never_on_a_command_line(box, ssh_host):
     deadline = time.monotonic() + 10
     while not (ssh_host.root / "seen").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if secret.encode() in cmdline:
-                found.append(pid)
+    found += processes_showing(secret.encode())
     t.join()
     assert result["r"].ok
     assert (ssh_host.root / "seen").read_text() == secret  # the command did get the value
