@@ -313,8 +313,8 @@ def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path
     assert before, "no SSH connection to cut"
     kill_link_and_harness(proc, ssh_host)
     run_dir = tmp_path / "work" / "runs" / run_id
-    # still going: a line the stage writes after the cut (read from the host's files directly)
-    _wait_for_status(lambda: (run_dir / "prepare" / "log").read_text(errors="replace"), "line 3 of 3")
+    # still going: the next stage, which the supervisor starts after the cut, writes its first line
+    _wait_for_status(lambda: (run_dir / "train" / "log").read_text(errors="replace") if (run_dir / "train" / "log").exists() else "", "line 1 of 5")
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90, env=ssh_host.env())
     assert r.returncode == 0, r.stderr
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
