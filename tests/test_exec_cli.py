@@ -235,6 +235,7 @@ def test_a_key_held_only_by_a_running_ssh_agent_is_used(tmp_path, ssh_host):
     (exec through a master) and paramiko (exec --pty) authenticate with it; without the agent,
     the same call is refused."""
     sock = Path(tempfile.mkdtemp(prefix="hagent-")) / "agent.sock"
+    control = Path(tempfile.mkdtemp(prefix="hac-"))
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -251,7 +252,7 @@ def test_a_key_held_only_by_a_running_ssh_agent_is_used(tmp_path, ssh_host):
                               f"  UserKnownHostsFile {ssh_host.known_hosts}\n")
         config = tmp_path / "harness.toml"
         config.write_text(f'[hosts.agentbox]\nssh = "agentbox"\nworkdir = "{tmp_path / "work"}"\nconnect_timeout = 30\n')
-        env = {**ssh_host.env(), "HARNESS_SSH_CONFIG": str(ssh_config), "HARNESS_CONTROL_DIR": tempfile.mkdtemp(prefix="hac-")}
+        env = {**ssh_host.env(), "HARNESS_SSH_CONFIG": str(ssh_config), "HARNESS_CONTROL_DIR": str(control)}
         without = harness(config, "exec", "agentbox", "--", "true", env=env)
         assert without.returncode == 255 and "authentication failed" in without.stderr.decode(), without.stderr
         env["SSH_AUTH_SOCK"] = str(sock)
@@ -259,6 +260,6 @@ def test_a_key_held_only_by_a_running_ssh_agent_is_used(tmp_path, ssh_host):
             r = harness(config, *args, env=env)
             assert r.returncode == 0 and b"via-agent" in r.stdout, (args, r.stderr)
     finally:
-        stop_control_masters(Path(env["HARNESS_CONTROL_DIR"])) if "env" in locals() else None
+        stop_control_masters(control)
         agent.terminate()
         agent.wait(10)
