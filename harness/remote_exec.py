@@ -77,16 +77,17 @@ def _run_transport(transport, argv: Sequence[str], env: Mapping[str, str], pty: 
 
 
 def _ensure_master(host: HostConfig, opts, transport_factory) -> None:
-    from harness.errors import HostKeyError
+    from harness.errors import ConnectError, HostKeyError
     from harness.transport import openssh
 
     if opts.control_path and os.path.exists(opts.control_path):
         os.unlink(opts.control_path)  # stale: its master is gone (we could not connect to it)
     try:
         openssh.start_master(opts, host.name)
-    except HostKeyError:
-        # OpenSSH's message has no fingerprint: let the paramiko transport report (or, with
-        # --accept-new-host-key, record) the key precisely, then retry once.
+    except (HostKeyError, ConnectError):
+        # OpenSSH's message has no fingerprint, and a master drops what the ssh of a ProxyJump
+        # hop printed (an unknown jump host reads "Connection closed"): let the paramiko
+        # transport report (or, with --accept-new-host-key, record) the key precisely, then retry once.
         transport_factory().open()
         openssh.start_master(opts, host.name)
 

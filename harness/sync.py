@@ -48,6 +48,7 @@ from typing import Callable, Iterable, Sequence
 
 from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.transport.base import Transport
+from harness.transport.openssh import bulk_failure
 
 MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
@@ -474,7 +475,7 @@ class PreparedSync:
             pass
         code = self._proc.wait()
         self._stderr_reader.join()
-        raise RemoteCommandError(f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
+        raise bulk_failure(self.transport.name, f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
 
     def apply(self, progress: ProgressCallback | None = None) -> SyncResult:
         """Carry out the plan; raises SyncError if the host refused any path."""
@@ -525,7 +526,7 @@ class PreparedSync:
         self._stderr_reader.join()
         self._done = True
         if code != 0 or not out.strip():
-            raise RemoteCommandError("sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
+            raise bulk_failure(self.transport.name, "sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
         report = json.loads(out.decode().strip().splitlines()[-1])
         result.files_sent = report["written"]
         result.bytes_sent = plan.upload_bytes

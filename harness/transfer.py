@@ -52,9 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.errors import HarnessError, UsageError
 from harness.sync import sha256_file
 from harness.transport.base import Transport
+from harness.transport.openssh import bulk_failure
 
 PART_SUFFIX = ".harness-part"
 MiB = 1 << 20
@@ -256,7 +257,7 @@ def list_remote(transport: Transport, remote_path: str, python: str = "python3")
     if code == 3:
         raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
     if code != 0:
-        raise RemoteCommandError(f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
+        raise bulk_failure(transport.name, f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
     doc = json.loads(out)
     entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
     return doc["root"], bool(doc["is_dir"]), entries

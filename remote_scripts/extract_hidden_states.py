@@ -455,6 +455,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     opts = ServeOptions(
         model=args.verifier,
         layer_ids=layer_ids,
+        num_layers=n,
         staging_dir=str(Path(args.staging_dir or output / ".staging") / f"rank{rank}"),
         host=args.host,
         port=args.port + local_rank,

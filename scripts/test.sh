@@ -5,6 +5,8 @@
 # started here if not running), debootstrap (the offline base image for container tests),
 # rsync (a comparison in benches), iproute2 (network-namespace test hosts); then the Python
 # packages (scripts/setup.sh --dev). pytest's exit code 5 ("no tests collected") is a failure.
+# Under CI=true (.ci/run) a test bed that cannot start fails its tests; otherwise they are skipped
+# and listed in a block at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

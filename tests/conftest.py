@@ -7,3 +7,13 @@ pytest_plugins = [
     "tests.fixtures.pipeline_data",
     "tests.fixtures.netns",
 ]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say loudly which real test beds did not start (their tests were skipped, not passed)."""
+    from tests.fixtures.beds import NOT_STARTED
+
+    if NOT_STARTED:
+        terminalreporter.section("TEST BEDS THAT DID NOT START: their tests were SKIPPED", sep="!", red=True, bold=True)
+        for line in NOT_STARTED:
+            terminalreporter.write_line(line, red=True, bold=True)

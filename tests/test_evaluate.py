@@ -200,6 +200,19 @@ def briefly_trained_draft(tiny_verifier, prepared_data, hidden_states, tmp_path_
     return out
 
 
+@pytest.fixture(scope="session")
+def random_draft(tiny_verifier, prepared_data, hidden_states, tmp_path_factory):
+    """The same draft and checkpoint format, never trained: one optimizer step at lr 0 keeps the
+    initial (random) weights."""
+    out = tmp_path_factory.mktemp("eval_random_draft") / "checkpoints"
+    run_script(
+        "train_draft.py", "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states,
+        "--output", out, "--epochs", "1", "--max-steps", "1", "--lr", "0", "--total-seq-len", "256",
+        "--events", out.parent / "events.jsonl",
+    )
+    return out
+
+
 def test_identity_draft_on_the_real_verifier(tiny_verifier):
     from transformers import AutoTokenizer
 
@@ -256,3 +269,21 @@ def test_evaluate_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_pa
     )
     assert proc.returncode != 0
     assert "no checkpoint" in read_events(tmp_path / "e.jsonl")[-1]["error"]
+
+
+def test_a_trained_draft_beats_a_random_one_on_the_same_prompts(tiny_verifier, briefly_trained_draft, random_draft, tmp_path):
+    """tau measures the draft: 20 training steps must already be accepted more often than the
+    same architecture with its initial weights (`1 <= tau <= k+1` alone holds for any draft)."""
+    reports = {}
+    for name, draft in (("trained", briefly_trained_draft), ("random", random_draft)):
+        out = tmp_path / name
+        run_script(
+            "evaluate.py", "--verifier", tiny_verifier.verifier, "--draft", draft, "--data", tiny_verifier.data,
+            "--output", out, "--speculative-tokens", "3", "--max-prompts", "8", "--events", tmp_path / f"{name}.jsonl",
+        )
+        reports[name] = json.loads((out / "report.json").read_text())
+    trained, random_ = reports["trained"], reports["random"]
+    print(f"tau: trained {trained['tau']:.3f}, random {random_['tau']:.3f}")
+    assert trained["prompts"] == random_["prompts"] == 8
+    assert trained["tau"] > random_["tau"] + 0.05, (trained["tau"], random_["tau"])  # measured here: 1.146 against 1.000
+    assert trained["acceptance_per_position"][0] > random_["acceptance_per_position"][0]

@@ -256,11 +256,11 @@ def _vllm_args(tiny_verifier, prepared, out, mode, record, *extra):
 def test_vllm_serve_command_line():
     from common.vllm_server import ServeOptions, offline_data_argv, serve_argv
 
-    opts = ServeOptions(model="/models/kimi", layer_ids=[2, 30, 58], staging_dir="/data/staging", port=8100, tensor_parallel_size=8, max_model_len=4096, vllm_command="/opt/venv/bin/vllm", extra_args=["--trust-remote-code"])
+    opts = ServeOptions(model="/models/kimi", layer_ids=[2, 30, 58], num_layers=61, staging_dir="/data/staging", port=8100, tensor_parallel_size=8, max_model_len=4096, vllm_command="/opt/venv/bin/vllm", extra_args=["--trust-remote-code"])
     argv = serve_argv(opts)
     assert argv[:3] == ["/opt/venv/bin/vllm", "serve", "/models/kimi"]
     value = lambda flag: argv[argv.index(flag) + 1]  # noqa: E731
-    assert json.loads(value("--speculative-config")) == {"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}}
+    assert json.loads(value("--speculative-config")) == {"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]}}}
     assert json.loads(value("--kv-transfer-config")) == {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "/data/staging"}}
     assert (value("--port"), value("--tensor-parallel-size"), value("--max-model-len")) == ("8100", "8", "4096")
     assert argv[-1] == "--trust-remote-code"
@@ -472,3 +472,38 @@ def test_pinned_ring_hands_out_each_buffer_once_until_given_back():
     give_b()
     got[0][1]()
     assert ring.free.qsize() == 2
+
+
+def test_stand_in_takes_only_what_vllm_documents():
+    """The stand-in's parser is strict like vLLM's: the command line we compose passes it, and an
+    unknown flag, method, connector or role is an error (exit 2) instead of being ignored."""
+    from common.vllm_server import ServeOptions, serve_argv
+
+    from tests.fixtures.vllm_stand_in import parse
+
+    opts = ServeOptions(model="/models/m", layer_ids=[1, 3], num_layers=4, staging_dir="/tmp/s", max_model_len=512,
+                        gpu_memory_utilization=0.8, vllm_command="vllm", extra_args=["--trust-remote-code"])
+    argv = serve_argv(opts)[1:]  # after the executable: serve MODEL ...
+    args = parse(argv)
+    assert args.speculative_config["draft_model_config"]["hf_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert (args.max_model_len, args.gpu_memory_utilization, args.trust_remote_code) == (512, 0.8, True)
+
+    def rejected(argv: list[str]) -> bool:
+        try:
+            parse(argv)
+        except SystemExit as e:
+            return e.code == 2
+        return False
+
+    def with_json(flag: str, **changes) -> list[str]:
+        out = list(argv)
+        i = out.index(flag) + 1
+        out[i] = json.dumps({**json.loads(out[i]), **changes})
+        return out
+
+    assert rejected([*argv, "--no-such-flag"]) and rejected([*argv, "--max-model"])  # no abbreviations either
+    assert rejected(with_json("--speculative-config", method="extract_hidden_state"))
+    assert rejected(with_json("--speculative-config", num_speculative_tokens=3))
+    assert rejected(with_json("--kv-transfer-config", kv_connector="HiddenStatesConnector"))
+    assert rejected(with_json("--kv-transfer-config", kv_role="producer"))
+    assert rejected(with_json("--kv-transfer-config", kv_connector="NixlConnector"))  # valid in vLLM, not emulated

@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -359,19 +358,16 @@ def installed_package_dir(name: str) -> Path:
     return Path(importlib.util.find_spec(name).submodule_search_locations[0])
 
 
-def test_cli_on_real_speculators_is_fast_and_exact(local_config):
+def test_cli_on_real_speculators_is_exact(local_config):
+    """(How fast: bench/inspect_latency.py.)"""
     core_file = installed_package_dir("speculators") / "models/eagle3/core.py"
-    started = time.perf_counter()
     r = harness_cli(local_config, "inspect", "local", "speculators.models.eagle3.core.Eagle3DraftModel.forward")
-    elapsed = time.perf_counter() - started
     assert r.returncode == 0, r.stderr
     lines = core_file.read_text().split("\n")
     first = lines.index("    @conditional_torch_compile") + 1
     assert r.stdout.splitlines()[1].startswith(f"{core_file}:{first}-")
     assert f"{first + 1}      def forward(  # noqa: C901" in r.stdout
     assert "speculators==0.9.0" in r.stdout and "@conditional_torch_compile" in r.stdout
-    print(f"harness inspect local speculators...Eagle3DraftModel.forward: {elapsed:.2f} s")
-    assert elapsed < 2.0
 
 
 def test_cli_grep_finds_every_use_in_speculators(local_config):
@@ -407,11 +403,5 @@ def test_cli_over_ssh(tmp_path, workdir, ssh_host):
     answer = json.loads(r.stdout)
     assert (answer["file"], answer["first_line"]) == (deco, line_of(deco, "@logged"))
     assert [u["how"] for u in answer["unwrapped"]] == ["functools.wraps (__wrapped__)"] * 2
-    timings = []
-    for _ in range(2):  # the second on a warm connection where the transport keeps one
-        started = time.perf_counter()
-        r = harness_cli(config, "inspect", "box", "speculators.models.eagle3.core.Eagle3DraftModel.forward", env=ssh_host.env())
-        timings.append(time.perf_counter() - started)
-        assert r.returncode == 0 and "speculators==0.9.0" in r.stdout, r.stderr
-    print(f"over ssh: {timings[0]:.2f} s, then {timings[1]:.2f} s")
-    assert min(timings) < 2.0
+    r = harness_cli(config, "inspect", "box", "speculators.models.eagle3.core.Eagle3DraftModel.forward", env=ssh_host.env())
+    assert r.returncode == 0 and "speculators==0.9.0" in r.stdout, r.stderr  # (how fast: bench/inspect_latency.py)

@@ -20,6 +20,7 @@ from harness.config import load_config
 from harness.jobs import Jobs
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, script_stem, write_project
+from tests.fixtures.processes import processes_showing
 
 SECRET_NAME = "HARNESS_TEST_SECRET"
 SECRET_VALUE = "s3cr3t-value-" + os.urandom(6).hex()
@@ -88,7 +89,7 @@ def test_cancel_terminates_then_records_cancelled(tmp_path):
     pgid = json.loads((workdir / "runs" / run_id / "prepare" / "state.json").read_text())["pgid"]
     t0 = time.monotonic()
     assert jobs.cancel(run_id) == "cancelled"
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # SIGTERM ended it: no wait for a grace period (generous: loaded CI)
     status = jobs.status(run_id)
     assert [(s.stage, s.state) for s in status.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
     assert status.stages[0].exit_code == -signal.SIGTERM  # it died of the SIGTERM
@@ -103,7 +104,7 @@ def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
     t0 = time.monotonic()
     assert jobs.cancel(run_id) == "cancelled"
     elapsed = time.monotonic() - t0
-    assert 1.4 < elapsed < 10, elapsed  # waited the grace period, then killed
+    assert 1.4 < elapsed < 60, elapsed  # waited the grace period, then killed
     assert jobs.status(run_id).stages[0].exit_code == -signal.SIGKILL
 
 
@@ -168,9 +169,8 @@ def test_cli_status_runs_cancel(tmp_path):
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.strip()
     assert "harness logs box " + run_id in r.stderr
-    time.sleep(1.0)
-    r = harness_cli(config, "status", "box", run_id)
-    assert "running" in r.stdout and "prepare" in r.stdout and "pending" in r.stdout
+    r = _wait_for_status(lambda: harness_cli(config, "status", "box", run_id).stdout, "running")
+    assert "prepare" in r and "pending" in r
     r = harness_cli(config, "cancel", "box", "last")
     assert r.returncode == 0 and f"run {run_id}: cancelled" in r.stdout
     r = harness_cli(config, "runs", "box")
@@ -185,9 +185,8 @@ def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     _wait_for_line(jobs, run_id, "line 1 of 100")
     run_dir = workdir / "runs" / run_id
     os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
-    time.sleep(0.5)
-    status = jobs.status(run_id)
-    assert status.state == "lost" and status.stages[0].state == "running"
+    status = _wait_for_status(lambda: jobs.status(run_id), "lost", key=lambda s: s.state)
+    assert status.stages[0].state == "running"
     assert "line 1 of 100" in collect(jobs, run_id, follow=True)  # follow ends: nobody will finish it
     pgid = json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"]
     os.killpg(pgid, 0)  # the stage itself still runs
@@ -235,6 +234,16 @@ def _wait_for_line(jobs: Jobs, run_id: str, text: str, timeout: float = 30) -> N
     while text not in collect(jobs, run_id):
         assert time.monotonic() < deadline, f"no {text!r} in the log"
         time.sleep(0.2)
+
+
+def _wait_for_status(read, wanted: str, key=lambda text: text, timeout: float = 60):
+    """Poll read() until key(result) contains `wanted` (a generous deadline, not a fixed sleep:
+    CI is a loaded 2-core machine); returns the last result."""
+    deadline = time.monotonic() + timeout
+    while wanted not in key(result := read()):
+        assert time.monotonic() < deadline, f"never {wanted!r}: {result}"
+        time.sleep(0.2)
+    return result
 
 
 def _dead(pid: int) -> bool:
@@ -304,8 +313,8 @@ def test_ssh_run_survives_link_and_harness_kill_then_logs_f_is_complete(tmp_path
     assert before, "no SSH connection to cut"
     kill_link_and_harness(proc, ssh_host)
     run_dir = tmp_path / "work" / "runs" / run_id
-    time.sleep(1.0)
-    assert json.loads((run_dir / "state.json").read_text())["state"] == "running"  # still going
+    # still going: the next stage, which the supervisor starts after the cut, writes its first line
+    _wait_for_status(lambda: (run_dir / "train" / "log").read_text(errors="replace") if (run_dir / "train" / "log").exists() else "", "line 1 of 5")
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=90, env=ssh_host.env())
     assert r.returncode == 0, r.stderr
     assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
@@ -332,3 +341,47 @@ def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
         assert jobs.status(long).stages[0].state == "cancelled"
     assert_secret_absent(tmp_path / "work", SECRET_VALUE)
     assert SECRET_VALUE not in ssh_host.box.log_text()  # nor in the sshd's (DEBUG) log
+
+
+@pytest.mark.ssh
+def test_ssh_attached_run_ctrl_c_detaches_and_the_run_goes_on(tmp_path, ssh_host):
+    """Ctrl-C in the terminal (SIGINT to the whole foreground process group: harness and any ssh
+    it started) while attached over SSH: harness detaches, says how to come back, and the run
+    on the host finishes on its own."""
+    config = ssh_project(tmp_path, ssh_host, {"prepare": {"lines": 3, "sleep": 1.5}, "train": {"lines": 5, "sleep": 3}})
+    proc, run_id = start_attached_run(config, ssh_host.env())
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert f"detached from run {run_id}" in err.decode() and f"harness logs box {run_id} -f" in err.decode()
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", run_id, "-f"], capture_output=True, text=True, timeout=120, env=ssh_host.env())
+    assert r.returncode == 0, r.stderr
+    assert log_lines(r.stdout) == expected_log("prepare_data", 3) + expected_log("train_draft", 5)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id], capture_output=True, text=True, timeout=60, env=ssh_host.env())
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("where", ["local", pytest.param("ssh", marks=pytest.mark.ssh)])
+def test_harness_run_puts_no_secret_on_any_command_line(tmp_path, where, monkeypatch, request):
+    """While `harness run` (attached) runs a stage that reads a secret, no process on this
+    machine (harness, ssh, sshd's session, the supervisor, the stage: the host IS this machine)
+    has the value on its command line; the stage still gets it."""
+    monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
+    stages = {"prepare": {"lines": 4, "sleep": 3, "print_env": SECRET_NAME}}
+    if where == "ssh":
+        ssh_host = request.getfixturevalue("ssh_host")
+        config, env = ssh_project(tmp_path, ssh_host, stages, env=[SECRET_NAME]), ssh_host.env()
+    else:
+        make_jobs(tmp_path, stages, host_table={"env": [SECRET_NAME]})
+        config, env = tmp_path / "project" / "harness.toml", None
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen: list[str] = []
+    while proc.poll() is None:
+        seen += processes_showing(SECRET_VALUE.encode())
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert f"env {SECRET_NAME} sha256 {hashlib.sha256(SECRET_VALUE.encode()).hexdigest()}" in out.decode()  # delivered
+    assert seen == []
+    assert_secret_absent(tmp_path / "work", SECRET_VALUE)

@@ -194,8 +194,6 @@ def _slow_link_files(ssh_host, tmp_path: Path, port: int) -> tuple[Path, Path]:
           IdentityFile {ssh_host.key_path}
           IdentitiesOnly yes
           UserKnownHostsFile {known_hosts}
-          BatchMode yes
-          StrictHostKeyChecking yes
         """))
     return config, known_hosts
 
@@ -267,6 +265,47 @@ def test_large_pull_interrupted_many_times_resumes_to_an_identical_file(ssh_host
     assert leftovers(dest) == []
     # the last run moved only what was missing (plus protocol overhead)
     assert line.bytes_to_client - forwarded_before < (size - final["resumed"]) * 1.05 + 2 * MiB
+
+
+@pytest.mark.ssh
+def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_host, tmp_path):
+    """Ctrl-C (SIGINT to the terminal's whole process group: harness and its ssh streams) in the
+    middle of `harness pull` on a slow link: no file at its final name, the pieces received kept
+    in .harness-part files, and the next `harness pull` moves only the rest (counted on the
+    link) into an identical file."""
+    from bench.delayline import DelayLine
+
+    piece = PullOptions().piece_size
+    size = 6 * piece
+    src = tmp_path / "host" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(size))
+    dest = tmp_path / "dest"
+    target = dest / "model.safetensors"
+    control = Path(ssh_host.control_dir) / "ctrlc"
+    control.mkdir(mode=0o700, exist_ok=True)
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=10, rate=8 * MiB) as line:
+        ssh_config, known_hosts = _slow_link_files(ssh_host, tmp_path, line.port)
+        config = tmp_path / "harness.toml"
+        config.write_text(f'[hosts.slow]\nssh = "slow"\nworkdir = "{tmp_path / "host"}"\n')
+        env = {**ssh_host.env(), "HARNESS_SSH_CONFIG": str(ssh_config), "HARNESS_KNOWN_HOSTS": str(known_hosts), "HARNESS_CONTROL_DIR": str(control)}
+        argv = [sys.executable, "-m", "harness", "--config", str(config), "pull", "slow", str(src), str(dest), "-j", "2"]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while received_bytes(target) < 2.5 * piece and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"pull ended before the Ctrl-C: {proc.communicate()}"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err.decode(), err.decode()[-2000:]
+        assert not target.exists() and leftovers(dest)
+        before = line.bytes_to_client
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        moved = line.bytes_to_client - before
+    assert "resumed" in r.stdout + r.stderr
+    assert moved < size - piece, (moved, size)  # at least one whole piece was not fetched again
+    assert sha(target) == sha(src / "model.safetensors") and leftovers(dest) == []
 
 
 @pytest.mark.ssh

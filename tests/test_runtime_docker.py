@@ -144,7 +144,7 @@ def test_docker_exit_code_cancel_and_secrets(tmp_path, harness_test_image, docke
         time.sleep(0.3)
     t0 = time.monotonic()
     assert jobs2.cancel(long) == "cancelled"
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 60  # SIGTERM ended it, no 100 s wait (generous: loaded CI)
     st = jobs2.status(long)
     assert [(s.stage, s.state) for s in st.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
     assert st.stages[0].exit_code == 128 + signal.SIGTERM  # docker-init passed the SIGTERM on

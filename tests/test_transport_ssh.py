@@ -16,6 +16,7 @@ import pytest
 from harness.config import HostConfig
 from harness.errors import AuthError, ConnectError, HostKeyError, UsageError
 from harness.transport import connect
+from tests.fixtures.processes import processes_showing
 from tests.fixtures.sshd import free_port
 
 pytestmark = pytest.mark.ssh
@@ -95,14 +96,7 @@ def test_env_values_never_on_a_command_line(box, ssh_host):
     deadline = time.monotonic() + 10
     while not (ssh_host.root / "seen").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if secret.encode() in cmdline:
-                found.append(pid)
+    found += processes_showing(secret.encode())
     t.join()
     assert result["r"].ok
     assert (ssh_host.root / "seen").read_text() == secret  # the command did get the value
@@ -169,7 +163,8 @@ def test_unknown_host_key_refused_then_accepted_once(ssh_host, tmp_path):
     with connect(host, ssh_host.connect_options(known_hosts=str(known))) as t:  # now known
         assert t.run(["true"]).ok
     # and OpenSSH agrees with what we recorded
-    ssh = subprocess.run(["ssh", "-F", str(ssh_host.ssh_config), "-o", f"UserKnownHostsFile={known}", "box", "true"], capture_output=True)
+    ssh = subprocess.run(["ssh", "-F", str(ssh_host.ssh_config), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                          "-o", f"UserKnownHostsFile={known}", "box", "true"], capture_output=True)
     assert ssh.returncode == 0, ssh.stderr
 
 
@@ -192,12 +187,12 @@ def test_wrong_key_is_a_clear_auth_error(ssh_host, tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_closed_port_fails_fast(ssh_host):
+def test_closed_port_fails_without_waiting_for_the_timeout(ssh_host):
     port = free_port()
     start = time.monotonic()
     with pytest.raises(ConnectError, match="Connection refused"):
-        connect(HostConfig(name="c", ssh=f"root@127.0.0.1:{port}", connect_timeout=3), ssh_host.connect_options()).open()
-    assert time.monotonic() - start < 3
+        connect(HostConfig(name="c", ssh=f"root@127.0.0.1:{port}", connect_timeout=120), ssh_host.connect_options()).open()
+    assert time.monotonic() - start < 60  # refused at once, not after the 120 s timeout (generous: a loaded CI box)
 
 
 def test_unresponsive_host_fails_within_the_timeout(ssh_host):
@@ -219,8 +214,8 @@ def test_unresponsive_host_fails_within_the_timeout(ssh_host):
         elapsed = time.monotonic() - start
         for s in fillers:
             s.close()
-    assert 1.5 < elapsed < 6, elapsed
-    assert re.match(r"slow \(", str(e.value))
+    assert elapsed >= 1.5, elapsed  # it did wait for the connection, and gave up on its own:
+    assert re.match(r"slow \(", str(e.value)) and "after 2 s" in str(e.value)  # the 2 s timeout, named
 
 
 def test_one_connection_serves_every_operation(box, ssh_host):
@@ -252,8 +247,8 @@ def test_ctrl_c_during_run_sends_a_signal_request(box, ssh_host):
     before = ssh_host.box.log_text().count("req signal")
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        box.run(["sh", "-c", "echo READY; sleep 20"], stdout=sink)
-    assert time.monotonic() - start < 15
+        box.run(["sh", "-c", "echo READY; sleep 300"], stdout=sink)
+    assert time.monotonic() - start < 120  # returned long before the command would have ended
     assert ssh_host.box.log_text().count("req signal") == before + 1
 
 

@@ -5,7 +5,8 @@ Why both clients: paramiko gives one in-process connection for the many small op
 command; the `ssh` binary moves bulk bytes about twice as fast and, through a ControlMaster
 socket, keeps a connection alive BETWEEN CLI processes, which makes a warm `harness exec` as quick
 as `ssh` itself. Host keys are strict in both: StrictHostKeyChecking=yes, or accept-new only when
-the user passed --accept-new-host-key; both read and write the same known_hosts file.
+the user passed --accept-new-host-key, whatever the user's ssh_config says (`safety_config`);
+both read and write the same known_hosts file.
 
 This module imports neither paramiko nor rich: it is on the warm exec path.
 
@@ -23,12 +24,13 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from harness.errors import AuthError, ConnectError, HostKeyError, TransportError, UsageError
+from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
 from harness.transport.base import quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
 DEFAULT_KEEPALIVE_S = 15
 ACCEPT_FLAG = "--accept-new-host-key"
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,18 +112,14 @@ class OpenSSHOptions:
 
 def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: str = "ssh") -> list[str]:
     """`ssh <options>` (without destination or command)."""
-    argv = [ssh_binary]
-    if o.ssh_config:
-        argv += ["-F", o.ssh_config]
+    argv = [ssh_binary, "-F", safety_config(o)]
+    for key, value in _safety_settings(o):
+        argv += ["-o", f"{key}={value}"]
     argv += [
-        "-o", f"StrictHostKeyChecking={'accept-new' if o.accept_new_host_key else 'yes'}",
-        "-o", f"BatchMode={'yes' if o.batch_mode else 'no'}",
         "-o", f"ConnectTimeout={max(1, int(round(o.connect_timeout)))}",
         "-o", f"ServerAliveInterval={o.keepalive_s}",
         "-o", "ServerAliveCountMax=3",
     ]
-    if o.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={_ssh_quote_path(o.known_hosts)}"]
     for key in o.identity_files:
         argv += ["-i", key]
     if o.proxy_jump:
@@ -153,6 +151,35 @@ def command_argv(o: OpenSSHOptions, remote_command_line: str | None, *, control_
 def argv_for(o: OpenSSHOptions, argv: Sequence[str]) -> list[str]:
     """A local command line that runs argv on the host (stdin/stdout piped through)."""
     return command_argv(o, quote_argv(argv))
+
+
+def _safety_settings(o: OpenSSHOptions) -> list[tuple[str, str]]:
+    """Given both as -o and in safety_config (which ProxyJump hops read)."""
+    settings = [("StrictHostKeyChecking", "accept-new" if o.accept_new_host_key else "yes"), ("BatchMode", "yes" if o.batch_mode else "no")]
+    if o.known_hosts:
+        settings.append(("UserKnownHostsFile", _ssh_quote_path(o.known_hosts)))
+    return settings
+
+
+def safety_config(o: OpenSSHOptions) -> str:
+    """The ssh_config file harness hands to `ssh -F`: its own host-key and batch settings first,
+    then the user's config (OpenSSH keeps the first value it reads for an option, so a user's
+    `StrictHostKeyChecking no` cannot weaken them). Why a file and not only -o: for each ProxyJump
+    hop, ssh starts another ssh that gets -F but none of the -o options."""
+    lines = ["# written by harness: its safety settings first, then the user's ssh_config"]
+    lines += [f"{key} {value}" for key, value in _safety_settings(o)]
+    includes = [o.ssh_config] if o.ssh_config else []
+    if o.ssh_config in (None, os.path.expanduser("~/.ssh/config")) and os.path.isfile(SYSTEM_SSH_CONFIG):
+        includes.append(SYSTEM_SSH_CONFIG)  # what ssh reads after the user's file when no -F names one
+    lines += [f"Include {_ssh_quote_path(os.path.abspath(p))}" for p in includes]
+    text = "\n".join(lines) + "\n"
+    path = os.path.join(control_dir(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    return path
 
 
 def _ssh_quote_path(path: str) -> str:
@@ -253,6 +280,17 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     if connect.search(text):
         return ConnectError(f"{where}: cannot connect: {last}")
     return TransportError(f"{where}: ssh failed: {last}")
+
+
+def bulk_failure(host_name: str, what: str, code: int, stderr: str) -> HarnessError:
+    """A helper run through `ssh` (sync, pull) that failed: ssh's own failure (exit 255 with a
+    diagnostic recognised above: unknown key, auth, unreachable) is that typed error, anything
+    else is the remote command's failure."""
+    if code == 255:
+        error = map_stderr(stderr, host_name)
+        if type(error) is not TransportError:
+            return error
+    return RemoteCommandError(what, code, stderr)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,12 +5,14 @@ connector that writes one safetensors file per request into a shared directory:
 
     vllm serve MODEL \
       --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}}' \
+                             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29, 32]}}}' \
       --kv-transfer-config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
                              "kv_connector_extra_config": {"shared_storage_path": DIR}}'
 
-speculators' `generate-offline-data` then sends every prepared row (max_tokens=1), and moves each
-file the connector wrote to OUTPUT/hs_<i>.safetensors.
+vLLM saves exactly the layer ids listed; id N (the verifier's layer count, 32 above) is the last
+layer's output before the final norm, listed after the auxiliary layers because every
+hidden-state file holds it last. speculators' `generate-offline-data` then sends every prepared
+row (max_tokens=1), and moves each file the connector wrote to OUTPUT/hs_<i>.safetensors.
 
 `ManagedServer` starts the server in its own process group with its output in a log file that is
 kept, waits for GET /health (failing fast, with the log's tail, if the process dies), and stops
@@ -48,7 +50,8 @@ class StageCancelled(RuntimeError):
 @dataclass(frozen=True)
 class ServeOptions:
     model: str
-    layer_ids: list[int]
+    layer_ids: list[int]  # the auxiliary layers (id i: the input of decoder layer i)
+    num_layers: int  # the verifier's decoder layers: id num_layers is the last one's pre-norm output
     staging_dir: str  # the connector's shared_storage_path
     host: str = "127.0.0.1"
     port: int = 8000
@@ -63,11 +66,18 @@ class ServeOptions:
         return f"http://{self.host}:{self.port}"
 
 
-def speculative_config(layer_ids: list[int]) -> dict:
+def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
+    """What vLLM is asked to save: it saves exactly the ids listed, and id num_layers is the last
+    layer's output before the final norm (vLLM's docs), which every file holds after the
+    auxiliary layers; so it is listed (as speculators' launch_vllm.py --include-last-layer does)."""
+    return [*layer_ids, num_layers]
+
+
+def speculative_config(layer_ids: list[int], num_layers: int) -> dict:
     return {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": vllm_layer_ids(layer_ids, num_layers)}},
     }
 
 
@@ -87,7 +97,7 @@ def serve_argv(o: ServeOptions) -> list[str]:
         argv += ["--max-model-len", str(o.max_model_len)]
     if o.gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
-    argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids))]
+    argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids, o.num_layers))]
     argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
     return argv + list(o.extra_args)
 

@@ -1,0 +1,46 @@
+"""A real test bed that cannot start: a failure naming the bed under CI, a loud skip elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+BROKEN_BED = '''
+import pytest
+from tests.fixtures.beds import bed_unavailable
+
+@pytest.fixture
+def broken_bed():
+    bed_unavailable("sshd", "sshd exited with 255: no host key")
+
+def test_needs_the_bed(broken_bed):
+    pass
+'''
+
+
+def run_pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
+    (tmp_path / "test_broken.py").write_text(BROKEN_BED)
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_terminal_summary  # noqa: F401 (the summary block)\n")
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(REPO)
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def test_under_ci_a_bed_that_cannot_start_fails_with_its_reason(tmp_path):
+    r = run_pytest(tmp_path, "true")
+    assert r.returncode == 1, r.stdout
+    assert "1 error" in r.stdout and "test bed 'sshd' cannot start: sshd exited with 255: no host key" in r.stdout
+
+
+def test_outside_ci_it_is_a_skip_said_loudly(tmp_path):
+    r = run_pytest(tmp_path, None)
+    assert r.returncode == 0, r.stdout
+    assert "1 skipped" in r.stdout
+    assert "TEST BEDS THAT DID NOT START" in r.stdout and "test bed 'sshd' cannot start" in r.stdout.split("TEST BEDS")[1]
