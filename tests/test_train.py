@@ -192,6 +192,36 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
     assert (out / "1" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
+def test_a_starved_run_is_named_before_it_starts_and_still_keeps_its_best_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    # The fixture's few thousand training tokens under the old GPU default of 8192 tokens per step:
+    # a handful of steps per epoch. The user's value wins, and one warning line says so before the
+    # first step. One step keeps the test short (an 8192-token step takes a minute on a CPU).
+    out, events_path = tmp_path / "checkpoints", tmp_path / "events.jsonl"
+    run_script(
+        "train_draft.py",
+        "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states, "--output", out,
+        "--total-seq-len", "8192", "--epochs", "1", "--max-steps", "1", "--threads", "1", "--events", events_path,
+    )
+    events = read_events(events_path)
+    assert events[-1]["event"] == "finished" and events[-1]["status"] == "ok", events[-1]
+    warnings = [e["text"] for e in events if e["event"] == "warning"]
+    assert len(warnings) == 1, warnings
+    assert "\n" not in warnings[0] and "8192 tokens per step" in warnings[0] and "fewer than the 300" in warnings[0]
+    assert "--total-seq-len 256" in warnings[0]  # the fix: what the rule picks for this data
+    first_step = next(i for i, e in enumerate(events) if e["event"] == "metric" and "loss" in e["metrics"])
+    assert events.index(next(e for e in events if e["event"] == "warning")) < first_step  # before it starts
+    recipe = next(e["text"] for e in events if e["event"] == "message" and e["text"].startswith("recipe:"))
+    assert "8192 tokens per step" in recipe and "1 epochs" in recipe
+
+    # The epoch's validation gave a tau estimate, and best.json names the checkpoint it measured.
+    taus = [e for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert len(taus) == 1 and taus[0]["step"] == 1 and 1.0 <= taus[0]["metrics"]["tau"] <= 4.0
+    best = json.loads((out / "best.json").read_text())
+    assert best == {"checkpoint": "0", "step": 1, "tau": taus[0]["metrics"]["tau"]}
+    assert events[-1]["best_checkpoint"] == str((out / "0").resolve()) and events[-1]["best_tau"] == best["tau"]
+
+
 def test_mismatched_hidden_states_fail_with_one_line(tiny_verifier, prepared_data, hidden_states, tmp_path):
     # Claim the files came from 2 layers: the layout check refuses before speculators starts.
     proc = _train(tiny_verifier.verifier, prepared_data, hidden_states, tmp_path / "ck", tmp_path / "e.jsonl", "--layers", "2", "4", check=False)
