@@ -117,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden-states-dtype", default="bfloat16")
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
+    p.add_argument("--tau-every", type=int, default=None, help="also estimate tau every N steps inside an epoch, on a few validation batches (default: only on epochs longer than 2000 steps, every 1000)")
     p.add_argument("--train-data-ratio", type=float, default=0.95, help="the rest of the prepared rows validate")
     p.add_argument("--num-workers", type=int, default=None, help="dataloader workers per rank (default: 0 on CPU)")
     p.add_argument("--log-freq", type=int, default=1, help="log metrics every N steps")
@@ -279,7 +280,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         metrics = speculators_compat.partial_validation(trainer, TAU_PROBE_BATCHES)
         reporter.on_tau_probe(trainer.global_step, metrics)
 
-    speculators_compat.hook_main(before_training, bridge, every_steps=(recipe.tau_every, estimate_tau_now) if recipe.tau_every else None)
+    tau_every = args.tau_every or recipe.tau_every
+    speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None)
 
     from speculators.train.cli import main as speculators_main
     from speculators.train.config import TrainConfig

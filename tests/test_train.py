@@ -168,11 +168,16 @@ def _train(verifier, prepared, hidden_states, output, events, *extra, check=True
 def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
     out = tmp_path / "checkpoints"
     first = tmp_path / "first.jsonl"
-    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, first, "--epochs", "1", "--max-steps", "3")
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, first, "--epochs", "1", "--max-steps", "3", "--tau-every", "2")
     events = read_events(first)
     assert events[-1]["event"] == "finished" and events[-1]["status"] == "ok", events[-1]
     steps = [e for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
     assert [e["step"] for e in steps] == [1, 2, 3]
+    # tau: mid-epoch after step 2 (a few validation batches), then after the epoch's validation;
+    # best.json names the epoch's checkpoint (the mid-epoch estimate has none).
+    taus = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert [s for s, _ in taus] == [2, 3] and all(1.0 <= t <= 4.0 for _, t in taus), taus
+    assert json.loads((out / "best.json").read_text()) == {"checkpoint": "0", "step": 3, "tau": taus[-1][1]}
     m = steps[-1]["metrics"]
     assert {"loss_0", "full_acc_0", "loss_2", "full_acc_2", "tokens_per_s"} <= set(m), m  # per TTT step
     assert all(0.0 <= m[f"full_acc_{t}"] <= 1.0 for t in range(3))
@@ -190,6 +195,10 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
     steps = [e["step"] for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
     assert steps == [4, 5]  # the global step continues where the first run stopped
     assert (out / "1" / "model.safetensors").is_file()
+    # The resumed run kept the first run's best and compared its own epoch with it.
+    (step2, tau2), = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    best = json.loads((out / "best.json").read_text())
+    assert best == ({"checkpoint": "1", "step": step2, "tau": tau2} if tau2 >= taus[-1][1] else {"checkpoint": "0", "step": 3, "tau": taus[-1][1]})
 
 
 @pytest.mark.slow

@@ -305,6 +305,8 @@ def partial_validation(trainer, max_batches: int) -> dict[str, float]:
     trainer_mod = _check_tau_probe()
     from speculators.train.utils import normalize_counted_metrics
 
+    if trainer.val_loader is None:
+        return {}
     accumulated: dict[str, Any] = {}
     batches = min(max_batches, len(trainer.val_loader))
     trainer.model.eval()
