@@ -3,7 +3,10 @@
 # (`harness sync` + `harness run HOST demo` on a local host, runtime "host"), then the evaluate
 # stage's tau at k = 3 and the train stage's tau estimates (training_tau).
 #
-#   bash bench/gpu/demo_quality.sh        (device tool, repo root; carry .whl: wheels.txt + wheels-cli.txt)
+#   bash bench/gpu/demo_quality.sh [EXTRA.toml]   (device tool, repo root; carry .whl: wheels.txt + wheels-cli.txt)
+#
+# EXTRA.toml, appended to the generated harness.toml, is for checking this script's mechanics on a
+# CPU in a few minutes (bench/gpu/demo_quality_cpu_check.toml); the proof takes no argument.
 #
 # Writes $OUT/demo_quality.json ({"tau", "acceptance_per_position", "checkpoint", "training_tau",
 # "recipe", "warnings", "seconds", "device"}) and copies report.json, training.png,
@@ -33,6 +36,7 @@ python = "$(command -v python3)"
 [sync]
 paths = ["remote_scripts"]
 EOF
+if [ $# -gt 0 ]; then cat "$1" >>"$cfg"; fi
 harness() { python3 -m harness --config "$cfg" "$@"; }
 
 device=$( (nvidia-smi -L 2>/dev/null || echo "cpu: $(nproc) cores") | head -1)
