@@ -62,6 +62,8 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
     assert len(tau_events) >= 2 and tau_events == summary["training_tau"], (tau_events, summary["training_tau"])
     assert [t["step"] for t in tau_events] == sorted({t["step"] for t in tau_events})
     assert all(1.0 <= t["tau"] <= summary["k"] + 1 for t in tau_events)
+    train_log = (run_dir / "train" / "log").read_text()  # what `harness logs` prints
+    assert all(f"metric: step {t['step']}: tau={t['tau']:.4g}" in train_log for t in tau_events)
     recipe = next(e["text"] for e in train_events if e["event"] == "message" and e["text"].startswith("recipe:"))
     assert not any(e["event"] == "warning" for e in train_events), recipe  # the demo's default recipe is not starved
 
