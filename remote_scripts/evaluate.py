@@ -443,9 +443,9 @@ def training_taus(records: list[dict]) -> list[dict]:
     return [{"step": int(e["step"]), "tau": float(e["metrics"]["tau"])} for e in records if "tau" in e.get("metrics", {})]
 
 
-def plot_training(records: list[dict], path: Path, evaluated: tuple[int, float] | None = None, k: int | None = None) -> bool:
+def plot_training(records: list[dict], path: Path, evaluated: tuple[int, float] | None = None, speculative_tokens: int | None = None) -> bool:
     """Loss, per-step accuracy and (when the train stage estimated it) tau against the step, on
-    1..k+1; `evaluated` (step, tau): the evaluate stage's tau of the chosen checkpoint, marked on the last."""
+    1..speculative_tokens+1; `evaluated` (step, tau): the evaluate stage's tau of the chosen checkpoint, marked on the last."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -481,7 +481,7 @@ def plot_training(records: list[dict], path: Path, evaluated: tuple[int, float] 
             ax_tau.plot([evaluated[0]], [evaluated[1]], "*", ms=12, color="#c44e52", label="evaluate, chosen checkpoint")
         ax_tau.set_xlabel("step")
         ax_tau.set_ylabel("tau (acceptance length)")
-        ax_tau.set_ylim(1.0, k + 1.05 if k else None)
+        ax_tau.set_ylim(1.0, speculative_tokens + 1.05 if speculative_tokens else None)
         ax_tau.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     _save_fig(fig, path)
@@ -585,7 +585,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     if args.events and not args.train_metrics:
         curves_from.append(Path(args.events).resolve().parent.parent / "train" / "events.jsonl")
     curves = training_curves(curves_from)
-    has_curves = plot_training(curves, out / "training.png", evaluated=(best["step"], report.tau) if best else None, k=args.speculative_tokens)
+    has_curves = plot_training(curves, out / "training.png", evaluated=(best["step"], report.tau) if best else None, speculative_tokens=args.speculative_tokens)
     report.extra = {
         "draft": str(ckpt.resolve()),
         # Which checkpoint, why, and both figures: tau estimated while training, and measured here.
