@@ -56,8 +56,8 @@ class Recipe:
     def describe(self) -> str:
         chosen = f" (sized to the data: {', '.join(self.sized)})" if self.sized else ""
         return (
-            f"recipe: {self.tokens_per_step} tokens per step x {_processes(self.processes)}, {self.epochs} epochs, "
-            f"~{self.steps_per_epoch} steps per epoch, ~{self.total_steps} optimizer steps{chosen}"
+            f"recipe: {self.tokens_per_step} tokens per step x {_count(self.processes, 'process')}, {_count(self.epochs, 'epoch')}, "
+            f"~{self.steps_per_epoch} steps per epoch, ~{_count(self.total_steps, 'optimizer step')}{chosen}"
         )
 
 
@@ -115,7 +115,8 @@ def size_recipe(
 
 
 def _starved(data: DataSize, processes: int, tps: int, n_epochs: int, per_epoch: int, total: int, min_steps: int, floor: int, user_tps: int | None, max_steps: int | None) -> str:
-    """The warning: the numbers, then every change that would reach min_steps on its own."""
+    """The warning: the numbers, then the changes that give more steps (the smallest pack that
+    reaches min_steps at these epochs, or the floor; the epochs; the data)."""
     fixes = []
     if max_steps and max_steps < min_steps <= n_epochs * per_epoch:
         fixes.append(f"raise --max-steps to {min_steps} or drop it")
@@ -132,12 +133,12 @@ def _starved(data: DataSize, processes: int, tps: int, n_epochs: int, per_epoch:
         fixes.append(f"--epochs {math.ceil(min_steps / per_epoch)}")
         fixes.append(f"about {math.ceil(min_steps / n_epochs) * tps * processes:,} training tokens of data")
     return (
-        f"this run gets {total} optimizer steps ({data.train_tokens:,} training tokens / ({tps} tokens per step x "
-        f"{_processes(processes)}) = {per_epoch} per epoch x {n_epochs} epochs"
+        f"this run gets {_count(total, 'optimizer step')} ({data.train_tokens:,} training tokens / ({tps} tokens per step x "
+        f"{_count(processes, 'process')}) = {per_epoch} per epoch x {_count(n_epochs, 'epoch')}"
         + (f", --max-steps {max_steps}" if max_steps and max_steps < n_epochs * per_epoch else "")
         + f"), fewer than the {min_steps} a draft needs to learn: fix: " + ", or ".join(fixes)
     )
 
 
-def _processes(n: int) -> str:
-    return f"{n} process" if n == 1 else f"{n} processes"
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('s') else 's'}"
