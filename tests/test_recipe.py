@@ -95,10 +95,11 @@ def test_the_guard_names_a_run_that_was_still_learning():
     assert "estimated tau still rose 1.20 -> 1.60" in still_learning([], [1.2, 1.6], k=3)
     assert still_learning([1.00, 0.99], [3.60, 3.62], k=3) is None  # levelled off
     assert still_learning([1.0], [3.0], k=3) is None  # one measurement says nothing about a trend
-    # The CPU demo's last epoch: the loss fell 21% (and would trip a looser threshold), tau was flat
-    # near its ceiling of k + 1: the draft was done.
+    # The CPU demo's last epoch: the loss fell 21%, over the threshold, but tau was flat near its
+    # ceiling of k + 1: the draft was done.
     assert still_learning([0.1533, 0.04421, 0.03497], [3.7873, 3.7957, 3.8019], k=3) is None
     assert still_learning([0.1, 0.05], [3.79, 3.80], k=3) is None  # halved, but at 95% of the ceiling
     assert still_learning([0.1, 0.05], [2.40, 2.41], k=3) is not None  # halved, far below it
+    assert still_learning([8.0, 6.5], [1.00, 1.01], k=3) is not None  # learned nothing yet, loss still falling
     warning = still_learning_warning([2.0, 1.0], [1.2, 1.6], k=3, epochs=3, steps=21)
     assert "\n" not in warning and "after 21 optimizer steps in 3 epochs" in warning and "--epochs 6" in warning
