@@ -47,7 +47,8 @@ class DemoSummary:
     acceptance_per_position: list[float]
     k: int
     prompts: int
-    draft: str
+    draft: str  # the checkpoint evaluate and export used: the best estimated tau while training
+    training_tau: list[dict[str, float]]  # [{"step": N, "tau": X}]: the train stage's estimates
     export: str
     report: str
     plots: dict[str, str]
@@ -61,6 +62,7 @@ class DemoSummary:
             "k": self.k,
             "prompts": self.prompts,
             "draft": self.draft,
+            "training_tau": self.training_tau,
             "export": self.export,
             "report": self.report,
             "plots": self.plots,
@@ -132,6 +134,7 @@ def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
         k=int(report["k"]),
         prompts=int(report.get("prompts", 0)),
         draft=str(extra.get("draft") or workdir / paths.checkpoints),
+        training_tau=[{"step": int(t["step"]), "tau": float(t["tau"])} for t in extra.get("training_tau") or []],
         export=str(workdir / paths.export),
         report=str(report_path),
         plots={k: str(v) for k, v in (extra.get("plots") or {}).items()},

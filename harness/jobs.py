@@ -76,6 +76,7 @@ class StageStatus:
     finished: float | None = None
     exit_code: int | None = None
     last_event: dict[str, Any] | None = None
+    tau: dict[str, Any] | None = None  # {"step", "tau"}: the latest acceptance estimate while training
 
     @property
     def duration(self) -> float | None:
@@ -108,6 +109,7 @@ class RunStatus:
                 finished=s.get("finished"),
                 exit_code=s.get("exit_code"),
                 last_event=s.get("last_event"),
+                tau=s.get("tau") if isinstance(s.get("tau"), dict) else None,
             )
             for s in data.get("stages", [])
         ]

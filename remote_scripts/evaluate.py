@@ -21,8 +21,12 @@ Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier wri
 --heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
 conversation is one prompt: the conversation up to that turn, with the generation prompt.
 
-Outputs in --output: report.json, acceptance.png (acceptance per position), training.png (loss and
-per-step accuracy curves, read from the train stage's metrics).
+The draft: a checkpoint directory, or the train stage's output, where the checkpoint its best.json
+names (best estimated tau while training) is used, else the latest epoch's.
+
+Outputs in --output: report.json (tau; under extra: the checkpoint, its estimated tau from training
+and every training estimate), acceptance.png (acceptance per position), training.png (loss,
+per-step accuracy and estimated-tau curves, read from the train stage's metrics).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any, Protocol
 # torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.checkpoints import resolve_draft  # noqa: E402
 from common.events import EventLog, read_events, run_stage  # noqa: E402
 
 STAGE = "evaluate"
@@ -338,17 +343,6 @@ class GreedyOracleProposer:
 # Loading
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory (has config.json), or a training output: its latest epoch."""
-    if (path / "config.json").is_file():
-        return path
-    if path.is_dir():
-        epochs = [d for d in path.iterdir() if d.is_dir() and d.name.isdigit() and (d / "config.json").is_file()]
-        if epochs:
-            return max(epochs, key=lambda d: int(d.name))
-    raise EvalError(f"--draft {path}: no checkpoint (a directory with config.json, or numbered epoch directories)")
-
-
 def load_draft(ckpt: Path, verifier: str, attn_impl: str):
     """speculators' Eagle3 draft from a checkpoint, its attention implementation set explicitly."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
@@ -444,7 +438,14 @@ def plot_acceptance(report: Report, path: Path) -> None:
     _save_fig(fig, path)
 
 
-def plot_training(records: list[dict], path: Path) -> bool:
+def training_taus(records: list[dict]) -> list[dict]:
+    """The train stage's tau estimates, in order: [{"step": N, "tau": X}, ...]."""
+    return [{"step": int(e["step"]), "tau": float(e["metrics"]["tau"])} for e in records if "tau" in e.get("metrics", {})]
+
+
+def plot_training(records: list[dict], path: Path, evaluated: tuple[int, float] | None = None, speculative_tokens: int | None = None) -> bool:
+    """Loss, per-step accuracy and (when the train stage estimated it) tau against the step, on
+    1..speculative_tokens+1; `evaluated` (step, tau): the evaluate stage's tau of the chosen checkpoint, marked on the last."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -454,7 +455,9 @@ def plot_training(records: list[dict], path: Path) -> bool:
     val = [(e["step"], e["metrics"]) for e in records if any(k.startswith("val_") for k in e.get("metrics", {}))]
     if not train:
         return False
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(9, 3.2))
+    taus = training_taus(records)
+    fig, axes = plt.subplots(1, 3 if taus else 2, figsize=(13.5 if taus else 9, 3.2))
+    ax_loss, ax_acc = axes[0], axes[1]
     steps = [s for s, _ in train]
     ax_loss.plot(steps, [m["loss"] for _, m in train], lw=1, label="train loss")
     if val:
@@ -471,6 +474,15 @@ def plot_training(records: list[dict], path: Path) -> bool:
     ax_acc.set_ylabel("accuracy")
     ax_acc.set_ylim(0, 1.02)
     ax_acc.legend(fontsize=7, ncol=2)
+    if taus:
+        ax_tau = axes[2]
+        ax_tau.plot([t["step"] for t in taus], [t["tau"] for t in taus], "o-", label="estimated while training")
+        if evaluated is not None:
+            ax_tau.plot([evaluated[0]], [evaluated[1]], "*", ms=12, color="#c44e52", label="evaluate, chosen checkpoint")
+        ax_tau.set_xlabel("step")
+        ax_tau.set_ylabel("tau (acceptance length)")
+        ax_tau.set_ylim(1.0, speculative_tokens + 1.05 if speculative_tokens else None)
+        ax_tau.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     _save_fig(fig, path)
     return True
@@ -498,7 +510,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Acceptance length of an EAGLE-3 draft against its verifier.")
     p.add_argument("--verifier", required=True)
-    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (latest epoch)")
+    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (the checkpoint its best.json names, else the latest epoch)")
     p.add_argument("--data", required=True, help="chat JSONL with held-out rows (split=heldout)")
     p.add_argument("--output", required=True)
     p.add_argument("--speculative-tokens", type=int, default=3, help="k: tokens the draft proposes per round")
@@ -537,7 +549,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     if not (verifier_dir / "config.json").is_file():
         raise EvalError(f"--verifier {verifier_dir}: no config.json")
     verifier_path = str(verifier_dir.resolve())
-    ckpt = resolve_checkpoint(Path(args.draft))
+    ckpt, best = resolve_draft(Path(args.draft))
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -552,7 +564,8 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     proposer = Eagle3Proposer(draft, autocast_dtype=None)
     eos = _eos_ids(tokenizer, model)
     prompts = load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
-    events.message(f"draft {ckpt} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
+    chosen = f", the best while training (estimated tau {best['tau']:.2f} at step {best['step']})" if best else ""
+    events.message(f"draft {ckpt}{chosen} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
 
     results = []
     for i, prompt in enumerate(prompts, 1):
@@ -571,9 +584,19 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     curves_from = [Path(args.train_metrics)] if args.train_metrics else [ckpt.parent / "metrics.jsonl", ckpt / "metrics.jsonl"]
     if args.events and not args.train_metrics:
         curves_from.append(Path(args.events).resolve().parent.parent / "train" / "events.jsonl")
-    has_curves = plot_training(training_curves(curves_from), out / "training.png")
+    curves = training_curves(curves_from)
+    has_curves = plot_training(curves, out / "training.png", evaluated=(best["step"], report.tau) if best else None, speculative_tokens=args.speculative_tokens)
     report.extra = {
         "draft": str(ckpt.resolve()),
+        # Which checkpoint, why, and both figures: tau estimated while training, and measured here.
+        "checkpoint": {
+            "name": ckpt.name,
+            "chosen_by": "best.json" if best else ("latest epoch" if ckpt != Path(args.draft) else "given"),
+            "step": best["step"] if best else None,
+            "training_tau": best["tau"] if best else None,
+            "tau": round(report.tau, 4),
+        },
+        "training_tau": training_taus(curves),
         "verifier": verifier_path,
         "target_layers": layers,
         "split": args.split,

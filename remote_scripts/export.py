@@ -10,6 +10,9 @@ decoder layer, norms, lm_head, d2t/t2d; bf16). The verifier path in config.json 
 `vllm serve EXPORT_DIR` loads the verifier from there, from whatever directory it is started in.
 Optimizer state and training leftovers are not copied.
 
+From the train stage's output, the checkpoint its best.json names is exported (the best estimated
+tau while training), else the latest epoch's.
+
 Before writing, the checkpoint is loaded back with speculators (Eagle3DraftModel.from_pretrained)
 and run once, so an export that speculators cannot load never lands at --output.
 
@@ -32,25 +35,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.checkpoints import WEIGHTS, resolve_draft  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 
 STAGE = "export"
-WEIGHTS = "model.safetensors"
 
 
 class ExportError(RuntimeError):
     """A problem with the inputs, reported as one line."""
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint directory (config.json + weights), or a training output: its latest epoch."""
-    if (path / "config.json").is_file() and (path / WEIGHTS).is_file():
-        return path
-    if path.is_dir():
-        epochs = [d for d in path.iterdir() if d.is_dir() and d.name.isdigit() and (d / "config.json").is_file() and (d / WEIGHTS).is_file()]
-        if epochs:
-            return max(epochs, key=lambda d: int(d.name))
-    raise ExportError(f"--draft {path}: no checkpoint (config.json and {WEIGHTS}, or numbered epoch directories holding them)")
 
 
 def export_config(config: dict[str, Any], verifier: str) -> dict[str, Any]:
@@ -123,7 +115,7 @@ def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Export a trained EAGLE-3 draft for vLLM.")
-    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (latest epoch)")
+    p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (the checkpoint its best.json names, else the latest epoch)")
     p.add_argument("--verifier", required=True, help="verifier directory (recorded absolute) or hub id")
     p.add_argument("--output", required=True, help="export directory (replaced atomically)")
     p.add_argument("--no-check", action="store_true", help="skip loading the export back with speculators")
@@ -137,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
     started = time.monotonic()
-    ckpt = resolve_checkpoint(Path(args.draft))
+    ckpt, best = resolve_draft(Path(args.draft))
     verifier = resolve_verifier(args.verifier)
     config = export_config(json.loads((ckpt / "config.json").read_text()), verifier)
     k = speculative_tokens(config)
@@ -158,7 +150,7 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
         info = {} if args.no_check else check_loads(staging, verifier)
         commands = serve_commands(verifier, str(out), k)
         (staging / "serve_command.txt").write_text("\n".join(shlex.join(c) for c in commands) + "\n")
-        manifest = {"source_checkpoint": str(ckpt.resolve()), "verifier": verifier, "num_speculative_tokens": k, "serve": [shlex.join(c) for c in commands], **info}
+        manifest = {"source_checkpoint": str(ckpt.resolve()), "training_tau": best["tau"] if best else None, "verifier": verifier, "num_speculative_tokens": k, "serve": [shlex.join(c) for c in commands], **info}
         (staging / "export.json").write_text(json.dumps(manifest, indent=2) + "\n")
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -174,7 +166,7 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
     events.artifact(str(out), kind="export")
     events.message("serve it with:\n  " + "\n  ".join(shlex.join(c) for c in commands))
     print(shlex.join(commands[0]))
-    return {"export": str(out), "verifier": verifier, "num_speculative_tokens": k, "serve_command": shlex.join(commands[0]), "seconds": round(time.monotonic() - started, 1)}
+    return {"export": str(out), "checkpoint": str(ckpt.resolve()), "verifier": verifier, "num_speculative_tokens": k, "serve_command": shlex.join(commands[0]), "seconds": round(time.monotonic() - started, 1)}
 
 
 if __name__ == "__main__":

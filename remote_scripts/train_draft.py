@@ -16,10 +16,16 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
 * preflight guards before the first step: hidden-state files match the verifier (shape
   [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
   config.
+* a recipe sized to the data (common/recipe.py): tokens per step and epochs, unless given, so the
+  run gets enough optimizer steps; a run that will not gets one warning line before it starts.
+* acceptance while it trains (common/acceptance.py): after each validation, tau estimated from the
+  validation accuracies (metric `tau`); OUTPUT/best.json names the checkpoint with the best one
+  (common/checkpoints.py), which evaluate and export then use. A run that ends while the draft is
+  still learning gets one warning line.
 * resume: speculators resumes from the latest epoch checkpoint under --output (default; --no-resume
   starts over).
 * events: per-step loss and accuracy per TTT step and tokens/s (metric), epochs (progress),
-  validation metrics, each saved checkpoint (artifact), then finished.
+  validation metrics and tau, each saved checkpoint (artifact), warnings, then finished.
 """
 
 from __future__ import annotations
@@ -36,9 +42,13 @@ from typing import Any
 # torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.acceptance import estimate_tau, still_learning_warning  # noqa: E402
+from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
 from common.events import EventLog  # noqa: E402
+from common.recipe import DataSize, size_recipe  # noqa: E402
 
 STAGE = "train"
+TAU_PROBE_BATCHES = 8  # validation batches per mid-epoch tau estimate (long epochs only)
 TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
@@ -57,12 +67,6 @@ def choose_loss_implementation(device_type: str, torch_version: str) -> str:
         return "eager"
     major_minor = ".".join(torch_version.split("+")[0].split(".")[:2])
     return "eager" if major_minor == "2.11" else "fused"
-
-
-def default_total_seq_len(device_type: str) -> int:
-    """Tokens packed per batch. The draft's attention is dense on CPU (sdpa over T x T*steps),
-    so long packs cost quadratically there; GPUs with flex attention want long packs."""
-    return 512 if device_type == "cpu" else 8192
 
 
 def default_nproc(cuda_device_count: int) -> int:
@@ -102,17 +106,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help="checkpoint directory (one sub-directory per epoch)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="TTT steps = tokens the draft proposes")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="verifier layer ids the hidden states were extracted from (default: the extraction's record, else [2, N//2, N-3])")
-    p.add_argument("--epochs", type=int, default=3, help="the tiny demo language is learned in 1 epoch; real verifiers want more (speculators' default: 20)")
+    p.add_argument("--epochs", type=int, default=None, help="default: 3, raised (up to 20) when the data is too small for enough optimizer steps (see common/recipe.py)")
     p.add_argument("--lr", type=float, default=5e-3)
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     p.add_argument("--draft-vocab-size", type=int, default=None, help="prune the draft vocabulary to the N most frequent tokens (default: the verifier's full vocabulary)")
     p.add_argument("--num-layers", type=int, default=1, help="draft decoder layers")
-    p.add_argument("--total-seq-len", type=int, default=None, help="tokens packed per batch per process (default: 512 on CPU, 8192 on GPU)")
+    p.add_argument("--total-seq-len", type=int, default=None, help="tokens packed per batch per process (default: 512 on CPU, 8192 on GPU, halved while the data would give too few optimizer steps; see common/recipe.py)")
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: simple_flex_attention on GPU, sdpa on CPU)")
     p.add_argument("--loss-implementation", choices=["auto", "eager", "fused"], default="auto")
     p.add_argument("--hidden-states-dtype", default="bfloat16")
     p.add_argument("--mask-token-id", type=int, default=None)
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
+    p.add_argument("--tau-every", type=int, default=None, help="also estimate tau every N steps inside an epoch, on a few validation batches (default: only on epochs longer than 2000 steps, every 1000)")
     p.add_argument("--train-data-ratio", type=float, default=0.95, help="the rest of the prepared rows validate")
     p.add_argument("--num-workers", type=int, default=None, help="dataloader workers per rank (default: 0 on CPU)")
     p.add_argument("--log-freq", type=int, default=1, help="log metrics every N steps")
@@ -205,6 +210,11 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         kernel_options = draft_attention.flex_kernel_options(smem, head_dim) if smem else None
         speculators_compat.set_flex_kernel_options(kernel_options)
     mask_token_id = resolve_mask_token_id(args.mask_token_id, verifier, verifier_cfg)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    recipe = size_recipe(
+        prepared_data_size(prepared, args.train_data_ratio), world_size, device_type,
+        tokens_per_step=args.total_seq_len, epochs=args.epochs, max_steps=args.max_steps,
+    )
 
     spec_argv = [
         "--verifier-name-or-path", verifier,
@@ -215,11 +225,11 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         "--save-path", str(output),
         "--log-dir", str(output / "logs"),
         "--ttt-steps", str(args.speculative_tokens),
-        "--epochs", str(args.epochs),
+        "--epochs", str(recipe.epochs),
         "--lr", str(args.lr),
         "--optimizer", args.optimizer,
         "--num-layers", str(args.num_layers),
-        "--total-seq-len", str(args.total_seq_len or default_total_seq_len(device_type)),
+        "--total-seq-len", str(recipe.tokens_per_step),
         "--draft-attn-impl", attn_impl,
         "--loss-implementation", loss_impl,
         "--hidden-states-dtype", args.hidden_states_dtype,
@@ -245,16 +255,20 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
 
     resumed_from = latest_epoch(output) if not args.no_resume else None
     if args.no_resume and rank == 0:
-        (output / "metrics.jsonl").unlink(missing_ok=True)  # the curves start over with the run
+        for name in ("metrics.jsonl", BEST_FILE):  # the curves and the best checkpoint start over with the run
+            (output / name).unlink(missing_ok=True)
     if rank == 0:
         events.message(
-            f"device {device_type}, {os.environ.get('WORLD_SIZE', '1')} process(es), {'FSDP' if args.fsdp else 'DDP'}, "
+            f"device {device_type}, {world_size} process(es), {'FSDP' if args.fsdp else 'DDP'}, "
             f"attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
             f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}"
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )
+        events.message(recipe.describe())
+        if recipe.warning:
+            events.warning(recipe.warning)
 
-    reporter = Reporter(events, rank, output, args.epochs)
+    reporter = Reporter(events, rank, output, recipe.epochs)
     bridge = speculators_compat.MetricsBridge(reporter.on_train, reporter.on_val)
 
     def before_training(model, trainer_config, train_loader, val_loader) -> None:
@@ -262,7 +276,12 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         reporter.steps_per_epoch = len(train_loader)
         reporter.started = time.monotonic()
 
-    speculators_compat.hook_main(before_training, bridge)
+    def estimate_tau_now(trainer) -> None:  # every rank, mid-epoch on long epochs
+        metrics = speculators_compat.partial_validation(trainer, TAU_PROBE_BATCHES)
+        reporter.on_tau_probe(trainer.global_step, metrics)
+
+    tau_every = args.tau_every or recipe.tau_every
+    speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None)
 
     from speculators.train.cli import main as speculators_main
     from speculators.train.config import TrainConfig
@@ -295,11 +314,18 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, **reporter.last_val_summary())
         if str(ckpt) not in reporter.reported_checkpoints:
             events.artifact(str(ckpt), kind="checkpoint")
+        best = read_best(output)
+        if best is not None:
+            summary.update(best_checkpoint=str(output / best["checkpoint"]), best_step=best["step"], best_tau=best["tau"])
+        warning = reporter.still_learning_warning(args.speculative_tokens, recipe.epochs)
+        if warning:
+            events.warning(warning)
     return summary
 
 
 class Reporter:
-    """speculators' metric dicts -> events (rank 0 only)."""
+    """speculators' metric dicts -> events (rank 0 only); the tau estimate after each validation,
+    and best.json when a checkpoint's estimate is the best so far."""
 
     def __init__(self, events: EventLog, rank: int, output: Path, epochs: int):
         self.events, self.rank, self.output, self.epochs = events, rank, output, epochs
@@ -311,6 +337,9 @@ class Reporter:
         self.last_step = 0
         self.last_val: dict[str, float] = {}
         self.reported_checkpoints: set[str] = set()
+        self.val_losses: list[float] = []
+        self.taus: list[float] = []
+        self.best = read_best(output) if rank == 0 else None  # a resumed run keeps the best so far
 
     def on_train(self, step: int, record: dict) -> None:
         if self.rank != 0:
@@ -338,10 +367,34 @@ class Reporter:
         val_metrics = {f"val_{k}": v for k, v in self.last_val.items()}
         self.events.metric(step, **val_metrics, epoch=epoch)
         self.curves.metric(step, **val_metrics, epoch=epoch)
+        if "loss" in self.last_val:
+            self.val_losses.append(self.last_val["loss"])
         ckpt = self.output / str(epoch)
         if (ckpt / "config.json").is_file() and str(ckpt) not in self.reported_checkpoints:
             self.reported_checkpoints.add(str(ckpt))
             self.events.artifact(str(ckpt), kind="checkpoint")
+        tau = self._tau(step, self.last_val, epoch=epoch)
+        # The epoch's checkpoint was saved before its validation: it is the one this tau measured.
+        if tau is not None and is_checkpoint(ckpt) and (self.best is None or tau >= self.best["tau"]):
+            write_best(self.output, ckpt.name, step, tau)
+            self.best = read_best(self.output)
+            self.events.message(f"best checkpoint so far: {ckpt} (step {step}, estimated tau {tau:.2f})")
+
+    def on_tau_probe(self, step: int, metrics: dict) -> None:
+        """A mid-epoch estimate on a few validation batches (no checkpoint to go with it)."""
+        if self.rank == 0:
+            self._tau(step, metrics)
+
+    def _tau(self, step: int, metrics: dict, **extra: Any) -> float | None:
+        tau = estimate_tau(metrics)
+        if tau is not None:
+            self.taus.append(tau)
+            self.events.metric(step, tau=tau, **extra)
+            self.curves.metric(step, tau=tau, **extra)
+        return tau
+
+    def still_learning_warning(self, k: int, epochs: int) -> str | None:
+        return still_learning_warning(self.val_losses, self.taus, k, epochs, self.last_step)
 
     def last_val_summary(self) -> dict[str, float]:
         return {f"val_{k}": v for k, v in self.last_val.items() if k.startswith(("full_acc_", "loss"))}
@@ -451,10 +504,22 @@ def check_checkpoint_config(ckpt: Path) -> None:
 
 def latest_epoch(output: Path) -> int | None:
     """The highest epoch checkpoint under `output` (directories named by number, with weights)."""
-    if not output.is_dir():
-        return None
-    epochs = [int(d.name) for d in output.iterdir() if d.is_dir() and not d.is_symlink() and d.name.isdigit() and (d / "model.safetensors").is_file()]
-    return max(epochs) if epochs else None
+    latest = latest_checkpoint(output)
+    return int(latest.name) if latest is not None else None
+
+
+def prepared_data_size(prepared: Path, train_data_ratio: float) -> DataSize:
+    """Tokens in the rows speculators trains on: the first int(rows x ratio) rows (its ArrowDataset
+    split), counted from the prepared dataset's seq_len column."""
+    from datasets import load_from_disk
+
+    data = load_from_disk(str(prepared))
+    if "seq_len" not in data.column_names:
+        raise TrainError(f"--prepared {prepared}: no seq_len column (prepare it with prepare_data.py)")
+    lengths = data.with_format("numpy")["seq_len"][: int(len(data) * train_data_ratio)]
+    if len(lengths) == 0:
+        raise TrainError(f"--prepared {prepared}: no training rows ({len(data)} rows, --train-data-ratio {train_data_ratio})")
+    return DataSize(train_tokens=int(lengths.sum()), longest_row=int(lengths.max()))
 
 
 if __name__ == "__main__":  # guard: dataloader workers are spawned and re-import this module

@@ -55,3 +55,25 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
         state = json.loads((run_dir / stage / "state.json").read_text())
         assert state["state"] == "ok" and state["exit_code"] == 0, (stage, state)
 
+    # Acceptance while it trained: one `tau` metric event per validation, in the train stage's
+    # events, and the same list in the summary.
+    train_events = [json.loads(line) for line in (run_dir / "train" / "events.jsonl").read_text().splitlines()]
+    tau_events = [{"step": e["step"], "tau": e["metrics"]["tau"]} for e in train_events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert len(tau_events) >= 2 and tau_events == summary["training_tau"], (tau_events, summary["training_tau"])
+    assert [t["step"] for t in tau_events] == sorted({t["step"] for t in tau_events})
+    assert all(1.0 <= t["tau"] <= summary["k"] + 1 for t in tau_events)
+    train_log = (run_dir / "train" / "log").read_text()  # what `harness logs` prints
+    assert all(f"metric: step {t['step']}: tau={t['tau']:.4g}" in train_log for t in tau_events)
+    recipe = next(e["text"] for e in train_events if e["event"] == "message" and e["text"].startswith("recipe:"))
+    assert not any(e["event"] == "warning" for e in train_events), recipe  # the demo's default recipe is not starved
+
+    # The best checkpoint, not the last: best.json names the epoch with the best estimate, and
+    # evaluate and export both used it.
+    best = json.loads((workdir / "outputs" / "checkpoints" / "best.json").read_text())
+    assert best["tau"] == max(t["tau"] for t in tau_events) and {"step": best["step"], "tau": best["tau"]} in tau_events
+    assert Path(summary["draft"]) == (workdir / "outputs" / "checkpoints" / best["checkpoint"]).resolve()
+    chosen = report["extra"]["checkpoint"]
+    assert chosen["name"] == best["checkpoint"] and chosen["chosen_by"] == "best.json"
+    assert chosen["training_tau"] == best["tau"] and chosen["tau"] == round(summary["tau"], 4)
+    assert json.loads((Path(summary["export"]) / "export.json").read_text())["source_checkpoint"] == summary["draft"]
+

@@ -249,6 +249,12 @@ def test_evaluate_stage_end_to_end(tiny_verifier, briefly_trained_draft, tmp_pat
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finished = read_events(events_path)[-1]
     assert finished["status"] == "ok" and finished["tau"] == pytest.approx(report["tau"], abs=1e-3)
+    # The checkpoint train's best.json names, with both figures.
+    best = json.loads((briefly_trained_draft / "best.json").read_text())
+    chosen = report["extra"]["checkpoint"]
+    assert report["extra"]["draft"] == str((briefly_trained_draft / best["checkpoint"]).resolve())
+    assert chosen == {"name": best["checkpoint"], "chosen_by": "best.json", "step": best["step"], "training_tau": best["tau"], "tau": round(report["tau"], 4)}
+    assert {"step": best["step"], "tau": best["tau"]} in report["extra"]["training_tau"]
 
 
 def test_evaluate_without_heldout_rows_fails_with_one_line(tiny_verifier, briefly_trained_draft, tmp_path):
@@ -260,6 +266,27 @@ def test_evaluate_without_heldout_rows_fails_with_one_line(tiny_verifier, briefl
     finished = read_events(tmp_path / "e.jsonl")[-1]
     assert finished["status"] == "failed" and "no rows with split='nosuch'" in finished["error"]
     assert not (tmp_path / "eval" / "report.json").exists()
+
+
+def _fake_checkpoint(path: Path) -> None:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / "model.safetensors").write_bytes(b"")
+
+
+def test_the_draft_is_the_checkpoint_best_json_names_else_the_latest(tmp_path):
+    from common.checkpoints import resolve_draft, write_best
+
+    for epoch in ("0", "1", "2"):
+        _fake_checkpoint(tmp_path / epoch)
+    (tmp_path / "checkpoint_best").symlink_to("0")  # speculators' own alias (by val loss) is not ours
+    assert resolve_draft(tmp_path) == (tmp_path / "2", None)  # no best.json: the latest
+    write_best(tmp_path, "1", 200, 3.41)
+    assert resolve_draft(tmp_path) == (tmp_path / "1", {"checkpoint": "1", "step": 200, "tau": 3.41})
+    assert resolve_draft(tmp_path / "0") == (tmp_path / "0", None)  # a checkpoint given directly
+    for bad in ('{"checkpoint": "7", "step": 1, "tau": 2.0}', '{"checkpoint": "../x", "step": 1, "tau": 2.0}', "not json"):
+        (tmp_path / "best.json").write_text(bad)  # names nothing usable: the latest, not an error
+        assert resolve_draft(tmp_path) == (tmp_path / "2", None)
 
 
 def test_evaluate_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -100,6 +101,20 @@ def test_export_stage(tiny_verifier, checkpoint, tmp_path):
     run_script("export.py", "--draft", checkpoint / "0", "--verifier", tiny_verifier.verifier, "--output", out)
     assert not (out / "stale-file").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.jsonl", "export"]
+
+
+def test_export_takes_the_checkpoint_best_json_names_not_the_latest(tiny_verifier, checkpoint, tmp_path):
+    trained = tmp_path / "checkpoints"
+    shutil.copytree(checkpoint, trained, symlinks=True)
+    shutil.copytree(trained / "0", trained / "1")  # a later epoch whose estimate was worse
+    best = json.loads((trained / "best.json").read_text())
+    assert best["checkpoint"] == "0"
+    run_script("export.py", "--draft", trained, "--verifier", tiny_verifier.verifier, "--output", tmp_path / "export", "--no-check")
+    manifest = json.loads((tmp_path / "export" / "export.json").read_text())
+    assert manifest["source_checkpoint"] == str((trained / "0").resolve()) and manifest["training_tau"] == best["tau"]
+    (trained / "best.json").unlink()  # no record: the latest epoch, as before
+    run_script("export.py", "--draft", trained, "--verifier", tiny_verifier.verifier, "--output", tmp_path / "export", "--no-check")
+    assert json.loads((tmp_path / "export" / "export.json").read_text())["source_checkpoint"] == str((trained / "1").resolve())
 
 
 def test_export_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_path):

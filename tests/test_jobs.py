@@ -179,6 +179,23 @@ def test_cli_status_runs_cancel(tmp_path):
     assert r.returncode == 1 and "cancelled" in r.stdout
 
 
+def test_status_shows_the_latest_tau_while_a_stage_runs(tmp_path):
+    jobs, _ = make_jobs(tmp_path, {"train": {"lines": 40, "sleep": 40, "tau_at": 2}})
+    config = tmp_path / "project" / "harness.toml"
+    run_id = jobs.start(["train"])
+    deadline = time.monotonic() + 60
+    while True:  # until progress events have followed the tau metric: the last event is not the tau
+        train = jobs.status(run_id).stages[0]
+        if train.last_event and train.last_event.get("event") == "progress" and train.last_event.get("step", 0) >= 3:
+            break
+        assert time.monotonic() < deadline, train
+        time.sleep(0.2)
+    assert train.state == "running" and train.tau == {"step": 2, "tau": 2.5}
+    r = harness_cli(config, "status", "box", run_id, env={**os.environ, "COLUMNS": "200"})  # one line per row
+    assert r.returncode == 0 and "3/40 lines  (tau 2.50 at step 2)" in r.stdout, r.stdout
+    jobs.cancel(run_id, 1)
+
+
 def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
     run_id = jobs.start(["prepare", "train"], grace_s=1)

@@ -57,6 +57,7 @@ def _changed(monkeypatch, owner, name: str):
         ("step-timer-sync", ("speculators.train.trainer", "_StepTimer", "mark")),
         ("metrics-bridge", ("speculators.train.trainer", "Trainer", "val_epoch")),
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
+        ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
     ],
 )
 def test_a_changed_speculators_fails_loudly_naming_the_shim(monkeypatch, shim, where):

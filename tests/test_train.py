@@ -168,11 +168,16 @@ def _train(verifier, prepared, hidden_states, output, events, *extra, check=True
 def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
     out = tmp_path / "checkpoints"
     first = tmp_path / "first.jsonl"
-    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, first, "--epochs", "1", "--max-steps", "3")
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, first, "--epochs", "1", "--max-steps", "3", "--tau-every", "2")
     events = read_events(first)
     assert events[-1]["event"] == "finished" and events[-1]["status"] == "ok", events[-1]
     steps = [e for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
     assert [e["step"] for e in steps] == [1, 2, 3]
+    # tau: mid-epoch after step 2 (a few validation batches), then after the epoch's validation;
+    # best.json names the epoch's checkpoint (the mid-epoch estimate has none).
+    taus = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert [s for s, _ in taus] == [2, 3] and all(1.0 <= t <= 4.0 for _, t in taus), taus
+    assert json.loads((out / "best.json").read_text()) == {"checkpoint": "0", "step": 3, "tau": taus[-1][1]}
     m = steps[-1]["metrics"]
     assert {"loss_0", "full_acc_0", "loss_2", "full_acc_2", "tokens_per_s"} <= set(m), m  # per TTT step
     assert all(0.0 <= m[f"full_acc_{t}"] <= 1.0 for t in range(3))
@@ -190,6 +195,40 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
     steps = [e["step"] for e in events if e["event"] == "metric" and "loss" in e["metrics"]]
     assert steps == [4, 5]  # the global step continues where the first run stopped
     assert (out / "1" / "model.safetensors").is_file()
+    # The resumed run kept the first run's best and compared its own epoch with it.
+    (step2, tau2), = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    best = json.loads((out / "best.json").read_text())
+    assert best == ({"checkpoint": "1", "step": step2, "tau": tau2} if tau2 >= taus[-1][1] else {"checkpoint": "0", "step": 3, "tau": taus[-1][1]})
+
+
+@pytest.mark.slow
+def test_a_starved_run_is_named_before_it_starts_and_still_keeps_its_best_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    # The fixture's few thousand training tokens under the old GPU default of 8192 tokens per step:
+    # a handful of steps per epoch. The user's value wins, and one warning line says so before the
+    # first step. One step keeps the test short (an 8192-token step takes a minute on a CPU).
+    out, events_path = tmp_path / "checkpoints", tmp_path / "events.jsonl"
+    run_script(
+        "train_draft.py",
+        "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states, "--output", out,
+        "--total-seq-len", "8192", "--epochs", "1", "--max-steps", "1", "--threads", "1", "--events", events_path,
+    )
+    events = read_events(events_path)
+    assert events[-1]["event"] == "finished" and events[-1]["status"] == "ok", events[-1]
+    warnings = [e["text"] for e in events if e["event"] == "warning"]
+    assert len(warnings) == 1, warnings
+    assert "\n" not in warnings[0] and "8192 tokens per step" in warnings[0] and "fewer than the 300" in warnings[0]
+    assert "--total-seq-len 256" in warnings[0]  # the fix: what the rule picks for this data
+    first_step = next(i for i, e in enumerate(events) if e["event"] == "metric" and "loss" in e["metrics"])
+    assert events.index(next(e for e in events if e["event"] == "warning")) < first_step  # before it starts
+    recipe = next(e["text"] for e in events if e["event"] == "message" and e["text"].startswith("recipe:"))
+    assert "8192 tokens per step" in recipe and "1 epoch," in recipe
+
+    # The epoch's validation gave a tau estimate, and best.json names the checkpoint it measured.
+    taus = [e for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert len(taus) == 1 and taus[0]["step"] == 1 and 1.0 <= taus[0]["metrics"]["tau"] <= 4.0
+    best = json.loads((out / "best.json").read_text())
+    assert best == {"checkpoint": "0", "step": 1, "tau": taus[0]["metrics"]["tau"]}
+    assert events[-1]["best_checkpoint"] == str((out / "0").resolve()) and events[-1]["best_tau"] == best["tau"]
 
 
 def test_mismatched_hidden_states_fail_with_one_line(tiny_verifier, prepared_data, hidden_states, tmp_path):

@@ -44,6 +44,9 @@ def _print_summary(summary) -> None:
     table.add_row("acceptance length tau", f"{summary.tau:.2f}  (k = {summary.k}, {summary.prompts} held-out prompts)")
     for i, a in enumerate(summary.acceptance_per_position, 1):
         table.add_row(f"accepted at position {i}", f"{a:.1%}")
+    if summary.training_tau:
+        curve = " -> ".join(f"{t['tau']:.2f}" for t in summary.training_tau)
+        table.add_row("tau while training", f"{curve}  (estimated at steps {', '.join(str(t['step']) for t in summary.training_tau)})")
     table.add_row("draft checkpoint", summary.draft)
     table.add_row("vLLM export", summary.export)
     table.add_row("report", summary.report)

@@ -139,7 +139,7 @@ def print_group_table(status) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.cli.job_cmds import _clock, _duration, _styled, describe_event
+    from harness.cli.job_cmds import _clock, _duration, _styled, describe_event, describe_tau
 
     table = Table(title=f"run {status.run_id} on group {status.group}: {status.state}",
                   caption=f"first failure: {status.first_failure}" if status.first_failure else None)
@@ -152,7 +152,7 @@ def print_group_table(status) -> None:
         for s in node.status.stages:
             end = s.finished if s.finished else (time.time() if s.state == "running" else None)
             ev = s.last_event or {}
-            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "")
+            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "") + describe_tau(s.tau, ev)
             table.add_row(str(node.rank), node.host, s.stage, _styled(s.state), _clock(s.started), _duration(s.started, end),
                           "" if s.exit_code is None else str(s.exit_code), last)
     Console().print(table)

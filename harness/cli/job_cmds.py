@@ -196,7 +196,7 @@ def _print_run_table(st) -> None:
             _clock(s.started),
             _duration(s.started, s.finished if s.finished else (time.time() if s.state == "running" else None)),
             "" if s.exit_code is None else str(s.exit_code),
-            escape(describe_event(s.last_event)),
+            escape(describe_event(s.last_event) + describe_tau(s.tau, s.last_event)),
         )
     Console(stderr=False).print(table)
 
@@ -214,9 +214,20 @@ def describe_event(ev: dict | None) -> str:
         return f"{ev.get('kind', 'artifact')}: {ev.get('path')}"
     if kind == "message":
         return str(ev.get("text", ""))[:80]
+    if kind == "warning":
+        return "warning: " + str(ev.get("text", ""))[:120]
     if kind == "finished":
         return f"finished: {ev.get('status')}"
     return str(kind)
+
+
+def describe_tau(tau: dict | None, last_event: dict | None) -> str:
+    """The draft's latest estimated tau, unless the last event already shows it."""
+    if not tau or not isinstance(tau.get("tau"), (int, float)):
+        return ""
+    if last_event and "tau" in (last_event.get("metrics") or {}):
+        return ""
+    return f"  (tau {tau['tau']:.2f} at step {tau.get('step')})"
 
 
 def _styled(state: str) -> str:

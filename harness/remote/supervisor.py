@@ -370,12 +370,19 @@ def run_summary(run_dir: str) -> dict | None:
         st.setdefault("state", "pending")
         st["stage"] = stage
         st["last_event"] = last_event(os.path.join(sd, "events.jsonl"))
+        tau = last_event(os.path.join(sd, "events.jsonl"), TAU_WINDOW, lambda ev: "tau" in (ev.get("metrics") or {}))
+        if tau is not None:  # the draft's estimated acceptance while it trains (status shows it beside the last event)
+            st["tau"] = {"step": tau.get("step"), "tau": tau["metrics"]["tau"]}
         stages.append(st)
     return {"run_id": record.get("run_id"), "record": record, "state": state, "stages": stages}
 
 
-def last_event(path: str, window: int = 65536) -> dict | None:
-    """The last complete event line of an events.jsonl (reads only its tail)."""
+TAU_WINDOW = 1 << 20  # a long run's per-step metrics between two tau estimates fit in 1 MiB
+
+
+def last_event(path: str, window: int = 65536, match=None) -> dict | None:
+    """The last complete event line of an events.jsonl (reads only its tail), or the last that
+    `match(event)` accepts."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -386,9 +393,11 @@ def last_event(path: str, window: int = 65536) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            ev = json.loads(line)
         except ValueError:
             continue
+        if match is None or (isinstance(ev, dict) and match(ev)):
+            return ev
     return None
 
 

@@ -10,6 +10,7 @@ Schema, one object per line, every object has "t" (unix seconds), "stage" and "e
   {"event": "metric",   "step": k, "metrics": {"loss": 1.2, ...}}   numbers for curves
   {"event": "artifact", "path": "...", "kind": "checkpoint"}         a file/dir worth pulling
   {"event": "message",  "text": "..."}                               a human note
+  {"event": "warning",  "text": "..."}                               one line: a problem and its fix
   {"event": "finished", "status": "ok" | "failed", "error": "..."}   stage ended
 
 The laptop (harness.jobs / the CLI) renders progress events as bars and metric events as tables
@@ -62,7 +63,7 @@ class EventLog:
             text = f"step {fields.get('step')}: " + " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
         elif event == "artifact":
             text = f"wrote {fields.get('kind', 'artifact')}: {fields.get('path')}"
-        elif event == "message":
+        elif event in ("message", "warning"):
             text = str(fields.get("text"))
         elif event == "finished":
             text = str(fields.get("status")) + (f" ({fields['error']})" if fields.get("error") else "")
@@ -85,6 +86,10 @@ class EventLog:
 
     def message(self, text: str) -> None:
         self.emit("message", text=text)
+
+    def warning(self, text: str) -> None:
+        """Something that will make the result worse, with its fix, in one line."""
+        self.emit("warning", text=text)
 
     def finished(self, status: str = "ok", error: str | None = None, **extra: Any) -> None:
         fields: dict[str, Any] = {"status": status, **extra}

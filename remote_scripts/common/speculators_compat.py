@@ -25,6 +25,11 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
   trainer-hook     speculators' main() builds the draft, then `Trainer(draft_model, ...)`. Our
                    preflight guards (attention/mask, dtypes, verifier path) must see that model
                    before the first step: main's Trainer is wrapped to call them first.
+  tau-probe        run_training calls `self.train_epoch(epoch)` without a step callback, and
+                   validates only at epoch ends. On long epochs the wrapped Trainer passes
+                   train_epoch a callback that, every N steps, runs partial_validation(): the
+                   forward of val_epoch over the first few validation batches (same autocast,
+                   same val_call_kwargs, same cross-rank reduction), on every rank.
 
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
@@ -142,6 +147,19 @@ def _check_flex_kernel_options():
     return attn_mod
 
 
+def _check_tau_probe():
+    from speculators.train import trainer as trainer_mod
+
+    _require("tau-probe", trainer_mod.Trainer.run_training, "self.train_epoch(epoch)")
+    _require("tau-probe", trainer_mod.Trainer.train_epoch, "step_callback: Callable[[], None] | None = None", "step_callback()", "self.global_step += 1")
+    _require(
+        "tau-probe", trainer_mod.Trainer.val_epoch,
+        "self.model.eval()", "torch.autocast(", "self.config.hidden_states_dtype", "**(self.config.val_call_kwargs or {})",
+        "_all_reduce_metrics(accumulated)", "normalize_counted_metrics(val_metrics, world_size)",
+    )
+    return trainer_mod
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
@@ -149,6 +167,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "metrics-bridge": _check_metrics_bridge,
     "trainer-hook": _check_main_hooks,
     "flex-kernel-options": _check_flex_kernel_options,
+    "tau-probe": _check_tau_probe,
 }
 
 
@@ -276,13 +295,51 @@ class MetricsBridge(logging.Handler):
         logging.getLogger("speculators.metrics").removeHandler(self)
 
 
-def hook_main(before_training: Callable[..., None], bridge: MetricsBridge | None = None) -> None:
+def partial_validation(trainer, max_batches: int) -> dict[str, float]:
+    """speculators' validation metrics over the first `max_batches` validation batches of each
+    rank (val_epoch's forward, without its logging); every rank must call it at the same step.
+    Leaves the model in training mode."""
+    import torch
+    import torch.distributed as dist
+
+    trainer_mod = _check_tau_probe()
+    from speculators.train.utils import normalize_counted_metrics
+
+    if trainer.val_loader is None:
+        return {}
+    accumulated: dict[str, Any] = {}
+    batches = min(max_batches, len(trainer.val_loader))
+    trainer.model.eval()
+    try:
+        with torch.no_grad():
+            for _, batch in zip(range(batches), trainer.val_loader):
+                gpu_batch = {k: v.to(trainer.local_rank, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+                with torch.autocast(trainer.device_type, dtype=trainer.config.hidden_states_dtype):
+                    _tokens, _loss, metrics = trainer.model(**gpu_batch, **(trainer.config.val_call_kwargs or {}))
+                for k, v in metrics.items():
+                    accumulated[k] = v.float() if k not in accumulated else accumulated[k] + v.float()
+    finally:
+        trainer.model.train()
+    if trainer.is_distributed and accumulated:
+        accumulated = trainer_mod._all_reduce_metrics(accumulated)
+    values = {k: v.item() / max(1, batches) for k, v in accumulated.items()}
+    return normalize_counted_metrics(values, dist.get_world_size() if trainer.is_distributed else 1)
+
+
+def hook_main(
+    before_training: Callable[..., None],
+    bridge: MetricsBridge | None = None,
+    every_steps: tuple[int, Callable[[Any], None]] | None = None,
+) -> None:
     """Make speculators.train.cli.main call `before_training(draft_model, trainer_config,
     train_loader, val_loader)` (Trainer's own arguments) before its Trainer is
-    built, and attach `bridge` right after main configures its metric logger. Idempotent: a later
-    call replaces the earlier hooks."""
+    built, and attach `bridge` right after main configures its metric logger. `every_steps`
+    (n, probe): call `probe(trainer)` on every rank after each n-th optimizer step. Idempotent: a
+    later call replaces the earlier hooks."""
     cli_mod = _check_main_hooks()
     _check_metrics_bridge()
+    if every_steps is not None:
+        _check_tau_probe()
     from speculators.train.trainer import Trainer
 
     class GuardedTrainer(Trainer):  # type: ignore[misc,valid-type]
@@ -291,6 +348,19 @@ def hook_main(before_training: Callable[..., None], bridge: MetricsBridge | None
         def __init__(self, model, *args, **kwargs):
             before_training(model, *args, **kwargs)  # (model, trainer_config, train_loader, val_loader)
             super().__init__(model, *args, **kwargs)
+
+        def train_epoch(self, epoch, *, step_callback=None):
+            if every_steps is None:
+                return super().train_epoch(epoch, step_callback=step_callback)
+            n, probe = every_steps
+
+            def after_step() -> None:
+                if step_callback is not None:
+                    step_callback()
+                if self.global_step % n == 0:
+                    probe(self)
+
+            return super().train_epoch(epoch, step_callback=after_step)
 
     cli_mod.Trainer = GuardedTrainer
 

@@ -1,0 +1,105 @@
+"""The training recipe sized to the data (remote_scripts/common/recipe.py) and the acceptance
+estimate and guard read from training metrics (common/acceptance.py): pure functions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
+
+from common.acceptance import estimate_tau, still_learning, still_learning_warning  # noqa: E402
+from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, DataSize, size_recipe  # noqa: E402
+
+TINY = DataSize(train_tokens=3_000, longest_row=120)
+SMALL = DataSize(train_tokens=57_000, longest_row=256)  # the demo: ~1000 short conversations
+LARGE = DataSize(train_tokens=200_000_000, longest_row=4096)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("processes", [1, 8])
+def test_large_data_keeps_the_device_default(device, processes):
+    r = size_recipe(LARGE, processes, device)
+    assert r.tokens_per_step == DEFAULT_TOKENS_PER_STEP[device] and r.epochs == 3 and r.sized == ()
+    assert r.total_steps >= MIN_STEPS and r.warning is None
+    assert r.tau_every is not None  # epochs of many thousand steps: tau is also estimated inside them
+
+
+@pytest.mark.parametrize("processes", [1, 8])
+def test_small_data_gets_the_same_recipe_on_cpu_and_gpu(processes):
+    cpu, gpu = size_recipe(SMALL, processes, "cpu"), size_recipe(SMALL, processes, "cuda")
+    assert (cpu.tokens_per_step, cpu.epochs, cpu.total_steps) == (gpu.tokens_per_step, gpu.epochs, gpu.total_steps)
+    assert gpu.tokens_per_step < DEFAULT_TOKENS_PER_STEP["cuda"] and "tokens_per_step" in gpu.sized
+    assert gpu.total_steps >= MIN_STEPS and gpu.warning is None
+    assert gpu.tau_every is None  # short epochs: one estimate per epoch
+
+
+def test_small_data_on_one_gpu_packs_like_the_cpu_default():
+    r = size_recipe(SMALL, 1, "cuda")
+    assert r.tokens_per_step == DEFAULT_TOKENS_PER_STEP["cpu"] and r.epochs == 3
+    assert r.steps_per_epoch == -(-SMALL.train_tokens // 512)
+
+
+def test_eight_processes_on_small_data_need_more_epochs_too():
+    one, eight = size_recipe(SMALL, 1, "cuda"), size_recipe(SMALL, 8, "cuda")
+    assert eight.tokens_per_step <= one.tokens_per_step
+    assert eight.tokens_per_step >= SMALL.longest_row  # never below a row: speculators would truncate it
+    assert eight.epochs > one.epochs and "epochs" in eight.sized and eight.total_steps >= MIN_STEPS
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("processes", [1, 8])
+def test_tiny_data_cannot_reach_the_minimum_and_says_so(device, processes):
+    r = size_recipe(TINY, processes, device)
+    assert r.epochs == MAX_EPOCHS and r.total_steps < MIN_STEPS
+    assert r.warning is not None and "\n" not in r.warning
+    assert f"{r.total_steps} optimizer steps" in r.warning and f"fewer than the {MIN_STEPS}" in r.warning
+    assert "training tokens of data" in r.warning  # the fix: more data (or epochs)
+
+
+def test_a_user_value_wins_and_a_starved_run_is_named_with_the_fix():
+    r = size_recipe(SMALL, 1, "cuda", tokens_per_step=8192, epochs=3)
+    assert (r.tokens_per_step, r.epochs, r.sized) == (8192, 3, ())
+    assert r.total_steps == 3 * -(-SMALL.train_tokens // 8192) < MIN_STEPS
+    assert "this run gets 21 optimizer steps" in r.warning and "8192 tokens per step" in r.warning
+    assert "--total-seq-len 512" in r.warning  # what the rule would pick for these 3 epochs
+    fixed = size_recipe(SMALL, 1, "cuda", tokens_per_step=512, epochs=3)
+    assert fixed.warning is None and fixed.total_steps >= MIN_STEPS
+
+
+def test_a_user_token_count_still_gets_sized_epochs():
+    r = size_recipe(SMALL, 1, "cuda", tokens_per_step=2048)
+    assert r.tokens_per_step == 2048 and r.epochs > 3 and r.sized == ("epochs",) and r.warning is None
+
+
+def test_max_steps_caps_the_run_and_is_named():
+    r = size_recipe(SMALL, 1, "cpu", max_steps=5)
+    assert r.total_steps == 5 and "--max-steps" in r.warning
+
+
+def test_processes_must_be_positive():
+    with pytest.raises(ValueError):
+        size_recipe(SMALL, 0, "cpu")
+
+
+def test_tau_estimate_from_validation_accuracies():
+    assert estimate_tau({"full_acc_0": 0.9, "full_acc_1": 0.8, "full_acc_2": 0.5, "loss": 1.0, "cond_acc_1": 0.9}) == pytest.approx(3.2)
+    assert estimate_tau({"loss": 1.0}) is None
+
+
+def test_the_guard_names_a_run_that_was_still_learning():
+    assert still_learning([2.0, 1.0], [1.2, 1.6], k=3) is not None
+    assert "validation loss still fell 50%" in still_learning([2.0, 1.0], [], k=3)
+    assert "estimated tau still rose 1.20 -> 1.60" in still_learning([], [1.2, 1.6], k=3)
+    assert still_learning([1.00, 0.99], [3.60, 3.62], k=3) is None  # levelled off
+    assert still_learning([1.0], [3.0], k=3) is None  # one measurement says nothing about a trend
+    # The CPU demo's last epoch: the loss fell 21%, over the threshold, but tau was flat near its
+    # ceiling of k + 1: the draft was done.
+    assert still_learning([0.1533, 0.04421, 0.03497], [3.7873, 3.7957, 3.8019], k=3) is None
+    assert still_learning([0.1, 0.05], [3.79, 3.80], k=3) is None  # halved, but at 95% of the ceiling
+    assert still_learning([0.1, 0.05], [2.40, 2.41], k=3) is not None  # halved, far below it
+    assert still_learning([8.0, 6.5], [1.00, 1.01], k=3) is not None  # learned nothing yet, loss still falling
+    warning = still_learning_warning([2.0, 1.0], [1.2, 1.6], k=3, epochs=3, steps=21)
+    assert "\n" not in warning and "after 21 optimizer steps in 3 epochs" in warning and "--epochs 6" in warning
