@@ -76,7 +76,8 @@ def _run_transport(transport, argv: Sequence[str], env: Mapping[str, str], pty: 
 # The warm path
 
 
-def _ensure_master(host: HostConfig, opts, transport_factory) -> None:
+def _ensure_master(host: HostConfig, opts, transport_factory):
+    """Start the master for opts; return the options it listens under."""
     from harness.errors import HostKeyError
     from harness.transport import openssh
 
@@ -86,9 +87,12 @@ def _ensure_master(host: HostConfig, opts, transport_factory) -> None:
         openssh.start_master(opts, host.name)
     except HostKeyError:
         # OpenSSH's message has no fingerprint: let the paramiko transport report (or, with
-        # --accept-new-host-key, record) the key precisely, then retry once.
+        # --accept-new-host-key, record) the key precisely, then retry once, under the control
+        # path of the known_hosts content as it is now.
         transport_factory().open()
+        opts = openssh.with_control_path(opts)
         openssh.start_master(opts, host.name)
+    return opts
 
 
 def _run_openssh(host: HostConfig, argv: Sequence[str], env: Mapping[str, str], options: ConnectOptions, transport_factory) -> int:
@@ -107,7 +111,7 @@ def _run_openssh(host: HostConfig, argv: Sequence[str], env: Mapping[str, str], 
             except mux.NoMaster:
                 if attempt:
                     break
-                _ensure_master(host, opts, transport_factory)
+                opts = _ensure_master(host, opts, transport_factory)
             except mux.MuxError:
                 break
     finally:

@@ -226,3 +226,47 @@ def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, c
                         ConnectOptions(), transport_factory=None)
     assert code == 6
     assert capfd.readouterr().out == "v a'l"
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm path's master connection follows the user's SSH files
+
+
+def _own_ssh_files(tmp_path: Path, ssh_host, env: dict[str, str], hostname: str, port: int) -> tuple[Path, Path, dict[str, str]]:
+    """An ssh_config whose `box` points at hostname:port, and a copy of the known_hosts, both
+    this test's own (it edits them)."""
+    config, known = tmp_path / "ssh_config", tmp_path / "known_hosts"
+    known.write_text(ssh_host.known_hosts_lines())
+    _point_box_at(config, ssh_host, hostname, port)
+    return config, known, {**env, "HARNESS_SSH_CONFIG": str(config), "HARNESS_KNOWN_HOSTS": str(known)}
+
+
+def _point_box_at(config: Path, ssh_host, hostname: str, port: int) -> None:
+    config.write_text(f"Host box\n  HostName {hostname}\n  Port {port}\n  User {ssh_host.user}\n"
+                      f"  IdentityFile {ssh_host.key_path}\n  IdentitiesOnly yes\n")
+
+
+def _server_address(config: Path, env: dict[str, str]) -> list[bytes]:
+    r = harness(config, "exec", "box", "--", "sh", "-c", 'echo "$SSH_CONNECTION"', env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[2:]
+
+
+def test_master_is_not_reused_after_the_host_leaves_known_hosts(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    _, known, env = _own_ssh_files(tmp_path, ssh_host, env, "127.0.0.1", ssh_host.port)
+    assert harness(config, "exec", "box", "--", "true", env=env).returncode == 0  # a master is now alive
+    known.write_text(f"{ssh_host.behind.known_hosts_name} {ssh_host.behind.host_pub_line}\n")
+    r = harness(config, "exec", "box", "--", "echo", "reached", env=env)
+    assert r.returncode == 255 and r.stdout == b""
+    assert "unknown host key" in r.stderr.decode()
+
+
+def test_master_follows_an_edited_ssh_config(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    ssh_config, _, env = _own_ssh_files(tmp_path, ssh_host, env, "127.0.0.1", ssh_host.port)
+    assert _server_address(config, env) == [b"127.0.0.1", str(ssh_host.port).encode()]
+    _point_box_at(ssh_config, ssh_host, "127.0.0.2", ssh_host.behind.port)  # the alias now names another box
+    assert _server_address(config, env) == [b"127.0.0.2", str(ssh_host.behind.port).encode()]
+    _point_box_at(ssh_config, ssh_host, "127.0.0.1", ssh_host.port)
+    assert _server_address(config, env) == [b"127.0.0.1", str(ssh_host.port).encode()]
