@@ -43,7 +43,7 @@ def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, options: C
         # The one call site of the runtime factory: the container sees the stages' image,
         # mounts and workdir; env values still travel through the transport, by name.
         runtime = runtime_for(host, transport)
-        wrapped = runtime.wrap(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
+        wrapped = runtime.foreground(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
         return _run_transport(transport, wrapped, env, pty)
     full = in_workdir(host.workdir, argv)
     if not host.is_local and not pty:

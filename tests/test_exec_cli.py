@@ -154,15 +154,15 @@ def test_pty_exit_code(harness_config, env):
     assert b"tty" in r.stdout
 
 
-def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
-    """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
+def on_a_terminal(argv: list[str], env: dict[str, str], answer, timeout: float = 30) -> tuple[bytes, int | None]:
+    """Run argv on a new pseudo-terminal; after each chunk of output, answer(output so far)
+    returns bytes to type (or None). Returns the output and the exit code (None: killed at the
+    deadline)."""
     pid, fd = pty.fork()
-    if pid == 0:  # child: harness on the pty
-        os.execve(sys.executable, [sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "--pty", "box", "--",
-                                   "sh", "-c", 'trap "echo GOT-INT; exit 7" INT; echo READY; sleep 30 & wait'], env)
+    if pid == 0:
+        os.execve(argv[0], argv, env)
     out = b""
-    deadline = time.monotonic() + 30
-    sent = False
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
@@ -173,12 +173,38 @@ def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
             if not chunk:
                 break
             out += chunk
-        if b"READY" in out and not sent:
-            os.write(fd, b"\x03")
-            sent = True
-    _, status = os.waitpid(pid, 0)
+        typed = answer(out)
+        if typed:
+            os.write(fd, typed)
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return out, os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return out, None
+
+
+def type_once(trigger: bytes, text: bytes):
+    """An `answer` for on_a_terminal: types text once, when trigger has appeared."""
+    typed = []
+
+    def answer(out: bytes) -> bytes | None:
+        if trigger in out and not typed:
+            typed.append(text)
+            return text
+        return None
+
+    return answer
+
+
+def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
+    """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
+    out, code = on_a_terminal([sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "--pty", "box", "--",
+                               "sh", "-c", 'trap "echo GOT-INT; exit 7" INT; echo READY; sleep 30 & wait'], env, type_once(b"READY", b"\x03"))
     assert b"GOT-INT" in out, out
-    assert os.waitstatus_to_exitcode(status) == 7
+    assert code == 7
 
 
 def test_unknown_host_is_a_usage_error(harness_config, env):
@@ -270,3 +296,27 @@ def test_master_follows_an_edited_ssh_config(tmp_path, ssh_host, env):
     assert _server_address(config, env) == [b"127.0.0.2", str(ssh_host.behind.port).encode()]
     _point_box_at(ssh_config, ssh_host, "127.0.0.1", ssh_host.port)
     assert _server_address(config, env) == [b"127.0.0.1", str(ssh_host.port).encode()]
+
+
+# ---------------------------------------------------------------------------------------------
+# A host that was never synced: no workdir yet
+
+
+def test_a_fresh_host_answers_exec_inspect_doctor_and_shell(tmp_path, ssh_host, env):
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "box"\nworkdir = "{tmp_path}/never-synced/work"\npython = "{sys.executable}"\n')
+    r = harness(config, "inspect", "box", "json.dumps", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["qualname"] == "dumps"
+    r = harness(config, "doctor", "box", "--json", env=env)
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert "did not answer" not in json.dumps(checks), r.stdout  # the stage interpreter answered
+    assert "can't cd" not in json.dumps(checks)
+    (tmp_path / "never-synced").rename(tmp_path / "gone")  # fresh again, for the shell
+    # typed once the remote shell printed its prompt (a shell may drop what came before)
+    out, code = on_a_terminal([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], env, type_once(b"work", b"pwd; exit 3\n"))
+    assert code == 3, out
+    assert f"{tmp_path}/never-synced/work".encode() in out
+    (tmp_path / "never-synced").rename(tmp_path / "gone-again")
+    r = harness(config, "exec", "box", "--", "pwd", env=env)
+    assert (r.returncode, r.stdout.decode()) == (0, f"{tmp_path}/never-synced/work\n"), r.stderr

@@ -19,7 +19,7 @@ from typing import Any, Callable
 from harness import compat
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
-from harness.inspect_remote import stage_command, stage_env
+from harness.inspect_remote import stage_env
 from harness.pipeline import StagePaths
 
 PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
@@ -186,7 +186,7 @@ class MLDoctor:
         if self._probe is None:
             runtime = self.runtime(runner)
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
-            argv = stage_command(runtime, [runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
+            argv = runtime.foreground([runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
             r = runner.run(argv, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
