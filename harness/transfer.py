@@ -73,10 +73,6 @@ LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: w
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
-class PullError(HarnessError):
-    """Some files were refused or could not be fetched and verified (the report lists them)."""
-
-
 @dataclass(frozen=True)
 class PullOptions:
     include: tuple[str, ...] = ()  # gitignore-style; empty = everything

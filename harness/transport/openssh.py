@@ -234,11 +234,6 @@ def _content_digest(path: str) -> str:
         return "absent"
 
 
-def master_is_running(o: OpenSSHOptions) -> bool:
-    """Cheap local check: the socket exists (a stale one is replaced by ControlMaster=auto)."""
-    return bool(o.control_path) and os.path.exists(o.control_path)
-
-
 def start_master(o: OpenSSHOptions, host_name: str) -> None:
     """Open the master connection in the background (ControlPersist) and wait until it is ready.
     Its diagnostics go to a log file, so a failure maps to a typed error."""
@@ -255,13 +250,6 @@ def start_master(o: OpenSSHOptions, host_name: str) -> None:
     os.unlink(log)
     if proc.returncode != 0:
         raise map_stderr(text + proc.stderr.decode("utf-8", "replace"), host_name, o)
-
-
-def stop_master(o: OpenSSHOptions) -> None:
-    import subprocess
-
-    if o.control_path and os.path.exists(o.control_path):
-        subprocess.run(base_argv(o) + ["-O", "exit", "--", o.target.host], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 
 
 def ssh_available() -> bool:
