@@ -4,7 +4,8 @@
 # Installs: openssh-server (the tests start their own sshd on loopback), docker.io (dockerd is
 # started here if not running), debootstrap (the offline base image for container tests),
 # rsync (a comparison in benches), iproute2 (network-namespace test hosts); then the Python
-# packages (scripts/setup.sh --dev). pytest's exit code 5 ("no tests collected") is a failure.
+# packages (scripts/setup.sh --dev). Then ruff (a finding fails the run), then pytest; pytest's
+# exit code 5 ("no tests collected") is a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +28,9 @@ scripts/start-dockerd.sh
 
 echo "== offline base image for container tests"
 scripts/make-test-base-image.sh
+
+echo "== ruff"
+python3 -m ruff check .
 
 echo "== pytest"
 set +e

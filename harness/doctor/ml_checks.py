@@ -159,7 +159,7 @@ def parse_probe(stdout: bytes) -> dict[str, Any] | None:
 
 
 def _tail(data: bytes, lines: int = 3) -> str:
-    text = [l.strip() for l in data.decode("utf-8", "replace").strip().splitlines() if l.strip()]
+    text = [line.strip() for line in data.decode("utf-8", "replace").strip().splitlines() if line.strip()]
     return " | ".join(text[-lines:])
 
 
