@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.job_project import run_in_pty
 from tests.fixtures.sshd import free_port, write_harness_config
 
 pytestmark = pytest.mark.ssh
@@ -154,15 +155,15 @@ def test_pty_exit_code(harness_config, env):
     assert b"tty" in r.stdout
 
 
-def on_a_terminal(argv: list[str], env: dict[str, str], answer, timeout: float = 30) -> tuple[bytes, int | None]:
-    """Run argv on a new pseudo-terminal; after each chunk of output, answer(output so far)
-    returns bytes to type (or None). Returns the output and the exit code (None: killed at the
-    deadline)."""
+def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
+    """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
     pid, fd = pty.fork()
-    if pid == 0:
-        os.execve(argv[0], argv, env)
+    if pid == 0:  # child: harness on the pty
+        os.execve(sys.executable, [sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "--pty", "box", "--",
+                                   "sh", "-c", 'trap "echo GOT-INT; exit 7" INT; echo READY; sleep 30 & wait'], env)
     out = b""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + 30
+    sent = False
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.5)
         if ready:
@@ -173,38 +174,12 @@ def on_a_terminal(argv: list[str], env: dict[str, str], answer, timeout: float =
             if not chunk:
                 break
             out += chunk
-        typed = answer(out)
-        if typed:
-            os.write(fd, typed)
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return out, os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return out, None
-
-
-def type_once(trigger: bytes, text: bytes):
-    """An `answer` for on_a_terminal: types text once, when trigger has appeared."""
-    typed = []
-
-    def answer(out: bytes) -> bytes | None:
-        if trigger in out and not typed:
-            typed.append(text)
-            return text
-        return None
-
-    return answer
-
-
-def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
-    """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
-    out, code = on_a_terminal([sys.executable, "-m", "harness", "--config", str(harness_config), "exec", "--pty", "box", "--",
-                               "sh", "-c", 'trap "echo GOT-INT; exit 7" INT; echo READY; sleep 30 & wait'], env, type_once(b"READY", b"\x03"))
+        if b"READY" in out and not sent:
+            os.write(fd, b"\x03")
+            sent = True
+    _, status = os.waitpid(pid, 0)
     assert b"GOT-INT" in out, out
-    assert code == 7
+    assert os.waitstatus_to_exitcode(status) == 7
 
 
 def test_unknown_host_is_a_usage_error(harness_config, env):
@@ -237,8 +212,7 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
 def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, capfd):
     """The warm path's fallback (a master that refuses mux sessions): plain `ssh -S`."""
     from harness.config import HostConfig
-    from harness.remote_exec import _run_openssh
-    from harness.transport import ConnectOptions, mux
+    from harness.transport import ConnectOptions, connect, mux
 
     for k, v in ssh_host.env({}).items():
         monkeypatch.setenv(k, v)
@@ -248,8 +222,9 @@ def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, c
 
     monkeypatch.setattr(mux, "run_session", refuse)
     monkeypatch.setattr("sys.stdin", open(os.devnull))
-    code = _run_openssh(HostConfig(name="box", ssh="box"), ["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], {"T_FB": "v a'l"},
-                        ConnectOptions(), transport_factory=None)
+    transport = connect(HostConfig(name="box", ssh="box"), ConnectOptions())
+    code = transport.exec_foreground(["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], env={"T_FB": "v a'l"})
+    assert transport._client is None  # paramiko never connected: OpenSSH did it all
     assert code == 6
     assert capfd.readouterr().out == "v a'l"
 
@@ -302,7 +277,7 @@ def test_master_follows_an_edited_ssh_config(tmp_path, ssh_host, env):
 # A host that was never synced: no workdir yet
 
 
-def test_a_fresh_host_answers_exec_inspect_doctor_and_shell(tmp_path, ssh_host, env):
+def test_a_fresh_host_answers_exec_inspect_doctor_and_shell(tmp_path, ssh_host, env, monkeypatch):
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "box"\nworkdir = "{tmp_path}/never-synced/work"\npython = "{sys.executable}"\n')
     r = harness(config, "inspect", "box", "json.dumps", "--json", env=env)
@@ -313,10 +288,12 @@ def test_a_fresh_host_answers_exec_inspect_doctor_and_shell(tmp_path, ssh_host, 
     assert "did not answer" not in json.dumps(checks), r.stdout  # the stage interpreter answered
     assert "can't cd" not in json.dumps(checks)
     (tmp_path / "never-synced").rename(tmp_path / "gone")  # fresh again, for the shell
-    # typed once the remote shell printed its prompt (a shell may drop what came before)
-    out, code = on_a_terminal([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], env, type_once(b"work", b"pwd; exit 3\n"))
+    for key, value in ssh_host.env({}).items():  # run_in_pty passes on this process's environment
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], b"pwd; exit 3\n")
     assert code == 3, out
-    assert f"{tmp_path}/never-synced/work".encode() in out
+    assert f"{tmp_path}/never-synced/work" in out
     (tmp_path / "never-synced").rename(tmp_path / "gone-again")
     r = harness(config, "exec", "box", "--", "pwd", env=env)
     assert (r.returncode, r.stdout.decode()) == (0, f"{tmp_path}/never-synced/work\n"), r.stderr

@@ -18,7 +18,7 @@ import stat as st
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -352,10 +352,22 @@ class SSHTransport(Transport):
         chan.close()
         return _exit_code(code)
 
-    def local_argv(self, argv: Sequence[str]) -> list[str]:
-        return openssh.argv_for(openssh.with_control_path(self.openssh_options()), argv)
+    def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
+        if pty or not openssh.ssh_available():
+            return super().exec_foreground(argv, env=env, pty=pty)
+        from harness.transport import openssh_exec
 
-    def openssh_options(self) -> openssh.OpenSSHOptions:
+        # the warm path: the OpenSSH master; paramiko only to name a refused host key precisely
+        return openssh_exec.run(self._openssh_options(), self.name, argv, env, report_host_key=self.open)
+
+    def local_argv(self, argv: Sequence[str]) -> list[str]:
+        return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)
+
+    def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
+        options = self._openssh_options()
+        return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
+
+    def _openssh_options(self) -> openssh.OpenSSHOptions:
         return openssh.options_for(self.host, self.options)
 
     # -- files ------------------------------------------------------------------------------------
