@@ -294,13 +294,13 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
 # From harness.toml
 
 
-def options_for(host, connect_options) -> OpenSSHOptions:
-    """OpenSSHOptions for a configured host (a HostConfig) and this invocation's ConnectOptions."""
+def options_for(spec, connect_options) -> OpenSSHOptions:
+    """OpenSSHOptions for a host's ConnectionSpec and this invocation's ConnectOptions."""
     return OpenSSHOptions(
-        target=SSHTarget.parse(host.ssh),
+        target=SSHTarget.parse(spec.ssh),
         ssh_config=ssh_config_path(connect_options.ssh_config),
         known_hosts=known_hosts_override(connect_options.known_hosts),
-        identity_files=(os.path.expanduser(host.identity_file),) if host.identity_file else (),
+        identity_files=(os.path.expanduser(spec.identity_file),) if spec.identity_file else (),
         accept_new_host_key=connect_options.accept_new_host_key,
-        connect_timeout=host.connect_timeout,
+        connect_timeout=spec.connect_timeout,
     )
