@@ -141,6 +141,11 @@ class Transport(abc.ABC):
     def home(self) -> str:
         """The user's home directory on the host (to expand `~` in configured paths)."""
 
+    def address(self) -> str:
+        """Where other machines reach this host: its HostName after the user's ssh_config for
+        SSH hosts (a group's rendezvous address), loopback for this machine."""
+        return "127.0.0.1"
+
     def expand(self, path: str) -> str:
         """Expand a leading `~` the way the host sees it."""
         if path == "~" or path.startswith("~/"):

@@ -351,6 +351,9 @@ class SSHTransport(Transport):
         chan.close()
         return _exit_code(code)
 
+    def address(self) -> str:
+        return self.target.hostname
+
     def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
         if pty or not openssh.ssh_available():
             return super().exec_foreground(argv, env=env, pty=pty)
