@@ -209,7 +209,7 @@ def run_request(transport: Transport, runtime: Runtime, request: dict[str, Any],
     answer's fields or raise its typed error."""
     # The stages run as `python remote_scripts/<stage>.py`: their directory leads sys.path.
     request = {**request, "sys_path": [SCRIPTS_DIR]}
-    argv = stage_command(runtime, [runtime.python, "-c", script_source(), json.dumps(request)])
+    argv = runtime.foreground([runtime.python, "-c", script_source(), json.dumps(request)])
     result = transport.run(argv, env=stage_env(runtime), timeout=timeout)
     answer = parse_answer(result.stdout)
     if answer is None:
@@ -222,27 +222,6 @@ def run_request(transport: Transport, runtime: Runtime, request: dict[str, Any],
     if not answer.get("ok"):
         raise _error(answer["error"])
     return answer
-
-
-# Create the directories a container mounts, then run the command: one round trip. (Docker
-# would create a missing mount source itself, owned by root.) The directories are data ($2..),
-# never part of the script.
-_MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
-
-
-def stage_command(runtime: Runtime, argv: list[str]) -> list[str]:
-    """Host-level argv that runs argv in the stage environment (runtime.wrap), creating the
-    host directories a container runtime mounts first."""
-    return with_host_dirs(runtime, runtime.wrap(argv))
-
-
-def with_host_dirs(runtime: Runtime, wrapped: list[str]) -> list[str]:
-    """`wrapped` (a runtime's host-level argv), after creating the host directories a container
-    runtime mounts (docker would create missing ones owned by root)."""
-    dirs = list(getattr(runtime, "host_dirs", lambda: [])())
-    if not dirs:
-        return wrapped
-    return ["sh", "-c", _MKDIRS_THEN_EXEC, "sh", str(len(dirs)), *dirs, *wrapped]
 
 
 def stage_env(runtime: Runtime) -> dict[str, str]:

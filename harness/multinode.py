@@ -352,11 +352,7 @@ class GroupRun:
     def rendezvous_host(self) -> str:
         if self.group.rdzv_host:
             return self.group.rdzv_host
-        t = self.transports[self.hosts[0]]
-        target = getattr(t, "target", None)  # SSHTransport: HostName after ~/.ssh/config
-        if target is not None:
-            return target.hostname
-        return "127.0.0.1"
+        return self.transports[self.hosts[0]].address()
 
     def free_port(self) -> int:
         """The configured rendezvous port if it (and +1) is free on host 0, else a free pair."""

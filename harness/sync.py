@@ -434,8 +434,7 @@ class PreparedSync:
     without touching anything). A sync therefore costs one remote process, a no-op included.
     Use as a context manager."""
 
-    def __init__(self, transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None, plan: SyncPlan | None = None):
-        """plan: one made earlier (run_sync); otherwise scan and plan against the host's manifest."""
+    def __init__(self, transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None):
         self.transport, self.root, self.workdir = transport, Path(root), workdir
         roots = normalize_roots(paths)
         self._proc = subprocess.Popen(transport.local_argv(_session_argv(python, workdir)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -445,13 +444,9 @@ class PreparedSync:
         self._stderr_reader.start()
         self._done = False
         try:
-            if plan is not None:
-                local = plan.local
-            else:
-                local = scan_local(self.root, roots, exclude, cache_file=cache_file if cache_file is not None else self.root / LOCAL_CACHE_PATH)
-            raw = self._read_manifest()
-            host, _ = parse_manifest(raw)
-            self.plan = plan if plan is not None else plan_sync(local, host, roots)
+            local = scan_local(self.root, roots, exclude, cache_file=cache_file if cache_file is not None else self.root / LOCAL_CACHE_PATH)
+            host, _ = parse_manifest(self._read_manifest())
+            self.plan = plan_sync(local, host, roots)
         except BaseException:
             self.close()
             raise
@@ -562,17 +557,9 @@ class PreparedSync:
 
 
 def prepare_sync(transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None) -> SyncPlan:
-    """The plan alone (the helper exits without touching anything); run_sync applies it later."""
+    """The plan alone (the helper exits without touching anything)."""
     with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
         return prepared.plan
-
-
-def run_sync(transport: Transport, root: Path, workdir: str, plan: SyncPlan, *, python: str = "python3", progress: ProgressCallback | None = None) -> SyncResult:
-    """Apply a plan from prepare_sync (a second exec; PreparedSync does both in one)."""
-    if plan.is_noop:
-        return SyncResult(plan=plan, dry_run=False, manifest_digest=manifest_digest(plan.manifest))
-    with PreparedSync(transport, root, plan.roots, workdir, python=python, plan=plan) as prepared:
-        return prepared.apply(progress)
 
 
 def sync(

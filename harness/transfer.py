@@ -74,10 +74,6 @@ LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: w
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
-class PullError(HarnessError):
-    """Some files were refused or could not be fetched and verified (the report lists them)."""
-
-
 @dataclass(frozen=True)
 class PullOptions:
     include: tuple[str, ...] = ()  # gitignore-style; empty = everything
@@ -211,23 +207,6 @@ def _helper_source() -> str:
 def helper_argv(python: str, mode: str, root: str) -> list[str]:
     # -S: the helper is stdlib only; skipping site (and its .pth files) saves most of the start-up
     return [python, "-S", "-c", _helper_source(), mode, root]
-
-
-def separate_connection_argv(transport: Transport, argv: list[str]) -> list[str] | None:
-    """A local command line running argv over its OWN OpenSSH connection (not the shared
-    ControlMaster), or None where that means nothing (LocalTransport).
-
-    Channels multiplexed over one ControlMaster share one TCP flow and one ssh process (one core
-    of crypto), so on a long link they do not add up the way separate connections do."""
-    openssh_options = getattr(transport, "openssh_options", None)  # SSHTransport only
-    if openssh_options is None:
-        return None
-    from dataclasses import replace
-
-    from harness.transport import openssh
-
-    options = openssh_options()
-    return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
 
 
 def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
@@ -711,7 +690,7 @@ def _pull_once(transport, remote_path, local_root: Path, options: PullOptions, p
     if not options.dry_run:
         send = helper_argv(options.python, "send", "-")
         prestarted["shared"] = start_send_helper(transport.local_argv(send))
-        own = separate_connection_argv(transport, send)
+        own = transport.own_connection_argv(send)
         if own is not None:
             prestarted["own"] = start_send_helper(own)
     try:
@@ -853,7 +832,7 @@ def _fetch_all(transport, root, parts: list[_PartFile], options: PullOptions, ha
 
     send = helper_argv(options.python, "send", "-")
     shared = transport.local_argv(send)
-    own = separate_connection_argv(transport, send) or shared
+    own = transport.own_connection_argv(send) or shared
     big = work.remaining_bytes() >= OWN_CONNECTION_FROM_BYTES and "own" in prestarted
     first_argv, first_kind = (own, "own") if big else (shared, "shared")
     first_proc = prestarted.pop(first_kind, None)

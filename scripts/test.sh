@@ -4,9 +4,9 @@
 # Installs: openssh-server (the tests start their own sshd on loopback), docker.io (dockerd is
 # started here if not running), debootstrap (the offline base image for container tests),
 # rsync (a comparison in benches), iproute2 (network-namespace test hosts); then the Python
-# packages (scripts/setup.sh --dev). pytest's exit code 5 ("no tests collected") is a failure.
-# Under CI=true (.ci/run) a test bed that cannot start fails its tests; otherwise they are skipped
-# and listed in a block at the end.
+# packages (scripts/setup.sh --dev). Then ruff (a finding fails the run), then pytest; pytest's
+# exit code 5 ("no tests collected") is a failure. Under CI=true (.ci/run) a test bed that cannot
+# start fails its tests; otherwise they are skipped and listed in a block at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,9 @@ scripts/start-dockerd.sh
 
 echo "== offline base image for container tests"
 scripts/make-test-base-image.sh
+
+echo "== ruff"
+python3 -m ruff check .
 
 echo "== pytest"
 set +e

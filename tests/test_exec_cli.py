@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.job_project import run_in_pty
 from tests.fixtures.sshd import free_port, stop_control_masters, write_harness_config
 
 pytestmark = pytest.mark.ssh
@@ -213,8 +214,7 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
 def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, capfd):
     """The warm path's fallback (a master that refuses mux sessions): plain `ssh -S`."""
     from harness.config import HostConfig
-    from harness.remote_exec import _run_openssh
-    from harness.transport import ConnectOptions, mux
+    from harness.transport import ConnectOptions, connect, mux
 
     for k, v in ssh_host.env({}).items():
         monkeypatch.setenv(k, v)
@@ -224,8 +224,9 @@ def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, c
 
     monkeypatch.setattr(mux, "run_session", refuse)
     monkeypatch.setattr("sys.stdin", open(os.devnull))
-    code = _run_openssh(HostConfig(name="box", ssh="box"), ["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], {"T_FB": "v a'l"},
-                        ConnectOptions(), transport_factory=None)
+    transport = connect(HostConfig(name="box", ssh="box"), ConnectOptions())
+    code = transport.exec_foreground(["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], env={"T_FB": "v a'l"})
+    assert transport._client is None  # paramiko never connected: OpenSSH did it all
     assert code == 6
     assert capfd.readouterr().out == "v a'l"
 
@@ -263,3 +264,71 @@ def test_a_key_held_only_by_a_running_ssh_agent_is_used(tmp_path, ssh_host):
         stop_control_masters(control)
         agent.terminate()
         agent.wait(10)
+# ---------------------------------------------------------------------------------------------
+# The warm path's master connection follows the user's SSH files
+
+
+def _own_ssh_files(tmp_path: Path, ssh_host, env: dict[str, str], hostname: str, port: int) -> tuple[Path, Path, dict[str, str]]:
+    """An ssh_config whose `box` points at hostname:port, and a copy of the known_hosts, both
+    this test's own (it edits them)."""
+    config, known = tmp_path / "ssh_config", tmp_path / "known_hosts"
+    known.write_text(ssh_host.known_hosts_lines())
+    _point_box_at(config, ssh_host, hostname, port)
+    return config, known, {**env, "HARNESS_SSH_CONFIG": str(config), "HARNESS_KNOWN_HOSTS": str(known)}
+
+
+def _point_box_at(config: Path, ssh_host, hostname: str, port: int) -> None:
+    config.write_text(f"Host box\n  HostName {hostname}\n  Port {port}\n  User {ssh_host.user}\n"
+                      f"  IdentityFile {ssh_host.key_path}\n  IdentitiesOnly yes\n")
+
+
+def _server_address(config: Path, env: dict[str, str]) -> list[bytes]:
+    r = harness(config, "exec", "box", "--", "sh", "-c", 'echo "$SSH_CONNECTION"', env=env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()[2:]
+
+
+def test_master_is_not_reused_after_the_host_leaves_known_hosts(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    _, known, env = _own_ssh_files(tmp_path, ssh_host, env, "127.0.0.1", ssh_host.port)
+    assert harness(config, "exec", "box", "--", "true", env=env).returncode == 0  # a master is now alive
+    known.write_text(f"{ssh_host.behind.known_hosts_name} {ssh_host.behind.host_pub_line}\n")
+    r = harness(config, "exec", "box", "--", "echo", "reached", env=env)
+    assert r.returncode == 255 and r.stdout == b""
+    assert "unknown host key" in r.stderr.decode()
+
+
+def test_master_follows_an_edited_ssh_config(tmp_path, ssh_host, env):
+    config = write_harness_config(tmp_path, ssh_host)
+    ssh_config, _, env = _own_ssh_files(tmp_path, ssh_host, env, "127.0.0.1", ssh_host.port)
+    assert _server_address(config, env) == [b"127.0.0.1", str(ssh_host.port).encode()]
+    _point_box_at(ssh_config, ssh_host, "127.0.0.2", ssh_host.behind.port)  # the alias now names another box
+    assert _server_address(config, env) == [b"127.0.0.2", str(ssh_host.behind.port).encode()]
+    _point_box_at(ssh_config, ssh_host, "127.0.0.1", ssh_host.port)
+    assert _server_address(config, env) == [b"127.0.0.1", str(ssh_host.port).encode()]
+
+
+# ---------------------------------------------------------------------------------------------
+# A host that was never synced: no workdir yet
+
+
+def test_a_fresh_host_answers_exec_inspect_doctor_and_shell(tmp_path, ssh_host, env, monkeypatch):
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "box"\nworkdir = "{tmp_path}/never-synced/work"\npython = "{sys.executable}"\n')
+    r = harness(config, "inspect", "box", "json.dumps", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["qualname"] == "dumps"
+    r = harness(config, "doctor", "box", "--json", env=env)
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert "did not answer" not in json.dumps(checks), r.stdout  # the stage interpreter answered
+    assert "can't cd" not in json.dumps(checks)
+    (tmp_path / "never-synced").rename(tmp_path / "gone")  # fresh again, for the shell
+    for key, value in ssh_host.env({}).items():  # run_in_pty passes on this process's environment
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], b"pwd; exit 3\n")
+    assert code == 3, out
+    assert f"{tmp_path}/never-synced/work" in out
+    (tmp_path / "never-synced").rename(tmp_path / "gone-again")
+    r = harness(config, "exec", "box", "--", "pwd", env=env)
+    assert (r.returncode, r.stdout.decode()) == (0, f"{tmp_path}/never-synced/work\n"), r.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +82,15 @@ def test_home_and_expand(local, monkeypatch, tmp_path):
     assert local.home() == str(tmp_path)
     assert local.expand("~/x") == f"{tmp_path}/x" and local.expand("/abs") == "/abs"
     assert local.local_argv(["cat", "f"]) == ["cat", "f"]
+
+
+def test_the_transport_package_stands_without_the_config_module():
+    """transport/ takes a ConnectionSpec, never harness.config (the layer above it)."""
+    from harness.transport import ConnectionSpec, connect
+
+    modules = sorted(p.stem for p in (Path(__file__).parents[1] / "harness" / "transport").glob("*.py") if p.stem != "__init__")
+    code = f"import sys; import {', '.join('harness.transport.' + m for m in modules)}; print('harness.config' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "False\n"), r.stderr
+    with connect(ConnectionSpec("here", local=True)) as t:
+        assert t.run(["echo", "ok"]).text == "ok\n"

@@ -127,6 +127,7 @@ def test_alias_resolution_from_ssh_config(box, ssh_host):
     conn = box.run(["sh", "-c", 'echo "$SSH_CONNECTION"; id -un']).text.split("\n")
     assert conn[0].split()[2:] == ["127.0.0.1", str(ssh_host.port)]
     assert conn[1] == ssh_host.user
+    assert box.address() == conn[0].split()[2]  # where a group's peers meet this host
 
 
 def test_user_host_port_spec(ssh_host, tmp_path):
@@ -143,6 +144,7 @@ def test_proxyjump_goes_through_the_jump_host(ssh_host):
     before = ssh_host.box.log_text().count(pattern)
     with connect(HostConfig(name="behind", ssh="behind"), ssh_host.connect_options()) as t:
         conn = t.run(["sh", "-c", 'echo "$SSH_CONNECTION"']).text.split()
+        assert t.address() == "127.0.0.2"  # the host's own, not the jump host's
     assert conn[2:] == ["127.0.0.2", str(ssh_host.behind.port)]
     assert ssh_host.box.log_text().count(pattern) == before + 1
 

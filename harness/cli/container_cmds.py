@@ -58,11 +58,7 @@ def shell(ctx: click.Context, host: str) -> None:
     try:
         transport = app.transport(host)
         runtime = runtime_for(host_cfg, transport)
-        if runtime.kind == "docker":
-            transport.check(["mkdir", "-p", "--", *runtime.host_dirs()])
-        else:
-            transport.check(["mkdir", "-p", "--", runtime.workdir])
-        argv = runtime.wrap(LOGIN_SHELL, WrapOptions(interactive=True))
+        argv = runtime.foreground(LOGIN_SHELL, WrapOptions(interactive=True))
         code = transport.run_pty(argv, env=host_cfg.env_values())
     finally:
         app.close()

@@ -20,8 +20,7 @@ def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) ->
 
     app = ctx.obj
     try:
-        code = exec_on_host(app.host(host), list(command), pty=pty, options=app.connect_options(),
-                            transport_factory=lambda: app.transport(host))
+        code = exec_on_host(app.host(host), list(command), pty=pty, transport=app.transport(host))
     finally:
         app.close()
     ctx.exit(code)

@@ -8,7 +8,6 @@ argument names a `[groups.NAME]` instead of a host, so `harness run cluster trai
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
@@ -45,6 +44,7 @@ def _hint(group: str, run_id: str) -> str:
 
 
 def run_group(app, group: str, stages: list[str], detach: bool, grace: float) -> int:
+    from harness.cli.render import print_group_table
     from harness.multinode import prefixed_writer
 
     runner = _group_run(app, group)
@@ -90,6 +90,8 @@ def logs_group(app, group: str, run_id: str, stage: str | None, follow: bool) ->
 
 
 def status_group(app, group: str, run_id: str | None) -> int:
+    from harness.cli.render import print_group_table
+
     status = _group_run(app, group).status(run_id or "last")
     origin = status.origin()
     if origin is not None:
@@ -110,10 +112,9 @@ def cancel_group(app, group: str, run_id: str, grace: float | None) -> int:
 def runs_group(app, group: str) -> int:
     """Every host's runs, asked in parallel, as one table: a group run shares its id across hosts."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
-    from harness.cli.job_cmds import _styled
+    from harness.cli.render import plain, styled_state
     from harness.multinode import parallel
 
     runner = _group_run(app, group)
@@ -122,40 +123,17 @@ def runs_group(app, group: str) -> int:
     for host, (runs, error) in listed.items():
         for r in runs or []:
             states.setdefault(r.run_id, {})[host] = r.state
-    table = Table(title=f"runs on group {escape(group)}")
+    table = Table(title=f"runs on group {plain(group)}")
     table.add_column("run", no_wrap=True)
     for host in runner.hosts:
-        table.add_column(escape(host) + (" (unreachable)" if listed[host][1] is not None else ""))
+        table.add_column(plain(host) + (" (unreachable)" if listed[host][1] is not None else ""))
     for run_id in sorted(states):
-        table.add_row(escape(run_id), *(_styled(states[run_id][h]) if h in states[run_id] else ("?" if listed[h][1] is not None else "-") for h in runner.hosts))
+        table.add_row(plain(run_id), *(styled_state(states[run_id][h]) if h in states[run_id] else ("?" if listed[h][1] is not None else "-") for h in runner.hosts))
     Console().print(table)
     for host, (_, error) in listed.items():
         if error is not None:
             click.echo(f"{host}: {type(error).__name__}: {error}", err=True)
     return 1 if any(error is not None for _, error in listed.values()) else 0
-
-
-def print_group_table(status) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from harness.cli.job_cmds import _clock, _duration, _styled, describe_event, describe_tau
-
-    table = Table(title=f"run {status.run_id} on group {status.group}: {status.state}",
-                  caption=f"first failure: {status.first_failure}" if status.first_failure else None)
-    for col in ("node", "host", "stage", "state", "started", "duration", "exit", "last event"):
-        table.add_column(col)
-    for node in status.nodes:
-        if node.status is None:
-            table.add_row(str(node.rank), node.host, "", "[red]unreachable[/red]" if not node.missing else node.state, "", "", "", node.error or "")
-            continue
-        for s in node.status.stages:
-            end = s.finished if s.finished else (time.time() if s.state == "running" else None)
-            ev = s.last_event or {}
-            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "") + describe_tau(s.tau, ev)
-            table.add_row(str(node.rank), node.host, s.stage, _styled(s.state), _clock(s.started), _duration(s.started, end),
-                          "" if s.exit_code is None else str(s.exit_code), last)
-    Console().print(table)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ sync. A run id is what `harness run` printed, or `last` for the newest run on th
 from __future__ import annotations
 
 import sys
-import time
 
 import click
 
@@ -62,7 +61,7 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
 
 def _attach(jobs, host: str, run_id: str) -> int:
     """Stream logs and render progress events until the run ends; Ctrl-C only detaches."""
-    from harness.cli.render import EventRenderer
+    from harness.cli.render import EventRenderer, print_run_table
 
     renderer = EventRenderer()
     try:
@@ -73,7 +72,7 @@ def _attach(jobs, host: str, run_id: str) -> int:
         click.echo(_reattach_hint(host, run_id), err=True)
         return 130
     status = jobs.status(run_id)
-    _print_run_table(status)
+    print_run_table(status)
     return exit_code_of(status)
 
 
@@ -120,7 +119,9 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
         st = _jobs(app, host).status(run_id or "last")
     finally:
         app.close()
-    _print_run_table(st)
+    from harness.cli.render import print_run_table
+
+    print_run_table(st)
     ctx.exit(0 if st.state in ("ok", "running") else exit_code_of(st))
 
 
@@ -130,8 +131,9 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
 def runs(ctx: click.Context, host: str) -> None:
     """List the runs on HOST (or on every host of a group), oldest first."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+
+    from harness.cli.render import clock, duration, end_time, plain, styled_state
 
     app = ctx.obj
     dispatch_if_group(ctx, host, "runs_group")  # a group: one row per run id, one column per host
@@ -139,14 +141,13 @@ def runs(ctx: click.Context, host: str) -> None:
         all_runs = _jobs(app, host).list_runs()
     finally:
         app.close()
-    table = Table(title=f"runs on {escape(host)}")
+    table = Table(title=f"runs on {plain(host)}")
     for col in ("run", "state", "stages", "started", "duration", "at stage"):
         table.add_column(col, no_wrap=col != "at stage")
     for r in all_runs:
         done = sum(1 for s in r.stages if s.state == "ok")
         current = next((s.stage for s in r.stages if s.state in ("running", "failed", "cancelled")), "")
-        end = r.finished if r.finished else (time.time() if r.state == "running" else None)
-        table.add_row(escape(r.run_id), _styled(r.state), f"{done}/{len(r.stages)}", _clock(r.started), _duration(r.started, end), escape(current))
+        table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(current))
     Console().print(table)
 
 
@@ -166,85 +167,3 @@ def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> N
     finally:
         app.close()
     click.echo(f"run {rid}: {state}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Rendering
-
-
-def _print_run_table(st) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    # Everything below comes from the remote run record and events (stage messages, paths,
-    # errors): escaped, so text in [brackets] shows as written instead of being read as markup.
-    rec = st.record
-    git = rec.get("git") or {}
-    commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "")
-    image = (rec.get("image") or {}).get("id") or "-"
-    table = Table(
-        title=escape(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}"),
-        caption=escape(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
-    )
-    for col in ("stage", "state", "started", "duration", "exit", "last event"):
-        table.add_column(col, no_wrap=col != "last event")
-    for s in st.stages:
-        table.add_row(
-            escape(s.stage),
-            _styled(s.state),
-            _clock(s.started),
-            _duration(s.started, s.finished if s.finished else (time.time() if s.state == "running" else None)),
-            "" if s.exit_code is None else str(s.exit_code),
-            escape(describe_event(s.last_event) + describe_tau(s.tau, s.last_event)),
-        )
-    Console(stderr=False).print(table)
-
-
-def describe_event(ev: dict | None) -> str:
-    if not ev:
-        return ""
-    kind = ev.get("event")
-    if kind == "progress":
-        return f"{ev.get('step')}/{ev.get('total')} {ev.get('unit', '')}".strip()
-    if kind == "metric":
-        metrics = ev.get("metrics") or {}
-        return f"step {ev.get('step')}: " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-    if kind == "artifact":
-        return f"{ev.get('kind', 'artifact')}: {ev.get('path')}"
-    if kind == "message":
-        return str(ev.get("text", ""))[:80]
-    if kind == "warning":
-        return "warning: " + str(ev.get("text", ""))[:120]
-    if kind == "finished":
-        return f"finished: {ev.get('status')}"
-    return str(kind)
-
-
-def describe_tau(tau: dict | None, last_event: dict | None) -> str:
-    """The draft's latest estimated tau, unless the last event already shows it."""
-    if not tau or not isinstance(tau.get("tau"), (int, float)):
-        return ""
-    if last_event and "tau" in (last_event.get("metrics") or {}):
-        return ""
-    return f"  (tau {tau['tau']:.2f} at step {tau.get('step')})"
-
-
-def _styled(state: str) -> str:
-    color = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}.get(state, "")
-    if not color:
-        from rich.markup import escape
-
-        return escape(state)  # an unknown state read from the remote record: shown as written
-    return f"[{color}]{state}[/{color}]"
-
-
-def _clock(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
-
-
-def _duration(start: float | None, end: float | None) -> str:
-    if not start or not end:
-        return ""
-    s = int(end - start)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"

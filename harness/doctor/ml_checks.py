@@ -19,7 +19,7 @@ from typing import Any, Callable
 from harness import compat
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
-from harness.inspect_remote import stage_command, stage_env
+from harness.inspect_remote import stage_env
 from harness.pipeline import StagePaths
 from harness.runtime.preflight import not_built
 
@@ -160,7 +160,7 @@ def parse_probe(stdout: bytes) -> dict[str, Any] | None:
 
 
 def _tail(data: bytes, lines: int = 3) -> str:
-    text = [l.strip() for l in data.decode("utf-8", "replace").strip().splitlines() if l.strip()]
+    text = [line.strip() for line in data.decode("utf-8", "replace").strip().splitlines() if line.strip()]
     return " | ".join(text[-lines:])
 
 
@@ -200,7 +200,7 @@ class MLDoctor:
                 self._probe = ProbeOutcome(None, 125, self.container(runner).message)
                 return self._probe
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
-            argv = stage_command(runtime, [runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
+            argv = runtime.foreground([runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
             r = runner.run(argv, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))

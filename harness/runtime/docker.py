@@ -85,10 +85,10 @@ class DockerRuntime(Runtime):
         """The --ulimit values containers get: the defaults, overridden by container.ulimits."""
         return {**DEFAULT_ULIMITS, **self.host.container.ulimits}
 
-    def run_options(self, options: WrapOptions = WrapOptions(), gpus: bool = True) -> list[str]:
+    def run_options(self, options: WrapOptions = WrapOptions()) -> list[str]:
         c = self.host.container
         # --pull=never: a missing image is an error, never a registry pull (harness build makes it)
-        opts: list[str] = ["--pull=never", "--init", *(gpus_flag(c.gpus) if gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
+        opts: list[str] = ["--pull=never", "--init", *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
         for name, value in self.ulimits().items():
             opts += ["--ulimit", f"{name}={value}"]
         opts += ["-v", f"{self.workdir}:{self.workdir}", "-w", self.workdir]
@@ -107,11 +107,10 @@ class DockerRuntime(Runtime):
             opts += ["--name", options.name]
         return opts
 
-    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions(), gpus: bool = True) -> list[str]:
-        """`docker run --rm` in the foreground: exec, shell, inspect, probes (`gpus=False`: the
-        container start check, harness.runtime.preflight)."""
+    def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
+        """`docker run --rm` in the foreground: exec, shell, inspect, probes."""
         tty = ["-i", "-t"] if options.interactive else ["-i"]
-        return ["docker", "run", "--rm", *tty, *self.run_options(options, gpus), self.image, *argv]
+        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *argv]
 
     def create_argv(self, argv: Sequence[str], options: WrapOptions) -> list[str]:
         """`docker create` for a detached job: the supervisor starts it, waits, removes it."""

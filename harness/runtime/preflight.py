@@ -80,11 +80,10 @@ def require_image(transport: "Transport", runtime: "DockerRuntime") -> str:
 
 def check_container(transport: "Transport", runtime: "DockerRuntime") -> ImageFacts:
     """The image exists and a container of it starts with the configured options."""
-    from harness.inspect_remote import with_host_dirs
+    from harness.runtime.base import WrapOptions
 
     found = require_image(transport, runtime)
-    argv = runtime.wrap(["sh", "-c", f"cat {VERSIONS_FILE} 2>/dev/null || echo null"], gpus=False)
-    result = transport.run(with_host_dirs(runtime, argv))
+    result = transport.run(runtime.foreground(["sh", "-c", f"cat {VERSIONS_FILE} 2>/dev/null || echo null"], WrapOptions(gpus=False)))
     if result.exit_code != 0:
         raise start_error(transport, runtime, result.stderr.decode("utf-8", "replace"), result.exit_code)
     try:

@@ -1,11 +1,34 @@
-"""Reach a host: `connect(host_config)` -> a Transport (LocalTransport or SSHTransport)."""
+"""Reach a host: `connect(host_config)` -> a Transport (LocalTransport or SSHTransport).
+
+This package does not import harness.config: what it takes of a configured host is a
+ConnectionSpec, made from the host's configuration by `connect`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.config import HostConfig
 from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport, quote_argv
+
+
+@dataclass(frozen=True)
+class ConnectionSpec:
+    """How to reach one configured host."""
+
+    name: str  # the configured host name, for messages
+    ssh: str = ""  # "user@host:port", "host", or an ~/.ssh/config alias; "" with local
+    local: bool = False  # this machine: no SSH at all
+    identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
+    connect_timeout: float = 10.0
+
+    @classmethod
+    def of(cls, host) -> "ConnectionSpec":
+        """From a harness.config.HostConfig (or another ConnectionSpec)."""
+        return cls(name=host.name, ssh=host.ssh, local=host.is_local, identity_file=host.identity_file, connect_timeout=host.connect_timeout)
+
+    @property
+    def is_local(self) -> bool:
+        return self.local
 
 
 @dataclass(frozen=True)
@@ -17,14 +40,16 @@ class ConnectOptions:
     ssh_config: str | None = None  # default ~/.ssh/config
 
 
-def connect(host: HostConfig, options: ConnectOptions | None = None) -> Transport:
-    if host.is_local:
+def connect(host, options: ConnectOptions | None = None) -> Transport:
+    """host: a harness.config.HostConfig (or a ConnectionSpec)."""
+    spec = ConnectionSpec.of(host)
+    if spec.is_local:
         from harness.transport.local import LocalTransport
 
-        return LocalTransport(host.name)
+        return LocalTransport(spec.name)
     from harness.transport.ssh import SSHTransport  # paramiko is imported only when needed
 
-    return SSHTransport(host, options or ConnectOptions())
+    return SSHTransport(spec, options or ConnectOptions())
 
 
-__all__ = ["ConnectOptions", "OutputSink", "RemoteStat", "RunResult", "Transport", "connect", "quote_argv"]
+__all__ = ["ConnectOptions", "ConnectionSpec", "OutputSink", "RemoteStat", "RunResult", "Transport", "connect", "quote_argv"]

@@ -53,6 +53,14 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+def _live(stream) -> OutputSink:
+    def write(chunk: bytes) -> None:
+        stream.write(chunk)
+        stream.flush()
+
+    return write
+
+
 class Transport(abc.ABC):
     """One host. Open once per CLI command and reuse for every operation (`with connect(...)`)."""
 
@@ -92,11 +100,28 @@ class Transport(abc.ABC):
         """Run argv interactively on a real PTY wired to this terminal (window size, Ctrl-C);
         return its exit code."""
 
+    def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
+        """Run argv as `harness exec` does: output live on this process's stdout/stderr (on a
+        PTY wired to this terminal when pty); return its exit code. Each transport picks its
+        fastest way (SSH hosts: the OpenSSH ControlMaster)."""
+        if pty:
+            return self.run_pty(argv, env=env)
+        import sys
+
+        return self.run(argv, env=env, stdout=_live(sys.stdout.buffer), stderr=_live(sys.stderr.buffer)).exit_code
+
     @abc.abstractmethod
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         """A command line for THIS machine that runs argv on the host, with stdin/stdout piped
         straight through (OpenSSH for SSH hosts, argv itself for the local host). Used for bulk
         byte streams, which OpenSSH moves about twice as fast as paramiko."""
+
+    def own_connection_argv(self, argv: Sequence[str]) -> list[str] | None:
+        """local_argv over a connection of its own, not shared with other commands, or None
+        where that means nothing (the local host). Streams multiplexed over one connection share
+        one TCP flow and one ssh process (one core of crypto): on a long link, parallel bulk
+        streams add up only over connections of their own."""
+        return None
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -115,6 +140,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def home(self) -> str:
         """The user's home directory on the host (to expand `~` in configured paths)."""
+
+    def address(self) -> str:
+        """Where other machines reach this host: its HostName after the user's ssh_config for
+        SSH hosts (a group's rendezvous address), loopback for this machine."""
+        return "127.0.0.1"
 
     def expand(self, path: str) -> str:
         """Expand a leading `~` the way the host sees it."""

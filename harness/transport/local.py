@@ -83,6 +83,10 @@ class LocalTransport(Transport):
         # This terminal already is a PTY: the child inherits it, and Ctrl-C reaches it directly.
         return subprocess.call(list(argv), cwd=self.expand(cwd) if cwd else None, env={**os.environ, **(env or {})})
 
+    def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
+        # run_pty inherits this process's stdin/stdout/stderr: exactly what exec wants, PTY or not
+        return self.run_pty(argv, env=env)
+
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         return list(argv)
 

@@ -18,6 +18,7 @@ Test/CI overrides (so nothing depends on the user's real ~/.ssh):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import stat
@@ -207,16 +208,57 @@ def control_dir() -> str:
 
 
 def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
-    """Options with a ControlPath specific to EVERYTHING that shapes the connection (target, files,
-    keys, jump host): a master opened with one known_hosts file is never reused with another."""
-    key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra))
+    """Options with a ControlPath specific to EVERYTHING that shapes the connection: our options
+    (files, keys, jump host), what the user's ssh_config makes of the target now (`ssh -G`), and
+    the content of the known_hosts files that apply. A master is reused only while all of that
+    is unchanged: after an edit of HostName/Port/User/ProxyJump or of known_hosts the next
+    command opens a new, checked connection instead of talking to the old one."""
+    resolved = resolve_config(o)
+    connection = tuple((k, tuple(resolved.get(k, ()))) for k in RESOLVED_KEYS)
+    known_hosts = tuple((p, _content_digest(p)) for k in KNOWN_HOSTS_KEYS for p in resolved.get(k, ()))
+    key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra,
+                connection, known_hosts))
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return replace(o, control_path=os.path.join(control_dir(), digest))
 
 
-def master_is_running(o: OpenSSHOptions) -> bool:
-    """Cheap local check: the socket exists (a stale one is replaced by ControlMaster=auto)."""
-    return bool(o.control_path) and os.path.exists(o.control_path)
+# What a connection resolves to, as `ssh -G` prints it (lower-case keys).
+RESOLVED_KEYS = ("hostname", "port", "user", "hostkeyalias", "proxyjump", "proxycommand")
+KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
+
+
+def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
+    """`ssh -G`: the client's own reading of ssh_config for these options (Match, Include and
+    tokens included), as {key: values}. One `ssh` process per distinct options and CLI call."""
+    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host)
+
+
+@functools.lru_cache(maxsize=16)
+def _ssh_dash_g(argv: tuple[str, ...], host: str) -> dict[str, tuple[str, ...]]:
+    import subprocess
+
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TransportError(f"{host}: cannot run ssh -G to read the ssh configuration: {e}") from None
+    text = proc.stdout.decode("utf-8", "replace")
+    if proc.returncode != 0:
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise TransportError(f"{host}: ssh cannot read its configuration: {lines[-1] if lines else f'exit code {proc.returncode}'}")
+    values: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key in RESOLVED_KEYS or key in KNOWN_HOSTS_KEYS:
+            values.setdefault(key, []).extend(value.split() if key in KNOWN_HOSTS_KEYS else [value])
+    return {k: tuple(v) for k, v in values.items()}
+
+
+def _content_digest(path: str) -> str:
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return "absent"
 
 
 def start_master(o: OpenSSHOptions, host_name: str) -> None:
@@ -235,13 +277,6 @@ def start_master(o: OpenSSHOptions, host_name: str) -> None:
     os.unlink(log)
     if proc.returncode != 0:
         raise map_stderr(text + proc.stderr.decode("utf-8", "replace"), host_name, o)
-
-
-def stop_master(o: OpenSSHOptions) -> None:
-    import subprocess
-
-    if o.control_path and os.path.exists(o.control_path):
-        subprocess.run(base_argv(o) + ["-O", "exit", "--", o.target.host], stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 
 
 def ssh_available() -> bool:
@@ -297,13 +332,13 @@ def bulk_failure(host_name: str, what: str, code: int, stderr: str) -> HarnessEr
 # From harness.toml
 
 
-def options_for(host, connect_options) -> OpenSSHOptions:
-    """OpenSSHOptions for a configured host (a HostConfig) and this invocation's ConnectOptions."""
+def options_for(spec, connect_options) -> OpenSSHOptions:
+    """OpenSSHOptions for a host's ConnectionSpec and this invocation's ConnectOptions."""
     return OpenSSHOptions(
-        target=SSHTarget.parse(host.ssh),
+        target=SSHTarget.parse(spec.ssh),
         ssh_config=ssh_config_path(connect_options.ssh_config),
         known_hosts=known_hosts_override(connect_options.known_hosts),
-        identity_files=(os.path.expanduser(host.identity_file),) if host.identity_file else (),
+        identity_files=(os.path.expanduser(spec.identity_file),) if spec.identity_file else (),
         accept_new_host_key=connect_options.accept_new_host_key,
-        connect_timeout=host.connect_timeout,
+        connect_timeout=spec.connect_timeout,
     )

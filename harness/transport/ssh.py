@@ -18,11 +18,10 @@ import stat as st
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from harness.config import HostConfig
 from harness.errors import AuthError, ConnectError, HostKeyError, TransportError
 from harness.transport import openssh
 from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport
@@ -31,7 +30,7 @@ from harness.transport.remote_shell import remote_command
 if TYPE_CHECKING:
     import paramiko
 
-    from harness.transport import ConnectOptions
+    from harness.transport import ConnectionSpec, ConnectOptions
 
 KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -122,9 +121,9 @@ def record_host_key(known_hosts: str, name: str, key: paramiko.PKey, *, hashed: 
 
 
 class SSHTransport(Transport):
-    def __init__(self, host: HostConfig, options: "ConnectOptions"):
-        self.name = host.name
-        self.host = host
+    def __init__(self, spec: "ConnectionSpec", options: "ConnectOptions"):
+        self.name = spec.name
+        self.spec = spec
         self.options = options
         self.ssh_config_path = openssh.ssh_config_path(options.ssh_config)
         self._client: paramiko.SSHClient | None = None
@@ -144,7 +143,7 @@ class SSHTransport(Transport):
     @cached_property
     def target(self) -> ResolvedHost:
         """What paramiko connects to, after ~/.ssh/config."""
-        return resolve(self.host.ssh, self._ssh_config, self.host.identity_file)
+        return resolve(self.spec.ssh, self._ssh_config, self.spec.identity_file)
 
     def _known_hosts_for(self, target: ResolvedHost) -> str:
         explicit = openssh.known_hosts_override(self.options.known_hosts)
@@ -167,7 +166,7 @@ class SSHTransport(Transport):
                 self._jumps.append(client)
                 try:
                     sock = client.get_transport().open_channel(
-                        "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=self.host.connect_timeout
+                        "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=self.spec.connect_timeout
                     )
                 except (paramiko.ChannelException, paramiko.SSHException, OSError) as e:
                     raise ConnectError(f"{self.name}: jump host {hop.alias} cannot reach {nxt.hostname}:{nxt.port}: {e}") from None
@@ -190,7 +189,7 @@ class SSHTransport(Transport):
             strict_host_key_policy(self.name, known_hosts, self.options.accept_new_host_key, target.hash_known_hosts)
         )
         key_files = [p for p in target.identity_files if os.path.isfile(p)]
-        timeout = self.host.connect_timeout
+        timeout = self.spec.connect_timeout
         try:
             client.connect(
                 target.hostname,
@@ -262,7 +261,7 @@ class SSHTransport(Transport):
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise TransportError(f"{self.name}: the SSH connection was lost")
-        return transport.open_session(timeout=self.host.connect_timeout)
+        return transport.open_session(timeout=self.spec.connect_timeout)
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -352,11 +351,26 @@ class SSHTransport(Transport):
         chan.close()
         return _exit_code(code)
 
-    def local_argv(self, argv: Sequence[str]) -> list[str]:
-        return openssh.argv_for(openssh.with_control_path(self.openssh_options()), argv)
+    def address(self) -> str:
+        return self.target.hostname
 
-    def openssh_options(self) -> openssh.OpenSSHOptions:
-        return openssh.options_for(self.host, self.options)
+    def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
+        if pty or not openssh.ssh_available():
+            return super().exec_foreground(argv, env=env, pty=pty)
+        from harness.transport import openssh_exec
+
+        # the warm path: the OpenSSH master; paramiko only to name a refused host key precisely
+        return openssh_exec.run(self._openssh_options(), self.name, argv, env, report_host_key=self.open)
+
+    def local_argv(self, argv: Sequence[str]) -> list[str]:
+        return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)
+
+    def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
+        options = self._openssh_options()
+        return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
+
+    def _openssh_options(self) -> openssh.OpenSSHOptions:
+        return openssh.options_for(self.spec, self.options)
 
     # -- files ------------------------------------------------------------------------------------
 
