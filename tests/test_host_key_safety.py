@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from harness.config import HostConfig
-from harness.transfer import separate_connection_argv
 from harness.transport import connect
 from tests.fixtures.sshd import write_harness_config
 
@@ -88,7 +87,7 @@ def test_every_openssh_command_line_refuses_an_unknown_key(weak_user, monkeypatc
     monkeypatch.setenv("HARNESS_CONTROL_DIR", str(weak_user.control_dir))
     for name in ("box", "behind"):
         transport = connect(HostConfig(name=name, ssh=name), weak_user.connect_options())
-        for argv in (transport.local_argv(["true"]), separate_connection_argv(transport, ["true"])):
+        for argv in (transport.local_argv(["true"]), transport.own_connection_argv(["true"])):
             r = subprocess.run(argv, env=weak_user.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
             assert r.returncode == 255 and "Permanently added" not in r.stderr, (name, argv, r.stderr)
             if name == "box":  # (behind: a master's ProxyJump hop prints to /dev/null)
