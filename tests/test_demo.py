@@ -55,3 +55,18 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
         state = json.loads((run_dir / stage / "state.json").read_text())
         assert state["state"] == "ok" and state["exit_code"] == 0, (stage, state)
 
+
+
+def test_the_kimi_verifier_changes_only_the_verifier_stage():
+    from harness.demo import DemoOptions, demo_config
+    from harness.errors import HarnessError
+    from harness.pipeline import stage_argv
+
+    kimi, llama = demo_config(DemoOptions(verifier="kimi-k2.5")).pipeline, demo_config(DemoOptions()).pipeline
+    argv = stage_argv("verifier", kimi)
+    assert argv[argv.index("--arch") + 1] == "kimi-k2.5" and argv[argv.index("--layout") + 1] == "released"
+    assert "--arch" not in stage_argv("verifier", llama)
+    for stage in ("prepare", "extract", "train", "evaluate", "export"):
+        assert stage_argv(stage, kimi) == stage_argv(stage, llama)
+    with pytest.raises(HarnessError, match="unknown demo verifier"):
+        DemoOptions(verifier="gpt-2").stages()
