@@ -607,6 +607,8 @@ class ShardIncomplete(RuntimeError):
 def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
     from datasets import load_from_disk
 
+    if args.backend == "transformers" and not args.verify_only:
+        check_quantization(args, events, local_rank)  # from the config, before anything loads
     if not Path(args.prepared).exists():
         raise FileNotFoundError(f"prepared dataset {args.prepared} does not exist (run prepare first)")
     dataset = load_from_disk(args.prepared)
@@ -618,7 +620,6 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
 
     if not args.verify_only:
         if args.backend == "transformers":
-            check_quantization(args, events, local_rank)
             summary.update(extract_transformers(args, events, dataset, indices, rank, local_rank))
         else:
             summary.update(extract_vllm(args, events, dataset, indices, rank, world, local_rank))

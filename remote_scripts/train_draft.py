@@ -13,6 +13,9 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   mask the built model makes), the loss implementation (eager on CPU and on torch 2.11, where the
   fused Triton loss crashes under dynamo), flex_attention tiles for GPUs with ~100 KiB shared
   memory, dataloader workers.
+* the mask token id, resolved from the verifier's tokenizer (common/speculators_compat.py, shim
+  'mask-token') and passed explicitly: speculators would load the verifier's full processor for
+  it, which a multimodal verifier (Kimi-K2.5) cannot give without torchvision.
 * preflight guards before the first step: hidden-state files match the verifier (shape
   [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
   config.
