@@ -328,6 +328,8 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
     # thread, 8.0 s/step with 2 while another stage ran).
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.layout != "save_pretrained" and args.arch != tiny_kimi_k25.ARCH:
+        raise ValueError(f"--layout {args.layout} is for --arch {tiny_kimi_k25.ARCH}")
     if args.num_layers < 7:
         raise ValueError(f"--num-layers {args.num_layers}: speculators' default target layers need at least 7")
     t0 = time.monotonic()
