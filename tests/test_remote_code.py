@@ -123,3 +123,18 @@ def test_doctor_probe_finds_the_auto_map(tiktoken_verifier):
     facts = probe.verifier_facts(str(tiktoken_verifier))
     assert facts["auto_map"] == ["tokenizer_config.json"]
     assert verdict_remote_code(facts, False).status == "warn"
+
+
+def test_without_the_option_a_kimi_checkpoint_silently_gets_another_tokenizer(tiktoken_verifier, tmp_path):
+    """transformers has a built-in tokenizer entry for model_type kimi_k25: without
+    trust_remote_code it builds one from tiktoken.model instead of refusing, and its ids differ."""
+    from transformers import AutoTokenizer
+
+    kimi = tmp_path / "kimi"
+    shutil.copytree(tiktoken_verifier, kimi)
+    (kimi / "config.json").write_text(json.dumps({"model_type": "kimi_k25"}))
+    own = AutoTokenizer.from_pretrained(kimi, trust_remote_code=True)
+    builtin = AutoTokenizer.from_pretrained(kimi)
+    assert type(own).__name__ == CLASS_NAME and type(builtin).__name__ != CLASS_NAME
+    text = own.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    assert builtin(text, add_special_tokens=False)["input_ids"] != own(text, add_special_tokens=False)["input_ids"]

@@ -21,7 +21,7 @@ def verdict_remote_code(verifier: dict, trust_remote_code: bool) -> CheckResult:
         return CheckResult(name, "ok", f"its own code ({where} declare auto_map) runs: [pipeline] trust_remote_code = true")
     return CheckResult(
         name, "warn",
-        f"the verifier ships code of its own ({where} declare auto_map) and [pipeline] trust_remote_code is off: the stages load only what transformers has built in (a tiktoken tokenizer such as Kimi-K2.5's has no built-in class)",
+        f"the verifier ships code of its own ({where} declare auto_map) and [pipeline] trust_remote_code is off: transformers then refuses, or builds its own tokenizer from the files (for a tiktoken.model, not necessarily with the same ids)",
         "if you trust that code, set trust_remote_code = true under [pipeline]",
     )
 
