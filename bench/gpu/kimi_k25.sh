@@ -11,6 +11,7 @@
 #
 #   bash bench/gpu/kimi_k25.sh                          # on the GPU machine (.whl carried: installed first)
 #   VERIFIER_ARGS='train_steps = 20' bash bench/gpu/kimi_k25.sh   # a quick mechanical check on a CPU
+#   SAVE_PRETRAINED=0 bash bench/gpu/kimi_k25.sh         # the released layout only (half the time)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -58,6 +59,8 @@ harness "$WORK/released" sync local
 harness "$WORK/released" run local demo
 released_s=$(( $(date +%s) - started ))
 
+saved_s=0
+if [ "${SAVE_PRETRAINED:-1}" = 1 ]; then
 # The same weights in save_pretrained's layout, then every stage on them.
 SAVED="$WORK/save_pretrained-verifier"
 python3 - "$WORK/released/work/outputs/tiny-verifier" "$SAVED" <<'EOF'
@@ -76,12 +79,15 @@ cp "$WORK/released/work/outputs/chat.jsonl" "$WORK/save_pretrained/work/outputs/
 harness "$WORK/save_pretrained" sync local
 harness "$WORK/save_pretrained" run local all
 saved_s=$(( $(date +%s) - started ))
+fi
 
 python3 - "$WORK" "$OUT/kimi_k25.json" "$released_s" "$saved_s" <<'EOF'
 import json, sys
 work, out, released_s, saved_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 results = {}
 for layout, seconds in (("released", released_s), ("save_pretrained", saved_s)):
+    if not seconds:
+        continue
     report = json.load(open(f"{work}/{layout}/work/outputs/eval/report.json"))
     results[layout] = {"tau": report["tau"], "acceptance_per_position": report["acceptance_per_position"], "k": report["k"], "prompts": report["prompts"], "seconds": seconds}
     print(f"{layout}: tau = {report['tau']:.2f} at k = {report['k']} on {report['prompts']} held-out prompts ({seconds} s through harness run)")
