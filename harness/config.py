@@ -115,6 +115,9 @@ class PipelineConfig:
     max_seq_len: int = 256
     target_layer_ids: list[int] = field(default_factory=list)  # empty: [2, N//2, N-3]
     speculative_tokens: int = 3
+    # Let transformers run code shipped with the verifier (config/tokenizer `auto_map`, e.g.
+    # Kimi-K2.5's tiktoken tokenizer) in every stage that loads the verifier or its tokenizer.
+    trust_remote_code: bool = False
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -33,11 +33,26 @@ DEMO_STAGE_ARGS: dict[str, dict[str, Any]] = {
 }
 
 
+# The demo's verifiers (make_tiny_verifier.py --arch): the small Llama, or a toy of the
+# architecture our users train for (Kimi-K2.5: multimodal wrapper, DeepSeek-V3 MoE text model).
+DEMO_VERIFIERS = ("llama", "kimi-k2.5")
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     workdir: Path = Path("demo-output")  # everything the demo writes lives here
     speculative_tokens: int = 3
+    verifier: str = "llama"  # one of DEMO_VERIFIERS
     stage_args: dict[str, dict[str, Any]] = field(default_factory=lambda: DEMO_STAGE_ARGS)
+
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """stage_args, with the verifier stage building the chosen architecture."""
+        if self.verifier not in DEMO_VERIFIERS:
+            raise HarnessError(f"unknown demo verifier {self.verifier!r} (choices: {', '.join(DEMO_VERIFIERS)})")
+        if self.verifier == "llama":
+            return self.stage_args
+        # The released checkpoint's layout: the key names and config a user's download has.
+        return {**self.stage_args, "verifier": {**self.stage_args.get("verifier", {}), "arch": self.verifier, "layout": "released"}}
 
 
 @dataclass(frozen=True)
@@ -81,7 +96,7 @@ def demo_config(options: DemoOptions) -> Config:
         output_dir="outputs",
         max_seq_len=256,
         speculative_tokens=options.speculative_tokens,
-        stages=options.stage_args,
+        stages=options.stages(),
     )
     return Config(
         path=REPO_ROOT / "harness.toml",  # not read: sync paths are relative to its directory

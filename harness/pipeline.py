@@ -42,6 +42,9 @@ STAGES: dict[str, Stage] = {
 # The full chain on a real verifier; the demo prepends "verifier".
 DEFAULT_CHAIN = ["prepare", "extract", "train", "evaluate", "export"]
 DEMO_CHAIN = ["verifier", *DEFAULT_CHAIN]
+# The stages that load the verifier, its tokenizer or its config: `[pipeline] trust_remote_code`
+# reaches each of them as --trust-remote-code.
+REMOTE_CODE_STAGES = ("prepare", "extract", "train", "evaluate")  # export reads only weights
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,8 @@ def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
         "export": {"draft": paths.checkpoints, "verifier": paths.verifier, "output": paths.export},
         "dist_check": {},
     }
+    if stage in REMOTE_CODE_STAGES:
+        by_stage[stage]["trust_remote_code"] = p.trust_remote_code  # False: no flag
     return by_stage[stage]
 
 

@@ -522,6 +522,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-metrics", default=None, help="train metrics/events JSONL for the curves (default: DRAFT/metrics.jsonl, then the train stage's events.jsonl)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); the tiny models gain nothing from more")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the verifier's own code (auto_map)")
     p.add_argument("--events", default=None)
     return p.parse_args(argv)
 
@@ -553,10 +554,10 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = AutoTokenizer.from_pretrained(verifier_path)
+    tokenizer = AutoTokenizer.from_pretrained(verifier_path, trust_remote_code=args.trust_remote_code)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     # The verifier in the stages' common dtype (fp32 on CPU, bf16 on GPU), the draft in bf16.
-    model = load_verifier(verifier_path, device=device)
+    model = load_verifier(verifier_path, device=device, trust_remote_code=args.trust_remote_code)
     attn_impl = "sdpa" if args.attn_impl == "auto" else args.attn_impl
     draft = load_draft(ckpt, verifier_path, attn_impl).to(device)
     layers = draft_layers(draft, locate_decoder(model).num_layers)

@@ -463,7 +463,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_command=args.vllm_command,
-        extra_args=list(args.vllm_arg),
+        extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
     )
     env = dict(os.environ)
     if "LOCAL_RANK" in os.environ and args.tensor_parallel_size == 1:
@@ -555,7 +555,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
     t.add_argument("--dtype", default="auto", help="verifier compute dtype (auto: bf16 on GPU, float32 on CPU); files are bf16 regardless")
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids spinning against other processes on a small box)")
-    t.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers (and vllm serve) run the verifier's own code (auto_map)")
     v = p.add_argument_group("vllm backend")
     v.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
     v.add_argument("--port", type=int, default=8000)
@@ -608,6 +608,8 @@ class ShardIncomplete(RuntimeError):
 def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
     from datasets import load_from_disk
 
+    if args.backend == "transformers" and not args.verify_only:
+        check_quantization(args, events, local_rank)  # from the config, before anything loads
     if not Path(args.prepared).exists():
         raise FileNotFoundError(f"prepared dataset {args.prepared} does not exist (run prepare first)")
     dataset = load_from_disk(args.prepared)
@@ -631,6 +633,29 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         raise ShardIncomplete(f"rank {rank}: " + describe_gaps(problems))
     events.message(f"rank {rank}: verified {len(indices)} file(s) (samples {indices.start}..{indices.stop - 1})")
     return summary
+
+
+def check_quantization(args: argparse.Namespace, events: EventLog, local_rank: int) -> None:
+    """Before the verifier loads: a quantization the transformers backend cannot run here is one
+    line naming the vLLM backend; one it can run is said in the log."""
+    from common.quantization import transformers_verdict
+
+    config_path = Path(args.verifier) / "config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text())
+    else:  # a hub id
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code).to_dict()
+    import torch
+
+    device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    verdict = transformers_verdict(config, device)
+    if verdict is None:
+        return
+    if not verdict.runs:
+        raise ValueError(verdict.line())
+    events.message(verdict.line())
 
 
 def _expected_shape(output: Path) -> tuple[int | None, int | None]:

@@ -13,13 +13,16 @@ seconds and (c) has learned something a draft can learn in turn. This script mak
   PreTrainedTokenizerFast, with special tokens and a Jinja chat template:
       <bos><|user|> w w w <|end|><|assistant|> w w w <|end|>...
   (`<|end|>` is the eos token: generation stops at the end of an assistant turn).
-* The verifier: LlamaForCausalLM from a hand-made LlamaConfig (default hidden 64, 8 layers, 4 heads,
+* The verifier (`--arch llama`, the default): LlamaForCausalLM from a hand-made LlamaConfig (default hidden 64, 8 layers, 4 heads,
   400 words: 0.38M parameters; speculators' default target layers [2, N//2, N-3] need N >= 7), trained
   briefly on the assistant tokens only (150 steps at lr 1e-2 reach ~99% held-out token accuracy;
   hidden 64 rather than 128 because the draft inherits the verifier's hidden size and both must
   train within the demo's 10 minutes on 2 cores), saved in float32 (config `dtype`/`torch_dtype` float32,
   `attn_implementation` sdpa) with untied embeddings (speculators reads `lm_head.weight` from the
   checkpoint).
+* `--arch kimi-k2.5`: a toy Kimi-K2.5 (tiny_kimi_k25.py: Kimi_K25ForConditionalGeneration around a
+  DeepSeek-V3 MoE text model, hidden 128), trained 300 steps by default, written in the
+  save_pretrained or the released checkpoint layout (`--layout`).
 
 Outputs:
   --output DIR        config.json, model.safetensors, tokenizer files, generation_config.json,
@@ -38,10 +41,11 @@ import os
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tiny_kimi_k25  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 
 STAGE = "verifier"
@@ -76,6 +80,9 @@ class ModelSpec:
     num_heads: int = 4
     intermediate_size: int = 128
     max_positions: int = 512
+
+
+KIMI_TRAIN_STEPS = 300  # the toy Kimi-K2.5 learns the language more slowly than the small Llama
 
 
 @dataclass(frozen=True)
@@ -295,10 +302,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int, default=1000, help="train conversations")
     p.add_argument("--heldout", type=int, default=64, help="held-out conversations (split=heldout)")
     p.add_argument("--max-turns", type=int, default=3, help="user/assistant turn pairs per conversation (1..N)")
-    p.add_argument("--train-steps", type=int, default=TrainSpec.steps, help="0 leaves the verifier untrained")
+    p.add_argument("--arch", choices=["llama", tiny_kimi_k25.ARCH], default="llama", help="llama: the small default; kimi-k2.5: a toy of Kimi-K2.5 (tiny_kimi_k25.py: multimodal wrapper, DeepSeek-V3 MoE text model)")
+    p.add_argument("--layout", choices=tiny_kimi_k25.LAYOUTS, default="save_pretrained", help="kimi-k2.5 only: the checkpoint's key names and config (tiny_kimi_k25.py)")
+    p.add_argument("--train-steps", type=int, default=None, help=f"0 leaves the verifier untrained (default: {TrainSpec.steps}; {KIMI_TRAIN_STEPS} for kimi-k2.5)")
     p.add_argument("--batch-size", type=int, default=TrainSpec.batch_size)
     p.add_argument("--lr", type=float, default=TrainSpec.lr)
-    p.add_argument("--hidden-size", type=int, default=ModelSpec.hidden_size)
+    p.add_argument("--hidden-size", type=int, default=None, help=f"default: {ModelSpec.hidden_size}; 128 for kimi-k2.5")
     p.add_argument("--num-layers", type=int, default=ModelSpec.num_layers)
     p.add_argument("--num-heads", type=int, default=ModelSpec.num_heads)
     p.add_argument("--intermediate-size", type=int, default=ModelSpec.intermediate_size)
@@ -319,6 +328,8 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
     # thread, 8.0 s/step with 2 while another stage ran).
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.layout != "save_pretrained" and args.arch != tiny_kimi_k25.ARCH:
+        raise ValueError(f"--layout {args.layout} is for --arch {tiny_kimi_k25.ARCH}")
     if args.num_layers < 7:
         raise ValueError(f"--num-layers {args.num_layers}: speculators' default target layers need at least 7")
     t0 = time.monotonic()
@@ -337,21 +348,28 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
     train_rows, heldout_rows = encoded[: args.conversations], encoded[args.conversations :]
     events.message(f"language: {len(lang.words)} words in {len(lang.chains)} chains; {len(train_rows)} train + {len(heldout_rows)} heldout conversations")
 
-    model = build_model(
-        ModelSpec(args.hidden_size, args.num_layers, args.num_heads, args.intermediate_size), tokenizer, args.seed
-    )
+    if args.arch == tiny_kimi_k25.ARCH:
+        spec = tiny_kimi_k25.KimiSpec(num_layers=args.num_layers)
+        model = tiny_kimi_k25.build_model(replace(spec, hidden_size=args.hidden_size or spec.hidden_size), tokenizer, args.seed)
+    else:
+        model = build_model(ModelSpec(args.hidden_size or ModelSpec.hidden_size, args.num_layers, args.num_heads, args.intermediate_size), tokenizer, args.seed)
+    train_steps = args.train_steps if args.train_steps is not None else (KIMI_TRAIN_STEPS if args.arch == tiny_kimi_k25.ARCH else TrainSpec.steps)
     n_params = sum(p.numel() for p in model.parameters())
-    events.message(f"verifier: {n_params / 1e6:.2f}M parameters, {args.num_layers} layers, hidden {args.hidden_size}")
-    summary: dict = {"parameters": n_params, "dtype": "float32", "attn_implementation": "sdpa"}
-    if args.train_steps > 0:
-        summary.update(train(model, train_rows, heldout_rows, TrainSpec(args.train_steps, args.batch_size, args.lr, args.seed), events))
-        events.metric(args.train_steps, heldout_token_accuracy=summary["heldout_token_accuracy"])
+    events.message(f"verifier: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, {args.num_layers} layers, hidden {model.get_output_embeddings().in_features}")
+    summary: dict = {"parameters": n_params, "dtype": "float32", "attn_implementation": "sdpa", "arch": args.arch}
+    if train_steps > 0:
+        summary.update(train(model, train_rows, heldout_rows, TrainSpec(train_steps, args.batch_size, args.lr, args.seed), events))
+        events.metric(train_steps, heldout_token_accuracy=summary["heldout_token_accuracy"])
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out)
+    if args.arch == tiny_kimi_k25.ARCH:
+        tiny_kimi_k25.save(model, out, args.layout)
+        summary["layout"] = args.layout
+    else:
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "tiny_language.json").write_text(json.dumps({**lang.to_json(), "spec": asdict(LanguageSpec(args.num_words, seed=args.seed))}))
     write_jsonl_atomic(Path(args.data_out), rows)

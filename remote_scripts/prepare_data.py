@@ -144,7 +144,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+    tokenizer = AutoTokenizer.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
     encoder = TemplateEncoder(tokenizer)
     report = PrepareReport()
     columns: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
@@ -235,6 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--split", default="train", help="use rows whose 'split' field is this (rows without one count as train); 'all' uses every row")
     p.add_argument("--max-samples", type=int, default=0, help="stop after this many output rows (0: all)")
     p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the tokenizer's own code (auto_map)")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     args = p.parse_args(argv)
     if args.max_seq_len < 2:

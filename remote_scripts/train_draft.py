@@ -13,6 +13,9 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   mask the built model makes), the loss implementation (eager on CPU and on torch 2.11, where the
   fused Triton loss crashes under dynamo), flex_attention tiles for GPUs with ~100 KiB shared
   memory, dataloader workers.
+* the mask token id, resolved from the verifier's tokenizer (common/speculators_compat.py, shim
+  'mask-token') and passed explicitly: speculators would load the verifier's full processor for
+  it, which a multimodal verifier (Kimi-K2.5) cannot give without torchvision.
 * preflight guards before the first step: hidden-state files match the verifier (shape
   [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
   config.
@@ -115,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: simple_flex_attention on GPU, sdpa on CPU)")
     p.add_argument("--loss-implementation", choices=["auto", "eager", "fused"], default="auto")
     p.add_argument("--hidden-states-dtype", default="bfloat16")
-    p.add_argument("--mask-token-id", type=int, default=None)
+    p.add_argument("--mask-token-id", type=int, default=None, help="default: resolved from the verifier's tokenizer, never its processor (logged)")
+    p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the verifier's own config/tokenizer code (auto_map)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
     p.add_argument("--tau-every", type=int, default=None, help="also estimate tau every N steps inside an epoch, on a few validation batches (default: only on epochs longer than 2000 steps, every 1000)")
     p.add_argument("--train-data-ratio", type=float, default=0.95, help="the rest of the prepared rows validate")
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     for what, path in (("--prepared", prepared), ("--hidden-states", hs_dir)):
         if not path.is_dir():
             raise TrainError(f"{what} {path}: no such directory")
-    verifier_cfg = load_text_config(verifier)
+    verifier_cfg = load_text_config(verifier, args.trust_remote_code)
     layers = args.layers or extraction_layers(hs_dir) or None
     num_target_layers = len(layers) if layers else 3
     if not layers and verifier_cfg.num_hidden_layers < 7:
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         head_dim = getattr(verifier_cfg, "head_dim", None) or verifier_cfg.hidden_size // verifier_cfg.num_attention_heads
         kernel_options = draft_attention.flex_kernel_options(smem, head_dim) if smem else None
         speculators_compat.set_flex_kernel_options(kernel_options)
-    mask_token_id = resolve_mask_token_id(args.mask_token_id, verifier, verifier_cfg)
+    mask_token_id, mask_token_source = resolve_mask_token_id(args.mask_token_id, verifier, verifier_cfg, args.trust_remote_code)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     recipe = size_recipe(
         prepared_data_size(prepared, args.train_data_ratio), world_size, device_type,
@@ -242,8 +246,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         spec_argv += ["--target-layer-ids", *map(str, layers)]
     if args.draft_vocab_size:
         spec_argv += ["--draft-vocab-size", str(args.draft_vocab_size)]
-    if mask_token_id is not None:
-        spec_argv += ["--mask-token-id", str(mask_token_id)]
+    spec_argv += ["--mask-token-id", str(mask_token_id)]
+    if args.trust_remote_code:
+        spec_argv += ["--trust-remote-code"]
     if args.max_steps:
         spec_argv += ["--max-steps", str(args.max_steps)]
     if args.no_resume:
@@ -261,7 +266,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         events.message(
             f"device {device_type}, {world_size} process(es), {'FSDP' if args.fsdp else 'DDP'}, "
             f"attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
-            f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}"
+            f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}, "
+            f"mask token {mask_token_id} ({mask_token_source})"
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )
         events.message(recipe.describe())
@@ -427,11 +433,11 @@ def resolve_verifier(verifier: str) -> str:
     return verifier
 
 
-def load_text_config(verifier: str):
+def load_text_config(verifier: str, trust_remote_code: bool = False):
     """The verifier's text-model config (nested under text_config for multimodal models)."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(verifier)
+    cfg = AutoConfig.from_pretrained(verifier, trust_remote_code=trust_remote_code)
     return getattr(cfg, "text_config", None) or cfg
 
 
@@ -461,21 +467,14 @@ def check_first_hidden_states(hs_dir: Path, num_target_layers: int, hidden_size:
         check_hidden_state_layout(tuple(sl.get_shape()), sl.get_dtype(), num_target_layers, hidden_size)
 
 
-def resolve_mask_token_id(explicit: int | None, verifier: str, verifier_cfg) -> int | None:
-    """speculators resolves the mask token from the verifier's tokenizer; without a tokenizer it
-    needs --mask-token-id: then take the config's pad (or eos) token."""
+def resolve_mask_token_id(explicit: int | None, verifier: str, verifier_cfg, trust_remote_code: bool = False) -> tuple[int, str]:
+    """The id handed to speculators as --mask-token-id, so that it never loads the verifier's
+    processor (common/speculators_compat.py, shim 'mask-token'); with where it came from."""
     if explicit is not None:
-        return explicit
-    p = Path(verifier)
-    if not p.is_dir() or any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-        return None
-    for name in ("pad_token_id", "eos_token_id"):
-        value = getattr(verifier_cfg, name, None)
-        if isinstance(value, list):
-            value = value[0] if value else None
-        if isinstance(value, int):
-            return value
-    raise TrainError(f"{verifier} has no tokenizer and its config no pad/eos token: pass --mask-token-id")
+        return explicit, "--mask-token-id"
+    from common.speculators_compat import mask_token_id
+
+    return mask_token_id(verifier, int(verifier_cfg.vocab_size), trust_remote_code)
 
 
 def guard_model(model, device_type: str, verifier: str) -> None:

@@ -77,3 +77,17 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
     assert chosen["training_tau"] == best["tau"] and chosen["tau"] == round(summary["tau"], 4)
     assert json.loads((Path(summary["export"]) / "export.json").read_text())["source_checkpoint"] == summary["draft"]
 
+
+def test_the_kimi_verifier_changes_only_the_verifier_stage():
+    from harness.demo import DemoOptions, demo_config
+    from harness.errors import HarnessError
+    from harness.pipeline import stage_argv
+
+    kimi, llama = demo_config(DemoOptions(verifier="kimi-k2.5")).pipeline, demo_config(DemoOptions()).pipeline
+    argv = stage_argv("verifier", kimi)
+    assert argv[argv.index("--arch") + 1] == "kimi-k2.5" and argv[argv.index("--layout") + 1] == "released"
+    assert "--arch" not in stage_argv("verifier", llama)
+    for stage in ("prepare", "extract", "train", "evaluate", "export"):
+        assert stage_argv(stage, kimi) == stage_argv(stage, llama)
+    with pytest.raises(HarnessError, match="unknown demo verifier"):
+        DemoOptions(verifier="gpt-2").stages()

@@ -156,7 +156,8 @@ def test_healthy_host_is_all_ok_in_one_probe_round_trip():
     results = run_checks(runner)
     assert {n: r.status for n, r in results.items()} == {
         "image": "ok", "container": "ok", "stage-gpus": "ok", "versions": "ok", "flex-attention": "ok", "verifier": "ok",
-        "verifier-dtype": "ok", "target-layers": "ok", "hidden-state-disk": "ok", "train-settings": "ok",
+        "verifier-dtype": "ok", "verifier-code": "ok", "verifier-quantization": "ok", "target-layers": "ok",
+        "hidden-state-disk": "ok", "train-settings": "ok",
     }
     probes = [c for c in runner.calls if any(PROBE_MARKER.strip() in a for a in c)]
     # through the runtime, once, after creating the directories the container mounts

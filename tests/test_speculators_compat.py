@@ -3,6 +3,7 @@ they fail loudly, naming themselves, when the code they patch changes."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -116,3 +117,54 @@ def test_metrics_bridge_routes_train_and_val_records():
         bridge.detach()
     assert [s for s, _ in train] == [7] and train[0][1]["train"]["loss"] == 1.0
     assert val == [(2, 9, {"val": {"loss_epoch": 0.5}, "epoch": 2})]
+
+
+# --- mask-token: train hands speculators an id, so it never loads the verifier's processor ------
+
+
+def test_mask_token_check_fails_loudly_when_speculators_changes(monkeypatch):
+    from speculators.train import utils
+
+    def resolve_mask_token_id(verifier_name_or_path, vocab_size, mask_token_id=None, **kw):  # now ignores an explicit id
+        return 0
+
+    monkeypatch.setattr(utils, "resolve_mask_token_id", resolve_mask_token_id)
+    with pytest.raises(compat.ShimOutdated, match="shim 'mask-token'"):
+        compat.mask_token_id("unused", 10)
+
+
+def _demo_tokenizer_dir(path: Path, extra_vocab: int, with_tokenizer: bool = True) -> Path:
+    """A verifier directory with the demo's tokenizer and a config of `len(tokenizer) + extra_vocab` rows (no weights)."""
+    import make_tiny_verifier as tiny
+    from transformers import LlamaConfig
+
+    tokenizer = tiny.build_tokenizer(["bago", "dami", "kelo"])
+    LlamaConfig(vocab_size=len(tokenizer) + extra_vocab, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id).save_pretrained(path)
+    if with_tokenizer:
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def test_mask_token_follows_speculators_order_without_the_processor(tmp_path):
+    from speculators.train.utils import resolve_mask_token_id
+
+    # No processor can load from these directories (no preprocessor config): speculators' own
+    # resolution would fail where ours, through the tokenizer, gives the id it would have given.
+    for extra, expected in ((0, "pad_token_id"), (4, "<|MASK|>")):
+        verifier = _demo_tokenizer_dir(tmp_path / f"v{extra}", extra)
+        vocab = 10 + extra  # 7 special tokens + 3 words
+        token_id, source = compat.mask_token_id(str(verifier), vocab)
+        assert expected in source
+        assert token_id == resolve_mask_token_id(str(verifier), vocab)  # the demo tokenizer loads as a processor too
+    assert compat.mask_token_id(str(tmp_path / "v4"), 14)[0] == 10  # the first unused row
+
+
+def test_mask_token_without_a_tokenizer_is_harmless_and_said(tmp_path):
+    verifier = _demo_tokenizer_dir(tmp_path / "v", 0, with_tokenizer=False)
+    token_id, source = compat.mask_token_id(str(verifier), 10)
+    assert token_id == 0 and "pad_token_id" in source and "no loadable tokenizer" in source
+    cfg = json.loads((verifier / "config.json").read_text())
+    cfg.update(pad_token_id=None, eos_token_id=None)  # (absent, LlamaConfig would default eos to 2)
+    (verifier / "config.json").write_text(json.dumps(cfg))
+    token_id, source = compat.mask_token_id(str(verifier), 10)
+    assert token_id == compat.HARMLESS_MASK_TOKEN_ID and "EAGLE-3 never reads it" in source

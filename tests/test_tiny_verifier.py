@@ -110,3 +110,12 @@ def test_stage_command_lines_from_the_harness_are_accepted():
         args = module.parse_args(argv[2:])
         assert args.events == "runs/r1/events.jsonl"
     assert extract_hidden_states.parse_args(stage_argv("extract", config)[2:]).layers == [2, 5]
+
+
+def test_a_layout_without_the_kimi_arch_is_one_clear_error(tmp_path):
+    events = tmp_path / "events.jsonl"
+    proc = run_script("make_tiny_verifier.py", "--output", tmp_path / "v", "--data-out", tmp_path / "d.jsonl", "--layout", "released", "--train-steps", "0", "--events", events, check=False)
+    assert proc.returncode == 1
+    finished = read_events(events)[-1]
+    assert finished["status"] == "failed" and "--layout released is for --arch kimi-k2.5" in finished["error"]
+    assert not (tmp_path / "v").exists()

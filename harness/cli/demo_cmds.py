@@ -7,12 +7,15 @@ import sys
 
 import click
 
+from harness.demo import DEMO_VERIFIERS
+
 
 @click.command("demo")
 @click.option("--workdir", type=click.Path(file_okay=False), default="demo-output", show_default=True, help="Where the demo writes everything (verifier, data, draft, report, runs).")
 @click.option("-k", "--speculative-tokens", type=click.IntRange(1, 8), default=3, show_default=True, help="Tokens the draft proposes per verifier step.")
+@click.option("--verifier", type=click.Choice(DEMO_VERIFIERS), default="llama", show_default=True, help="The tiny verifier: a small Llama, or a toy Kimi-K2.5 (multimodal wrapper around a DeepSeek-V3 MoE; slower).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the summary, as JSON (keys tau, acceptance_per_position, ...).")
-def demo(workdir: str, speculative_tokens: int, as_json: bool) -> None:
+def demo(workdir: str, speculative_tokens: int, verifier: str, as_json: bool) -> None:
     """Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.
 
     No SSH and no container: the same sync, detached-run and stage code as on a GPU box, through
@@ -24,7 +27,7 @@ def demo(workdir: str, speculative_tokens: int, as_json: bool) -> None:
     from harness.cli.render import EventRenderer
     from harness.demo import DemoOptions, run_demo
 
-    options = DemoOptions(workdir=Path(workdir), speculative_tokens=speculative_tokens)
+    options = DemoOptions(workdir=Path(workdir), speculative_tokens=speculative_tokens, verifier=verifier)
     renderer = EventRenderer(log_stream=sys.stderr if as_json else sys.stdout)
     with renderer:
         summary = run_demo(options, renderer.feed)

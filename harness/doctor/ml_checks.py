@@ -19,6 +19,7 @@ from typing import Any, Callable
 from harness import compat
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
+from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
 from harness.pipeline import StagePaths
 from harness.runtime.preflight import not_built
@@ -59,12 +60,17 @@ class RunPlan:
     max_seq_len: int
     target_layer_ids: list[int]
     train: dict[str, Any]
+    trust_remote_code: bool = False
+    extract_backend: str = "transformers"
 
     @classmethod
     def from_config(cls, config: Config) -> "RunPlan":
         p = config.pipeline
         paths = StagePaths.from_config(p)
-        return cls(paths.verifier, paths.data, paths.prepared, paths.hidden_states, p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})))
+        return cls(
+            paths.verifier, paths.data, paths.prepared, paths.hidden_states, p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})),
+            trust_remote_code=p.trust_remote_code, extract_backend=str(p.stages.get("extract", {}).get("backend", "transformers")),
+        )
 
     @property
     def saved_layers(self) -> int:
@@ -256,6 +262,14 @@ class MLDoctor:
         def check_verifier_dtype(runner, host):
             return verdict_verifier_dtype(self.probe(runner))
 
+        def check_verifier_code(runner, host):
+            probe = self.probe(runner)
+            return _not_probed("verifier-code", probe) if probe.facts is None else verdict_remote_code(probe.facts["verifier"], self.plan.trust_remote_code)
+
+        def check_verifier_quantization(runner, host):
+            probe = self.probe(runner)
+            return _not_probed("verifier-quantization", probe) if probe.facts is None else verdict_quantization(probe.facts["verifier"], self.plan.extract_backend)
+
         def check_target_layers(runner, host):
             return verdict_target_layers(self.plan, self.probe(runner))
 
@@ -264,7 +278,8 @@ class MLDoctor:
 
         return [
             check_image_current, check_container_starts, check_gpus_in_stage_env, check_library_versions, check_flex_attention,
-            check_verifier_config, check_verifier_dtype, check_target_layers, check_hidden_state_disk,
+            check_verifier_config, check_verifier_dtype, check_verifier_code, check_verifier_quantization, check_target_layers,
+            check_hidden_state_disk,
             check_train_settings,
         ]
 

@@ -14,7 +14,8 @@ Result: one line on stdout, MARKER + JSON:
   flex       {"status": "ok" | "failed" | "skipped", "device", "error", "smem_required",
               "smem_limit", "small_tiles": {"status", "error", "kernel_options"}}
   verifier   {"path", "found", "error", "nested_text_config", "model_type", "dtype",
-              "num_hidden_layers", "hidden_size", "head_dim"}
+              "num_hidden_layers", "hidden_size", "head_dim", "auto_map": [files declaring it],
+              "quantization_config", "quantization": {"method", "runs", "detail"} when quantized}
   samples    {"count", "source"} or {"count": null, "source": why}
 """
 
@@ -190,7 +191,36 @@ def verifier_facts(path):
         facts[key] = layer.get(key)
     if not facts.get("head_dim") and facts.get("hidden_size") and facts.get("num_attention_heads"):
         facts["head_dim"] = facts["hidden_size"] // facts["num_attention_heads"]
+    facts["auto_map"] = auto_map_files(os.path.dirname(config_path), config)
+    facts["quantization_config"] = next((h["quantization_config"] for h in (config, layer) if isinstance(h.get("quantization_config"), dict) and h["quantization_config"]), None)
     return facts
+
+
+def auto_map_files(directory, config):
+    """The verifier's files that declare `auto_map` (code of its own that transformers would run)."""
+    found = ["config.json"] if config.get("auto_map") or (config.get("text_config") or {}).get("auto_map") else []
+    for name in ("tokenizer_config.json", "processor_config.json", "preprocessor_config.json"):
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isfile(path) and read_json(path).get("auto_map"):
+                found.append(name)
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def quantization_facts(qc, device):
+    """Whether transformers' quantizer for the verifier's quantization_config validates here (the
+    check from_pretrained runs first); remote_scripts/common/quantization.py asks the same."""
+    method = qc.get("quant_method") or ("bitsandbytes" if qc.get("load_in_4bit") or qc.get("load_in_8bit") else "unknown method")
+    try:
+        from transformers.quantizers.auto import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(dict(qc), pre_quantized=True)
+        quantizer.validate_environment(device_map={"": device}, dtype=None)
+    except Exception as e:
+        return {"method": method, "runs": False, "detail": last_line(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)}
+    return {"method": method, "runs": True, "detail": "transformers' %s" % type(quantizer).__name__}
 
 
 def sample_facts(prepared, data):
@@ -249,6 +279,9 @@ def main(argv):
         result["flex"] = {"status": "skipped", "reason": "not requested"}
     else:
         result["flex"] = flex_facts(torch, result["torch"].get("cuda_available"), int(head_dim))
+    qc = result["verifier"].get("quantization_config")
+    if qc:
+        result["verifier"]["quantization"] = quantization_facts(qc, "cuda" if result["torch"].get("cuda_available") else "cpu")
     result["samples"] = sample_facts(request.get("prepared"), request.get("data"))
     result["elapsed_s"] = round(time.time() - started, 2)
     real_stdout.write(MARKER + json.dumps(result) + "\n")

@@ -30,6 +30,13 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    train_epoch a callback that, every N steps, runs partial_validation(): the
                    forward of val_epoch over the first few validation batches (same autocast,
                    same val_call_kwargs, same cross-rank reduction), on every rank.
+  mask-token       build_draft_model() calls resolve_mask_token_id(), which loads the verifier's
+                   full AutoProcessor unless --mask-token-id is given: for a multimodal verifier
+                   (Kimi-K2.5) that needs a preprocessor config and torchvision, for an id EAGLE-3
+                   never reads. mask_token_id() resolves it the same way from the tokenizer
+                   alone (or a harmless id), and train passes it explicitly. Not a patch: the
+                   check makes sure the explicit id still short-cuts the processor and that
+                   EAGLE-3 still ignores it (the fallback id is harmless only then).
 
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
@@ -160,6 +167,19 @@ def _check_tau_probe():
     return trainer_mod
 
 
+def _check_mask_token():
+    from speculators.models import eagle3
+    from speculators.train import cli as cli_mod
+    from speculators.train import utils as utils_mod
+
+    _require("mask-token", cli_mod.build_draft_model, "resolve_mask_token_id(", "args.mask_token_id,")
+    _require("mask-token", utils_mod.resolve_mask_token_id, "if mask_token_id is not None:", "return mask_token_id", "load_processor(")
+    for module in (eagle3.core, eagle3.config):
+        if "mask_token" in inspect.getsource(module):
+            raise ShimOutdated("mask-token", f"{module.__name__} now reads a mask token: the fallback id may no longer be harmless")
+    return utils_mod
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
@@ -168,6 +188,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-hook": _check_main_hooks,
     "flex-kernel-options": _check_flex_kernel_options,
     "tau-probe": _check_tau_probe,
+    "mask-token": _check_mask_token,
 }
 
 
@@ -251,6 +272,41 @@ def set_flex_kernel_options(kernel_options: dict[str, int] | None) -> None:
     patched = functools.partial(original, kernel_options=dict(kernel_options))
     patched._speculators_compat_original = original  # type: ignore[attr-defined]
     attn_mod.flex_attention = patched
+
+
+HARMLESS_MASK_TOKEN_ID = 0  # EAGLE-3 never embeds the mask token (checked by _check_mask_token)
+
+
+def mask_token_id(verifier: str, vocab_size: int, trust_remote_code: bool = False) -> tuple[int, str]:
+    """speculators' resolve_mask_token_id order (tokenizer's mask token; the id <|MASK|> would get
+    while the embedding has unused rows; pad/eos/unk), from the tokenizer alone, never the
+    processor. Without a loadable tokenizer: the config's pad/eos, else HARMLESS_MASK_TOKEN_ID.
+    Returns (id, where it came from) for the stage's log."""
+    _check_mask_token()
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(verifier, trust_remote_code=trust_remote_code)
+    except Exception as e:  # no tokenizer files, or one this environment cannot load
+        reason = f"no loadable tokenizer ({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})"
+    else:
+        if tokenizer.mask_token_id is not None:
+            return tokenizer.mask_token_id, "the tokenizer's mask token"
+        if len(tokenizer) < vocab_size:  # as speculators does, on this throwaway tokenizer
+            tokenizer.add_special_tokens({"mask_token": "<|MASK|>"})
+            return tokenizer.mask_token_id, f"a new <|MASK|> in an unused embedding row (vocab {vocab_size})"
+        for name in ("pad_token_id", "eos_token_id", "unk_token_id"):
+            if getattr(tokenizer, name, None) is not None:
+                return getattr(tokenizer, name), f"the tokenizer's {name}"
+        reason = "the tokenizer has no mask, pad, eos or unk token"
+    config = AutoConfig.from_pretrained(verifier, trust_remote_code=trust_remote_code)
+    config = getattr(config, "text_config", None) or config
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        value = value[0] if isinstance(value, list) and value else value
+        if isinstance(value, int):
+            return value, f"the config's {name} ({reason})"
+    return HARMLESS_MASK_TOKEN_ID, f"{HARMLESS_MASK_TOKEN_ID}, harmless: EAGLE-3 never reads it ({reason})"
 
 
 def _perf_counter() -> float:

@@ -1,0 +1,65 @@
+"""Can the transformers extraction backend run this verifier's quantization? Decided from the
+config alone, before any weight is loaded.
+
+Released large verifiers are often quantized (Kimi-K2.5: INT4 compressed-tensors). transformers
+loads a `quantization_config` through a quantizer that needs its own package (compressed-tensors,
+optimum, gptqmodel, accelerate, bitsandbytes ...) and sometimes particular hardware. Rather than
+keep our own table, this asks transformers' quantizer for that method to validate the
+environment, the check from_pretrained runs first, and turns its answer into one line that names
+the way out (the vLLM backend) when the answer is no.
+
+harness/remote/ml_probe.py asks the same question for `harness doctor` (it cannot import this
+module: it runs before remote_scripts/ is synced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+VLLM_HINT = 'use the vLLM backend: extract --backend vllm ([pipeline.stages.extract] backend = "vllm")'
+
+
+@dataclass(frozen=True)
+class QuantizationVerdict:
+    method: str
+    runs: bool  # the transformers backend can load it here
+    detail: str  # the quantizer that runs it, or why none can
+
+    def line(self) -> str:
+        if self.runs:
+            return f"the verifier is quantized ({self.method}): the transformers backend loads it through {self.detail}"
+        return f"the verifier is quantized ({self.method}) and the transformers backend cannot run it here ({self.detail}); {VLLM_HINT}"
+
+
+def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The checkpoint's quantization_config, at the top level or under text_config."""
+    for holder in (config, config.get("text_config") or {}):
+        qc = holder.get("quantization_config") if isinstance(holder, dict) else None
+        if isinstance(qc, dict) and qc:
+            return qc
+    return None
+
+
+def method_of(qc: dict[str, Any]) -> str:
+    if qc.get("load_in_4bit") or qc.get("load_in_8bit"):
+        return "bitsandbytes " + ("4-bit" if qc.get("load_in_4bit") else "8-bit")
+    return str(qc.get("quant_method") or "unknown method")
+
+
+def transformers_verdict(config: dict[str, Any], device: str = "cpu") -> QuantizationVerdict | None:
+    """None for an unquantized verifier; else whether transformers' quantizer for its method
+    validates in this environment for `device` (its own error message when not)."""
+    qc = quantization_config(config)
+    if qc is None:
+        return None
+    method = method_of(qc)
+    try:
+        from transformers.quantizers.auto import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(dict(qc), pre_quantized=True)
+        quantizer.validate_environment(device_map={"": device}, dtype=None)
+    except Exception as e:  # ImportError (missing package), ValueError (unknown method, no GPU) ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return QuantizationVerdict(method, False, first[:300])
+    return QuantizationVerdict(method, True, f"transformers' {type(quantizer).__name__}")
