@@ -1,4 +1,4 @@
-"""A `vllm serve` process for hidden-state extraction: its command line, and a lifecycle that always ends.
+"""A `vllm serve` process (for hidden-state extraction, or plain generation): its command line, and a lifecycle that always ends.
 
 vLLM 0.33.0 (read from its wheel) extracts hidden states through a speculative "method" plus a KV
 connector that writes one safetensors file per request into a shared directory:
@@ -48,8 +48,8 @@ class StageCancelled(RuntimeError):
 @dataclass(frozen=True)
 class ServeOptions:
     model: str
-    layer_ids: list[int]
-    staging_dir: str  # the connector's shared_storage_path
+    layer_ids: list[int] | None = None  # None: a plain generation server (no hidden-state extraction)
+    staging_dir: str | None = None  # the connector's shared_storage_path (extraction only)
     host: str = "127.0.0.1"
     port: int = 8000
     tensor_parallel_size: int = 1
@@ -87,8 +87,11 @@ def serve_argv(o: ServeOptions) -> list[str]:
         argv += ["--max-model-len", str(o.max_model_len)]
     if o.gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
-    argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids))]
-    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
+    if o.layer_ids is not None:
+        if not o.staging_dir:
+            raise ValueError("hidden-state extraction needs a staging directory for the connector")
+        argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids))]
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
     return argv + list(o.extra_args)
 
 
@@ -167,7 +170,8 @@ class ManagedServer:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
+        if self.opts.staging_dir:
+            Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(argv)}\n".encode())
