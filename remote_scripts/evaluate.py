@@ -108,21 +108,23 @@ def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int,
         a = 0
         while a < k and proposal[a] == choices[a]:
             a += 1
-        new = proposal[:a] + [choices[a]]
-        trials = k
-        # Stop at end of turn or at the budget, like a server would. Proposals past the stop
-        # were never needed: they count neither as accepted nor as rejected.
-        for i, t in enumerate(new):
-            if t in eos or len(generated) + i + 1 >= max_new_tokens:
-                new = new[: i + 1]
-                trials = min(k, len(new))
-                break
+        new, trials = _cut_at_stop(proposal[:a] + [choices[a]], len(generated), k, max_new_tokens, eos)
         rounds += 1
         accepted_per_round.append(min(a, len(new)))
         trials_per_round.append(trials)
         seq += new
         generated += new
     return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)
+
+
+def _cut_at_stop(new: list[int], generated: int, k: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], int]:
+    """A round's tokens cut at end of turn or at the budget, like a server would, and the number
+    of proposals whose verdict mattered: those past the stop were never needed, they count
+    neither as accepted nor as rejected."""
+    for i, t in enumerate(new):
+        if t in eos or generated + i + 1 >= max_new_tokens:
+            return new[: i + 1], min(k, i + 1)
+    return new, k
 
 
 def greedy_decode(verifier: Verifier, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
@@ -160,13 +162,8 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
         a = 0
         while a < k and j + a < len(reference) and proposal[a] == reference[j + a]:
             a += 1
-        new = reference[j : j + a + 1]  # the accepted proposals, then the verifier's own token
-        trials = k
-        for i, t in enumerate(new):
-            if t in eos or len(generated) + i + 1 >= max_new_tokens:
-                new = new[: i + 1]
-                trials = min(k, len(new))
-                break
+        # the accepted proposals, then the verifier's own token
+        new, trials = _cut_at_stop(reference[j : j + a + 1], len(generated), k, max_new_tokens, eos)
         rounds += 1
         accepted_per_round.append(min(a, len(new)))
         trials_per_round.append(trials)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
+from common.vllm_server import add_serve_arguments  # noqa: E402
 from extract_hidden_states import plan_batches, resolve_rank, shard_range  # noqa: E402
 from prepare_data import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
 
@@ -289,7 +290,7 @@ class VllmBackend:
     def __init__(self, args: argparse.Namespace, rank: int, local_rank: int):
         from transformers import AutoTokenizer
 
-        from common.vllm_server import ManagedServer, ServeOptions, sigterm_raises
+        from common.vllm_server import ManagedServer, ServeOptions, rank_env, sigterm_raises
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
@@ -298,10 +299,7 @@ class VllmBackend:
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             vllm_command=args.vllm_command, extra_args=list(args.vllm_arg),
         )
-        env = dict(os.environ)
-        if "LOCAL_RANK" in os.environ and args.tensor_parallel_size == 1:
-            visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
-            env["CUDA_VISIBLE_DEVICES"] = visible[local_rank] if visible else str(local_rank)
+        env = rank_env(local_rank, args.tensor_parallel_size)
         output = Path(args.output)
         self.log = Path(args.server_log or output.with_name(f"{output.name}.vllm_server.rank{rank}.log"))
         self._cancel = sigterm_raises()
@@ -394,18 +392,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--trust-remote-code", action="store_true")
     v = p.add_argument_group("vllm backend")
-    v.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
-    v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--tensor-parallel-size", type=int, default=1)
-    v.add_argument("--max-model-len", type=int, default=None)
-    v.add_argument("--gpu-memory-utilization", type=float, default=None)
-    v.add_argument("--health-timeout", type=float, default=1200.0)
-    v.add_argument("--stop-grace", type=float, default=30.0)
-    v.add_argument("--concurrency", type=int, default=32)
-    v.add_argument("--request-timeout", type=float, default=600.0)
+    add_serve_arguments(v)
+    v.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    v.add_argument("--request-timeout", type=float, default=600.0, help="seconds per completion request")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT.vllm_server.rank<r>.log)")
-    v.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
     p.add_argument("--events", default=None)
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:

@@ -63,6 +63,28 @@ class ServeOptions:
         return f"http://{self.host}:{self.port}"
 
 
+def add_serve_arguments(group) -> None:
+    """The `vllm serve` flags every stage with a vllm backend takes (an argparse group)."""
+    group.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
+    group.add_argument("--port", type=int, default=8000, help="first port (one server per local rank: port + LOCAL_RANK)")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--tensor-parallel-size", type=int, default=1)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--gpu-memory-utilization", type=float, default=None)
+    group.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for /health")
+    group.add_argument("--stop-grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping the server")
+    group.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
+
+
+def rank_env(local_rank: int, tensor_parallel_size: int) -> dict[str, str]:
+    """The server's environment: under torchrun with tensor parallel 1, this rank's GPU only."""
+    env = dict(os.environ)
+    if "LOCAL_RANK" in os.environ and tensor_parallel_size == 1:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
+        env["CUDA_VISIBLE_DEVICES"] = visible[local_rank] if visible else str(local_rank)
+    return env
+
+
 def speculative_config(layer_ids: list[int]) -> dict:
     return {
         "method": "extract_hidden_states",
