@@ -68,8 +68,9 @@ SIZES: dict[str, BenchSize] = {
     # The verifier's defaults (512 training prompts); prepare keeps 256 of them, so that
     # `speculators train`'s 20 default epochs fit the bench's time on 2 cores.
     "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {}, 1, prepare={"max_samples": 256}), 512, 64, 64),
-    "gpu": BenchSize(["--size", "gpu", "--train-prompts", "6000", "--heldout-prompts", "64", "--max-prompt-tokens", "512"],
-                     _stages(256, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
+    # Sized so that, after `--stop-after verifier` (about 5 minutes), the rest fits one 10-minute call.
+    "gpu": BenchSize(["--size", "gpu", "--train-prompts", "2000", "--heldout-prompts", "64", "--max-prompt-tokens", "512"],
+                     _stages(192, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
 }
 
 
@@ -165,6 +166,7 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
     p.add_argument("--workdir", default=None, help="where everything is written (default: ./quality-<size>)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
+    p.add_argument("--stop-after", choices=["verifier"], default=None, help="build the verifier (kept in the workdir for the next call) and stop")
     p.add_argument("--skip-speculators", action="store_true", help="no `speculators train` reference (tau_speculators: null); the CI variant")
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra train-stage flag for our recipe (e.g. epochs=6); recorded with the figures")
     args = p.parse_args()
@@ -176,6 +178,9 @@ def main() -> None:
 
     summary = build_verifier(args.size, spec, work)
     log(f"verifier: {summary['parameters'] / 1e6:.1f}M parameters, held-out loss {summary['heldout_loss_per_token']} nats/token")
+    if args.stop_after == "verifier":
+        print(json.dumps({"verifier": summary}))
+        return
     stage_args = {k: dict(v) for k, v in spec.stage_args.items()}
     for kv in args.train_arg:
         key, _, value = kv.partition("=")
