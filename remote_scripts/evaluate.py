@@ -169,7 +169,7 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
         trials_per_round.append(trials)
         seq += new
         generated += new
-    return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round, greedy_match=True)
+    return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)  # greedy by construction: nothing to check
 
 
 def summarize(results: list[PromptResult], k: int) -> Report:

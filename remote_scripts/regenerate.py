@@ -26,7 +26,7 @@ Resumable and sharded: the rows to answer are split into contiguous ranges by `-
 (or torchrun's RANK/WORLD_SIZE). Each rank appends its replies to OUTPUT.parts/rank<r>-of-<w>.jsonl
 after every batch; a rerun with the same input and settings keeps them and answers only the rest
 (other input or settings start over). The rank that completes the last range merges the parts
-into OUTPUT.
+into OUTPUT; a rerun whose OUTPUT was made from the same input and settings does nothing.
 
 A malformed row (bad JSON, missing or mistyped fields, unknown role) is reported with its line
 number, skipped and counted, as prepare does; with --strict the first one is fatal.
@@ -225,6 +225,13 @@ def write_output(output: Path, rows: list[dict], meta: dict) -> None:
     meta_path.unlink(missing_ok=True)  # never a meta that vouches for an older output
     os.replace(tmp, output)
     os.replace(meta_tmp, meta_path)
+
+
+def _recorded_fingerprint(output: Path) -> str | None:
+    try:
+        return json.loads(meta_file(output).read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
 
 
 def meta_file(output: Path) -> Path:
@@ -436,6 +443,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
     fp = fingerprint(data, settings)
     meta = {"source": os.path.abspath(data), "source_sha256": file_sha256(data), "fingerprint": fp, "settings": settings, "answered": len(p.items)}
     summary = {"rows": len(p.rows), "malformed": p.malformed, "to_answer": len(p.items), "rank": rank, "world_size": world}
+    if output.is_file() and _recorded_fingerprint(output) == fp:
+        events.message(f"{output} already holds the replies for this data and these settings")
+        return {**summary, "already_done": True, "seconds": round(time.monotonic() - started, 1)}
     if not p.items:
         events.message(f"every row of split {args.split!r} has a reply (--replace answers them anyway): copying the data")
         write_output(output, merged_rows(p, {}), meta)

@@ -110,6 +110,8 @@ def test_batched_greedy_replies_equal_one_by_one_decoding(tiny_verifier, tmp_pat
     assert any(f"{data}:5: expected a JSON object" in e.get("text", "") for e in log)
     assert log[-1]["status"] == "ok" and log[-1]["malformed"] == 1 and log[-1]["to_answer"] == 10
     assert not regenerate.parts_dir(out).exists()
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 4, "--events", events))
+    assert read_events(events)[-1]["already_done"] is True  # a rerun on the same data and settings does nothing
 
 
 def test_killed_regenerate_resumes_and_shards_merge(tiny_verifier, tmp_path):
