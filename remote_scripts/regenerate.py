@@ -137,32 +137,37 @@ class PartFile:
 
     def __init__(self, path: Path, fp: str):
         self.path = path
-        self.done: dict[int, Reply] = {}
-        kept = self._load(fp)
-        if not kept:
+        found = self.read(path, fp)
+        if found is None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"fingerprint": fp}) + "\n")
+            self.done: dict[int, Reply] = {}
+        else:
+            self.done, complete_bytes = found
+            if complete_bytes < path.stat().st_size:
+                with open(path, "r+b") as f:
+                    f.truncate(complete_bytes)  # our own file: no other process appends to it
 
-    def _load(self, fp: str) -> bool:
+    @staticmethod
+    def read(path: Path, fp: str) -> tuple[dict[int, Reply], int] | None:
+        """(replies, bytes of complete lines), or None when missing, unreadable or stale. Read
+        only: another rank may be appending to it."""
         try:
-            data = self.path.read_bytes()
+            data = path.read_bytes()
         except FileNotFoundError:
-            return False
+            return None
         lines = data.split(b"\n")
         complete = lines[:-1]  # the part after the last newline is torn (or empty)
+        done = {}
         try:
             if json.loads(complete[0]).get("fingerprint") != fp:
-                return False
+                return None
             for raw in complete[1:]:
                 rec = json.loads(raw)
-                self.done[int(rec["item"])] = Reply(rec["text"], int(rec["tokens"]), rec["finish"])
+                done[int(rec["item"])] = Reply(rec["text"], int(rec["tokens"]), rec["finish"])
         except (IndexError, ValueError, KeyError, TypeError):
-            self.done.clear()
-            return False
-        if lines[-1]:
-            with open(self.path, "r+b") as f:
-                f.truncate(len(data) - len(lines[-1]))
-        return True
+            return None
+        return done, len(data) - len(lines[-1])
 
     def append(self, replies: dict[int, Reply]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
@@ -185,14 +190,10 @@ def collect_parts(output: Path, world: int, fp: str, total: int) -> dict[int, Re
     """Every rank's replies, or None while some range is unfinished."""
     replies: dict[int, Reply] = {}
     for r in range(world):
-        path = part_path(output, r, world)
-        if not path.exists():
+        found = PartFile.read(part_path(output, r, world), fp)
+        if found is None:
             return None
-        part = PartFile.__new__(PartFile)
-        part.path, part.done = path, {}
-        if not part._load(fp):
-            return None
-        replies.update(part.done)
+        replies.update(found[0])
     return replies if all(i in replies for i in range(total)) else None
 
 

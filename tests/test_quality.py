@@ -70,6 +70,7 @@ def test_ngram_proposes_what_followed_the_longest_earlier_match():
 
 
 @pytest.mark.pipeline
+@pytest.mark.timeout(3600)  # the whole pipeline on 2 shared cores: minutes, more under load
 def test_small_quality_bench_draft_beats_ngram(tmp_path):
     """bench/quality/run.py --size ci end to end through `harness run` (no timing asserted)."""
     proc = subprocess.run(
