@@ -68,8 +68,9 @@ SIZES: dict[str, BenchSize] = {
     "ci": BenchSize(["--size", "cpu", "--steps", "400", "--vocab-size", "1024", "--train-prompts", "128", "--heldout-prompts", "16", "--max-prompt-tokens", "192"],
                     _stages(48, 4, {"epochs": 6}, 1), 320, 16, 48),
     # The verifier's defaults (512 training prompts); prepare keeps 256 of them, so that
-    # `speculators train`'s 20 default epochs fit the bench's time on 2 cores.
-    "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {}, 1, prepare={"max_samples": 256}), 512, 64, 64),
+    # `speculators train`'s 20 default epochs fit the bench's time on 2 cores. 10 draft epochs:
+    # tau 2.69 against 2.37 with the train stage's 3 on the same 64 prompts (bench/RESULTS.md).
+    "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {"epochs": 10}, 1, prepare={"max_samples": 256}), 512, 64, 64),
     # Sized so that, after `--stop-after verifier` (about 5 minutes), the rest fits one 10-minute call.
     "gpu": BenchSize(["--size", "gpu", "--train-prompts", "2000", "--heldout-prompts", "64", "--max-prompt-tokens", "512"],
                      _stages(192, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
@@ -256,9 +257,8 @@ def record(r: dict, args) -> None:
 
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     ratio = r["tau_draft"] / r["tau_ngram"] if r["tau_ngram"] else float("nan")
-    extra = f" --train-arg {' --train-arg '.join(args.train_arg)}" if args.train_arg else ""
     section = (
-        f"### {stamp}: `python bench/quality/run.py --size {args.size}{extra}`\n\n"
+        f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}`\n\n"
         f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all. "
         f"Verifier: {r['verifier_parameters'] / 1e6:.1f}M parameters, held-out loss {r['verifier_heldout_loss_per_token']} nats/token. "
         f"{r['prompts']} held-out prompts, greedy; our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
