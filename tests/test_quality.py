@@ -82,3 +82,53 @@ def test_small_quality_bench_draft_beats_ngram(tmp_path):
     assert result["k"] == 3 and result["prompts"] >= 8
     assert result["regenerate"]["to_answer"] > 0  # the verifier wrote the replies the draft trained on
     assert result["tau_draft"] > result["tau_ngram"] >= 1.0, result
+
+
+# ---------------------------------------------------------------------------------------------
+# The stdlib verifier's text and prompts (no model)
+
+SOURCE = '''import os
+from typing import Any
+
+
+def add(a, b):
+    """Add two numbers."""
+    total = a + b
+    return total
+
+
+class Box:
+    """A box."""
+
+    @property
+    def size(self) -> int:
+        """The size."""
+        return 3
+
+    def empty(self):
+        """Nothing after the docstring: no prompt."""
+'''
+
+
+def test_function_prompts_are_imports_then_signature_and_docstring():
+    import make_stdlib_verifier as msv
+
+    prompts = msv.function_prompts("pkg/mod.py", SOURCE)
+    assert [p.source for p in prompts] == ["pkg/mod.py:5", "pkg/mod.py:15"]
+    assert prompts[0].prompt == 'import os\nfrom typing import Any\n\n\ndef add(a, b):\n    """Add two numbers."""\n'
+    assert prompts[0].body == "    total = a + b\n    return total\n"
+    assert prompts[1].prompt.endswith('class Box:\n    @property\n    def size(self) -> int:\n        """The size."""\n')
+    assert prompts[1].body == "        return 3\n"
+
+
+def test_the_split_is_by_path_hash_and_test_directories_are_left_out(tmp_path):
+    import make_stdlib_verifier as msv
+
+    for rel in ("a.py", "pkg/b.py", "test/test_a.py", "pkg/tests/t.py", "idlelib/idle_test/x.py", "c.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    assert [p.relative_to(tmp_path).as_posix() for p in msv.stdlib_files(tmp_path)] == ["a.py", "pkg/b.py"]
+    paths = [f"m{i}.py" for i in range(2000)]
+    held = [p for p in paths if msv.is_heldout(p, 10.0)]
+    assert 150 < len(held) < 250  # about 10 %
+    assert set(held) <= {p for p in paths if msv.is_heldout(p, 20.0)}  # a larger share keeps these held out
