@@ -30,6 +30,7 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
         Stage("verifier", "make_tiny_verifier.py", "build (and briefly train) the tiny demo verifier and its chat data"),
+        Stage("regenerate", "regenerate.py", "the verifier writes the assistant replies (rows without one, or all with replace = true)", distributed=True),
         Stage("prepare", "prepare_data.py", "tokenize chat data with the verifier's chat template"),
         Stage("extract", "extract_hidden_states.py", "verifier hidden states -> hs_<i>.safetensors", distributed=True),
         Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True),
@@ -40,7 +41,9 @@ STAGES: dict[str, Stage] = {
     ]
 }
 # The full chain on a real verifier; the demo prepends "verifier".
-DEFAULT_CHAIN = ["prepare", "extract", "train", "evaluate", "export"]
+# regenerate answers only rows without a reply (unless [pipeline.stages.regenerate] replace =
+# true): on data that has replies it copies them, without loading the verifier.
+DEFAULT_CHAIN = ["regenerate", "prepare", "extract", "train", "evaluate", "export"]
 DEMO_CHAIN = ["verifier", *DEFAULT_CHAIN]
 # The stages that load the verifier, its tokenizer or its config: `[pipeline] trust_remote_code`
 # reaches each of them as --trust-remote-code.
@@ -53,6 +56,7 @@ class StagePaths:
 
     verifier: str
     data: str
+    regenerated: str
     prepared: str
     hidden_states: str
     checkpoints: str
@@ -65,6 +69,7 @@ class StagePaths:
         return cls(
             verifier=p.verifier,
             data=p.data,
+            regenerated=f"{out}/regenerated.jsonl",
             prepared=f"{out}/prepared",
             hidden_states=f"{out}/hidden_states",
             checkpoints=f"{out}/checkpoints",
@@ -79,7 +84,8 @@ def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
     layers = {"layers": p.target_layer_ids} if p.target_layer_ids else {}
     by_stage: dict[str, dict[str, Any]] = {
         "verifier": {"output": paths.verifier, "data_out": paths.data},
-        "prepare": {"verifier": paths.verifier, "data": paths.data, "output": paths.prepared, "max_seq_len": p.max_seq_len},
+        "regenerate": {"verifier": paths.verifier, "data": paths.data, "output": paths.regenerated},
+        "prepare": {"verifier": paths.verifier, "data": paths.data, "regenerated": paths.regenerated, "output": paths.prepared, "max_seq_len": p.max_seq_len},
         "extract": {"verifier": paths.verifier, "prepared": paths.prepared, "output": paths.hidden_states, **layers},
         "train": {
             "verifier": paths.verifier,

@@ -19,7 +19,9 @@ verifier (checked per prompt: `greedy_match`).
 
 Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier writes the last
 --heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
-conversation is one prompt: the conversation up to that turn, with the generation prompt.
+conversation is one prompt: the conversation up to that turn, with the generation prompt; a
+conversation that ends with a user turn (a prompt without a reply, as make_stdlib_verifier writes
+them) is one prompt too.
 
 The draft: a checkpoint directory, or the train stage's output, where the checkpoint its best.json
 names (best estimated tau while training) is used, else the latest epoch's.
@@ -111,21 +113,23 @@ def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int,
         a = 0
         while a < k and proposal[a] == choices[a]:
             a += 1
-        new = proposal[:a] + [choices[a]]
-        trials = k
-        # Stop at end of turn or at the budget, like a server would. Proposals past the stop
-        # were never needed: they count neither as accepted nor as rejected.
-        for i, t in enumerate(new):
-            if t in eos or len(generated) + i + 1 >= max_new_tokens:
-                new = new[: i + 1]
-                trials = min(k, len(new))
-                break
+        new, trials = _cut_at_stop(proposal[:a] + [choices[a]], len(generated), k, max_new_tokens, eos)
         rounds += 1
         accepted_per_round.append(min(a, len(new)))
         trials_per_round.append(trials)
         seq += new
         generated += new
     return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)
+
+
+def _cut_at_stop(new: list[int], generated: int, k: int, max_new_tokens: int, eos: set[int]) -> tuple[list[int], int]:
+    """A round's tokens cut at end of turn or at the budget, like a server would, and the number
+    of proposals whose verdict mattered: those past the stop were never needed, they count
+    neither as accepted nor as rejected."""
+    for i, t in enumerate(new):
+        if t in eos or generated + i + 1 >= max_new_tokens:
+            return new[: i + 1], min(k, i + 1)
+    return new, k
 
 
 def greedy_decode(verifier: Verifier, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
@@ -140,6 +144,37 @@ def greedy_decode(verifier: Verifier, prompt: list[int], max_new_tokens: int, eo
         if out[-1] in eos:
             break
     return out
+
+
+def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: Any, k: int, max_new_tokens: int, eos: set[int]) -> PromptResult:
+    """`speculate`'s result without a verifier call per round, for greedy decoding.
+
+    Under greedy verification the output is the verifier's greedy continuation whatever the
+    draft proposes, and the verifier's choice after context + d_1..d_i, with d_1..d_i accepted,
+    is the continuation's next token. So one greedy decode (`reference`: at least max_new_tokens
+    + k + 1 tokens, or up to its eos) and one forward over prompt + reference (`view`: the draft's
+    inputs at every position, as causal attention gives them to any prefix) replace a verifier
+    forward per round. The rounds, acceptances and trials equal `speculate`'s (tests check it).
+    """
+    seq = prompt + reference[:1]
+    generated = reference[:1]
+    rounds, accepted_per_round, trials_per_round = 0, [], []
+    while generated[-1] not in eos and len(generated) < max_new_tokens:
+        proposal = proposer.propose(seq, view, k)
+        if len(proposal) != k:
+            raise EvalError(f"the proposer returned {len(proposal)} tokens, expected {k}")
+        j = len(generated)
+        a = 0
+        while a < k and j + a < len(reference) and proposal[a] == reference[j + a]:
+            a += 1
+        # the accepted proposals, then the verifier's own token
+        new, trials = _cut_at_stop(reference[j : j + a + 1], len(generated), k, max_new_tokens, eos)
+        rounds += 1
+        accepted_per_round.append(min(a, len(new)))
+        trials_per_round.append(trials)
+        seq += new
+        generated += new
+    return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)  # greedy by construction: nothing to check
 
 
 def summarize(results: list[PromptResult], k: int) -> Report:
@@ -312,6 +347,26 @@ class Eagle3Proposer:
         return draft_ids
 
 
+class NgramProposer:
+    """vLLM's `ngram` method (prompt lookup decoding), the baseline that needs no training: the
+    last n tokens, n from `max_n` down to `min_n`, are looked up in the context so far; the first
+    earlier occurrence of the longest suffix that has one proposes the k tokens that followed it.
+    No match (or fewer than k tokens after it): the rest of the k are -1, which the verifier never
+    accepts (a round without proposals yields its one token, as in vLLM)."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 4):
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, tokens, verifier_view, k):
+        for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
+            suffix = tokens[-n:]
+            for start in range(len(tokens) - n):  # occurrences that end before the suffix itself
+                if tokens[start : start + n] == suffix:
+                    follow = tokens[start + n : start + n + k]
+                    return follow + [-1] * (k - len(follow))
+        return [-1] * k
+
+
 class RandomProposer:
     """Uniform random tokens: a draft that knows nothing (tau ~ 1)."""
 
@@ -379,12 +434,16 @@ def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[li
     prompts = []
     for row in rows:
         messages = row.get("messages") or _sharegpt(row.get("conversations") or [])
-        for i, m in enumerate(messages):
-            if m.get("role") == "assistant" and i > 0:
-                text = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-                prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-                if len(prompts) >= max_prompts:
-                    return prompts
+        # Every assistant turn's context, and a conversation that ends with a user turn (a prompt
+        # with no reply yet) as a whole.
+        ends = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
+        if messages and messages[-1].get("role") == "user":
+            ends.append(len(messages))
+        for i in ends:
+            text = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+            prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(prompts) >= max_prompts:
+                return prompts
     return prompts
 
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
+from common.vllm_server import add_serve_arguments  # noqa: E402
 
 if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
     import torch
@@ -433,7 +434,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, run_supervised, sigterm_raises
+    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, rank_env, run_supervised, sigterm_raises
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
     n, hidden = num_hidden_layers(config), hidden_size(config)
@@ -465,10 +466,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
         vllm_command=args.vllm_command,
         extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
     )
-    env = dict(os.environ)
-    if "LOCAL_RANK" in os.environ and args.tensor_parallel_size == 1:
-        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
-        env["CUDA_VISIBLE_DEVICES"] = visible[local_rank] if visible else str(local_rank)
+    env = rank_env(local_rank, args.tensor_parallel_size)
     server_log = Path(args.server_log or output / f"vllm_server.rank{rank}.log")
     client_log = output / f"generate_offline_data.rank{rank}.log"
     launcher = shlex.split(args.offline_command) if args.offline_command else [sys.executable, "-m", "speculators", "generate-offline-data"]
@@ -557,20 +555,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids spinning against other processes on a small box)")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers (and vllm serve) run the verifier's own code (auto_map)")
     v = p.add_argument_group("vllm backend")
-    v.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
-    v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--tensor-parallel-size", type=int, default=1)
-    v.add_argument("--max-model-len", type=int, default=None)
-    v.add_argument("--gpu-memory-utilization", type=float, default=None)
+    add_serve_arguments(v)
     v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
-    v.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for /health")
-    v.add_argument("--stop-grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping the server")
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
     v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: this python -m speculators generate-offline-data)")
     v.add_argument("--offline-passes", type=int, default=2, help="generate-offline-data runs while samples are missing (each resumes)")
-    v.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
     args = p.parse_args(argv)
     if args.writer_threads is None:
         args.writer_threads = default_writer_threads(os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

@@ -24,6 +24,10 @@ per assistant turn, as speculators does.
 
 A malformed row (bad JSON, missing or mistyped fields, unknown role) is reported with its line
 number, skipped and counted; with --strict the first one is fatal.
+
+`--regenerated FILE` (the pipeline passes the regenerate stage's output): when FILE exists and its
+FILE.meta.json records the SHA-256 of --data, FILE (the same rows, with the verifier's own
+replies) is read instead of --data; a FILE made from other data is ignored, with a message.
 """
 
 from __future__ import annotations
@@ -141,6 +145,23 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def choose_data(data: str, regenerated: str | None, events: EventLog) -> str:
+    """--regenerated when it was made from exactly --data (its meta records --data's SHA-256), else --data."""
+    if not regenerated or not Path(regenerated).is_file():
+        return data
+    from regenerate import file_sha256, meta_file
+
+    try:
+        made_from = json.loads(meta_file(Path(regenerated)).read_text()).get("source_sha256")
+    except (OSError, ValueError):
+        made_from = None
+    if made_from != file_sha256(Path(data)):
+        events.message(f"ignoring {regenerated}: it was not made from the current {data} (rerun regenerate)")
+        return data
+    events.message(f"reading {regenerated} (the verifier's replies to {data})")
+    return regenerated
+
+
 def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
     from transformers import AutoTokenizer
 
@@ -149,6 +170,7 @@ def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
     report = PrepareReport()
     columns: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
 
+    args.data = choose_data(args.data, args.regenerated, events)
     with open(args.data, encoding="utf-8") as f:
         lines = f.readlines()
     total = len(lines)
@@ -236,6 +258,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-samples", type=int, default=0, help="stop after this many output rows (0: all)")
     p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the tokenizer's own code (auto_map)")
+    p.add_argument("--regenerated", default=None, help="the regenerate stage's output: read instead of --data when it was made from --data")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     args = p.parse_args(argv)
     if args.max_seq_len < 2:

@@ -50,7 +50,7 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
     # It went through a real run: the run's record and every stage's state are on "the host".
     run_dir = workdir / "runs" / summary["run_id"]
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["stages"] == ["verifier", "prepare", "extract", "train", "evaluate", "export"]
+    assert record["stages"] == ["verifier", "regenerate", "prepare", "extract", "train", "evaluate", "export"]
     for stage in record["stages"]:
         state = json.loads((run_dir / stage / "state.json").read_text())
         assert state["state"] == "ok" and state["exit_code"] == 0, (stage, state)

@@ -20,7 +20,8 @@ def demo(workdir: str, speculative_tokens: int, verifier: str, as_json: bool) ->
 
     No SSH and no container: the same sync, detached-run and stage code as on a GPU box, through
     the local transport. Stages: build and train a tiny verifier on a learnable chat language,
-    prepare, extract hidden states, train the draft, evaluate acceptance, export.
+    regenerate (its data has replies: a copy), prepare, extract hidden states, train the draft,
+    evaluate acceptance, export.
     """
     from pathlib import Path
 

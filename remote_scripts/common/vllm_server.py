@@ -1,4 +1,4 @@
-"""A `vllm serve` process for hidden-state extraction: its command line, and a lifecycle that always ends.
+"""A `vllm serve` process (for hidden-state extraction, or plain generation): its command line, and a lifecycle that always ends.
 
 vLLM 0.33.0 (read from its wheel) extracts hidden states through a speculative "method" plus a KV
 connector that writes one safetensors file per request into a shared directory:
@@ -50,9 +50,9 @@ class StageCancelled(RuntimeError):
 @dataclass(frozen=True)
 class ServeOptions:
     model: str
-    layer_ids: list[int]  # the auxiliary layers (id i: the input of decoder layer i)
-    num_layers: int  # the verifier's decoder layers: id num_layers is the last one's pre-norm output
-    staging_dir: str  # the connector's shared_storage_path
+    layer_ids: list[int] | None = None  # the auxiliary layers (id i: the input of decoder layer i); None: a plain generation server
+    num_layers: int | None = None  # the verifier's decoder layers: id num_layers is the last one's pre-norm output (extraction only)
+    staging_dir: str | None = None  # the connector's shared_storage_path (extraction only)
     host: str = "127.0.0.1"
     port: int = 8000
     tensor_parallel_size: int = 1
@@ -71,6 +71,28 @@ def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     layer's output before the final norm (vLLM's docs), which every file holds after the
     auxiliary layers; so it is listed (as speculators' launch_vllm.py --include-last-layer does)."""
     return [*layer_ids, num_layers]
+
+
+def add_serve_arguments(group) -> None:
+    """The `vllm serve` flags every stage with a vllm backend takes (an argparse group)."""
+    group.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
+    group.add_argument("--port", type=int, default=8000, help="first port (one server per local rank: port + LOCAL_RANK)")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--tensor-parallel-size", type=int, default=1)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument("--gpu-memory-utilization", type=float, default=None)
+    group.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for /health")
+    group.add_argument("--stop-grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping the server")
+    group.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
+
+
+def rank_env(local_rank: int, tensor_parallel_size: int) -> dict[str, str]:
+    """The server's environment: under torchrun with tensor parallel 1, this rank's GPU only."""
+    env = dict(os.environ)
+    if "LOCAL_RANK" in os.environ and tensor_parallel_size == 1:
+        visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
+        env["CUDA_VISIBLE_DEVICES"] = visible[local_rank] if visible else str(local_rank)
+    return env
 
 
 def speculative_config(layer_ids: list[int], num_layers: int) -> dict:
@@ -97,8 +119,11 @@ def serve_argv(o: ServeOptions) -> list[str]:
         argv += ["--max-model-len", str(o.max_model_len)]
     if o.gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
-    argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids, o.num_layers))]
-    argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
+    if o.layer_ids is not None:
+        if not o.staging_dir or o.num_layers is None:
+            raise ValueError("hidden-state extraction needs the verifier's layer count and a staging directory for the connector")
+        argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids, o.num_layers))]
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
     return argv + list(o.extra_args)
 
 
@@ -177,7 +202,8 @@ class ManagedServer:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
+        if self.opts.staging_dir:
+            Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(argv)}\n".encode())

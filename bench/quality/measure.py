@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""tau of several proposers on the same held-out prompts, with the same verifier, greedy decoding.
+
+    python bench/quality/measure.py --verifier DIR --data chat.jsonl --draft ours=CKPT \
+        --draft speculators=CKPT --ks 3 5 --output taus.json
+
+Run in the stage environment (torch, transformers, speculators). For each held-out prompt the
+verifier decodes greedily once and reads prompt + continuation once; every proposer (vLLM's ngram
+lookup, and each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay:
+the same rounds and acceptances as the evaluate stage's chain speculation, without a verifier
+forward per round). Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote_scripts"))
+
+import evaluate  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--draft", action="append", default=[], metavar="NAME=CHECKPOINT", help="an EAGLE-3 draft (a checkpoint or a training output: its latest epoch)")
+    p.add_argument("--ks", type=int, nargs="+", default=[3, 5])
+    p.add_argument("--max-prompts", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--split", default="heldout")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--output", required=True)
+    args = p.parse_args()
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from common.verifier import load_verifier, locate_decoder
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.monotonic()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    verifier_path = str(Path(args.verifier).resolve())
+    tokenizer = AutoTokenizer.from_pretrained(verifier_path)
+    model = load_verifier(verifier_path, device=device)
+    num_layers = locate_decoder(model).num_layers
+    eos = evaluate._eos_ids(tokenizer, model)
+    prompts = evaluate.load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
+
+    proposers: dict[str, tuple[object, list[int] | None]] = {"ngram": (evaluate.NgramProposer(1, 4), None)}
+    for spec in args.draft:
+        name, _, path = spec.partition("=")
+        draft = evaluate.load_draft(evaluate.resolve_checkpoint(Path(path)), verifier_path, "sdpa").to(device)
+        proposers[name] = (evaluate.Eagle3Proposer(draft), evaluate.draft_layers(draft, num_layers))
+    layer_sets = {tuple(layers) for _, layers in proposers.values() if layers}
+    verifiers = {layers: evaluate.HFVerifier(model, list(layers), torch.bfloat16) for layers in layer_sets}
+    any_verifier = next(iter(verifiers.values())) if verifiers else evaluate.HFVerifier(model, [2, num_layers // 2, num_layers - 3], torch.bfloat16)
+
+    results: dict[str, dict[int, list]] = {name: {k: [] for k in args.ks} for name in proposers}
+    for i, prompt in enumerate(prompts, 1):
+        reference = any_verifier.greedy(prompt, args.max_new_tokens + max(args.ks) + 1, eos)
+        views = {layers: v.forward(prompt + reference)[1] for layers, v in verifiers.items()}
+        for name, (proposer, layers) in proposers.items():
+            for k in args.ks:
+                results[name][k].append(evaluate.replay(proposer, prompt, reference, views.get(tuple(layers)) if layers else None, k, args.max_new_tokens, eos))
+        print(f"prompt {i}/{len(prompts)}", file=sys.stderr, flush=True)
+
+    taus = {name: {str(k): asdict(evaluate.summarize(rs, k)) for k, rs in by_k.items()} for name, by_k in results.items()}
+    out = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
+    Path(args.output).write_text(json.dumps(out, indent=1))
+    print(json.dumps({name: {k: round(r["tau"], 3) for k, r in by_k.items()} for name, by_k in taus.items()}))
+
+
+if __name__ == "__main__":
+    main()

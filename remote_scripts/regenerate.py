@@ -1,0 +1,500 @@
+"""The verifier writes the assistant replies of the chat data itself (EAGLE-3 trains on the verifier's own outputs).
+
+    python remote_scripts/regenerate.py --verifier DIR --data chat.jsonl --output regenerated.jsonl \
+        [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE]
+
+Which rows get a reply: rows of `--split` (default "train"; rows without a split count as train;
+"all" for every row) whose conversation ends with a user turn; with `--replace`, every row of the
+split: the conversation is cut after its last user turn and the verifier's reply replaces what
+followed. Every other row is copied as it is, so a file that already has replies passes through
+unchanged without loading the model. Replies are greedy with `--temperature 0` (the default),
+sampled otherwise (`--top-p`, `--seed`); at most `--max-new-tokens` tokens, stopping at the
+verifier's end of turn.
+
+The output is the input in OpenAI `messages` form, plus `"regenerated": {"tokens", "finish"}` on
+every row the verifier answered, written atomically, and `OUTPUT.meta.json`: the input's SHA-256
+and the settings (prepare uses OUTPUT in place of the data only when that hash matches).
+
+Backends:
+  transformers  batched `generate` (left padding, longest prompts first), on cuda:$LOCAL_RANK or CPU.
+  vllm          `vllm serve MODEL` (common/vllm_server.py: health wait, log kept, always stopped),
+                then requests to /v1/completions with the rendered prompt's token ids,
+                `--concurrency` at a time. NOT RUN against a real vLLM here (it cannot be installed
+                on the dev machines): tested with a stand-in server.
+
+Resumable and sharded: the rows to answer are split into contiguous ranges by `--rank/--world-size`
+(or torchrun's RANK/WORLD_SIZE). Each rank appends its replies to OUTPUT.parts/rank<r>-of-<w>.jsonl
+after every batch; a rerun with the same input and settings keeps them and answers only the rest
+(other input or settings start over). The rank that completes the last range merges the parts
+into OUTPUT; a rerun whose OUTPUT was made from the same input and settings does nothing.
+
+A malformed row (bad JSON, missing or mistyped fields, unknown role) is reported with its line
+number, skipped and counted, as prepare does; with --strict the first one is fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.events import EventLog  # noqa: E402
+from common.vllm_server import add_serve_arguments  # noqa: E402
+from extract_hidden_states import plan_batches, resolve_rank, shard_range  # noqa: E402
+from prepare_data import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
+
+STAGE = "regenerate"
+
+
+@dataclass
+class Item:
+    """One reply to write: row `line` of the input, its prompt messages (ending with a user turn)."""
+
+    index: int  # position among the items (what the shards split)
+    line: int
+    prompt: list[dict[str, str]]
+
+
+@dataclass
+class Plan:
+    rows: list[tuple[int, dict, list[dict[str, str]]]]  # (line, original row, normalized messages) of valid rows
+    items: list[Item]
+    malformed: int = 0
+    malformed_lines: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    tokens: int
+    finish: str  # "stop" (end of turn) or "length"
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning (pure logic: unit-tested without a model)
+
+
+def plan(data: Path, split: str, replace: bool, strict: bool, events: EventLog | None = None) -> Plan:
+    """Read the data and decide which rows the verifier answers."""
+    result = Plan(rows=[], items=[])
+    with open(data, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                messages, row_split = parse_conversation(line)
+            except MalformedRow as e:
+                where = f"{data}:{lineno}: {e}"
+                if strict:
+                    raise MalformedRow(where) from None
+                result.malformed += 1
+                if len(result.malformed_lines) < MAX_REPORTED_LINES:
+                    result.malformed_lines.append(where)
+                if events:
+                    events.message(f"skipping malformed row, {where}")
+                continue
+            result.rows.append((lineno, json.loads(line), messages))
+            if split != "all" and (row_split or "train") != split:
+                continue
+            last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
+            if last_user is None:
+                continue
+            if last_user == len(messages) - 1 or replace:
+                result.items.append(Item(len(result.items), lineno, messages[: last_user + 1]))
+    return result
+
+
+def fingerprint(data: Path, settings: dict) -> str:
+    h = hashlib.sha256()
+    with open(data, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class PartFile:
+    """One rank's replies: a header line with the run's fingerprint, then {"item", "text", ...} lines.
+
+    Appended after every batch (flushed and fsynced); a torn last line (a kill mid-write) is cut
+    off on open; a file with another fingerprint is stale and starts over."""
+
+    def __init__(self, path: Path, fp: str):
+        self.path = path
+        found = self.read(path, fp)
+        if found is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"fingerprint": fp}) + "\n")
+            self.done: dict[int, Reply] = {}
+        else:
+            self.done, complete_bytes = found
+            if complete_bytes < path.stat().st_size:
+                with open(path, "r+b") as f:
+                    f.truncate(complete_bytes)  # our own file: no other process appends to it
+
+    @staticmethod
+    def read(path: Path, fp: str) -> tuple[dict[int, Reply], int] | None:
+        """(replies, bytes of complete lines), or None when missing, unreadable or stale. Read
+        only: another rank may be appending to it."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        lines = data.split(b"\n")
+        complete = lines[:-1]  # the part after the last newline is torn (or empty)
+        done = {}
+        try:
+            if json.loads(complete[0]).get("fingerprint") != fp:
+                return None
+            for raw in complete[1:]:
+                rec = json.loads(raw)
+                done[int(rec["item"])] = Reply(rec["text"], int(rec["tokens"]), rec["finish"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            return None
+        return done, len(data) - len(lines[-1])
+
+    def append(self, replies: dict[int, Reply]) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            for index, r in sorted(replies.items()):
+                f.write(json.dumps({"item": index, **asdict(r)}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.done.update(replies)
+
+
+def parts_dir(output: Path) -> Path:
+    return output.with_name(output.name + ".parts")
+
+
+def part_path(output: Path, rank: int, world: int) -> Path:
+    return parts_dir(output) / f"rank{rank}-of-{world}.jsonl"
+
+
+def collect_parts(output: Path, world: int, fp: str, total: int) -> dict[int, Reply] | None:
+    """Every rank's replies, or None while some range is unfinished."""
+    replies: dict[int, Reply] = {}
+    for r in range(world):
+        found = PartFile.read(part_path(output, r, world), fp)
+        if found is None:
+            return None
+        replies.update(found[0])
+    return replies if all(i in replies for i in range(total)) else None
+
+
+def merged_rows(p: Plan, replies: dict[int, Reply]) -> list[dict]:
+    """The output rows: answered rows get their prompt + the reply, others are copied."""
+    by_line = {item.line: item for item in p.items}
+    out = []
+    for line, row, messages in p.rows:
+        row = {k: v for k, v in row.items() if k != "conversations"}
+        item = by_line.get(line)
+        if item is None:
+            row["messages"] = messages
+        else:
+            reply = replies[item.index]
+            row["messages"] = [*item.prompt, {"role": "assistant", "content": reply.text}]
+            row["regenerated"] = {"tokens": reply.tokens, "finish": reply.finish}
+        out.append(row)
+    return out
+
+
+def write_output(output: Path, rows: list[dict], meta: dict) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    meta_path = meta_file(output)
+    meta_tmp = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
+    meta_tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    meta_path.unlink(missing_ok=True)  # never a meta that vouches for an older output
+    os.replace(tmp, output)
+    os.replace(meta_tmp, meta_path)
+
+
+def _recorded_fingerprint(output: Path) -> str | None:
+    try:
+        return json.loads(meta_file(output).read_text()).get("fingerprint")
+    except (OSError, ValueError):
+        return None
+
+
+def meta_file(output: Path) -> Path:
+    return output.with_name(output.name + ".meta.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends
+
+
+class TransformersBackend:
+    def __init__(self, args: argparse.Namespace, local_rank: int):
+        import torch
+        from transformers import AutoTokenizer
+
+        from common.verifier import load_verifier
+
+        self.torch = torch
+        self.device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+        if not self.device.startswith("cuda") and args.threads:
+            torch.set_num_threads(args.threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+        self.model = load_verifier(args.verifier, device=self.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        self.args = args
+        self.eos = eos_ids(self.tokenizer, self.model)
+
+    def describe(self) -> str:
+        return f"transformers on {self.device}"
+
+    def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
+        torch, args = self.torch, self.args
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else sorted(self.eos)[0]
+        for batch in plan_batches({i: len(p) for i, p in prompts.items()}, args.batch_size, args.max_batch_tokens):
+            width = max(len(prompts[i]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, i in enumerate(batch):  # left padding: every row's next token is at the end
+                ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                attention[r, width - len(prompts[i]) :] = 1
+            sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
+            if args.temperature > 0:
+                torch.manual_seed(args.seed + batch[0])
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=ids.to(self.device), attention_mask=attention.to(self.device), max_new_tokens=args.max_new_tokens,
+                    eos_token_id=sorted(self.eos), pad_token_id=pad, **sampling,
+                )
+            replies = {}
+            for r, i in enumerate(batch):
+                tokens = out[r, width:].tolist()
+                stop = next((n for n, t in enumerate(tokens) if t in self.eos), None)
+                kept = tokens[:stop] if stop is not None else tokens
+                replies[i] = Reply(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept) + (stop is not None), "stop" if stop is not None else "length")
+            on_batch(replies)
+
+    def close(self) -> None:
+        pass
+
+
+class VllmBackend:
+    """`vllm serve` for this rank, and completions requests against it (token-id prompts)."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, local_rank: int):
+        from transformers import AutoTokenizer
+
+        from common.vllm_server import ManagedServer, ServeOptions, rank_env, sigterm_raises
+
+        self.args = args
+        self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+        self.opts = ServeOptions(
+            model=args.verifier, host=args.host, port=args.port + local_rank, tensor_parallel_size=args.tensor_parallel_size,
+            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+            vllm_command=args.vllm_command, extra_args=list(args.vllm_arg),
+        )
+        env = rank_env(local_rank, args.tensor_parallel_size)
+        output = Path(args.output)
+        self.log = Path(args.server_log or output.with_name(f"{output.name}.vllm_server.rank{rank}.log"))
+        self._cancel = sigterm_raises()
+        self._cancel.__enter__()
+        self.server = ManagedServer(self.opts, self.log, stop_grace=args.stop_grace, env=env)
+        try:
+            self.server.start()
+            self.waited = self.server.wait_healthy(args.health_timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def describe(self) -> str:
+        return f"vllm serve on port {self.opts.port} (healthy after {self.waited:.0f} s; log {self.log})"
+
+    def _complete(self, prompt: list[int]) -> Reply:
+        import urllib.request
+
+        from common.vllm_server import ServerFailed
+
+        args = self.args
+        body = {"model": args.verifier, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "skip_special_tokens": True}
+        request = urllib.request.Request(f"{self.opts.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        last_error = None
+        for attempt in range(3):
+            try:
+                with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
+                    answer = json.loads(response.read())
+                choice = answer["choices"][0]
+                tokens = int((answer.get("usage") or {}).get("completion_tokens") or len(self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]))
+                return Reply(choice["text"], tokens, "stop" if choice.get("finish_reason") == "stop" else "length")
+            except (OSError, ValueError, KeyError, IndexError) as e:
+                last_error = e
+                if not self.server.alive():
+                    break
+                time.sleep(1 + attempt)
+        raise ServerFailed(f"completion request failed ({type(last_error).__name__}: {last_error}); log {self.log}")
+
+    def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
+        from common.vllm_server import ServerFailed
+
+        order = sorted(prompts)
+        with ThreadPoolExecutor(max_workers=self.args.concurrency) as pool:
+            for start in range(0, len(order), self.args.batch_size):
+                chunk = order[start : start + self.args.batch_size]
+                if not self.server.alive():
+                    raise ServerFailed(f"vllm serve died; log {self.log}")
+                on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
+
+    def close(self) -> None:
+        try:
+            self.server.stop()
+        finally:
+            self._cancel.__exit__(None, None, None)
+
+
+def eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(v for v in value if isinstance(v, int))
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--verifier", required=True, help="verifier directory (its tokenizer and chat template render the prompts)")
+    p.add_argument("--data", required=True, help="chat JSONL (messages or ShareGPT conversations)")
+    p.add_argument("--output", required=True, help="chat JSONL to write, with the verifier's replies")
+    p.add_argument("--backend", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--split", default="train", help="answer rows whose 'split' is this (rows without one count as train); 'all': every row")
+    p.add_argument("--replace", action="store_true", help="also answer rows that already have a reply (cut after their last user turn)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (vllm: per progress step)")
+    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded prompt tokens per generate call")
+    p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--world-size", type=int, default=None)
+    p.add_argument("--device", default=None, help="default: cuda:$LOCAL_RANK when CUDA is available, else cpu")
+    p.add_argument("--dtype", default="auto", help="verifier compute dtype (auto: bf16 on GPU, float32 on CPU)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    v = p.add_argument_group("vllm backend")
+    add_serve_arguments(v)
+    v.add_argument("--concurrency", type=int, default=32, help="requests in flight")
+    v.add_argument("--request-timeout", type=float, default=600.0, help="seconds per completion request")
+    v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT.vllm_server.rank<r>.log)")
+    p.add_argument("--events", default=None)
+    args = p.parse_args(argv)
+    if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:
+        p.error("--max-new-tokens, --batch-size and --concurrency must be at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = EventLog(STAGE, args.events)
+    try:
+        rank, world, local_rank = resolve_rank(args)
+    except ValueError as e:
+        events.finished("failed", error=str(e))
+        return 1
+    events.started(**{k: v for k, v in vars(args).items() if k != "events"}, resolved_rank=rank, resolved_world_size=world)
+    try:
+        summary = run(args, events, rank, world, local_rank)
+    except Exception as e:
+        expected = isinstance(e, (MalformedRow, ValueError, FileNotFoundError)) or type(e).__name__ in ("ServerFailed", "StageCancelled")
+        return events.failed(e, traceback=not expected)
+    events.finished("ok", **summary)
+    return 0
+
+
+def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
+    started = time.monotonic()
+    data, output = Path(args.data), Path(args.output)
+    if not data.is_file():
+        raise FileNotFoundError(f"--data {data}: no such file")
+    p = plan(data, args.split, args.replace, args.strict, events)
+    if not p.rows:
+        raise ValueError(f"no usable rows in {data} (malformed {p.malformed})")
+    settings = {k: getattr(args, k) for k in ("split", "replace", "max_new_tokens", "temperature", "top_p", "seed")}
+    settings["verifier"] = os.path.abspath(args.verifier)
+    fp = fingerprint(data, settings)
+    meta = {"source": os.path.abspath(data), "source_sha256": file_sha256(data), "fingerprint": fp, "settings": settings, "answered": len(p.items)}
+    summary = {"rows": len(p.rows), "malformed": p.malformed, "to_answer": len(p.items), "rank": rank, "world_size": world}
+    if output.is_file() and _recorded_fingerprint(output) == fp:
+        events.message(f"{output} already holds the replies for this data and these settings")
+        return {**summary, "already_done": True, "seconds": round(time.monotonic() - started, 1)}
+    if not p.items:
+        events.message(f"every row of split {args.split!r} has a reply (--replace answers them anyway): copying the data")
+        write_output(output, merged_rows(p, {}), meta)
+        events.artifact(str(output), kind="data")
+        return {**summary, "seconds": round(time.monotonic() - started, 1)}
+
+    shard = shard_range(len(p.items), rank, world)
+    part = PartFile(part_path(output, rank, world), fp)
+    kept = sum(i in part.done for i in shard)
+    todo = [p.items[i] for i in shard if i not in part.done]
+    events.message(f"rank {rank}: {len(shard)} replies in items {shard.start}..{shard.stop - 1}" + (f"; {kept} kept from an interrupted run" if kept else ""))
+    generated_tokens = 0
+    if todo:
+        backend = VllmBackend(args, rank, local_rank) if args.backend == "vllm" else TransformersBackend(args, local_rank)
+        try:
+            events.message(f"rank {rank}: {backend.describe()}")
+            tokenizer = backend.tokenizer
+            prompts = {}
+            for item in todo:
+                text = tokenizer.apply_chat_template(item.prompt, tokenize=False, add_generation_prompt=True)
+                prompts[item.index] = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+            def on_batch(replies: dict[int, Reply]) -> None:
+                nonlocal generated_tokens
+                part.append(replies)
+                generated_tokens += sum(r.tokens for r in replies.values())
+                if local_rank == 0:
+                    events.progress(sum(i in part.done for i in shard), len(shard), unit="replies")
+
+            t0 = time.monotonic()
+            backend.generate(prompts, on_batch)
+            summary["generate_seconds"] = round(time.monotonic() - t0, 1)
+            summary["tokens_per_s"] = round(generated_tokens / max(1e-9, time.monotonic() - t0), 1)
+        finally:
+            backend.close()
+    summary.update(kept_from_before=kept, generated_tokens=generated_tokens)
+    mine = [part.done[i] for i in shard]
+    summary["stopped_at_end_of_turn"] = round(sum(r.finish == "stop" for r in mine) / max(1, len(mine)), 4)
+
+    replies = collect_parts(output, world, fp, len(p.items))
+    if replies is None:
+        events.message(f"rank {rank}: done; the rank that finishes last writes {output}")
+        return {**summary, "seconds": round(time.monotonic() - started, 1)}
+    write_output(output, merged_rows(p, replies), meta)
+    shutil.rmtree(parts_dir(output), ignore_errors=True)
+    events.artifact(str(output), kind="data")
+    return {**summary, "seconds": round(time.monotonic() - started, 1)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

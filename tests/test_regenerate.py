@@ -1,0 +1,218 @@
+"""regenerate.py: the verifier writes the replies (batched transformers, resume, shards, vllm stand-in)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
+
+pytestmark = pytest.mark.pipeline
+
+sys.path.insert(0, str(SCRIPTS_DIR))
+import regenerate  # noqa: E402
+
+STAND_IN = Path(__file__).resolve().parent / "fixtures" / "vllm_stand_in.py"
+MAX_NEW = 12
+
+
+def _prompt_rows(tiny_verifier, n: int) -> list[dict]:
+    """The first n training conversations cut after their first user turn (no reply yet)."""
+    rows = [json.loads(line) for line in tiny_verifier.data.read_text().splitlines()]
+    return [{"id": r["id"], "split": "train", "messages": r["messages"][:1]} for r in rows if r["split"] == "train"][:n]
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _greedy_replies(verifier: Path, rows: list[dict]) -> list[str]:
+    """Each prompt decoded alone (no batching, no padding): what the batched stage must reproduce."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(verifier)
+    model = AutoModelForCausalLM.from_pretrained(verifier).eval()
+    out = []
+    for r in rows:
+        ids = tok(tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True), add_special_tokens=False, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+        if tok.eos_token_id in gen:
+            gen = gen[: gen.index(tok.eos_token_id)]
+        out.append(tok.decode(gen, skip_special_tokens=True))
+    return out
+
+
+def _args(tiny_verifier, data, out, *extra):
+    return ["--verifier", tiny_verifier.verifier, "--data", data, "--output", out, "--max-new-tokens", MAX_NEW, "--threads", 1, *extra]
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning (no model)
+
+
+def test_plan_answers_rows_without_a_reply_and_reports_malformed_lines(tmp_path):
+    data = _write(tmp_path / "chat.jsonl", [
+        {"messages": [{"role": "user", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "b"}, {"role": "assistant", "content": "B"}]},
+        "{not json",
+        {"conversations": [{"from": "human", "value": "c"}]},
+        {"split": "heldout", "messages": [{"role": "user", "content": "d"}]},
+        {"messages": [{"role": "robot", "content": "e"}]},
+    ])
+    p = regenerate.plan(data, "train", replace=False, strict=False)
+    assert [i.line for i in p.items] == [1, 4]
+    assert len(p.rows) == 4 and p.malformed == 2
+    assert p.malformed_lines[0].startswith(f"{data}:3: invalid JSON") and p.malformed_lines[1].startswith(f"{data}:6: turn 0 has unknown role")
+    replaced = regenerate.plan(data, "train", replace=True, strict=False)
+    assert [i.line for i in replaced.items] == [1, 2, 4]
+    assert replaced.items[1].prompt == [{"role": "user", "content": "b"}]  # cut after the last user turn
+    assert [i.line for i in regenerate.plan(data, "all", replace=False, strict=False).items] == [1, 4, 5]
+    with pytest.raises(regenerate.MalformedRow, match=":3: invalid JSON"):
+        regenerate.plan(data, "train", replace=False, strict=True)
+
+
+def test_data_with_replies_passes_through_without_the_model(tmp_path):
+    rows = [{"id": "x", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    # No verifier exists at this path: the pass-through must not load one.
+    assert regenerate.main(["--verifier", str(tmp_path / "none"), "--data", str(data), "--output", str(out)]) == 0
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    assert json.loads(regenerate.meta_file(out).read_text())["source_sha256"] == regenerate.file_sha256(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# The transformers backend
+
+
+def test_batched_greedy_replies_equal_one_by_one_decoding(tiny_verifier, tmp_path):
+    rows = _prompt_rows(tiny_verifier, 10)
+    data = _write(tmp_path / "chat.jsonl", [*rows[:4], "[1, 2]", *rows[4:]])
+    out = tmp_path / "regenerated.jsonl"
+    events = tmp_path / "events.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 4, "--events", events))
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == [r["id"] for r in rows]
+    assert [r["messages"][-1]["content"] for r in written] == _greedy_replies(tiny_verifier.verifier, rows)
+    assert all(r["messages"][:-1] == rows[i]["messages"] and r["regenerated"]["tokens"] >= 1 for i, r in enumerate(written))
+    log = read_events(events)
+    assert any(f"{data}:5: expected a JSON object" in e.get("text", "") for e in log)
+    assert log[-1]["status"] == "ok" and log[-1]["malformed"] == 1 and log[-1]["to_answer"] == 10
+    assert not regenerate.parts_dir(out).exists()
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 4, "--events", events))
+    assert read_events(events)[-1]["already_done"] is True  # a rerun on the same data and settings does nothing
+
+
+def test_killed_regenerate_resumes_and_shards_merge(tiny_verifier, tmp_path):
+    rows = _prompt_rows(tiny_verifier, 12)
+    data = _write(tmp_path / "chat.jsonl", rows)
+    whole = tmp_path / "whole.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, whole, "--batch-size", 3))
+
+    out = tmp_path / "sharded.jsonl"
+    part = regenerate.part_path(out, 0, 2)
+    argv = [sys.executable, str(SCRIPTS_DIR / "regenerate.py"), *map(str, _args(tiny_verifier, data, out, "--batch-size", 1, "--rank", 0, "--world-size", 2))]
+    proc = subprocess.Popen(argv, env=offline_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if part.exists() and len(part.read_text().splitlines()) >= 3:  # header + 2 replies
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "rank 0 finished before it could be interrupted"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with open(part, "a") as f:
+        f.write('{"item": 5, "te')  # a torn last line, as a kill mid-write leaves it
+    assert not out.exists()
+
+    events = tmp_path / "rank0.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 1, "--rank", 0, "--world-size", 2, "--events", events))
+    finished = read_events(events)[-1]
+    assert finished["kept_from_before"] >= 2 and finished["kept_from_before"] + len(_generated(events)) == 6
+    assert not out.exists()  # rank 1's range is still missing
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 4, "--rank", 1, "--world-size", 2))
+    assert out.read_text() == whole.read_text()
+
+
+def _generated(events: Path) -> list[dict]:
+    return [e for e in read_events(events) if e["event"] == "progress"]
+
+
+def test_other_settings_start_over(tiny_verifier, tmp_path):
+    rows = _prompt_rows(tiny_verifier, 4)
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    part = regenerate.part_path(out, 0, 2)
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--rank", 0, "--world-size", 2))
+    events = tmp_path / "events.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--rank", 0, "--world-size", 2, "--max-new-tokens", 5, "--events", events))
+    assert read_events(events)[-1]["kept_from_before"] == 0
+    assert json.loads(part.read_text().splitlines()[1])["tokens"] <= 5
+
+
+def test_prepare_reads_the_regenerated_file_only_when_it_matches_the_data(tiny_verifier, tmp_path):
+    import prepare_data
+
+    rows = _prompt_rows(tiny_verifier, 6)
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out = tmp_path / "regenerated.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out))
+    prepared = tmp_path / "prepared"
+    assert prepare_data.main(["--verifier", str(tiny_verifier.verifier), "--data", str(data), "--regenerated", str(out), "--output", str(prepared)]) == 0
+    assert json.loads((prepared / "prepare_report.json").read_text())["rows_kept"] == 6
+    _write(data, rows[:3])  # the data changed: the regenerated file is stale
+    assert prepare_data.main(["--verifier", str(tiny_verifier.verifier), "--data", str(data), "--regenerated", str(out), "--output", str(prepared), "--events", str(tmp_path / "e.jsonl")]) == 1
+    assert "ignoring" in " ".join(e.get("text", "") for e in read_events(tmp_path / "e.jsonl"))  # and no reply in the data: nothing to train on
+
+
+# ---------------------------------------------------------------------------------------------
+# The vllm backend, around a stand-in server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_backend_serves_the_verifier_and_stops_it(tiny_verifier, tmp_path):
+    rows = _prompt_rows(tiny_verifier, 5)
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out, record = tmp_path / "out.jsonl", tmp_path / "record.json"
+    run_script("regenerate.py", *_args(
+        tiny_verifier, data, out, "--backend", "vllm", "--port", _free_port(), "--concurrency", 2, "--batch-size", 2,
+        "--vllm-command", f"{sys.executable} {STAND_IN} --record {record}", "--health-timeout", 300, "--stop-grace", 5,
+    ))
+    seen = json.loads(record.read_text())
+    serve = seen["argv"].index("serve")
+    assert seen["argv"][serve + 1] == str(tiny_verifier.verifier)
+    assert "--speculative-config" not in seen["argv"] and "--kv-transfer-config" not in seen["argv"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(seen["pgid"], 0)  # the server's whole process group is gone
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["messages"][-1]["content"] for r in written] == _greedy_replies(tiny_verifier.verifier, rows)
+
+
+def test_vllm_server_that_dies_fails_with_its_log(tiny_verifier, tmp_path):
+    data = _write(tmp_path / "chat.jsonl", _prompt_rows(tiny_verifier, 2))
+    out = tmp_path / "out.jsonl"
+    events = tmp_path / "events.jsonl"
+    proc = run_script("regenerate.py", *_args(
+        tiny_verifier, data, out, "--backend", "vllm", "--port", _free_port(),
+        "--vllm-command", f"{sys.executable} {STAND_IN} --mode die", "--health-timeout", 300, "--events", events,
+    ), check=False)
+    assert proc.returncode == 1
+    error = read_events(events)[-1]["error"]
+    assert error.startswith("ServerFailed: vllm serve exited with status 3") and "CUDA out of memory (simulated)" in error
+    assert not out.exists()
