@@ -47,7 +47,7 @@ DEFAULT_CHAIN = ["regenerate", "prepare", "extract", "train", "evaluate", "expor
 DEMO_CHAIN = ["verifier", *DEFAULT_CHAIN]
 # The stages that load the verifier, its tokenizer or its config: `[pipeline] trust_remote_code`
 # reaches each of them as --trust-remote-code.
-REMOTE_CODE_STAGES = ("prepare", "extract", "train", "evaluate")  # export reads only weights
+REMOTE_CODE_STAGES = ("regenerate", "prepare", "extract", "train", "evaluate")  # export reads only weights
 
 
 @dataclass(frozen=True)

@@ -305,7 +305,8 @@ class VllmBackend:
         self.opts = ServeOptions(
             model=args.verifier, host=args.host, port=args.port + local_rank, tensor_parallel_size=args.tensor_parallel_size,
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-            vllm_command=args.vllm_command, extra_args=list(args.vllm_arg),
+            vllm_command=args.vllm_command,
+            extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
         )
         env = rank_env(local_rank, args.tensor_parallel_size)
         output = Path(args.output)
