@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.pipeline import DEMO_CHAIN
 from tests.fixtures.pipeline_data import REPO_ROOT, SCRIPTS_DIR, offline_env, read_events
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
@@ -23,7 +24,7 @@ sys.path.insert(0, str(SCRIPTS_DIR))
 # Smaller than the demo's toy (300 steps on 1000 conversations) to fit CI; the draft imitates the
 # verifier, so it still learns to be accepted.
 CI_VERIFIER = {"arch": "kimi-k2.5", "layout": "released", "conversations": 200, "heldout": 16, "train_steps": 80, "threads": 1}
-STAGES = ["verifier", "prepare", "extract", "train", "evaluate", "export"]
+STAGES = DEMO_CHAIN  # `harness run local demo`: the verifier stage, then the default chain
 
 
 def _harness(config: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
