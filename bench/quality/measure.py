@@ -25,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote_scripts"))
 
 import evaluate  # noqa: E402
+from common.checkpoints import resolve_draft  # noqa: E402
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
     proposers: dict[str, tuple[object, list[int] | None]] = {"ngram": (evaluate.NgramProposer(1, 4), None)}
     for spec in args.draft:
         name, _, path = spec.partition("=")
-        draft = evaluate.load_draft(evaluate.resolve_checkpoint(Path(path)), verifier_path, "sdpa").to(device)
+        draft = evaluate.load_draft(resolve_draft(Path(path))[0], verifier_path, "sdpa").to(device)
         proposers[name] = (evaluate.Eagle3Proposer(draft), evaluate.draft_layers(draft, num_layers))
     layer_sets = {tuple(layers) for _, layers in proposers.values() if layers}
     verifiers = {layers: evaluate.HFVerifier(model, list(layers), torch.bfloat16) for layers in layer_sets}
