@@ -7,30 +7,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
-BUDGET_S = 600
+HANG_S = 1800  # a guard against a hang, not a speed claim (the demo's time is in the README)
 
 
 def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
     workdir = tmp_path / "demo"
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "demo", "--json", "--workdir", str(workdir)],
         capture_output=True,
         text=True,
-        timeout=BUDGET_S + 120,
+        timeout=HANG_S,
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads(proc.stdout)  # --json: stdout carries the summary alone
 
-    assert elapsed < BUDGET_S, f"demo took {elapsed:.0f} s"
     assert summary["k"] == 3
     assert len(summary["acceptance_per_position"]) == 3
     assert summary["tau"] >= 3.5, summary
