@@ -121,3 +121,17 @@ def test_host_foreground_creates_the_workdir_and_limits_the_gpus(tmp_path, monke
         result = LocalTransport("box").run(runtime_for(host, NoHost()).foreground(show))
         assert result.ok, result.stderr
         assert result.text.split() == [os.path.realpath(tmp_path / "w"), expected]
+
+
+def test_build_asks_the_runtime_whether_there_is_an_image(tmp_path):
+    """`harness build` on a host (or a group) whose stages run without an image: one line, exit
+    2, nothing reached (the docker host below does not exist)."""
+    import subprocess
+
+    (tmp_path / "harness.toml").write_text('[hosts.gpu]\nssh = "u@unreachable.invalid"\nruntime = "docker"\n[hosts.plain]\nlocal = true\n[groups.g]\nhosts = ["gpu", "plain"]\n')
+    for target, expected in (
+        ("plain", 'harness: error: host plain has runtime = "host"; set runtime = "docker" in [hosts.plain] to build an image'),
+        ("g", 'harness: error: group g: host(s) plain have runtime = "host"; nothing to build there'),
+    ):
+        r = subprocess.run([sys.executable, "-m", "harness", "build", target], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert (r.returncode, r.stderr.strip().splitlines()) == (2, [expected]), r.stderr

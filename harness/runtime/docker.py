@@ -19,7 +19,6 @@ probe) gets the same options from `run_options`, so a shell sees exactly what a 
 from __future__ import annotations
 
 import dataclasses
-
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
