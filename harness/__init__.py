@@ -1,6 +1,6 @@
 """harness: drive EAGLE-3 draft-model training on a remote GPU box from a laptop.
 
-The laptop side never imports torch; heavy modules (paramiko, docker, rich) are imported lazily
+The laptop side never imports torch; heavy modules (the SSH client library, rich) are imported lazily
 so that `harness --help` stays fast.
 """
 

@@ -7,9 +7,10 @@ needs neither the SSH link nor this process: closing the laptop does not stop th
 
 Every later command (logs, status, runs, cancel) is one call of the same supervisor script on the
 host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
-Same semantics on both runtimes: `host` (a process group per stage) and `docker` (a container per
-stage, labelled with run and stage). Secret values (the host's `env` names) travel to the
-supervisor on stdin and are never written to the run's files; the record keeps names only.
+Same semantics on both runtimes; the runtime says how a stage starts (Runtime.stage_process: a
+process group per stage on the host, or a container per stage, labelled with run and stage).
+Secret values (the host's `env` names) travel to the supervisor on stdin and are never written to
+the run's files; the record keeps names only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
-from harness.runtime.host import with_visible_gpus
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -184,21 +184,17 @@ class Jobs:
         """Environment values the stages get (through the supervisor's stdin, never a file)."""
         return self.host.env_values()
 
+    def stage_network(self, stage: str) -> bool:
+        """Whether the stage listens on the host's own addresses (a group's rendezvous)."""
+        return False
+
     def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
-        if self.runtime.kind == "docker":
-            name = f"harness-{run_id}-{stage}"
-            # The container appends its own output to the stage log (on the mounted workdir), so
-            # the log is complete even if the supervisor dies while the container runs.
-            inner = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', f"{stage_dir}/log", *argv]
-            options = WrapOptions(labels=(("run", run_id), ("stage", stage)), name=name, env_names=tuple(self.stage_env()))
-            return {"kind": "docker", "stage": stage, "container": name, "argv": self.runtime.create_argv(inner, options), "command": argv}
-        return {"kind": "host", "stage": stage, "argv": self.runtime.wrap(argv), "command": argv}
+        options = WrapOptions(env_names=tuple(self.stage_env()), host_network=self.stage_network(stage))
+        process = self.runtime.stage_process(argv, run_id=run_id, stage=stage, log_path=f"{stage_dir}/log", options=options)
+        return {**process, "stage": stage, "command": argv}
 
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
-        if self.runtime.kind == "docker":
-            probe = self.runtime.wrap([self.runtime.python, "-c", VERSIONS_SNIPPET])
-        else:
-            probe = [self.runtime.python, "-c", VERSIONS_SNIPPET]
+        probe = self.runtime.versions_probe([self.runtime.python, "-c", VERSIONS_SNIPPET])
         return {
             "run_id": run_id,
             "host": self.host.name,
@@ -221,14 +217,8 @@ class Jobs:
         }
 
     def _image(self) -> dict[str, Any]:
-        """The image the stages run and the versions it recorded at build time, after one
-        throwaway container proved it starts with the configured options (one line otherwise:
-        not built, or ulimits the engine refuses). Also creates the host directories it mounts."""
-        if self.runtime.kind != "docker":
-            return {"ref": None, "id": None, "versions": None}
-        from harness.runtime.preflight import check_container
-
-        return check_container(self.transport, self.runtime).to_record()  # type: ignore[arg-type]
+        """The image the stages run, checked before anything is written (Runtime.image_record)."""
+        return self.runtime.image_record(self.transport)
 
     def _manifest_hash(self) -> str | None:
         try:
@@ -239,18 +229,7 @@ class Jobs:
 
     def _gpu_count(self) -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node)."""
-        if self.runtime.kind == "docker":
-            from harness.runtime.docker import gpu_count
-
-            configured = gpu_count(self.host.container.gpus)
-            if configured is not None:
-                return configured
-        # Host runtime: the stages see the CUDA_VISIBLE_DEVICES the host's `gpus` sets, else the
-        # one their environment inherits; torchrun must start no more ranks than that. The probe
-        # runs under the same setting as the stages.
-        probe = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
-        result = self.transport.run(with_visible_gpus(self.host, ["sh", "-c", probe]))
-        return visible_gpu_count(result.text) if result.ok else 0
+        return self.runtime.gpu_count(self.transport)
 
     # -- read back --------------------------------------------------------------------------------
 
@@ -322,17 +301,6 @@ def _host_record(host: HostConfig) -> dict[str, Any]:
     record = dataclasses.asdict(host)
     record["container"]["build_args"] = sorted(host.container.build_args)
     return record
-
-
-def visible_gpu_count(probe_output: str) -> int:
-    """GPUs the stages can use, from the probe's output: a CUDA_VISIBLE_DEVICES line ("all" when
-    unset), then `nvidia-smi -L`."""
-    first, _, rest = probe_output.partition("\n")
-    listed = sum(1 for line in rest.splitlines() if line.startswith("GPU "))
-    if first.strip() == "all":
-        return listed
-    visible = [d for d in first.split(",") if d.strip() and d.strip() != "-1"]
-    return min(listed, len(visible))
 
 
 def local_git_state(path: str) -> dict[str, Any]:

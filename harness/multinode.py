@@ -145,15 +145,10 @@ class NodeJobs(Jobs):
     def stage_env(self) -> dict[str, str]:
         return {**super().stage_env(), **distributed_env()}
 
-    def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
-        spec = super()._stage_spec(run_id, stage, stage_dir, argv)
-        if spec["kind"] == "docker" and STAGES[stage].distributed:
-            # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
-            # addresses, reachable from the other hosts: the container shares the host network.
-            create = spec["argv"]
-            assert create[:2] == ["docker", "create"], create[:2]
-            spec["argv"] = [*create[:2], "--network=host", *create[2:]]
-        return spec
+    def stage_network(self, stage: str) -> bool:
+        # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
+        # addresses, reachable from the other hosts (a container shares the host network).
+        return STAGES[stage].distributed
 
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
         record = super()._record(run_id, stages, grace_s, image)
@@ -195,11 +190,7 @@ def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) 
     """Connect to every host in parallel; the first failure is raised (naming its host)."""
 
     def connect(name: str):
-        t = transport_for(name)
-        opener = getattr(t, "open", None)
-        if opener is not None:
-            opener()
-        return t
+        return transport_for(name).open()
 
     out = {}
     for name, transport, error in parallel(list(hosts), connect):
@@ -399,7 +390,7 @@ class GroupRun:
             return NodeStatus(host, rank, None, str(e), missing=True)
         except (HarnessError, OSError, EOFError) as e:
             return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
-        except Exception as e:  # noqa: BLE001 - paramiko raises its own types on a dead link
+        except Exception as e:  # noqa: BLE001 - a transport's client raises its own types on a dead link
             return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
 
     def status(self, run_id: str) -> GroupStatus:

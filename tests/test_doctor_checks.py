@@ -20,6 +20,9 @@ class FakeRunner:
         self.calls.append(list(argv))
         return self.answers.get(argv[0], RunResult(127, b"", b"not found"))
 
+    def open(self) -> "FakeRunner":  # Transport.open: doctor connects first
+        return self
+
 
 HOST = HostConfig(name="gpu", ssh="u@h", workdir="~/w")
 DOCKER_HOST = HostConfig(name="gpu", ssh="u@h", runtime="docker")

@@ -2,7 +2,7 @@
 
 import os
 
-from harness.jobs import visible_gpu_count
+from harness.runtime.base import visible_gpu_count
 
 SMI = "GPU 0: NVIDIA H200 (UUID: a)\nGPU 1: NVIDIA H200 (UUID: b)\n"
 

@@ -37,14 +37,15 @@ def hosts(app) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from harness.runtime import runtime_for
+
     config = app.config
     table = Table(title=f"hosts in {escape(str(config.path))}")
     for column in ("name", "reach", "runtime", "workdir", "env"):
         table.add_column(column)
     for name, h in config.hosts.items():
         reach = "local" if h.is_local else f"ssh {h.ssh}"
-        runtime = h.runtime if h.runtime == "host" else f"docker ({h.container.image})"
-        table.add_row(*(escape(cell) for cell in (name, reach, runtime, h.workdir, ", ".join(h.env))))
+        table.add_row(*(escape(cell) for cell in (name, reach, runtime_for(h).describe(), h.workdir, ", ".join(h.env))))
     console = Console()
     console.print(table)
     if config.groups:

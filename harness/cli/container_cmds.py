@@ -22,12 +22,13 @@ def build(ctx: click.Context, host: str, force: bool) -> None:
     An unchanged image is not rebuilt. Prints the image ID.
     """
     from harness.errors import UsageError
+    from harness.runtime import runtime_for
     from harness.runtime.image import build as build_image
 
     app = ctx.obj
     dispatch_if_group(ctx, host, "build_group", force)  # a group: build on every host at once
     host_cfg = app.host(host)
-    if host_cfg.runtime != "docker":
+    if not runtime_for(host_cfg).uses_image:
         raise UsageError(f"host {host} has runtime = \"{host_cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")
 
     def out(chunk: bytes) -> None:

@@ -189,13 +189,14 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
 def build_group(app, group: str, force: bool) -> int:
     from harness.errors import UsageError
     from harness.multinode import LinePrefixer, open_all, parallel, prefixed_writer
+    from harness.runtime import runtime_for
     from harness.runtime.image import build as build_image
 
     config = app.config
     hosts = list(config.groups[group].hosts)
-    not_docker = [h for h in hosts if config.host(h).runtime != "docker"]
-    if not_docker:
-        raise UsageError(f"group {group}: host(s) {', '.join(not_docker)} have runtime = \"host\"; nothing to build there")
+    no_image = [h for h in hosts if not runtime_for(config.host(h)).uses_image]
+    if no_image:
+        raise UsageError(f"group {group}: host(s) {', '.join(no_image)} have runtime = \"host\"; nothing to build there")
     transports = open_all(app.transport, hosts)
     write = prefixed_writer(sys.stderr.buffer)
 

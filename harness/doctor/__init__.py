@@ -6,11 +6,14 @@ CHECK_GROUPS is the list doctor runs, in order; add a group by appending
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from harness.config import HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner, run_checks
 from harness.doctor.host_checks import HOST_CHECKS
+
+if TYPE_CHECKING:
+    from harness.transport.base import Transport
 
 CHECK_GROUPS: list[tuple[str, list[Check]]] = [
     ("host", HOST_CHECKS),
@@ -23,22 +26,19 @@ PROJECT_CHECK_GROUPS: list[tuple[str, str]] = [
 ]
 
 
-def check_connect(host: HostConfig, open_transport: Callable[[], object]) -> tuple[CheckResult, object | None]:
+def check_connect(host: HostConfig, open_transport: Callable[[], "Transport"]) -> tuple[CheckResult, "Transport | None"]:
     """Reachability and authentication: the connection itself. Returns (result, transport|None)."""
     from harness.errors import TransportError
 
     try:
-        transport = open_transport()
-        opener = getattr(transport, "open", None)
-        if opener is not None:
-            opener()
+        transport = open_transport().open()
     except TransportError as e:
         return CheckResult("connect", "fail", e.message, e.hint or "check that the host is up and reachable"), None
     how = "this machine" if host.is_local else f"ssh {host.ssh}"
     return CheckResult("connect", "ok", f"reached and authenticated ({how})"), transport
 
 
-def diagnose(host: HostConfig, open_transport: Callable[[], object], project=None) -> list[CheckResult]:
+def diagnose(host: HostConfig, open_transport: Callable[[], "Transport"], project=None) -> list[CheckResult]:
     """Connect, then run every group's checks on that one connection. `project` (the loaded
     Config) adds PROJECT_CHECK_GROUPS."""
     result, transport = check_connect(host, open_transport)
@@ -46,14 +46,14 @@ def diagnose(host: HostConfig, open_transport: Callable[[], object], project=Non
         return [result]
     results = [result]
     for _group, checks in CHECK_GROUPS:
-        results += run_checks(transport, host, checks)  # type: ignore[arg-type]
+        results += run_checks(transport, host, checks)
     if project is not None:
         import importlib
 
         for _group, target in PROJECT_CHECK_GROUPS:
             module, attr = target.split(":")
             factory = getattr(importlib.import_module(module), attr)
-            results += run_checks(transport, host, factory(project, host))  # type: ignore[arg-type]
+            results += run_checks(transport, host, factory(project, host))
     return results
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from harness.config import HostConfig
 from harness.doctor.base import CheckResult, CommandRunner
+from harness.runtime import runtime_for
 
 MIN_PYTHON = (3, 10)
 DISK_FAIL_GIB = 1  # cannot even hold a checkpoint
@@ -53,11 +54,11 @@ def check_disk(runner: CommandRunner, host: HostConfig) -> CheckResult:
 
 
 def check_docker(runner: CommandRunner, host: HostConfig) -> CheckResult:
-    needed = host.runtime == "docker"
+    needed = runtime_for(host).uses_image  # the engine builds and runs the stages' image
     r = runner.run(["docker", "version", "--format", "{{.Server.Version}}"])
     if r.exit_code == 127:
         if not needed:
-            return CheckResult("docker", "ok", "not installed (not needed: runtime = \"host\")")
+            return CheckResult("docker", "ok", f"not installed (not needed: runtime = \"{host.runtime}\")")
         return CheckResult("docker", "fail", "docker is not installed", "install Docker Engine and the NVIDIA container toolkit on the host")
     if r.exit_code != 0 or not r.text.strip():
         why = _last_line(r.stderr) or "the engine did not answer"

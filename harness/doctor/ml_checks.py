@@ -3,8 +3,9 @@
 Facts come from the host in few round trips: ONE probe (harness/remote/ml_probe.py) run by the
 stage interpreter through the host's runtime (inside the container: versions, GPUs visible,
 a FlexAttention forward+backward, the verifier's config.json, the sample count), one `df` on
-the host, and `docker image inspect` for the image tag. Each check is a pure verdict on those
-facts plus the configuration, so the verdicts are unit-tested with a fake command runner.
+the host, and, where the stages run in an image, its tags looked up on the engine. Each check is
+a pure verdict on those facts, the configuration and the runtime's words, so the verdicts are
+unit-tested with a fake command runner.
 
 `ml_checks(config, host)` returns the checks, sharing one gathering per doctor run.
 """
@@ -22,6 +23,7 @@ from harness.doctor.base import Check, CheckResult, CommandRunner
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
 from harness.pipeline import StagePaths
+from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
 PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
@@ -179,19 +181,23 @@ class MLDoctor:
         self.plan = RunPlan.from_config(config)
         self._runtime_factory = runtime_factory
         self._image_ref_factory = image_ref_factory
+        self._runtime: Runtime | None = None
         self._probe: ProbeOutcome | None = None
         self._container: CheckResult | None = None
         self._space: dict[str, FreeSpace] | None = None
 
-    def runtime(self, runner):
-        if self._runtime_factory is not None:
-            return self._runtime_factory(self.host, runner)
-        from harness.runtime import runtime_for
+    def runtime(self, runner) -> Runtime:
+        if self._runtime is None:
+            if self._runtime_factory is not None:
+                self._runtime = self._runtime_factory(self.host, runner)
+            else:
+                from harness.runtime import runtime_for
 
-        return runtime_for(self.host, runner)
+                self._runtime = runtime_for(self.host, runner)
+        return self._runtime
 
     def container(self, runner) -> CheckResult:
-        """Docker runtime: the image is built and a throwaway container starts with the configured
+        """An image runtime: the image is built and a throwaway container starts with the configured
         options (ulimits, shm, mounts; harness.runtime.preflight), before the probe or any stage."""
         if self._container is None:
             self._container = verdict_container(self.runtime(runner), runner)
@@ -200,7 +206,7 @@ class MLDoctor:
     def probe(self, runner: CommandRunner) -> ProbeOutcome:
         if self._probe is None:
             runtime = self.runtime(runner)
-            if runtime.kind == "docker" and self.container(runner).status == "fail":
+            if runtime.uses_image and self.container(runner).status == "fail":
                 # no image or an engine that refuses the options: the probe would fail the same
                 # way (or, without --pull=never, try a registry): say why once
                 self._probe = ProbeOutcome(None, 125, self.container(runner).message)
@@ -234,24 +240,27 @@ class MLDoctor:
             return verdict_hidden_state_disk(self.plan, self.probe(runner), self.space(runner), host)
 
         def check_gpus_in_stage_env(runner, host):
-            return verdict_gpus_in_stage_env(self.probe(runner), host)
+            return verdict_gpus_in_stage_env(self.probe(runner), self.runtime(runner))
 
         def check_image_current(runner, host):
-            if host.runtime != "docker":
-                return CheckResult("image", "ok", 'no image: runtime = "host"')
+            if not self.runtime(runner).uses_image:
+                return CheckResult("image", "ok", f'no image: runtime = "{host.runtime}"')
             try:
                 current, latest = self.image_refs(runner)
             except Exception as e:  # no container/ next to harness.toml, unreadable files
                 return CheckResult("image", "warn", f"cannot compute the image tag here: {e}", "run doctor from the project (next to container/)")
-            return verdict_image(current, _image_id(runner, current), latest, _image_id(runner, latest), host)
+            from harness.runtime.image import image_id
+
+            # strict=False: no engine reads as no image here (the docker check says which)
+            return verdict_image(current, image_id(runner, current, strict=False), latest, image_id(runner, latest, strict=False), host)
 
         def check_container_starts(runner, host):
-            if host.runtime != "docker":
-                return CheckResult("container", "ok", 'no container: runtime = "host"')
+            if not self.runtime(runner).uses_image:
+                return CheckResult("container", "ok", f'no container: runtime = "{host.runtime}"')
             return self.container(runner)
 
         def check_library_versions(runner, host):
-            return verdict_library_versions(self.probe(runner), host)
+            return verdict_library_versions(self.probe(runner), self.runtime(runner))
 
         def check_flex_attention(runner, host):
             return verdict_flex_attention(self.probe(runner))
@@ -289,13 +298,6 @@ def ml_checks(config: Config, host: HostConfig) -> list[Check]:
     return MLDoctor(config, host).checks()
 
 
-def _image_id(runner: CommandRunner, ref: str) -> str | None:
-    r = runner.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
-    if r.exit_code != 0:
-        return None  # no such image (or no engine: the docker check says which)
-    return r.stdout.decode("utf-8", "replace").strip() or None
-
-
 # ---------------------------------------------------------------------------------------------
 # Verdicts (pure)
 
@@ -304,11 +306,11 @@ def _not_probed(name: str, probe: ProbeOutcome) -> CheckResult:
     return CheckResult(name, "warn", f"not checked: the stage interpreter did not answer (exit {probe.exit_code}): {probe.error}", "fix the stage-gpus/image check above, then re-run doctor")
 
 
-def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckResult:
+def verdict_gpus_in_stage_env(probe: ProbeOutcome, runtime: Runtime) -> CheckResult:
     """A GPU visible where the stages run (inside the container: the NVIDIA runtime works),
     how many, the driver, and whether torch can use them."""
     name = "stage-gpus"
-    where = "inside the container" if host.runtime == "docker" else "to the stage interpreter"
+    host, where = runtime.host, runtime.where
     if probe.facts is None:
         if any(e in probe.error for e in GPU_RUNTIME_ERRORS):
             return CheckResult(name, "fail", f"a container cannot get a GPU: {probe.error}", "install the NVIDIA Container Toolkit and run `nvidia-ctk runtime configure --runtime=docker && systemctl restart docker`")
@@ -317,15 +319,14 @@ def verdict_gpus_in_stage_env(probe: ProbeOutcome, host: HostConfig) -> CheckRes
         if "container.ulimits" in probe.error:
             return CheckResult(name, "fail", f"no container starts: {probe.error}", "see the container check")
         return CheckResult(name, "fail", f"the stage interpreter did not start (exit {probe.exit_code}): {probe.error}", f"try it by hand: harness exec {host.name} python3 -c 'print(1)'")
-    if host.runtime == "docker" and host.container.gpus in ("none", 0, []):
+    if runtime.configured_gpu_count() == 0:
         return CheckResult(name, "warn", "no GPUs requested (container.gpus = \"none\"): the stages run on the CPU", 'set container.gpus = "all" for real runs')
     smi, torch = probe.facts["nvidia_smi"], probe.facts["torch"]
     gpus = smi.get("gpus") or []
     if not gpus:
-        why = smi.get("error") or "no GPU listed"
-        if host.runtime == "docker" and not smi.get("found"):
-            why += " (the NVIDIA runtime mounts nvidia-smi into GPU containers: is it configured?)"
-        return CheckResult(name, "warn" if host.runtime != "docker" else "fail", f"no GPU visible {where}: {why}", "install the NVIDIA driver (and the NVIDIA Container Toolkit for docker), then re-run doctor")
+        status, note = runtime.no_gpu_verdict(bool(smi.get("found")))
+        why = (smi.get("error") or "no GPU listed") + note
+        return CheckResult(name, status, f"no GPU visible {where}: {why}", "install the NVIDIA driver (and the NVIDIA Container Toolkit for docker), then re-run doctor")
     names = sorted({g[0] for g in gpus})
     driver = gpus[0][1] if len(gpus[0]) > 1 else "?"
     message = f"{len(gpus)} GPU(s) visible {where}: {', '.join(names)} (driver {driver})"
@@ -365,13 +366,13 @@ def verdict_image(current_ref: str, current_id: str | None, latest_ref: str, lat
     return CheckResult("image", "ok", f"{current_ref} built and current ({current_id[:19]})")
 
 
-def verdict_library_versions(probe: ProbeOutcome, host: HostConfig) -> CheckResult:
+def verdict_library_versions(probe: ProbeOutcome, runtime: Runtime) -> CheckResult:
     name = "versions"
     if probe.facts is None:
         return _not_probed(name, probe)
     installed: dict[str, str | None] = probe.facts["versions"]
     shown = ", ".join(f"{p}=={installed.get(p)}" for p in (*compat.REQUIRED, *compat.OPTIONAL) if installed.get(p))
-    fix_build = f"pin the versions in container/requirements.txt and run harness build {host.name}" if host.runtime == "docker" else "install the pinned versions (container/requirements.txt) in the host's python"
+    fix_build = runtime.install_fix()
     missing = [p for p in compat.REQUIRED if not installed.get(p)]
     if missing:
         return CheckResult(name, "fail", f"not installed: {', '.join(missing)}" + (f" (found {shown})" if shown else ""), fix_build)

@@ -11,16 +11,17 @@ if TYPE_CHECKING:
     from harness.transport.base import Transport
 
 
-def runtime_for(host: HostConfig, transport: "Transport") -> Runtime:
-    """The runtime of a configured host, with its workdir expanded as the host sees it."""
-    workdir = transport.expand(host.workdir).rstrip("/") or "/"
+def runtime_for(host: HostConfig, transport: "Transport | None" = None) -> Runtime:
+    """The runtime of a configured host. The transport expands its workdir (and, for docker,
+    finds the home its mounts use) on first use; without one, only what the configuration says
+    (uses_image, describe(), the words doctor uses) can be asked."""
     if host.runtime == "docker":
         from harness.runtime.docker import DockerRuntime
 
-        return DockerRuntime(host, workdir, home=transport.home())
+        return DockerRuntime(host, transport=transport)
     from harness.runtime.host import HostRuntime
 
-    return HostRuntime(host, workdir)
+    return HostRuntime(host, transport=transport)
 
 
 __all__ = ["Runtime", "WrapOptions", "runtime_for"]

@@ -4,15 +4,22 @@ A runtime turns "run this argv in the stage environment" into a host-level argv 
 executes. Jobs, `harness exec`, `harness shell`, `harness inspect` and doctor all go through
 `wrap`, so they see exactly the interpreter, image, mounts and environment the stages see; the
 foreground commands through `foreground`, which also works on a host that was never synced.
+
+Everything that differs between the two is a method or an attribute here (the detached stage
+process, the image record, the GPU count, the network, the words doctor uses): callers ask the
+runtime and never compare kinds.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
+
+if TYPE_CHECKING:
+    from harness.transport.base import Transport
 
 
 @dataclass(frozen=True)
@@ -23,17 +30,40 @@ class WrapOptions:
     labels: tuple[tuple[str, str], ...] = ()  # docker labels (run id, stage)
     name: str | None = None  # container name (detached jobs)
     gpus: bool = True  # False: ask for no GPUs (the container start check: it needs none)
+    host_network: bool = False  # listen on the host's own addresses (a group's rendezvous, NCCL)
 
 
 # Create directories, then run the command: one round trip. The directories are data ($2..),
 # never part of the script.
 _MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 
+# What the stages see as their GPUs: CUDA_VISIBLE_DEVICES (or all) and nvidia-smi's list.
+_VISIBLE_GPUS_PROBE = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
+
 
 class Runtime(abc.ABC):
-    def __init__(self, host: HostConfig, workdir: str):
+    #: recorded in run.json and shown by status; never compared by callers
+    kind: str
+    #: the stages run in an image that `harness build` makes (build, doctor's image and
+    #: container checks, the Docker engine check)
+    uses_image: bool = False
+    #: where doctor says the stages' GPUs are looked for
+    where: str = "to the stage interpreter"
+
+    def __init__(self, host: HostConfig, workdir: str | None = None, *, transport: "Transport | None" = None):
         self.host = host
-        self.workdir = workdir  # absolute, already expanded on the host
+        self._workdir = workdir
+        self._transport = transport  # asked for the workdir's expansion on first use only
+
+    @property
+    def workdir(self) -> str:
+        """Absolute, expanded on the host (one round trip, on first use: `exec` on a host
+        runtime never asks)."""
+        if self._workdir is None:
+            if self._transport is None:
+                raise ValueError(f"{self.host.name}: a runtime without a transport has no workdir")
+            self._workdir = self._transport.expand(self.host.workdir).rstrip("/") or "/"
+        return self._workdir
 
     @property
     @abc.abstractmethod
@@ -54,3 +84,61 @@ class Runtime(abc.ABC):
         docker would create a missing mount source itself, owned by root)."""
         dirs = self.host_dirs()
         return ["sh", "-c", _MKDIRS_THEN_EXEC, "sh", str(len(dirs)), *dirs, *self.wrap(argv, options)]
+
+    # -- detached runs (harness.jobs) --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:
+        """How the supervisor (harness/remote/supervisor.py) starts one stage: its spec's
+        "kind" and "argv" (and what else that kind needs). Output goes to log_path."""
+
+    def versions_probe(self, argv: Sequence[str]) -> list[str]:
+        """The argv the supervisor runs (in the workdir) to record the stages' library versions."""
+        return list(argv)
+
+    def image_record(self, transport: "Transport") -> dict[str, Any]:
+        """The image the stages run, for the run record (all None: no image)."""
+        return {"ref": None, "id": None, "versions": None}
+
+    def configured_gpu_count(self) -> int | None:
+        """GPUs the configuration gives the stages, or None when the host decides."""
+        return None
+
+    def gpu_count(self, transport: "Transport") -> int:
+        """GPUs a distributed stage spreads over (torchrun's --nproc-per-node): the configured
+        count, else what the stages see on the host (nvidia-smi, limited by the same
+        CUDA_VISIBLE_DEVICES as the stages; torchrun must start no more ranks than that)."""
+        configured = self.configured_gpu_count()
+        if configured is not None:
+            return configured
+        result = transport.run(self.visible_gpus_probe(["sh", "-c", _VISIBLE_GPUS_PROBE]))
+        return visible_gpu_count(result.text) if result.ok else 0
+
+    def visible_gpus_probe(self, argv: Sequence[str]) -> list[str]:
+        """argv on the host under the GPU limit the stages run with (none by default)."""
+        return list(argv)
+
+    # -- words ------------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """One cell for `harness hosts`."""
+        return self.kind
+
+    def install_fix(self) -> str:
+        """How to get the pinned library versions where the stages run (doctor's fix)."""
+        return "install the pinned versions (container/requirements.txt) in the host's python"
+
+    def no_gpu_verdict(self, nvidia_smi_found: bool) -> tuple[str, str]:
+        """(status, note) when the probe sees no GPU where the stages run."""
+        return "warn", ""
+
+
+def visible_gpu_count(probe_output: str) -> int:
+    """GPUs the stages can use, from the probe's output: a CUDA_VISIBLE_DEVICES line ("all" when
+    unset), then `nvidia-smi -L`."""
+    first, _, rest = probe_output.partition("\n")
+    listed = sum(1 for line in rest.splitlines() if line.startswith("GPU "))
+    if first.strip() == "all":
+        return listed
+    visible = [d for d in first.split(",") if d.strip() and d.strip() != "-1"]
+    return min(listed, len(visible))

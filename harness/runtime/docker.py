@@ -18,10 +18,14 @@ probe) gets the same options from `run_options`, so a shell sees exactly what a 
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
 from harness.runtime.base import Runtime, WrapOptions
+
+if TYPE_CHECKING:
+    from harness.transport.base import Transport
 
 # Where the Hugging Face cache lives inside the container (HF_HOME points there).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -55,11 +59,22 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 
 class DockerRuntime(Runtime):
     kind = "docker"
+    uses_image = True
+    where = "inside the container"
 
-    def __init__(self, host: HostConfig, workdir: str, home: str, image: str | None = None):
-        super().__init__(host, workdir)
-        self.home = home  # the host user's home: where ~ in configured mounts points
+    def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):
+        super().__init__(host, workdir, transport=transport)
+        self._home = home
         self.image = image or default_image_ref(host)
+
+    @property
+    def home(self) -> str:
+        """The host user's home: where ~ in configured mounts points (asked on first use)."""
+        if self._home is None:
+            if self._transport is None:
+                raise ValueError(f"{self.host.name}: a runtime without a transport has no home directory")
+            self._home = self._transport.home()
+        return self._home
 
     @property
     def python(self) -> str:
@@ -88,7 +103,8 @@ class DockerRuntime(Runtime):
     def run_options(self, options: WrapOptions = WrapOptions()) -> list[str]:
         c = self.host.container
         # --pull=never: a missing image is an error, never a registry pull (harness build makes it)
-        opts: list[str] = ["--pull=never", "--init", *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
+        opts: list[str] = ["--network=host"] if options.host_network else []
+        opts += ["--pull=never", "--init", *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
         for name, value in self.ulimits().items():
             opts += ["--ulimit", f"{name}={value}"]
         opts += ["-v", f"{self.workdir}:{self.workdir}", "-w", self.workdir]
@@ -115,6 +131,40 @@ class DockerRuntime(Runtime):
     def create_argv(self, argv: Sequence[str], options: WrapOptions) -> list[str]:
         """`docker create` for a detached job: the supervisor starts it, waits, removes it."""
         return ["docker", "create", *self.run_options(options), self.image, *argv]
+
+    def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:
+        """A container per stage, labelled with run and stage; the supervisor starts, waits for
+        and removes it."""
+        name = f"harness-{run_id}-{stage}"
+        # The container appends its own output to the stage log (on the mounted workdir), so
+        # the log is complete even if the supervisor dies while the container runs.
+        inner = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log_path, *argv]
+        options = dataclasses.replace(options, labels=(*options.labels, ("run", run_id), ("stage", stage)), name=name)
+        return {"kind": self.kind, "container": name, "argv": self.create_argv(inner, options)}
+
+    def versions_probe(self, argv: Sequence[str]) -> list[str]:
+        return self.wrap(argv)
+
+    def image_record(self, transport: "Transport") -> dict[str, Any]:
+        """The image and the versions it recorded at build time, after one throwaway container
+        proved it starts with the configured options (one line otherwise: not built, or
+        ulimits the engine refuses). Also creates the host directories it mounts."""
+        from harness.runtime.preflight import check_container
+
+        return check_container(transport, self).to_record()
+
+    def configured_gpu_count(self) -> int | None:
+        return gpu_count(self.host.container.gpus)
+
+    def describe(self) -> str:
+        return f"{self.kind} ({self.host.container.image})"
+
+    def install_fix(self) -> str:
+        return f"pin the versions in container/requirements.txt and run harness build {self.host.name}"
+
+    def no_gpu_verdict(self, nvidia_smi_found: bool) -> tuple[str, str]:
+        # GPUs were asked for: a container without one means the NVIDIA runtime is missing.
+        return "fail", "" if nvidia_smi_found else " (the NVIDIA runtime mounts nvidia-smi into GPU containers: is it configured?)"
 
 
 def default_image_ref(host: HostConfig) -> str:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from harness.config import HostConfig
 from harness.runtime.base import Runtime, WrapOptions
 
 # `cd` then exec: the workdir travels as an argument, never spliced into the script.
 _CD_AND_EXEC = 'cd -- "$0" && exec "$@"'
+
+# The foreground commands: the workdir ($1, data) created if missing, then cd and exec. "~"
+# expands on the host, so `harness exec` needs no round trip to learn the home directory.
+_IN_WORKDIR = (
+    'd=$1; shift; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
+    '{ [ -d "$d" ] || mkdir -p -- "$d"; } && cd -- "$d" && exec "$@"'
+)
 
 
 def with_visible_gpus(host: HostConfig, argv: Sequence[str]) -> list[str]:
@@ -28,5 +35,18 @@ class HostRuntime(Runtime):
 
     def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
         # Environment values come from the transport's env (inherited), so env_names need no
-        # flags here; labels and names only mean something to Docker.
+        # flags here; labels, names and the network only mean something to Docker (a host
+        # process listens on the host's addresses anyway).
         return ["sh", "-c", _CD_AND_EXEC, self.workdir, *with_visible_gpus(self.host, argv)]
+
+    def foreground(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
+        # The configured workdir, expanded by the host's shell unless already known.
+        workdir = self._workdir or self.host.workdir
+        return ["sh", "-c", _IN_WORKDIR, "sh", workdir, *with_visible_gpus(self.host, argv)]
+
+    def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:
+        # A process group of its own; the supervisor sends its output to the log.
+        return {"kind": self.kind, "argv": self.wrap(argv)}
+
+    def visible_gpus_probe(self, argv: Sequence[str]) -> list[str]:
+        return with_visible_gpus(self.host, argv)

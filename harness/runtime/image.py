@@ -10,7 +10,7 @@ How we talk to the engine: the docker CLI ON THE HOST, through the harness's one
 (`docker build -` with the build context as a tar stream on stdin). Chosen by measurement
 (scripts/measure-docker-channels.py, real sshd + engine on this machine, medians):
 
-                              CLI via SSHTransport   docker SDK over ssh://
+                              CLI via our transport  docker SDK over ssh://
     connect                        545 ms                 307 ms
     one call (version/inspect)     200-235 ms             3-7 ms
     build, all layers cached       280 ms                 60 ms
@@ -126,12 +126,13 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
     return BuildInputs(files=files, dockerfile=dockerfile.as_posix(), build_args=build_args)
 
 
-def image_id(transport: "Transport", ref: str) -> str | None:
-    """The ID of `ref` on the host's engine, or None when there is no such image."""
+def image_id(transport: "Transport", ref: str, *, strict: bool = True) -> str | None:
+    """The ID of `ref` on the host's engine, or None when there is no such image (strict=False:
+    None for any failure, e.g. no engine, where another check says why)."""
     result = transport.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
     if result.exit_code != 0:
         err = result.stderr.decode("utf-8", "replace")
-        if "No such image" in err or "not found" in err.lower():
+        if not strict or "No such image" in err or "not found" in err.lower():
             return None
         raise RemoteCommandError("docker image inspect " + ref, result.exit_code, err)
     return result.text.strip() or None

@@ -154,6 +154,11 @@ class Transport(abc.ABC):
 
     # -- lifecycle --------------------------------------------------------------------------------
 
+    def open(self) -> "Transport":
+        """Connect now, so a failure is this call's (idempotent; a no-op where there is nothing
+        to open). Every other method connects on first use anyway."""
+        return self
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
