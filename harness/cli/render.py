@@ -1,9 +1,10 @@
-"""How runs look in the terminal: a run's live stream, and the status tables of a host's run and
-a group's run.
+"""How everything looks in the terminal: a run's live stream, the status and runs tables of a host
+and of a group (harness.runs' answers), cancel's lines, doctor's checks, sync's plan and summary,
+the configured hosts; and `--json`, the same answers for scripts (stdout carries the JSON alone).
 
-One rule for text from the remote side (stage names, states, events, errors, paths): it reaches
-rich's markup only through `plain()`, so "[rank1]" or "torch[cuda]" shows as written instead of
-vanishing or raising.
+One rule for text from the remote side or the config (stage names, states, events, errors, paths,
+host names): it reaches rich's markup only through `plain()`, so "[rank1]" or "torch[cuda]" shows
+as written instead of vanishing or raising.
 
 The live stream (supervisor `follow --json`): log text goes to stdout unchanged; `progress`
 events drive one rich progress bar per stage (on stderr, shown only on a terminal, so piped
@@ -17,6 +18,8 @@ import json
 import sys
 import time
 from typing import Any, TextIO
+
+import click
 
 STATE_COLORS = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
@@ -193,3 +196,123 @@ def print_group_table(status) -> None:
             table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.state), clock(s.started),
                           duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last))
     Console().print(table)
+
+
+def reattach_hint(where: str, run_id: str) -> str:
+    return f"re-attach: harness logs {where} {run_id} -f    status: harness status {where} {run_id}    stop: harness cancel {where} {run_id}"
+
+
+def print_status(view) -> None:
+    """`harness status`: a host's run (jobs.RunStatus) or a group's (multinode.GroupStatus)."""
+    if hasattr(view, "nodes"):
+        print_group_table(view)
+    else:
+        print_run_table(view)
+
+
+def print_runs(listing) -> None:
+    """`harness runs` (harness.runs.RunListing): a host's runs, or a group's, one column per host."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not listing.group:
+        table = Table(title=f"runs on {plain(listing.where)}")
+        for col in ("run", "state", "stages", "started", "duration", "at stage"):
+            table.add_column(col, no_wrap=col != "at stage")
+        for r in listing.runs.get(listing.where, []):
+            done = sum(1 for s in r.stages if s.state == "ok")
+            table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
+        Console().print(table)
+        return
+    states = listing.states()
+    table = Table(title=f"runs on group {plain(listing.where)}")
+    table.add_column("run", no_wrap=True)
+    for host in listing.hosts:
+        table.add_column(plain(host) + (" (unreachable)" if host in listing.errors else ""))
+    for run_id in listing.run_ids():
+        table.add_row(plain(run_id), *(styled_state(states[run_id][h]) if h in states[run_id] else ("?" if h in listing.errors else "-") for h in listing.hosts))
+    Console().print(table)
+    for host, error in listing.errors.items():
+        click.echo(f"{host}: {error}", err=True)
+
+
+def print_cancel(outcome) -> None:
+    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group."""
+    for host, state in outcome.states.items():
+        click.echo(f"run {outcome.run_id} on {host}: {state}" if outcome.group else f"run {outcome.run_id}: {state}")
+
+
+def print_checks(title: str, results) -> None:
+    """doctor's checks (doctor.base.CheckResult): findings and fixes carry remote text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+    table = Table(title=f"doctor {plain(title)}")
+    for column in ("check", "status", "finding", "fix"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(plain(r.name), style[r.status], plain(r.message), plain(r.fix))
+    Console().print(table)
+
+
+def print_hosts(config) -> None:
+    """`harness hosts`: the configured hosts and groups."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"hosts in {plain(config.path)}")
+    for column in ("name", "reach", "runtime", "workdir", "env"):
+        table.add_column(column)
+    for name, h in config.hosts.items():
+        reach = "local" if h.is_local else f"ssh {h.ssh}"
+        runtime = h.runtime if h.runtime == "host" else f"docker ({h.container.image})"
+        table.add_row(*(plain(cell) for cell in (name, reach, runtime, h.workdir, ", ".join(h.env))))
+    console = Console()
+    console.print(table)
+    if config.groups:
+        groups = Table(title="groups")
+        groups.add_column("name")
+        groups.add_column("hosts")
+        for name, g in config.groups.items():
+            groups.add_row(plain(name), plain(", ".join(g.hosts)))
+        console.print(groups)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def print_sync_plan(host: str, result) -> None:
+    """`harness sync --dry-run`: what would move (sync.SyncResult)."""
+    plan = result.plan
+    for p in plan.upload:
+        click.echo(f"send    {p}")
+    for p in plan.delete:
+        click.echo(f"delete  {p}")
+    for p, why in plan.local.skipped:
+        click.echo(f"skip    {p}: {why}", err=True)
+    for p in plan.ignored_manifest_entries:
+        click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
+    click.echo(f"{host}: would send {len(plan.upload)} files ({human_bytes(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
+
+
+def print_sync_summary(host: str, result) -> None:
+    plan = result.plan
+    for p, why in plan.local.skipped:
+        click.echo(f"skipped {p}: {why}", err=True)
+    unchanged = len(plan.local.entries) - len(plan.upload)
+    click.echo(
+        f"{host}: sent {result.files_sent} files ({human_bytes(result.bytes_sent)}), deleted {result.deleted}, "
+        f"{unchanged} unchanged; code digest {result.manifest_digest[:12]}",
+        err=True,
+    )
+
+
+def print_json(data: Any) -> None:
+    """`--json`: the answer alone on stdout (progress and warnings go to stderr)."""
+    click.echo(json.dumps(data, indent=2, default=str))

@@ -7,20 +7,13 @@ import posixpath
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group
+from harness.cli.group_cmds import dispatch_if_group, sync_group
+from harness.cli.render import human_bytes, print_sync_plan, print_sync_summary
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
 QUIET_SYNC_BYTES = 4 << 20
 QUIET_SYNC_FILES = 200
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _progress():
@@ -62,14 +55,14 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     config_rel = os.path.relpath(config.path, config.root)
     if not config_rel.startswith("..") and config_rel not in paths:
         paths.append(config_rel)  # the config itself always goes (it may have another name)
-    dispatch_if_group(ctx, host, "sync_group", paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
+    dispatch_if_group(ctx, host, sync_group, paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
     try:
         for target in config.targets(host):
             transport = app.transport(target.name)
             with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
                 plan = prepared.plan
                 if dry_run:
-                    _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                    print_sync_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
                     continue
                 if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
                     result = prepared.apply()  # a blink: no progress bar (and no rich import)
@@ -84,34 +77,9 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
 
                         result = prepared.apply(on_progress)
                         progress.update(task, completed=plan.upload_bytes)
-            _print_summary(target.name, result)
+            print_sync_summary(target.name, result)
     finally:
         app.close()
-
-
-def _print_plan(host: str, result) -> None:
-    plan = result.plan
-    for p in plan.upload:
-        click.echo(f"send    {p}")
-    for p in plan.delete:
-        click.echo(f"delete  {p}")
-    for p, why in plan.local.skipped:
-        click.echo(f"skip    {p}: {why}", err=True)
-    for p in plan.ignored_manifest_entries:
-        click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
-    click.echo(f"{host}: would send {len(plan.upload)} files ({_human(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
-
-
-def _print_summary(host: str, result) -> None:
-    plan = result.plan
-    for p, why in plan.local.skipped:
-        click.echo(f"skipped {p}: {why}", err=True)
-    unchanged = len(plan.local.entries) - len(plan.upload)
-    click.echo(
-        f"{host}: sent {result.files_sent} files ({_human(result.bytes_sent)}), deleted {result.deleted}, "
-        f"{unchanged} unchanged; code digest {result.manifest_digest[:12]}",
-        err=True,
-    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -212,8 +180,8 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
         if not dry_run:
             rate = report.bytes_received / report.seconds if report.seconds else 0
             click.echo(
-                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({_human(report.bytes_received)} at {_human(rate)}/s"
-                + (f", {_human(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
+                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({human_bytes(report.bytes_received)} at {human_bytes(rate)}/s"
+                + (f", {human_bytes(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
                 + f", {report.streams} stream{'s' if report.streams != 1 else ''}), {len(report.identical)} already identical, {len(report.links)} links",
                 err=True,
             )
