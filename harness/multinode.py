@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness.config import Config, GroupConfig, HostConfig
 from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.events import Finished, finished_failure
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
 from harness.runs import CancelOutcome, RunListing
@@ -254,12 +255,11 @@ class NodeStatus:
     def final(self) -> bool:
         return self.status is not None and self.status.state in FINAL_RUN_STATES
 
-    def stopped_stage(self) -> tuple[StageStatus | None, str]:
-        """The first stage that failed or was cancelled, and the error its finished event gave
-        ("" when none)."""
+    def stopped_stage(self) -> tuple[StageStatus | None, Finished | None]:
+        """The first stage that failed or was cancelled, and its failed `finished` event (its
+        error and cause; None when it wrote none)."""
         stage = next((s for s in self.status.stages if s.state in ("failed", "cancelled")), None) if self.status else None
-        event = (stage.last_event if stage else None) or {}
-        return stage, str(event.get("error") or "") if event.get("event") == "finished" else ""
+        return stage, finished_failure(stage.last_event) if stage else None
 
     def failure(self) -> str | None:
         """A one-line cause when this node failed, was cancelled, lost or is unreachable."""
@@ -267,11 +267,11 @@ class NodeStatus:
             return f"{self.state} ({self.error})" if self.error else self.state
         if self.status.state in ("ok", "running", "starting"):
             return None
-        bad, why = self.stopped_stage()
+        bad, finished = self.stopped_stage()
         if bad is None:
             return self.status.state
         code = f" exit code {bad.exit_code}" if bad.exit_code is not None else ""
-        return f"{bad.stage} {bad.state}{code}" + (f": {why}" if why else "")
+        return f"{bad.stage} {bad.state}{code}" + (f": {finished.error}" if finished and finished.error else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "state": self.state, "failure": self.failure(), "error": self.error,
@@ -317,11 +317,10 @@ class GroupStatus:
             return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
         failed = []
         for n in self.failed_nodes():
-            stage, why = n.stopped_stage()
-            # node_launcher.py says so: "stopped: <peer> ..." or "... after <peer> failed"
-            caused_by_peer = why.startswith("stopped:") or " after " in why
-            cancelled = why == "cancelled" or (stage is not None and stage.state == "cancelled")
-            tier = 2 if caused_by_peer else 1 if cancelled else 0
+            stage, finished = n.stopped_stage()
+            cause = finished.cause if finished else None  # node_launcher.py's verdict says whose failure it was
+            cancelled = cause == "cancelled" or (stage is not None and stage.state == "cancelled")
+            tier = 2 if cause == "peer" else 1 if cancelled else 0
             failed.append((tier, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
         return min(failed, key=lambda f: f[:3])[3] if failed else None
 

@@ -78,15 +78,17 @@ class EventRenderer:
             if task is not None:
                 self.progress.update(task, description=plain(f"{stage} ({item['state'].get('state')})"))
 
-    def _on_event(self, stage: str, ev: dict[str, Any]) -> None:
-        kind = ev.get("event")
-        if kind == "progress" and ev.get("total"):
+    def _on_event(self, stage: str, raw: dict[str, Any]) -> None:
+        from harness.events import Metric, Progress, format_metrics, parse
+
+        ev = parse(raw)
+        if isinstance(ev, Progress) and ev.total:
             task = self._tasks.get(stage)
             if task is None:
-                task = self._tasks[stage] = self.progress.add_task(plain(stage), total=ev["total"], unit=plain(ev.get("unit", "")))
-            self.progress.update(task, completed=ev.get("step", 0), total=ev["total"])
-        elif kind == "metric" and stage in self._tasks:
-            text = format_metrics(ev.get("metrics") or {}, limit=3)
+                task = self._tasks[stage] = self.progress.add_task(plain(stage), total=ev.total, unit=plain(ev.unit))
+            self.progress.update(task, completed=ev.step, total=ev.total)
+        elif isinstance(ev, Metric) and stage in self._tasks:
+            text = format_metrics(ev.metrics, limit=3)
             self.progress.update(self._tasks[stage], description=plain(f"{stage} {text}"))
 
 
@@ -103,27 +105,11 @@ def styled_state(state: str) -> str:
     return f"[{color}]{state}[/{color}]" if color else plain(state)
 
 
-def format_metrics(metrics: dict[str, Any], limit: int | None = None) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:limit])
-
-
 def describe_event(ev: dict | None) -> str:
-    if not ev:
-        return ""
-    kind = ev.get("event")
-    if kind == "progress":
-        return f"{ev.get('step')}/{ev.get('total')} {ev.get('unit', '')}".strip()
-    if kind == "metric":
-        return f"step {ev.get('step')}: " + format_metrics(ev.get("metrics") or {})
-    if kind == "artifact":
-        return f"{ev.get('kind', 'artifact')}: {ev.get('path')}"
-    if kind == "message":
-        return str(ev.get("text", ""))[:80]
-    if kind == "warning":
-        return "warning: " + str(ev.get("text", ""))[:120]
-    if kind == "finished":
-        return f"finished: {ev.get('status')}"
-    return str(kind)
+    """A stage's last event in one short line (harness.events reads it)."""
+    from harness.events import describe
+
+    return describe(ev) if ev else ""
 
 
 def describe_tau(tau: dict | None, last_event: dict | None) -> str:
@@ -181,6 +167,8 @@ def print_group_table(status) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.events import finished_failure
+
     table = Table(title=plain(f"run {status.run_id} on group {status.group}: {status.state}"),
                   caption=plain(f"first failure: {status.first_failure}") if status.first_failure else None)
     for col in ("node", "host", "stage", "state", "started", "duration", "exit", "last event"):
@@ -191,8 +179,8 @@ def print_group_table(status) -> None:
             table.add_row(str(node.rank), plain(node.host), "", state, "", "", "", plain(node.error))
             continue
         for s in node.status.stages:
-            ev = s.last_event or {}
-            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "") + describe_tau(s.tau, ev)
+            failure = finished_failure(s.last_event)
+            last = describe_event(s.last_event) + (f" ({failure.error[:80]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
             table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.state), clock(s.started),
                           duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last))
     Console().print(table)
