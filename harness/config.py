@@ -141,6 +141,14 @@ class Config:
         """Directory the config lives in: sync paths are relative to it."""
         return self.path.parent
 
+    def sync_paths(self) -> list[str]:
+        """What a sync pushes: the [sync] paths, and the config file itself (it may have another
+        name than harness.toml) when it is a file (the demo's config is made in memory)."""
+        paths = list(self.sync.paths)
+        if self.path.is_file() and self.path.name not in paths:
+            paths.append(self.path.name)
+        return paths
+
     def hosts_json(self) -> dict[str, Any]:
         """`harness hosts --json`: every host (HostConfig.to_record) and group as configured."""
         return {"config": str(self.path), "hosts": {n: h.to_record() for n, h in self.hosts.items()},

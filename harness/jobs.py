@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import re
 import secrets
 import subprocess
@@ -67,6 +68,13 @@ def stage_command(stage: str, config: Config, python: str, events_path: str, npr
     if STAGES[stage].distributed and nproc > 1:
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv[1:]]
     return argv
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    path: str  # on the host: absolute, or ~/... (the host expands it)
+    local_name: str  # where it lands by default, relative to the current directory
+    run_id: str | None = None  # set when it names a run
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ class RunStatus:
 
     def to_json(self) -> dict[str, Any]:
         """`harness status HOST --json`: the stages, and the run's record (run.json: no secret values)."""
-        return {**self.summary_json(), "host": self.record.get("host"), "exit_code": self.exit_code(),
+        return {**self.summary_json(), "host": self.record.get("host"), "exit_code": None if self.state in ("running", "starting") else self.exit_code(),
                 "stages": [s.to_json() for s in self.stages], "record": self.record}
 
     @classmethod
@@ -183,6 +191,15 @@ class Jobs:
 
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_dir}/{run_id}"
+
+    def locate(self, what: str) -> "RemoteTarget":
+        """A run id (or 'last') or a path, relative to the workdir unless absolute -> where it
+        is on the host, and the local directory it lands in by default (`harness pull`)."""
+        if what == "last" or RUN_ID_RE.match(what):
+            run_id = self.resolve_run_id(what)
+            return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
+        path = what if what.startswith(("/", "~")) else f"{self.workdir}/{what}"
+        return RemoteTarget(path, posixpath.basename(path.rstrip("/")) or "pulled")
 
     # -- start ------------------------------------------------------------------------------------
 

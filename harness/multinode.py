@@ -304,7 +304,7 @@ class GroupStatus:
 
     def to_json(self) -> dict[str, Any]:
         """`harness status GROUP --json`."""
-        return {"group": self.group, "run_id": self.run_id, "state": self.state, "exit_code": self.exit_code(),
+        return {"group": self.group, "run_id": self.run_id, "state": self.state, "exit_code": None if self.state == "running" else self.exit_code(),
                 "first_failure": self.first_failure, "nodes": [n.to_json() for n in self.nodes]}
 
     def origin(self) -> NodeStatus | None:

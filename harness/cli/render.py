@@ -304,3 +304,15 @@ def print_sync_summary(host: str, result) -> None:
 def print_json(data: Any) -> None:
     """`--json`: the answer alone on stdout (progress and warnings go to stderr)."""
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def pull_report_json(host: str, target, destination: str, report, missing: list[str], dry_run: bool) -> dict[str, Any]:
+    """`harness pull --json`: what was fetched where (transfer.PullReport; names relative to
+    `local`)."""
+    return {
+        "host": host, "remote": target.path, "local": destination, "run_id": target.run_id, "dry_run": dry_run, "ok": report.ok,
+        "fetched": report.fetched, "identical": report.identical, "links": report.links, "planned": report.planned,
+        "missing": list(missing),
+        "refused": [{"name": n, "why": w} for n, w in report.refused], "failed": [{"name": n, "why": w} for n, w in report.failed],
+        "bytes_received": report.bytes_received, "bytes_resumed": report.bytes_resumed, "streams": report.streams, "seconds": round(report.seconds, 3),
+    }
