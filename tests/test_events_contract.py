@@ -113,3 +113,17 @@ def test_the_reader_reads_what_the_writer_wrote(tmp_path):
     # what is not an event under the contract is None, never an exception
     assert reader.parse({"t": 1.0, "stage": "s", "event": "progress", "step": 1}) is None
     assert reader.parse({"event": "nonesuch"}) is None and reader.parse("text") is None
+
+
+def test_the_supervisor_reads_the_latest_tau_the_writer_wrote(tmp_path):
+    """The supervisor (shipped to the host, standard library only) picks status's tau out of the
+    events itself: a metric event's metrics.tau, at its step."""
+    from harness.remote.supervisor import latest_tau
+
+    path = tmp_path / "events.jsonl"
+    log = writer.EventLog("train", str(path), echo=False)
+    assert latest_tau(str(path)) is None
+    log.metric(4, tau=2.25, loss=0.5)
+    log.metric(5, loss=0.4)
+    log.progress(5, 10)
+    assert latest_tau(str(path)) == {"step": 4, "tau": 2.25}
