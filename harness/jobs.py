@@ -192,7 +192,7 @@ class Jobs:
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_dir}/{run_id}"
 
-    def locate(self, what: str) -> "RemoteTarget":
+    def locate(self, what: str) -> RemoteTarget:
         """A run id (or 'last') or a path, relative to the workdir unless absolute -> where it
         is on the host, and the local directory it lands in by default (`harness pull`)."""
         if what == "last" or RUN_ID_RE.match(what):
