@@ -114,9 +114,12 @@ def describe_event(ev: dict | None) -> str:
 
 def describe_tau(tau: dict | None, last_event: dict | None) -> str:
     """The draft's latest estimated tau, unless the last event already shows it."""
+    from harness.events import Metric, parse
+
     if not tau or not isinstance(tau.get("tau"), (int, float)):
         return ""
-    if last_event and "tau" in (last_event.get("metrics") or {}):
+    shown = parse(last_event)
+    if isinstance(shown, Metric) and "tau" in shown.metrics:
         return ""
     return f"  (tau {tau['tau']:.2f} at step {tau.get('step')})"
 
