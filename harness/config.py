@@ -80,6 +80,13 @@ class HostConfig:
         the transport, never written to a file or a command line."""
         return {name: os.environ[name] for name in self.env if name in os.environ}
 
+    def to_record(self) -> dict[str, Any]:
+        """The resolved host for a run record or `harness hosts --json`. Build-argument values
+        may carry tokens (a private index URL), so only their names are kept; `env` holds names."""
+        record = dataclasses.asdict(self)
+        record["container"]["build_args"] = sorted(self.container.build_args)
+        return record
+
 
 @dataclass(frozen=True)
 class GroupConfig:
@@ -133,6 +140,19 @@ class Config:
     def root(self) -> Path:
         """Directory the config lives in: sync paths are relative to it."""
         return self.path.parent
+
+    def sync_paths(self) -> list[str]:
+        """What a sync pushes: the [sync] paths, and the config file itself (it may have another
+        name than harness.toml) when it is a file (the demo's config is made in memory)."""
+        paths = list(self.sync.paths)
+        if self.path.is_file() and self.path.name not in paths:
+            paths.append(self.path.name)
+        return paths
+
+    def hosts_json(self) -> dict[str, Any]:
+        """`harness hosts --json`: every host (HostConfig.to_record) and group as configured."""
+        return {"config": str(self.path), "hosts": {n: h.to_record() for n, h in self.hosts.items()},
+                "groups": {n: dataclasses.asdict(g) for n, g in self.groups.items()}}
 
     def host(self, name: str) -> HostConfig:
         if name in self.hosts:

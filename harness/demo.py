@@ -120,7 +120,7 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     config = demo_config(options)
     host = config.hosts["local"]
     transport = LocalTransport("local")
-    sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
+    sync(transport, config.root, config.sync_paths(), host.workdir, python=host.python)
     jobs = Jobs(config, host, transport)
     run_id = jobs.start(list(DEMO_CHAIN))
     jobs.follow(run_id, on_output, follow=True, as_json=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 import re
 import secrets
 import subprocess
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
+from harness.runs import CancelOutcome, RunListing
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 
@@ -69,6 +71,13 @@ def stage_command(stage: str, config: Config, python: str, events_path: str, npr
 
 
 @dataclass(frozen=True)
+class RemoteTarget:
+    path: str  # on the host: absolute, or ~/... (the host expands it)
+    local_name: str  # where it lands by default, relative to the current directory
+    run_id: str | None = None  # set when it names a run
+
+
+@dataclass(frozen=True)
 class StageStatus:
     stage: str
     state: str  # pending | running | ok | failed | cancelled | skipped
@@ -84,6 +93,10 @@ class StageStatus:
             return None
         return (self.finished or time.time()) - self.started
 
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "state": self.state, "started": self.started, "finished": self.finished,
+                "exit_code": self.exit_code, "last_event": self.last_event, "tau": self.tau}
+
 
 @dataclass(frozen=True)
 class RunStatus:
@@ -97,6 +110,31 @@ class RunStatus:
     @property
     def failed_stage(self) -> StageStatus | None:
         return next((s for s in self.stages if s.state == "failed"), None)
+
+    @property
+    def current_stage(self) -> str | None:
+        """The stage running, or the one the run stopped at."""
+        return next((s.stage for s in self.stages if s.state in ("running", "failed", "cancelled")), None)
+
+    def exit_code(self) -> int:
+        """0 when the run succeeded; the failed stage's exit code (1 if none fits) otherwise."""
+        if self.state == "ok":
+            return 0
+        failed = self.failed_stage
+        if failed is not None and failed.exit_code and 0 < failed.exit_code < 256:
+            return failed.exit_code
+        return 1
+
+    def summary_json(self) -> dict[str, Any]:
+        """One run in `harness runs --json`."""
+        return {"run_id": self.run_id, "state": self.state, "started": self.started, "finished": self.finished,
+                "stages": [s.stage for s in self.stages], "stages_done": sum(1 for s in self.stages if s.state == "ok"),
+                "at_stage": self.current_stage}
+
+    def to_json(self) -> dict[str, Any]:
+        """`harness status HOST --json`: the stages, and the run's record (run.json: no secret values)."""
+        return {**self.summary_json(), "host": self.record.get("host"), "exit_code": None if self.state in ("running", "starting") else self.exit_code(),
+                "stages": [s.to_json() for s in self.stages], "record": self.record}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RunStatus":
@@ -122,6 +160,7 @@ class Jobs:
     def __init__(self, config: Config, host: HostConfig, transport: "Transport"):
         self.config = config
         self.host = host
+        self.name = host.name
         self.transport = transport
         self.runtime = runtime_for(host, transport)
         self.workdir = self.runtime.workdir
@@ -152,6 +191,15 @@ class Jobs:
 
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_dir}/{run_id}"
+
+    def locate(self, what: str) -> RemoteTarget:
+        """A run id (or 'last') or a path, relative to the workdir unless absolute -> where it
+        is on the host, and the local directory it lands in by default (`harness pull`)."""
+        if what == "last" or RUN_ID_RE.match(what):
+            run_id = self.resolve_run_id(what)
+            return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
+        path = what if what.startswith(("/", "~")) else f"{self.workdir}/{what}"
+        return RemoteTarget(path, posixpath.basename(path.rstrip("/")) or "pulled")
 
     # -- start ------------------------------------------------------------------------------------
 
@@ -209,7 +257,7 @@ class Jobs:
             "env_names": list(self.host.env),  # names only; values never leave memory
             "config": {
                 "path": str(self.config.path),
-                "host": _host_record(self.host),
+                "host": self.host.to_record(),
                 "pipeline": dataclasses.asdict(self.config.pipeline),
             },
             "versions": None,  # filled in by the supervisor before the first stage
@@ -285,6 +333,19 @@ class Jobs:
             raise RemoteCommandError("supervisor cancel", result.exit_code, result.stderr.decode("utf-8", "replace"))
         return result.text.strip()
 
+    # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
+
+    def listing(self) -> RunListing:
+        return RunListing(self.name, [self.name], {self.name: self.list_runs()})
+
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False) -> int:
+        self.follow(run_id, sink, stage=stage, follow=follow)
+        return 0
+
+    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
+        run_id = self.resolve_run_id(run_id)
+        return CancelOutcome(run_id, {self.name: self.cancel(run_id, grace_s)})
+
     def wait(self, run_id: str, timeout: float, poll_s: float = 0.5) -> RunStatus:
         """Poll until the run reaches a final state (tests, scripts)."""
         deadline = time.monotonic() + timeout
@@ -293,14 +354,6 @@ class Jobs:
             if status.state in FINAL_RUN_STATES or time.monotonic() > deadline:
                 return status
             time.sleep(poll_s)
-
-
-def _host_record(host: HostConfig) -> dict[str, Any]:
-    """The host's resolved config for the run record. Build-argument values may carry tokens
-    (a private index URL), so only their names are kept; `env` already holds names only."""
-    record = dataclasses.asdict(host)
-    record["container"]["build_args"] = sorted(host.container.build_args)
-    return record
 
 
 def local_git_state(path: str) -> dict[str, Any]:

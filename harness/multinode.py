@@ -50,8 +50,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness.config import Config, GroupConfig, HostConfig
 from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.events import Finished, finished_failure
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
+from harness.runs import CancelOutcome, RunListing
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -244,12 +246,11 @@ class NodeStatus:
     def final(self) -> bool:
         return self.status is not None and self.status.state in FINAL_RUN_STATES
 
-    def stopped_stage(self) -> tuple[StageStatus | None, str]:
-        """The first stage that failed or was cancelled, and the error its finished event gave
-        ("" when none)."""
+    def stopped_stage(self) -> tuple[StageStatus | None, Finished | None]:
+        """The first stage that failed or was cancelled, and its failed `finished` event (its
+        error and cause; None when it wrote none)."""
         stage = next((s for s in self.status.stages if s.state in ("failed", "cancelled")), None) if self.status else None
-        event = (stage.last_event if stage else None) or {}
-        return stage, str(event.get("error") or "") if event.get("event") == "finished" else ""
+        return stage, finished_failure(stage.last_event) if stage else None
 
     def failure(self) -> str | None:
         """A one-line cause when this node failed, was cancelled, lost or is unreachable."""
@@ -257,11 +258,15 @@ class NodeStatus:
             return f"{self.state} ({self.error})" if self.error else self.state
         if self.status.state in ("ok", "running", "starting"):
             return None
-        bad, why = self.stopped_stage()
+        bad, finished = self.stopped_stage()
         if bad is None:
             return self.status.state
         code = f" exit code {bad.exit_code}" if bad.exit_code is not None else ""
-        return f"{bad.stage} {bad.state}{code}" + (f": {why}" if why else "")
+        return f"{bad.stage} {bad.state}{code}" + (f": {finished.error}" if finished and finished.error else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "state": self.state, "failure": self.failure(), "error": self.error,
+                "run": self.status.to_json() if self.status is not None else None}
 
 
 @dataclass
@@ -285,6 +290,14 @@ class GroupStatus:
     def failed_nodes(self) -> list[NodeStatus]:
         return [n for n in self.nodes if n.failure()]
 
+    def exit_code(self) -> int:
+        return 0 if self.state == "ok" else 1
+
+    def to_json(self) -> dict[str, Any]:
+        """`harness status GROUP --json`."""
+        return {"group": self.group, "run_id": self.run_id, "state": self.state, "exit_code": None if self.state == "running" else self.exit_code(),
+                "first_failure": self.first_failure, "nodes": [n.to_json() for n in self.nodes]}
+
     def origin(self) -> NodeStatus | None:
         """The node that most likely failed first: one that stopped answering (its peers then
         fail in their collectives), else the earliest stage that failed by itself, else the
@@ -295,11 +308,10 @@ class GroupStatus:
             return min(gone, key=lambda n: n.since if n.since is not None else float("inf"))
         failed = []
         for n in self.failed_nodes():
-            stage, why = n.stopped_stage()
-            # node_launcher.py says so: "stopped: <peer> ..." or "... after <peer> failed"
-            caused_by_peer = why.startswith("stopped:") or " after " in why
-            cancelled = why == "cancelled" or (stage is not None and stage.state == "cancelled")
-            tier = 2 if caused_by_peer else 1 if cancelled else 0
+            stage, finished = n.stopped_stage()
+            cause = finished.cause if finished else None  # node_launcher.py's verdict says whose failure it was
+            cancelled = cause == "cancelled" or (stage is not None and stage.state == "cancelled")
+            tier = 2 if cause == "peer" else 1 if cancelled else 0
             failed.append((tier, (stage.finished if stage and stage.finished else float("inf")), n.rank, n))
         return min(failed, key=lambda f: f[:3])[3] if failed else None
 
@@ -315,6 +327,7 @@ class GroupRun:
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
+        self.name = group
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
         self.transports = open_all(transport_for, self.hosts)
@@ -394,9 +407,32 @@ class GroupRun:
             return NodeStatus(host, rank, None, f"{type(e).__name__}: {e}")
 
     def status(self, run_id: str) -> GroupStatus:
+        """Every node's status; first_failure names the node where it most likely went wrong."""
         run_id = self.resolve_run_id(run_id)
         nodes = [r for _, r, _ in parallel(self.hosts, lambda h: self.node_status(h, run_id))]
-        return GroupStatus(self.group.name, run_id, nodes)
+        status = GroupStatus(self.group.name, run_id, nodes)
+        origin = status.origin()
+        if origin is not None:
+            status.first_failure = f"{origin.host}: {origin.failure()}"
+        return status
+
+    def listing(self) -> RunListing:
+        """Every host's runs, asked in parallel."""
+        outcome = parallel(self.hosts, lambda h: self.jobs(h).list_runs())
+        return RunListing(self.name, list(self.hosts), {h: runs for h, runs, error in outcome if error is None},
+                          {h: f"{type(error).__name__}: {error}" for h, _, error in outcome if error is not None}, group=True)
+
+    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
+        run_id = self.resolve_run_id(run_id)
+        return CancelOutcome(run_id, self.cancel(run_id, grace_s), group=True)
+
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False) -> int:
+        """Every node's log into sink, each line `[host] ...`, until every stream ends."""
+        threads = self.follow(run_id, prefixed_sink(sink), stage=stage, follow=follow)
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
+        return 0
 
     def cancel(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
         """Cancel on every host (in parallel); host -> final state or the error."""
@@ -506,14 +542,23 @@ class LinePrefixer:
             self.pending = b""
 
 
-def prefixed_writer(stream=None) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of `[host] line` to stdout."""
-    out = stream or sys.stdout.buffer
+def prefixed_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
+    """A thread-safe writer of `[host] line` into sink."""
     lock = threading.Lock()
 
     def write(host: str, line: bytes) -> None:
         with lock:
-            out.write(f"[{host}] ".encode() + line)
-            out.flush()
+            sink(f"[{host}] ".encode() + line)
 
     return write
+
+
+def prefixed_writer(stream=None) -> Callable[[str, bytes], None]:
+    """A thread-safe writer of `[host] line` to stdout."""
+    out = stream or sys.stdout.buffer
+
+    def sink(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    return prefixed_sink(sink)

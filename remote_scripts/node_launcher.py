@@ -366,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     if stop_reason is not None:
         say(f"stopping torchrun: {stop_reason}")
         stop_tree(proc, a.grace)
-        # "stopped: ..." names a peer's trouble; "cancelled" is this node's own cancel
-        events.finished("failed", error="cancelled" if stop_reason == "cancelled" else f"stopped: {stop_reason}", node_rank=a.node_rank)
+        # a cancel is this node's own; any other reason to stop is a peer's trouble
+        cancelled = stop_reason == "cancelled"
+        events.finished("failed", error="cancelled" if cancelled else f"stopped: {stop_reason}", cause="cancelled" if cancelled else "peer", node_rank=a.node_rank)
         code = 143 if stop_reason == "cancelled" else 3
         stderr.drain()
     else:
@@ -375,14 +376,16 @@ def main(argv: list[str] | None = None) -> int:
         code = proc.returncode
         cause = stderr.cause() if code != 0 else None
         outcome = "ok" if code == 0 else f"failed (torchrun exit code {code}{': ' + cause if cause else ''})"
+        whose = "own"
         if code != 0 and is_peer_loss(cause):
             earlier = dog.first_failed_peer()
             if earlier:  # our ranks died of a peer's failure (a collective broke): say so
                 outcome += f" after {earlier}"
+                whose = "peer"
         dog.post(outcome)
         say(f"torchrun finished: {outcome}")
         if code != 0:  # the node's verdict, after the ranks' own events: status shows the cause
-            events.finished("failed", error=outcome, node_rank=a.node_rank)
+            events.finished("failed", error=outcome, cause=whose, node_rank=a.node_rank)
     if a.node_rank == 0:
         dog.wait_for_peers_outcome()
     dog.close()

@@ -347,6 +347,8 @@ def test_a_failed_rank_is_named_in_the_group_status(tmp_path, monkeypatch):
     assert "torchrun exit code 1: rank 1 (local_rank: 0): exit code 1" in failure, failure
     assert "rank 1 fails at step 2 as asked (--fail-rank)" in failure, failure  # the rank's last words
     assert " after " not in failure, failure
+    verdict = status.origin().status.stages[0].last_event
+    assert verdict["event"] == "finished" and verdict["cause"] == "own", verdict  # its verdict says: its own failure
     # l0 names l1 as the cause: its watchdog stopped it ("stopped: l1 ..."), or its rank failed
     # first ("... after l1 ..."); or the laptop's watcher cancelled it before either.
     l0 = status.nodes[0]
@@ -429,23 +431,28 @@ def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
 
 
 def test_origin_prefers_a_silent_node_over_the_peers_it_broke():
+    """The node where it went wrong, from each node's verdict: its `finished` event's cause
+    (docs/events.json), never the wording of its error."""
     from harness.jobs import RunStatus, StageStatus
     from harness.multinode import GroupStatus, NodeStatus
 
-    def failed(host, rank, finished, error):
-        st = RunStatus("r", "failed", [StageStatus("dist_check", "failed", 1.0, finished, 1, {"event": "finished", "error": error})])
+    def failed(host, rank, finished, error, cause="own"):
+        st = RunStatus("r", "failed", [StageStatus("dist_check", "failed", 1.0, finished, 1, {"event": "finished", "status": "failed", "error": error, "cause": cause, "stage": "dist_check", "t": finished})])
         return NodeStatus(host, rank, st)
 
-    nodes = [failed("n0", 0, 10.0, "RuntimeError: connection reset"), NodeStatus("n1", 1, None, "connection lost", since=5.0), failed("n2", 2, 9.0, "stopped: n1 silent")]
+    nodes = [failed("n0", 0, 10.0, "RuntimeError: connection reset"), NodeStatus("n1", 1, None, "connection lost", since=5.0), failed("n2", 2, 9.0, "stopped: n1 silent", "peer")]
     assert GroupStatus("g", "r", nodes).origin().host == "n1"
     nodes[1] = failed("n1", 1, 11.0, "CHECK FAILED")
-    # without a silent node: the earliest failure that was not a watchdog stop
+    # without a silent node: the earliest failure that was not a peer's
     assert GroupStatus("g", "r", nodes).origin().host == "n0"
     # a node whose ranks died after a peer's cancel points at that peer, even if it ended first
-    nodes = [failed("n0", 0, 3.0, "failed (torchrun exit code 1) after n1 (node 1) cancelled"), failed("n1", 1, 4.0, "cancelled")]
+    nodes = [failed("n0", 0, 3.0, "failed (torchrun exit code 1) after n1 (node 1) cancelled", "peer"), failed("n1", 1, 4.0, "cancelled", "cancelled")]
+    assert GroupStatus("g", "r", nodes).origin().host == "n1"
+    # the cause decides, not the words: an own failure whose message happens to say "stopped:"
+    nodes = [failed("n0", 0, 3.0, "stopped: n1 silent", "peer"), failed("n1", 1, 4.0, "stopped: the data loader after 3 retries")]
     assert GroupStatus("g", "r", nodes).origin().host == "n1"
     # a node the watcher cancelled is not where it went wrong, even by an earlier (skewed) clock
-    cancelled = NodeStatus("n0", 0, RunStatus("r", "cancelled", [StageStatus("dist_check", "cancelled", 1.0, 3.0, 143, {"event": "finished", "error": "cancelled"})]))
+    cancelled = NodeStatus("n0", 0, RunStatus("r", "cancelled", [StageStatus("dist_check", "cancelled", 1.0, 3.0, 143, {"event": "finished", "status": "failed", "error": "cancelled", "cause": "cancelled", "stage": "dist_check", "t": 3.0})]))
     nodes = [cancelled, failed("n1", 1, 4.0, "failed (torchrun exit code 1: rank 1 (local_rank: 0): exit code 1; ValueError: bad batch)")]
     assert GroupStatus("g", "r", nodes).origin().host == "n1"
 

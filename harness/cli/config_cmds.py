@@ -30,28 +30,13 @@ def init(app, path: str | None) -> None:
 
 
 @click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the hosts and groups as JSON on stdout (keys: README, \"Scripting: --json\").")
 @click.pass_obj
-def hosts(app) -> None:
+def hosts(app, as_json: bool) -> None:
     """List configured hosts and groups."""
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from harness.cli.render import print_hosts, print_json
 
-    from harness.runtime import runtime_for
-
-    config = app.config
-    table = Table(title=f"hosts in {escape(str(config.path))}")
-    for column in ("name", "reach", "runtime", "workdir", "env"):
-        table.add_column(column)
-    for name, h in config.hosts.items():
-        reach = "local" if h.is_local else f"ssh {h.ssh}"
-        table.add_row(*(escape(cell) for cell in (name, reach, runtime_for(h).describe(), h.workdir, ", ".join(h.env))))
-    console = Console()
-    console.print(table)
-    if config.groups:
-        groups = Table(title="groups")
-        groups.add_column("name")
-        groups.add_column("hosts")
-        for name, g in config.groups.items():
-            groups.add_row(escape(name), escape(", ".join(g.hosts)))
-        console.print(groups)
+    if as_json:
+        print_json(app.config.hosts_json())
+    else:
+        print_hosts(app.config)

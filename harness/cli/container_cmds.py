@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group
+from harness.cli.group_cmds import build_group, dispatch_if_group
 
 # bash when the image has it, sh otherwise (minimal base images)
 LOGIN_SHELL = ["sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"]
@@ -26,7 +26,7 @@ def build(ctx: click.Context, host: str, force: bool) -> None:
     from harness.runtime.image import build as build_image
 
     app = ctx.obj
-    dispatch_if_group(ctx, host, "build_group", force)  # a group: build on every host at once
+    dispatch_if_group(ctx, host, build_group, force)  # a group: build on every host at once
     host_cfg = app.host(host)
     if not runtime_for(host_cfg).uses_image:
         raise UsageError(f"host {host} has runtime = \"{host_cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")

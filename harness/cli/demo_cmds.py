@@ -42,6 +42,8 @@ def _print_summary(summary) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.cli.render import plain
+
     table = Table(title=f"EAGLE-3 demo: run {summary.run_id} ({summary.seconds:.0f} s)", show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -51,9 +53,9 @@ def _print_summary(summary) -> None:
     if summary.training_tau:
         curve = " -> ".join(f"{t['tau']:.2f}" for t in summary.training_tau)
         table.add_row("tau while training", f"{curve}  (estimated at steps {', '.join(str(t['step']) for t in summary.training_tau)})")
-    table.add_row("draft checkpoint", summary.draft)
-    table.add_row("vLLM export", summary.export)
-    table.add_row("report", summary.report)
+    table.add_row("draft checkpoint", plain(summary.draft))
+    table.add_row("vLLM export", plain(summary.export))
+    table.add_row("report", plain(summary.report))
     for name, path in summary.plots.items():
-        table.add_row(f"plot: {name}", path)
+        table.add_row(plain(f"plot: {name}"), plain(path))
     Console().print(table)

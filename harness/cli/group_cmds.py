@@ -1,13 +1,16 @@
-"""The group forms of run | logs | status | cancel | sync | build | doctor (logic: harness.multinode).
+"""The group forms of run | sync | build | doctor (logic: harness.multinode, harness.doctor).
 
 These are not commands of their own: each host command calls the function here when its HOST
 argument names a `[groups.NAME]` instead of a host, so `harness run cluster train` and
-`harness run gpu1 train` read the same.
+`harness run gpu1 train` read the same. (logs, status, runs and cancel need no group form: a
+group's GroupRun and a host's Jobs share one run interface, harness.runs.RunPlace.) This module
+imports no other command module, only cli/render.py.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import click
 
@@ -16,14 +19,15 @@ def is_group(app, name: str) -> bool:
     return name in app.config.groups
 
 
-def dispatch_if_group(ctx: click.Context, name: str, handler: str, *args) -> None:
-    """When NAME is a group, run the group form of the command (function `handler` of this
-    module) and exit with its code; for a host, return and let the host command go on."""
+def dispatch_if_group(ctx: click.Context, name: str, group_form: Callable[..., int], *args) -> None:
+    """When NAME is a group, run the group form of the command (`group_form(app, name, *args)`,
+    a function of this module) and exit with its code; for a host, return and let the host
+    command go on."""
     app = ctx.obj
     if not is_group(app, name):
         return
     try:
-        code = globals()[handler](app, name, *args)
+        code = group_form(app, name, *args)
     finally:
         app.close()
     ctx.exit(code)
@@ -35,16 +39,12 @@ def _group_run(app, group: str):
     return GroupRun(app.config, group, app.transport)
 
 
-def _hint(group: str, run_id: str) -> str:
-    return f"re-attach: harness logs {group} {run_id} -f    status: harness status {group} {run_id}    stop: harness cancel {group} {run_id}"
-
-
 # ---------------------------------------------------------------------------------------------
-# run / logs / status / cancel
+# run (logs, status, runs and cancel take a group through harness.runs.RunPlace: job_cmds)
 
 
 def run_group(app, group: str, stages: list[str], detach: bool, grace: float) -> int:
-    from harness.cli.render import print_group_table
+    from harness.cli.render import print_group_table, reattach_hint
     from harness.multinode import prefixed_writer
 
     runner = _group_run(app, group)
@@ -52,7 +52,7 @@ def run_group(app, group: str, stages: list[str], detach: bool, grace: float) ->
     click.echo(f"run {launch.run_id} started on {group} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})", err=True)
     click.echo(launch.run_id)
     if detach:
-        click.echo(_hint(group, launch.run_id), err=True)
+        click.echo(reattach_hint(group, launch.run_id), err=True)
         return 0
     threads = runner.follow(launch.run_id, prefixed_writer(), follow=True)
     announced = False
@@ -67,73 +67,12 @@ def run_group(app, group: str, stages: list[str], detach: bool, grace: float) ->
         status = runner.watch(launch.run_id, on_update=on_update, grace_s=grace)
     except KeyboardInterrupt:
         click.echo(f"\ndetached from run {launch.run_id}; it keeps running on {group} (each node's watchdog stops the rest if one fails).", err=True)
-        click.echo(_hint(group, launch.run_id), err=True)
+        click.echo(reattach_hint(group, launch.run_id), err=True)
         return 130
     for t in threads:
         t.join(timeout=5)  # the tail of each log; a lost node's stream may never end
     print_group_table(status)
     return 0 if status.state == "ok" else 1
-
-
-def logs_group(app, group: str, run_id: str, stage: str | None, follow: bool) -> int:
-    from harness.multinode import prefixed_writer
-
-    runner = _group_run(app, group)
-    threads = runner.follow(run_id, prefixed_writer(), stage=stage, follow=follow)
-    try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.2)
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-def status_group(app, group: str, run_id: str | None) -> int:
-    from harness.cli.render import print_group_table
-
-    status = _group_run(app, group).status(run_id or "last")
-    origin = status.origin()
-    if origin is not None:
-        status.first_failure = f"{origin.host}: {origin.failure()}"
-    print_group_table(status)
-    return 0 if status.state in ("ok", "running") else 1
-
-
-def cancel_group(app, group: str, run_id: str, grace: float | None) -> int:
-    runner = _group_run(app, group)
-    rid = runner.resolve_run_id(run_id)
-    states = runner.cancel(rid, grace)
-    for host, state in states.items():
-        click.echo(f"run {rid} on {host}: {state}")
-    return 1 if any(s.startswith("error") for s in states.values()) else 0
-
-
-def runs_group(app, group: str) -> int:
-    """Every host's runs, asked in parallel, as one table: a group run shares its id across hosts."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from harness.cli.render import plain, styled_state
-    from harness.multinode import parallel
-
-    runner = _group_run(app, group)
-    listed = {h: (runs, error) for h, runs, error in parallel(runner.hosts, lambda h: runner.jobs(h).list_runs())}
-    states: dict[str, dict[str, str]] = {}
-    for host, (runs, error) in listed.items():
-        for r in runs or []:
-            states.setdefault(r.run_id, {})[host] = r.state
-    table = Table(title=f"runs on group {plain(group)}")
-    table.add_column("run", no_wrap=True)
-    for host in runner.hosts:
-        table.add_column(plain(host) + (" (unreachable)" if listed[host][1] is not None else ""))
-    for run_id in sorted(states):
-        table.add_row(plain(run_id), *(styled_state(states[run_id][h]) if h in states[run_id] else ("?" if listed[h][1] is not None else "-") for h in runner.hosts))
-    Console().print(table)
-    for host, (_, error) in listed.items():
-        if error is not None:
-            click.echo(f"{host}: {type(error).__name__}: {error}", err=True)
-    return 1 if any(error is not None for _, error in listed.values()) else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,7 +84,7 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    from harness.cli.transfer_cmds import _print_plan, _print_summary
+    from harness.cli.render import print_sync_plan, print_sync_summary
     from harness.multinode import open_all, sync_hosts
     from harness.sync import SyncResult, manifest_digest, prepare_sync
 
@@ -155,7 +94,7 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
     if dry_run:
         for h in hosts:
             plan = prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude, python=config.host(h).python)
-            _print_plan(h, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+            print_sync_plan(h, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
         return 0
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),
                         TextColumn("{task.fields[files]}"), console=Console(stderr=True))
@@ -182,7 +121,7 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
             failed += 1
             click.echo(f"{h}: sync failed: {error}", err=True)
         else:
-            _print_summary(h, result)
+            print_sync_summary(h, result)
     return 1 if failed else 0
 
 
@@ -218,73 +157,18 @@ def build_group(app, group: str, force: bool) -> int:
 
 
 def doctor_group(app, group: str, as_json: bool) -> int:
-    """Every host's checks (in parallel), then the group's own: is the rendezvous port (and the
-    watchdog's, +1) free on host 0, and can every node route to the rendezvous host."""
-    from harness.cli.doctor_cmds import _render
-    from harness.doctor import diagnose
-    from harness.multinode import parallel
+    """Every host's checks (in parallel), then the group's own (harness.doctor.group_checks)."""
+    from harness.cli.render import print_checks, print_json
+    from harness.doctor.group_checks import diagnose_group
 
-    config = app.config
-    hosts = list(config.groups[group].hosts)
-    outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: app.transport(h), project=config))
-    results = {h: (r if e is None else []) for h, r, e in outcome}
-    errors = {h: e for h, _, e in outcome if e is not None}
-    group_checks = group_checks_for(app, group) if not errors else []
-    failed = bool(errors) or any(r.status == "fail" for rs in [*results.values(), group_checks] for r in rs)
+    diagnosis = diagnose_group(app.config, group, app.transport)
     if as_json:
-        import json
-
-        click.echo(json.dumps({
-            "group": group, "ok": not failed,
-            "hosts": {h: {"checks": [r.to_dict() for r in results[h]], **({"error": str(errors[h])} if h in errors else {})} for h in hosts},
-            "group_checks": [c.to_dict() for c in group_checks],
-        }, indent=2))
-        return 1 if failed else 0
-    for h in hosts:
-        if h in errors:
-            click.echo(f"{h}: doctor failed: {errors[h]}", err=True)
+        print_json(diagnosis.to_json())
+        return 0 if diagnosis.ok else 1
+    for h in diagnosis.hosts:
+        if h in diagnosis.errors:
+            click.echo(f"{h}: doctor failed: {diagnosis.errors[h]}", err=True)
         else:
-            _render(h, results[h])
-    _render(f"group {group}", group_checks)
-    return 1 if failed else 0
-
-
-ROUTE_PROBE = (
-    "import socket, sys\n"
-    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET, socket.SOCK_DGRAM)\n"
-    "try:\n"
-    "    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])\n"
-    "except OSError as e:\n"
-    "    print('no route: %s' % e); sys.exit(1)\n"
-)
-
-
-def group_checks_for(app, group: str):
-    """CheckResults of the group as a whole (no packet is sent: a UDP connect only routes)."""
-    from harness.doctor.base import CheckResult
-    from harness.multinode import GroupRun, parallel
-
-    runner = GroupRun(app.config, group, app.transport, install=False)  # doctor writes nothing
-    cfg = runner.group
-    host = runner.rendezvous_host()
-    checks = []
-    try:
-        port = runner.free_port()
-        if port == cfg.rdzv_port:
-            checks.append(CheckResult("rendezvous port", "ok", f"{host}:{port} and {port + 1} are free on {runner.hosts[0]}"))
-        else:
-            checks.append(CheckResult("rendezvous port", "warn", f"{cfg.rdzv_port} or {cfg.rdzv_port + 1} is taken on {runner.hosts[0]}; a run would use {port}",
-                                      f"free the port, or set rdzv_port in [groups.{group}]"))
-    except Exception as e:  # noqa: BLE001 - reported as a failed check
-        checks.append(CheckResult("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python3 on that host"))
-
-    def route(h: str):
-        return runner.transports[h].run([app.config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
-
-    for h, result, error in parallel(runner.hosts, route):
-        if error is None and result.ok:
-            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}"))
-        else:
-            why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
-            checks.append(CheckResult(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
-    return checks
+            print_checks(h, diagnosis.results[h])
+    print_checks(f"group {group}", diagnosis.group_checks)
+    return 0 if diagnosis.ok else 1

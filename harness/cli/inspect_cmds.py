@@ -107,12 +107,12 @@ def render_object(info, show: str | None) -> None:
             click.echo(name)
         return
     console = _console()
-    from rich.markup import escape
+    from harness.cli.render import plain
 
     title, *details = header_lines(info)
-    console.print(f"[bold]{escape(title)}[/bold]")
+    console.print(f"[bold]{plain(title)}[/bold]")
     for line in details:
-        console.print(f"[dim]{escape(line)}[/dim]")
+        console.print(f"[dim]{plain(line)}[/dim]")
     if info.source is not None:
         console.print()
         if console.is_terminal:
@@ -219,8 +219,8 @@ def render_grep(result, ignore_case: bool = False, context: int = 1) -> None:
 
 def _emit(console, text: str, color: bool, style: str) -> None:
     if color:
-        from rich.markup import escape
+        from harness.cli.render import plain
 
-        console.print(f"[{style}]{escape(text)}[/{style}]")
+        console.print(f"[{style}]{plain(text)}[/{style}]")
     else:
         click.echo(text)

@@ -1,7 +1,9 @@
-"""`harness run | logs | status | runs | cancel` (the logic lives in harness.jobs).
+"""`harness run | logs | status | runs | cancel` (the logic lives in harness.jobs and harness.multinode).
 
 Every command takes the host first (`harness run HOST STAGE...`), like build, shell, exec and
-sync. A run id is what `harness run` printed, or `last` for the newest run on that host.
+sync. A run id is what `harness run` printed, or `last` for the newest run on that host. HOST may
+name a `[groups.NAME]`: logs, status, runs and cancel then go through the same run interface
+(harness.runs.RunPlace) that a host's Jobs implements; `run` starts a group run (group_cmds).
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ import sys
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group
+from harness.cli.group_cmds import is_group, run_group
+from harness.cli.render import reattach_hint
 
 RUN_ID_HELP = "a run id (as printed by `harness run`) or 'last'"
+JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
 
 
 def _jobs(app, host: str):
@@ -21,13 +25,20 @@ def _jobs(app, host: str):
     return Jobs(app.config, app.host(host), app.transport(host))
 
 
+def _place(app, name: str):
+    """Where runs live (harness.runs.RunPlace): a group's GroupRun, or a host's Jobs."""
+    if is_group(app, name):
+        from harness.multinode import GroupRun
+
+        return GroupRun(app.config, name, app.transport)
+    return _jobs(app, name)
+
+
 def _stdout_sink(chunk: bytes) -> None:
     sys.stdout.buffer.write(chunk)
     sys.stdout.buffer.flush()
 
 
-def _reattach_hint(host: str, run_id: str) -> str:
-    return f"re-attach: harness logs {host} {run_id} -f    status: harness status {host} {run_id}    stop: harness cancel {host} {run_id}"
 
 
 @click.command("run")
@@ -43,15 +54,16 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     """
     app = ctx.obj
-    dispatch_if_group(ctx, host, "run_group", list(stages), detach, grace)  # a group: one run across its hosts (harness.multinode)
     code = 0
     try:
+        if is_group(app, host):  # one run across the group's hosts (harness.multinode)
+            ctx.exit(run_group(app, host, list(stages), detach, grace))
         jobs = _jobs(app, host)
         run_id = jobs.start(list(stages), grace_s=grace)
         click.echo(f"run {run_id} started on {host}", err=True)
         click.echo(run_id)  # stdout: the id alone, for scripts
         if detach:
-            click.echo(_reattach_hint(host, run_id), err=True)
+            click.echo(reattach_hint(host, run_id), err=True)
         else:
             code = _attach(jobs, host, run_id)
     finally:
@@ -69,21 +81,11 @@ def _attach(jobs, host: str, run_id: str) -> int:
             jobs.follow(run_id, renderer.feed, follow=True, as_json=True)
     except KeyboardInterrupt:
         click.echo(f"\ndetached from run {run_id}; it keeps running on {host}.", err=True)
-        click.echo(_reattach_hint(host, run_id), err=True)
+        click.echo(reattach_hint(host, run_id), err=True)
         return 130
     status = jobs.status(run_id)
     print_run_table(status)
-    return exit_code_of(status)
-
-
-def exit_code_of(status) -> int:
-    """0 when the run succeeded; the failed stage's exit code (1 if none fits) otherwise."""
-    if status.state == "ok":
-        return 0
-    failed = status.failed_stage
-    if failed is not None and failed.exit_code and 0 < failed.exit_code < 256:
-        return failed.exit_code
-    return 1
+    return status.exit_code()
 
 
 @click.command("logs")
@@ -93,11 +95,12 @@ def exit_code_of(status) -> int:
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run (or STAGE) ends.")
 @click.pass_context
 def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: bool) -> None:
-    """Print the logs of RUN on HOST (all stages, or STAGE) from their first line."""
+    """Print the logs of RUN on HOST (all stages, or STAGE) from their first line.
+
+    For a group, every node's log, each line prefixed [host]."""
     app = ctx.obj
-    dispatch_if_group(ctx, host, "logs_group", run_id, stage, follow)  # a group: every node's log, lines prefixed [host]
     try:
-        _jobs(app, host).follow(run_id, _stdout_sink, stage=stage, follow=follow)
+        _place(app, host).stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
     except KeyboardInterrupt:
         ctx.exit(130)
     finally:
@@ -107,48 +110,46 @@ def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: 
 @click.command("status")
 @click.argument("host")
 @click.argument("run_id", metavar="[RUN]", required=False)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
-def status(ctx: click.Context, host: str, run_id: str | None) -> None:
-    """The stages of RUN on HOST: state, start, duration, exit code, last event.
+def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> None:
+    """The stages of RUN on HOST: state, start, duration, exit code, last event (for a group,
+    every node's stages in one table, and the node where it went wrong first).
 
     Without RUN, the newest run. Exit code: 0 when the run is ok or still running.
     """
+    from harness.cli.render import print_json, print_status
+
     app = ctx.obj
-    dispatch_if_group(ctx, host, "status_group", run_id)  # a group: every node's stages in one table
     try:
-        st = _jobs(app, host).status(run_id or "last")
+        view = _place(app, host).status(run_id or "last")
     finally:
         app.close()
-    from harness.cli.render import print_run_table
-
-    print_run_table(st)
-    ctx.exit(0 if st.state in ("ok", "running") else exit_code_of(st))
+    if as_json:
+        print_json(view.to_json())
+    else:
+        print_status(view)
+    ctx.exit(0 if view.state in ("ok", "running") else view.exit_code())
 
 
 @click.command("runs")
 @click.argument("host")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
-def runs(ctx: click.Context, host: str) -> None:
-    """List the runs on HOST (or on every host of a group), oldest first."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from harness.cli.render import clock, duration, end_time, plain, styled_state
+def runs(ctx: click.Context, host: str, as_json: bool) -> None:
+    """List the runs on HOST (or on every host of a group: one column per host), oldest first."""
+    from harness.cli.render import print_json, print_runs
 
     app = ctx.obj
-    dispatch_if_group(ctx, host, "runs_group")  # a group: one row per run id, one column per host
     try:
-        all_runs = _jobs(app, host).list_runs()
+        listing = _place(app, host).listing()
     finally:
         app.close()
-    table = Table(title=f"runs on {plain(host)}")
-    for col in ("run", "state", "stages", "started", "duration", "at stage"):
-        table.add_column(col, no_wrap=col != "at stage")
-    for r in all_runs:
-        done = sum(1 for s in r.stages if s.state == "ok")
-        current = next((s.stage for s in r.stages if s.state in ("running", "failed", "cancelled")), "")
-        table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(current))
-    Console().print(table)
+    if as_json:
+        print_json(listing.to_json())
+    else:
+        print_runs(listing)
+    ctx.exit(listing.exit_code())
 
 
 @click.command("cancel")
@@ -157,13 +158,14 @@ def runs(ctx: click.Context, host: str) -> None:
 @click.option("--grace", type=float, default=None, help="Seconds between SIGTERM and SIGKILL (default: the run's own, 10).")
 @click.pass_context
 def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> None:
-    """Cancel RUN on HOST: SIGTERM, a grace period, then SIGKILL; recorded as `cancelled`."""
+    """Cancel RUN on HOST (a group: on every node at once): SIGTERM, a grace period, then
+    SIGKILL; recorded as `cancelled`."""
+    from harness.cli.render import print_cancel
+
     app = ctx.obj
-    dispatch_if_group(ctx, host, "cancel_group", run_id, grace)  # a group: cancel on every node at once
     try:
-        jobs = _jobs(app, host)
-        state = jobs.cancel(run_id, grace)
-        rid = jobs.resolve_run_id(run_id)
+        outcome = _place(app, host).cancel_run(run_id, grace)
     finally:
         app.close()
-    click.echo(f"run {rid}: {state}")
+    print_cancel(outcome)
+    ctx.exit(outcome.exit_code())

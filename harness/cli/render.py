@@ -1,9 +1,10 @@
-"""How runs look in the terminal: a run's live stream, and the status tables of a host's run and
-a group's run.
+"""How everything looks in the terminal: a run's live stream, the status and runs tables of a host
+and of a group (harness.runs' answers), cancel's lines, doctor's checks, sync's plan and summary,
+the configured hosts; and `--json`, the same answers for scripts (stdout carries the JSON alone).
 
-One rule for text from the remote side (stage names, states, events, errors, paths): it reaches
-rich's markup only through `plain()`, so "[rank1]" or "torch[cuda]" shows as written instead of
-vanishing or raising.
+One rule for text from the remote side or the config (stage names, states, events, errors, paths,
+host names): it reaches rich's markup only through `plain()`, so "[rank1]" or "torch[cuda]" shows
+as written instead of vanishing or raising.
 
 The live stream (supervisor `follow --json`): log text goes to stdout unchanged; `progress`
 events drive one rich progress bar per stage (on stderr, shown only on a terminal, so piped
@@ -17,6 +18,8 @@ import json
 import sys
 import time
 from typing import Any, TextIO
+
+import click
 
 STATE_COLORS = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
@@ -75,15 +78,17 @@ class EventRenderer:
             if task is not None:
                 self.progress.update(task, description=plain(f"{stage} ({item['state'].get('state')})"))
 
-    def _on_event(self, stage: str, ev: dict[str, Any]) -> None:
-        kind = ev.get("event")
-        if kind == "progress" and ev.get("total"):
+    def _on_event(self, stage: str, raw: dict[str, Any]) -> None:
+        from harness.events import Metric, Progress, format_metrics, parse
+
+        ev = parse(raw)
+        if isinstance(ev, Progress) and ev.total:
             task = self._tasks.get(stage)
             if task is None:
-                task = self._tasks[stage] = self.progress.add_task(plain(stage), total=ev["total"], unit=plain(ev.get("unit", "")))
-            self.progress.update(task, completed=ev.get("step", 0), total=ev["total"])
-        elif kind == "metric" and stage in self._tasks:
-            text = format_metrics(ev.get("metrics") or {}, limit=3)
+                task = self._tasks[stage] = self.progress.add_task(plain(stage), total=ev.total, unit=plain(ev.unit))
+            self.progress.update(task, completed=ev.step, total=ev.total)
+        elif isinstance(ev, Metric) and stage in self._tasks:
+            text = format_metrics(ev.metrics, limit=3)
             self.progress.update(self._tasks[stage], description=plain(f"{stage} {text}"))
 
 
@@ -100,34 +105,21 @@ def styled_state(state: str) -> str:
     return f"[{color}]{state}[/{color}]" if color else plain(state)
 
 
-def format_metrics(metrics: dict[str, Any], limit: int | None = None) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:limit])
-
-
 def describe_event(ev: dict | None) -> str:
-    if not ev:
-        return ""
-    kind = ev.get("event")
-    if kind == "progress":
-        return f"{ev.get('step')}/{ev.get('total')} {ev.get('unit', '')}".strip()
-    if kind == "metric":
-        return f"step {ev.get('step')}: " + format_metrics(ev.get("metrics") or {})
-    if kind == "artifact":
-        return f"{ev.get('kind', 'artifact')}: {ev.get('path')}"
-    if kind == "message":
-        return str(ev.get("text", ""))[:80]
-    if kind == "warning":
-        return "warning: " + str(ev.get("text", ""))[:120]
-    if kind == "finished":
-        return f"finished: {ev.get('status')}"
-    return str(kind)
+    """A stage's last event in one short line (harness.events reads it)."""
+    from harness.events import describe
+
+    return describe(ev) if ev else ""
 
 
 def describe_tau(tau: dict | None, last_event: dict | None) -> str:
     """The draft's latest estimated tau, unless the last event already shows it."""
+    from harness.events import Metric, parse
+
     if not tau or not isinstance(tau.get("tau"), (int, float)):
         return ""
-    if last_event and "tau" in (last_event.get("metrics") or {}):
+    shown = parse(last_event)
+    if isinstance(shown, Metric) and "tau" in shown.metrics:
         return ""
     return f"  (tau {tau['tau']:.2f} at step {tau.get('step')})"
 
@@ -178,6 +170,8 @@ def print_group_table(status) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from harness.events import finished_failure
+
     table = Table(title=plain(f"run {status.run_id} on group {status.group}: {status.state}"),
                   caption=plain(f"first failure: {status.first_failure}") if status.first_failure else None)
     for col in ("node", "host", "stage", "state", "started", "duration", "exit", "last event"):
@@ -188,8 +182,141 @@ def print_group_table(status) -> None:
             table.add_row(str(node.rank), plain(node.host), "", state, "", "", "", plain(node.error))
             continue
         for s in node.status.stages:
-            ev = s.last_event or {}
-            last = describe_event(ev) + (f" ({ev['error'][:80]})" if ev.get("event") == "finished" and ev.get("error") else "") + describe_tau(s.tau, ev)
+            failure = finished_failure(s.last_event)
+            last = describe_event(s.last_event) + (f" ({failure.error[:80]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
             table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.state), clock(s.started),
                           duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last))
     Console().print(table)
+
+
+def reattach_hint(where: str, run_id: str) -> str:
+    return f"re-attach: harness logs {where} {run_id} -f    status: harness status {where} {run_id}    stop: harness cancel {where} {run_id}"
+
+
+def print_status(view) -> None:
+    """`harness status`: a host's run (jobs.RunStatus) or a group's (multinode.GroupStatus)."""
+    if hasattr(view, "nodes"):
+        print_group_table(view)
+    else:
+        print_run_table(view)
+
+
+def print_runs(listing) -> None:
+    """`harness runs` (harness.runs.RunListing): a host's runs, or a group's, one column per host."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not listing.group:
+        table = Table(title=f"runs on {plain(listing.where)}")
+        for col in ("run", "state", "stages", "started", "duration", "at stage"):
+            table.add_column(col, no_wrap=col != "at stage")
+        for r in listing.runs.get(listing.where, []):
+            done = sum(1 for s in r.stages if s.state == "ok")
+            table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
+        Console().print(table)
+        return
+    states = listing.states()
+    table = Table(title=f"runs on group {plain(listing.where)}")
+    table.add_column("run", no_wrap=True)
+    for host in listing.hosts:
+        table.add_column(plain(host) + (" (unreachable)" if host in listing.errors else ""))
+    for run_id in listing.run_ids():
+        table.add_row(plain(run_id), *(styled_state(states[run_id][h]) if h in states[run_id] else ("?" if h in listing.errors else "-") for h in listing.hosts))
+    Console().print(table)
+    for host, error in listing.errors.items():
+        click.echo(f"{host}: {error}", err=True)
+
+
+def print_cancel(outcome) -> None:
+    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group."""
+    for host, state in outcome.states.items():
+        click.echo(f"run {outcome.run_id} on {host}: {state}" if outcome.group else f"run {outcome.run_id}: {state}")
+
+
+def print_checks(title: str, results) -> None:
+    """doctor's checks (doctor.base.CheckResult): findings and fixes carry remote text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+    table = Table(title=f"doctor {plain(title)}")
+    for column in ("check", "status", "finding", "fix"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(plain(r.name), style[r.status], plain(r.message), plain(r.fix))
+    Console().print(table)
+
+
+def print_hosts(config) -> None:
+    """`harness hosts`: the configured hosts and groups."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from harness.runtime import runtime_for
+
+    table = Table(title=f"hosts in {plain(config.path)}")
+    for column in ("name", "reach", "runtime", "workdir", "env"):
+        table.add_column(column)
+    for name, h in config.hosts.items():
+        reach = "local" if h.is_local else f"ssh {h.ssh}"
+        table.add_row(*(plain(cell) for cell in (name, reach, runtime_for(h).describe(), h.workdir, ", ".join(h.env))))
+    console = Console()
+    console.print(table)
+    if config.groups:
+        groups = Table(title="groups")
+        groups.add_column("name")
+        groups.add_column("hosts")
+        for name, g in config.groups.items():
+            groups.add_row(plain(name), plain(", ".join(g.hosts)))
+        console.print(groups)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def print_sync_plan(host: str, result) -> None:
+    """`harness sync --dry-run`: what would move (sync.SyncResult)."""
+    plan = result.plan
+    for p in plan.upload:
+        click.echo(f"send    {p}")
+    for p in plan.delete:
+        click.echo(f"delete  {p}")
+    for p, why in plan.local.skipped:
+        click.echo(f"skip    {p}: {why}", err=True)
+    for p in plan.ignored_manifest_entries:
+        click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
+    click.echo(f"{host}: would send {len(plan.upload)} files ({human_bytes(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
+
+
+def print_sync_summary(host: str, result) -> None:
+    plan = result.plan
+    for p, why in plan.local.skipped:
+        click.echo(f"skipped {p}: {why}", err=True)
+    unchanged = len(plan.local.entries) - len(plan.upload)
+    click.echo(
+        f"{host}: sent {result.files_sent} files ({human_bytes(result.bytes_sent)}), deleted {result.deleted}, "
+        f"{unchanged} unchanged; code digest {result.manifest_digest[:12]}",
+        err=True,
+    )
+
+
+def print_json(data: Any) -> None:
+    """`--json`: the answer alone on stdout (progress and warnings go to stderr)."""
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def pull_report_json(host: str, target, destination: str, report, missing: list[str], dry_run: bool) -> dict[str, Any]:
+    """`harness pull --json`: what was fetched where (transfer.PullReport; names relative to
+    `local`)."""
+    return {
+        "host": host, "remote": target.path, "local": destination, "run_id": target.run_id, "dry_run": dry_run, "ok": report.ok,
+        "fetched": report.fetched, "identical": report.identical, "links": report.links, "planned": report.planned,
+        "missing": list(missing),
+        "refused": [{"name": n, "why": w} for n, w in report.refused], "failed": [{"name": n, "why": w} for n, w in report.failed],
+        "bytes_received": report.bytes_received, "bytes_resumed": report.bytes_resumed, "streams": report.streams, "seconds": round(report.seconds, 3),
+    }

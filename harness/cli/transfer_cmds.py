@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import posixpath
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group
+from harness.cli.group_cmds import dispatch_if_group, sync_group
+from harness.cli.render import human_bytes, print_sync_plan, print_sync_summary
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
 QUIET_SYNC_BYTES = 4 << 20
 QUIET_SYNC_FILES = 200
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _progress():
@@ -58,18 +49,15 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
 
     app = ctx.obj
     config = app.config
-    paths = list(config.sync.paths)
-    config_rel = os.path.relpath(config.path, config.root)
-    if not config_rel.startswith("..") and config_rel not in paths:
-        paths.append(config_rel)  # the config itself always goes (it may have another name)
-    dispatch_if_group(ctx, host, "sync_group", paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
+    paths = config.sync_paths()
+    dispatch_if_group(ctx, host, sync_group, paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
     try:
         for target in config.targets(host):
             transport = app.transport(target.name)
             with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
                 plan = prepared.plan
                 if dry_run:
-                    _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                    print_sync_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
                     continue
                 if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
                     result = prepared.apply()  # a blink: no progress bar (and no rich import)
@@ -84,55 +72,13 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
 
                         result = prepared.apply(on_progress)
                         progress.update(task, completed=plan.upload_bytes)
-            _print_summary(target.name, result)
+            print_sync_summary(target.name, result)
     finally:
         app.close()
 
 
-def _print_plan(host: str, result) -> None:
-    plan = result.plan
-    for p in plan.upload:
-        click.echo(f"send    {p}")
-    for p in plan.delete:
-        click.echo(f"delete  {p}")
-    for p, why in plan.local.skipped:
-        click.echo(f"skip    {p}: {why}", err=True)
-    for p in plan.ignored_manifest_entries:
-        click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
-    click.echo(f"{host}: would send {len(plan.upload)} files ({_human(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
-
-
-def _print_summary(host: str, result) -> None:
-    plan = result.plan
-    for p, why in plan.local.skipped:
-        click.echo(f"skipped {p}: {why}", err=True)
-    unchanged = len(plan.local.entries) - len(plan.upload)
-    click.echo(
-        f"{host}: sent {result.files_sent} files ({_human(result.bytes_sent)}), deleted {result.deleted}, "
-        f"{unchanged} unchanged; code digest {result.manifest_digest[:12]}",
-        err=True,
-    )
-
-
 # -------------------------------------------------------------------------------------------------
 # pull
-
-
-def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str, bool]:
-    """(remote path, default local dir, is a run) for a path or a run id."""
-    from harness.jobs import RUN_ID_RE, RUNS_DIR
-
-    host = app.host(host_name)
-    workdir = transport.expand(host.workdir).rstrip("/")
-    if what == "last" or RUN_ID_RE.match(what):
-        from harness.jobs import Jobs
-
-        run_id = what if what != "last" else Jobs(app.config, host, transport).resolve_run_id("last")
-        return f"{workdir}/{RUNS_DIR}/{run_id}", os.path.join("runs", run_id), True
-    path = what
-    if not path.startswith(("/", "~")):
-        path = f"{workdir}/{path}"  # relative paths are relative to the host's workdir
-    return path, posixpath.basename(path.rstrip("/")) or "pulled", False
 
 
 @click.command("pull")
@@ -145,8 +91,9 @@ def _remote_path(app, host_name: str, transport, what: str) -> tuple[str, str, b
 @click.option("--best-checkpoint", is_flag=True, help="Add the checkpoint best.json names (RUN: in train's output; PATH: a checkpoints directory).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel OpenSSH streams (added while they raise throughput on a long link).")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: README, \"Scripting: --json\"); progress stays on stderr.")
 @click.pass_context
-def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool) -> None:
+def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last') from
     HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
 
@@ -158,6 +105,8 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     once verified; an interrupted pull resumes from the bytes already received; names that would
     land outside LOCAL_DIR are refused.
     """
+    from harness.cli.render import print_json, pull_report_json
+    from harness.jobs import Jobs
     from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
     from harness.transfer import PullOptions, PullProgress
 
@@ -165,10 +114,11 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     code = 0
     try:
         transport = app.transport(host)
-        remote_path, default_dir, is_run = _remote_path(app, host, transport, remote)
-        destination = local_dir or default_dir
+        target = Jobs(app.config, app.host(host), transport).locate(remote)
+        remote_path = target.path
+        destination = local_dir or target.local_name
         options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
-        if is_run:
+        if target.run_id:
             what = plan(transport, host, remote_path, RunPullRequest(latest_checkpoint, best_checkpoint))
             for name in what.missing:
                 click.echo(f"absent  {name}: the run has not made it", err=True)
@@ -179,7 +129,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
             what = RunPullPlan([Part(remote_path, ".", latest_checkpoint=latest_checkpoint)], [])
         if dry_run:
             report = pull_run(transport, what, destination, options)
-            for p in report.planned:
+            for p in report.planned if not as_json else []:
                 click.echo(f"fetch   {p}")
         else:
             bar = _progress()
@@ -212,11 +162,13 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
         if not dry_run:
             rate = report.bytes_received / report.seconds if report.seconds else 0
             click.echo(
-                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({_human(report.bytes_received)} at {_human(rate)}/s"
-                + (f", {_human(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
+                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({human_bytes(report.bytes_received)} at {human_bytes(rate)}/s"
+                + (f", {human_bytes(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
                 + f", {report.streams} stream{'s' if report.streams != 1 else ''}), {len(report.identical)} already identical, {len(report.links)} links",
                 err=True,
             )
+        if as_json:
+            print_json(pull_report_json(host, target, destination, report, what.missing, dry_run))
         if not report.ok:
             click.echo(f"harness: error: {len(report.refused)} refused, {len(report.failed)} failed (nothing unverified was kept)", err=True)
             code = 1

@@ -370,14 +370,20 @@ def run_summary(run_dir: str) -> dict | None:
         st.setdefault("state", "pending")
         st["stage"] = stage
         st["last_event"] = last_event(os.path.join(sd, "events.jsonl"))
-        tau = last_event(os.path.join(sd, "events.jsonl"), TAU_WINDOW, lambda ev: "tau" in (ev.get("metrics") or {}))
+        tau = latest_tau(os.path.join(sd, "events.jsonl"))
         if tau is not None:  # the draft's estimated acceptance while it trains (status shows it beside the last event)
-            st["tau"] = {"step": tau.get("step"), "tau": tau["metrics"]["tau"]}
+            st["tau"] = tau
         stages.append(st)
     return {"run_id": record.get("run_id"), "record": record, "state": state, "stages": stages}
 
 
 TAU_WINDOW = 1 << 20  # a long run's per-step metrics between two tau estimates fit in 1 MiB
+
+
+def latest_tau(path: str) -> dict | None:
+    """{"step", "tau"} of the newest metric event carrying a tau (docs/events.json), or None."""
+    ev = last_event(path, TAU_WINDOW, lambda ev: ev.get("event") == "metric" and "tau" in (ev.get("metrics") or {}))
+    return {"step": ev.get("step"), "tau": ev["metrics"]["tau"]} if ev is not None else None
 
 
 def last_event(path: str, window: int = 65536, match=None) -> dict | None:

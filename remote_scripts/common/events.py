@@ -4,17 +4,20 @@ Each stage appends one JSON object per line to `events.jsonl` (path from `--even
 HARNESS_EVENTS environment variable; when neither is set, events are only echoed to stderr
 as human-readable lines, so a stage run by hand stays readable).
 
-Schema, one object per line, every object has "t" (unix seconds), "stage" and "event":
+Schema, one object per line, every object has "t" (unix seconds), "stage" and "event" (the
+contract, field by field: docs/events.json; tests/test_events_contract.py holds this writer and
+the laptop's reader, harness/events.py, to it):
   {"event": "started",  "args": {...}}                               stage began
   {"event": "progress", "step": k, "total": n, "unit": "samples"}    k of n done
   {"event": "metric",   "step": k, "metrics": {"loss": 1.2, ...}}   numbers for curves
   {"event": "artifact", "path": "...", "kind": "checkpoint"}         a file/dir worth pulling
   {"event": "message",  "text": "..."}                               a human note
   {"event": "warning",  "text": "..."}                               one line: a problem and its fix
-  {"event": "finished", "status": "ok" | "failed", "error": "..."}   stage ended
+  {"event": "finished", "status": "ok" | "failed", "error": "...",   stage ended; a failure says
+   "cause": "own" | "peer" | "cancelled"}                            whose it was (CAUSES)
 
-The laptop (harness.jobs / the CLI) renders progress events as bars and metric events as tables
-and plots. This module never imports harness (remote_scripts/ must run without it).
+The laptop renders progress events as bars and metric events as tables and plots. This module
+never imports harness (remote_scripts/ must run without it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ import time
 from typing import Any, Callable
 
 EVENTS_ENV = "HARNESS_EVENTS"
+# Whose failure a failed stage was: its own; a peer's (another node of a group run failed and
+# this one stopped because of it); or a cancel.
+CAUSES = ("own", "peer", "cancelled")
 
 
 class EventLog:
@@ -91,9 +97,15 @@ class EventLog:
         """Something that will make the result worse, with its fix, in one line."""
         self.emit("warning", text=text)
 
-    def finished(self, status: str = "ok", error: str | None = None, **extra: Any) -> None:
+    def finished(self, status: str = "ok", error: str | None = None, cause: str = "own", **extra: Any) -> None:
+        """The stage ended; a failure carries its one-line error and its cause (CAUSES)."""
         fields: dict[str, Any] = {"status": status, **extra}
-        if error:
+        if status == "failed":
+            if cause not in CAUSES:
+                raise ValueError(f"cause must be one of {CAUSES}, not {cause!r}")
+            fields["error"] = error or "failed"
+            fields["cause"] = cause
+        elif error:
             fields["error"] = error
         self.emit("finished", **fields)
 

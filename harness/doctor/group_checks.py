@@ -1,0 +1,84 @@
+"""`harness doctor GROUP`: every host's checks (in parallel), then the group's own: is the
+rendezvous port (and the watchdog's, +1) free on host 0, and can every node route to the
+rendezvous host (a UDP connect only routes: no packet is sent)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from harness.doctor import diagnose
+from harness.doctor.base import CheckResult
+
+if TYPE_CHECKING:
+    from harness.config import Config
+    from harness.transport.base import Transport
+
+ROUTE_PROBE = (
+    "import socket, sys\n"
+    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "try:\n"
+    "    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])\n"
+    "except OSError as e:\n"
+    "    print('no route: %s' % e); sys.exit(1)\n"
+)
+
+
+@dataclass(frozen=True)
+class GroupDiagnosis:
+    group: str
+    hosts: list[str]
+    results: dict[str, list[CheckResult]]  # host -> its checks ([] when doctor itself failed there)
+    errors: dict[str, str]  # host -> why doctor could not run there
+    group_checks: list[CheckResult]  # none while a host's doctor failed
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not any(r.status == "fail" for rs in [*self.results.values(), self.group_checks] for r in rs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "group": self.group, "ok": self.ok,
+            "hosts": {h: {"checks": [r.to_dict() for r in self.results[h]], **({"error": self.errors[h]} if h in self.errors else {})} for h in self.hosts},
+            "group_checks": [c.to_dict() for c in self.group_checks],
+        }
+
+
+def diagnose_group(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> GroupDiagnosis:
+    from harness.multinode import parallel
+
+    hosts = list(config.groups[group].hosts)
+    outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: transport_for(h), project=config))
+    errors = {h: str(e) for h, _, e in outcome if e is not None}
+    results = {h: (r if e is None else []) for h, r, e in outcome}
+    return GroupDiagnosis(group, hosts, results, errors, group_checks(config, group, transport_for) if not errors else [])
+
+
+def group_checks(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> list[CheckResult]:
+    """CheckResults of the group as a whole."""
+    from harness.multinode import GroupRun, parallel
+
+    runner = GroupRun(config, group, transport_for, install=False)  # doctor writes nothing
+    cfg = runner.group
+    host = runner.rendezvous_host()
+    checks = []
+    try:
+        port = runner.free_port()
+        if port == cfg.rdzv_port:
+            checks.append(CheckResult("rendezvous port", "ok", f"{host}:{port} and {port + 1} are free on {runner.hosts[0]}"))
+        else:
+            checks.append(CheckResult("rendezvous port", "warn", f"{cfg.rdzv_port} or {cfg.rdzv_port + 1} is taken on {runner.hosts[0]}; a run would use {port}",
+                                      f"free the port, or set rdzv_port in [groups.{group}]"))
+    except Exception as e:  # noqa: BLE001 - reported as a failed check
+        checks.append(CheckResult("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python3 on that host"))
+
+    def route(h: str):
+        return runner.transports[h].run([config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
+
+    for h, result, error in parallel(runner.hosts, route):
+        if error is None and result.ok:
+            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}"))
+        else:
+            why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
+            checks.append(CheckResult(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
+    return checks

@@ -1,0 +1,141 @@
+"""The stage events as the laptop reads them: the one place that knows their fields.
+
+The GPU side writes them (remote_scripts/common/events.py) as JSON lines; the supervisor hands
+them on unchanged (a stage's last event and latest tau in `status`, every event in `follow
+--json`). The contract both sides keep is docs/events.json; tests/test_events_contract.py holds
+this reader and that writer to it (neither side imports the other). `parse` turns one decoded
+line into a typed event (the common "t" and "stage" are not kept: the laptop knows the stage
+from where it read the line); anything else (an unknown kind, a missing or mistyped field, a record
+from an older writer) is None, and callers show nothing rather than fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+CAUSES = ("own", "peer", "cancelled")
+
+
+@dataclass(frozen=True)
+class Started:
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total: int
+    unit: str
+
+
+@dataclass(frozen=True)
+class Metric:
+    step: int
+    metrics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class Message:
+    text: str
+
+
+@dataclass(frozen=True)
+class Warning_:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    status: str  # ok | failed
+    error: str | None = None  # a failure, in one line
+    cause: str | None = None  # a failure's: own | peer | cancelled (CAUSES)
+    node_rank: int | None = None  # the node of a group run that wrote it
+    summary: dict[str, Any] = field(default_factory=dict)  # what a stage that ended ok reported
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+
+Event = Union[Started, Progress, Metric, Artifact, Message, Warning_, Finished]
+KINDS: dict[str, type] = {"started": Started, "progress": Progress, "metric": Metric, "artifact": Artifact,
+                          "message": Message, "warning": Warning_, "finished": Finished}
+_TYPES = {"str": str, "int": int, "float": (int, float), "dict[str, Any]": dict}
+
+
+def fields_of(kind: str) -> tuple[list[str], list[str]]:
+    """(required, optional) field names this reader takes for an event kind, beside the common
+    ones ("t", "stage", "event"); the contract test compares them with docs/events.json."""
+    required, optional = [], []
+    for f in dataclasses.fields(KINDS[kind]):
+        if f.name == "summary":
+            continue
+        (required if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING else optional).append(f.name)
+    return required, optional
+
+
+def parse(raw: Any) -> Event | None:
+    """One decoded events.jsonl line -> its typed event, or None when it is not one."""
+    if not isinstance(raw, dict):
+        return None
+    cls = KINDS.get(raw.get("event"))  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    values: dict[str, Any] = {}
+    known = set()
+    for f in dataclasses.fields(cls):
+        known.add(f.name)
+        if f.name == "summary":
+            continue
+        value = raw.get(f.name)
+        if value is None:
+            if f.default is dataclasses.MISSING:
+                return None
+            continue
+        expected = _TYPES.get(str(f.type).replace(" | None", ""))
+        if expected is None or not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            return None
+        values[f.name] = value
+    if cls is Finished:
+        values["summary"] = {k: v for k, v in raw.items() if k not in known and k not in ("event", "stage", "t")}
+        if values.get("cause") not in (None, *CAUSES):
+            values.pop("cause")
+    return cls(**values)
+
+
+def finished_failure(raw: Any) -> Finished | None:
+    """A stage's last event when it is a failed `finished` (its error and cause), else None."""
+    event = parse(raw)
+    return event if isinstance(event, Finished) and event.failed else None
+
+
+def describe(raw: Any) -> str:
+    """One short line for a status table's "last event" cell."""
+    event = parse(raw)
+    if event is None:
+        return str(raw.get("event") or "") if isinstance(raw, dict) else ""
+    if isinstance(event, Progress):
+        return f"{event.step}/{event.total} {event.unit}".strip()
+    if isinstance(event, Metric):
+        return f"step {event.step}: " + format_metrics(event.metrics)
+    if isinstance(event, Artifact):
+        return f"{event.kind}: {event.path}"
+    if isinstance(event, Message):
+        return event.text[:80]
+    if isinstance(event, Warning_):
+        return "warning: " + event.text[:120]
+    if isinstance(event, Finished):
+        return f"finished: {event.status}"
+    return "started"
+
+
+def format_metrics(metrics: dict[str, Any], limit: int | None = None) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in list(metrics.items())[:limit])

@@ -1,0 +1,129 @@
+"""The events contract (docs/events.json): the GPU side's writer (remote_scripts/common/events.py)
+and the laptop's reader (harness/events.py) against the one table. The product code of each side
+never imports the other; this test reads both."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import events as reader
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "remote_scripts"))
+
+from common import events as writer  # noqa: E402
+
+SCHEMA = json.loads((REPO / "docs" / "events.json").read_text())
+TYPES = {"string": str, "number": (int, float), "integer": int, "object": dict, "array": list, "null": type(None)}
+
+
+def problems(record: dict) -> list[str]:
+    """What is wrong with one events.jsonl record under docs/events.json ([] when nothing)."""
+    out = []
+    for name, kind in SCHEMA["common"].items():
+        if not isinstance(record.get(name), TYPES[kind]):
+            out.append(f"{name}: expected {kind}")
+    spec = SCHEMA["events"].get(record.get("event"))
+    if spec is None:
+        return out + [f"unknown event {record.get('event')!r}"]
+    required, optional = spec.get("required", {}), spec.get("optional", {})
+    for name, kind in {**required, **optional}.items():
+        if name not in record:
+            if name in required:
+                out.append(f"{name}: missing")
+            continue
+        value = record[name]
+        if not isinstance(value, TYPES[kind]) or (kind == "integer" and isinstance(value, bool)):
+            out.append(f"{name}: expected {kind}, got {value!r}")
+    for condition, names in spec.get("required_when", {}).items():
+        field, _, value = condition.partition("=")
+        if record.get(field) == value:
+            out += [f"{name}: required when {condition}" for name in names if name not in record]
+    for name, allowed in spec.get("values", {}).items():
+        if name in record and record[name] not in allowed:
+            out.append(f"{name}: {record[name]!r} not in {allowed}")
+    if not spec.get("extra"):
+        out += [f"{name}: not in the contract" for name in record if name not in {*SCHEMA["common"], *required, *optional}]
+    return out
+
+
+def written_events(tmp_path) -> list[dict]:
+    """Every kind of event, through the writer's own methods."""
+    path = tmp_path / "events.jsonl"
+    log = writer.EventLog("train", str(path), echo=False)
+    log.started(lr=1e-4, steps=3)
+    log.progress(1, 3, unit="steps")
+    log.metric(2, loss=1.25, tau=2.5)
+    log.artifact(str(tmp_path / "ckpt"), kind="checkpoint")
+    log.message("a note")
+    log.warning("few samples: add data")
+    log.finished("ok", tau=2.5, checkpoint="3")
+    log.failed(ValueError("bad batch"), traceback=False)
+    log.finished("failed", error="stopped: n1 silent", cause="peer", node_rank=2)
+    log.finished("failed", error="cancelled", cause="cancelled", node_rank=0)
+
+    def boom(args, events):
+        raise RuntimeError("no GPU")
+
+    writer.run_stage("export", type("Args", (), {"events": str(path)})(), boom, self_explaining=(RuntimeError,))
+    return writer.read_events(str(path))
+
+
+def test_the_writer_speaks_the_contract(tmp_path):
+    records = written_events(tmp_path)
+    assert {r["event"] for r in records} == set(SCHEMA["events"])  # every kind was written
+    for r in records:
+        assert problems(r) == [], r
+    failures = [r for r in records if r["event"] == "finished" and r["status"] == "failed"]
+    assert [r["cause"] for r in failures] == ["own", "peer", "cancelled", "own"]
+    assert failures[-1]["error"] == "RuntimeError: no GPU"
+    assert tuple(writer.CAUSES) == tuple(SCHEMA["events"]["finished"]["values"]["cause"])
+    with pytest.raises(ValueError):
+        writer.EventLog("x", str(tmp_path / "other.jsonl"), echo=False).finished("failed", error="e", cause="mine")
+
+
+def test_the_checker_itself_rejects_a_broken_record():
+    assert problems({"t": 1.0, "stage": "s", "event": "finished", "status": "failed", "error": "x"}) == ["cause: required when status=failed"]
+    assert problems({"t": 1.0, "stage": "s", "event": "progress", "step": "1", "total": 3, "unit": "x"}) == ["step: expected integer, got '1'"]
+    assert problems({"t": 1.0, "stage": "s", "event": "message", "text": "x", "colour": "red"}) == ["colour: not in the contract"]
+
+
+def test_the_reader_takes_exactly_the_contracts_fields():
+    assert set(reader.KINDS) == set(SCHEMA["events"])
+    for kind, spec in SCHEMA["events"].items():
+        required, optional = reader.fields_of(kind)
+        assert sorted(required) == sorted(spec.get("required", {})), kind
+        assert sorted(optional) == sorted(spec.get("optional", {})), kind
+    assert tuple(reader.CAUSES) == tuple(SCHEMA["events"]["finished"]["values"]["cause"])
+
+
+def test_the_reader_reads_what_the_writer_wrote(tmp_path):
+    for raw in written_events(tmp_path):
+        event = reader.parse(raw)
+        assert event is not None, raw
+        spec = SCHEMA["events"][raw["event"]]
+        for name in [*spec.get("required", {}), *spec.get("optional", {})]:
+            assert getattr(event, name) == raw.get(name), (name, raw)
+        if raw["event"] == "finished" and raw["status"] == "ok":
+            assert event.summary == {"tau": 2.5, "checkpoint": "3"}
+    # what is not an event under the contract is None, never an exception
+    assert reader.parse({"t": 1.0, "stage": "s", "event": "progress", "step": 1}) is None
+    assert reader.parse({"event": "nonesuch"}) is None and reader.parse("text") is None
+
+
+def test_the_supervisor_reads_the_latest_tau_the_writer_wrote(tmp_path):
+    """The supervisor (shipped to the host, standard library only) picks status's tau out of the
+    events itself: a metric event's metrics.tau, at its step."""
+    from harness.remote.supervisor import latest_tau
+
+    path = tmp_path / "events.jsonl"
+    log = writer.EventLog("train", str(path), echo=False)
+    assert latest_tau(str(path)) is None
+    log.metric(4, tau=2.25, loss=0.5)
+    log.metric(5, loss=0.4)
+    log.progress(5, 10)
+    assert latest_tau(str(path)) == {"step": 4, "tau": 2.25}
