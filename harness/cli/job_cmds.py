@@ -35,20 +35,27 @@ def _reattach_hint(host: str, run_id: str) -> str:
 @click.argument("stages", nargs=-1, required=True)
 @click.option("--detach", "-d", is_flag=True, help="Start the run and return at once.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL when the run is cancelled.")
+@click.option("--now", is_flag=True, help="Start at once, even while other runs hold the same GPUs (no queue).")
 @click.pass_context
-def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float) -> None:
+def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool) -> None:
     """Start STAGES on HOST as one detached run (stage names, `all` or `demo`).
 
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
+    While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
+    by itself when they are done (--now: start at once).
     """
     app = ctx.obj
     dispatch_if_group(ctx, host, "run_group", list(stages), detach, grace)  # a group: one run across its hosts (harness.multinode)
     code = 0
     try:
         jobs = _jobs(app, host)
-        run_id = jobs.start(list(stages), grace_s=grace)
-        click.echo(f"run {run_id} started on {host}", err=True)
+        run_id = jobs.start(list(stages), grace_s=grace, now=now)
+        started = jobs.status(run_id)
+        if started.state == "queued":
+            click.echo(f"run {run_id} queued on {host}{started.queue_note}: it starts by itself when the runs ahead are done", err=True)
+        else:
+            click.echo(f"run {run_id} started on {host}", err=True)
         click.echo(run_id)  # stdout: the id alone, for scripts
         if detach:
             click.echo(_reattach_hint(host, run_id), err=True)
@@ -111,7 +118,7 @@ def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: 
 def status(ctx: click.Context, host: str, run_id: str | None) -> None:
     """The stages of RUN on HOST: state, start, duration, exit code, last event.
 
-    Without RUN, the newest run. Exit code: 0 when the run is ok or still running.
+    Without RUN, the newest run. Exit code: 0 when the run is ok, running or queued.
     """
     app = ctx.obj
     dispatch_if_group(ctx, host, "status_group", run_id)  # a group: every node's stages in one table
@@ -122,7 +129,7 @@ def status(ctx: click.Context, host: str, run_id: str | None) -> None:
     from harness.cli.render import print_run_table
 
     print_run_table(st)
-    ctx.exit(0 if st.state in ("ok", "running") else exit_code_of(st))
+    ctx.exit(0 if st.state in ("ok", "running", "queued") else exit_code_of(st))
 
 
 @click.command("runs")
@@ -147,7 +154,7 @@ def runs(ctx: click.Context, host: str) -> None:
     for r in all_runs:
         done = sum(1 for s in r.stages if s.state == "ok")
         current = next((s.stage for s in r.stages if s.state in ("running", "failed", "cancelled")), "")
-        table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(current))
+        table.add_row(plain(r.run_id), styled_state(r.state) + plain(r.queue_note), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(current))
     Console().print(table)
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-STATE_COLORS = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
+STATE_COLORS = {"ok": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
 class EventRenderer:
@@ -162,7 +162,7 @@ def print_run_table(st) -> None:
     commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "")
     image = (rec.get("image") or {}).get("id") or "-"
     table = Table(
-        title=plain(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}"),
+        title=plain(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}{st.queue_note}"),
         caption=plain(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
     )
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
