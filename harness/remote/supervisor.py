@@ -144,8 +144,8 @@ class RunQueue:
         for name in names:
             path = os.path.join(self.dir, name)
             entry = read_json(path)
-            if not entry:
-                continue
+            if not isinstance(entry, dict) or "run_dir" not in entry:
+                continue  # being written, or not ours
             state = (read_json(os.path.join(entry["run_dir"], "state.json"), {}) or {}).get("state")
             if state not in LIVE_RUN or not lock_is_held(entry["run_dir"]):
                 _unlink(path)  # finished, or its supervisor is gone: it holds nothing
@@ -175,7 +175,9 @@ class RunQueue:
         """Register the run and record it queued or running; True when it may start now."""
         fd = self._locked()
         try:
-            self.entry = os.path.join(self.dir, f"{time.time_ns():020d}-{run_id}.json")
+            # Names sort in submission order, even if the clock steps back.
+            last = max((int(n.split("-", 1)[0]) for n in os.listdir(self.dir) if n.endswith(".json") and n.split("-", 1)[0].isdigit()), default=0)
+            self.entry = os.path.join(self.dir, f"{max(time.time_ns(), last + 1):020d}-{run_id}.json")
             start = not wait or self._may_start(run_dir, gpus)
             # The state first: a reader that finds the entry also finds a live state.
             update_json(state_path, state="running" if start else "queued", queued=now(), pid=os.getpid())
