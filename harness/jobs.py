@@ -9,8 +9,8 @@ Every later command (logs, status, runs, cancel) is one call of the same supervi
 host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
 Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
 overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
-free; `now=True` starts at once. Same semantics on both runtimes: `host` (a process group per stage) and `docker` (a container per
-stage, labelled with run and stage). Secret values (the host's `env` names) travel to the
+free; `now=True` starts at once. Same semantics on both runtimes: `host` (a process group per
+stage) and `docker` (a container per stage, labelled with run and stage). Secret values (the host's `env` names) travel to the
 supervisor on stdin and are never written to the run's files; the record keeps names only.
 """
 

@@ -12,10 +12,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from harness.config import load_config
+from harness.config import load_config, parse_config
 from harness.jobs import Jobs, RunStatus, queue_gpus
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines
@@ -168,3 +169,18 @@ def test_killed_supervisors_do_not_block_the_queue(box, tmp_path):
     for run_id in (behind, running, queued):  # cancel also stops the lost run's orphaned stage
         assert jobs.cancel(run_id) == "cancelled"
     assert not [n for n in os.listdir(tmp_path / "work" / ".harness" / "queue") if n.endswith(".json")]
+
+
+@pytest.mark.parametrize("runtime, gpus, expected", [
+    ("host", [3, 1], [1, 3]), ("host", None, "all"),
+    ("docker", [2, 0], [0, 2]), ("docker", "all", "all"), ("docker", 2, "all"), ("docker", "none", "all"),
+])
+def test_queue_gpus_pins_only_explicit_lists(tmp_path, runtime, gpus, expected):
+    """A count lets docker pick the devices and "none" still shares the box: both are the whole host."""
+    host: dict = {"local": True, "workdir": str(tmp_path), "runtime": runtime}
+    if runtime == "host" and gpus is not None:
+        host["gpus"] = gpus
+    if runtime == "docker":
+        host["container"] = {"gpus": gpus}
+    config = parse_config({"hosts": {"box": host}}, Path(tmp_path / "harness.toml"))
+    assert queue_gpus(config.host("box")) == expected

@@ -120,16 +120,14 @@ def copy_if_changed(src, dst, own):
     os.replace(tmp, dst)
 
 
-def to_cache(name, kind, roots, cache, own):
-    """Copy the source files into cache/<name>/ (or cache/<name>.py); returns the cache root."""
+def to_cache(name, kind, files, cache, own):
+    """Copy the source files (rel -> path) into cache/<name>/ (or cache/<name>.py); returns the
+    cache root."""
     if kind == "module":
         dst = os.path.join(cache, name + ".py")
-        copy_if_changed(roots[0], dst, own)
+        copy_if_changed(next(iter(files.values())), dst, own)
         return [dst]
     dst_root = os.path.join(cache, name)
-    files = {}
-    for root in roots:
-        files.update(source_files(root))
     for rel, full in files.items():
         copy_if_changed(full, os.path.join(dst_root, rel), own)
     for rel in set(source_files(dst_root)) - set(files):  # gone from the package
@@ -157,11 +155,11 @@ def main(request):
         own.makedirs(cache)
     out = []
     for name, kind, roots in found:
-        files = source_files(roots[0]) if kind == "package" else {os.path.basename(roots[0]): roots[0]}
-        for extra in roots[1:]:
-            files.update(source_files(extra))
+        files = {}
+        for root in roots:  # several: a namespace package's portions, merged
+            files.update(source_files(root) if kind == "package" else {os.path.basename(root): root})
         if cache:
-            roots = to_cache(name, kind, roots, cache, own)
+            roots = to_cache(name, kind, files, cache, own)
         out.append({"name": name, "kind": kind, "roots": roots, "version": version_of(name),
                     "files": len(files), "bytes": sum(os.path.getsize(p) for p in files.values())})
     return {"ok": True, "packages": out}
