@@ -71,10 +71,11 @@ def words(table: str) -> str:
     return " ".join(table.replace("│", " ").split())
 
 
-def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host):
-    config, jobs = box({"prepare": {"lines": 3, "sleep": 6}})
+def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_path):
+    release = tmp_path / "release"  # the first run ends once the test has seen the queue
+    config, jobs = box({"prepare": {"lines": 3, "until_file": str(release)}})
     first = jobs.start(["prepare"])
-    wait_line(jobs, first, "line 1 of 3")
+    wait_line(jobs, first, "line 3 of 3")
     r = harness(config, ssh_host, "run", "box", "prepare", "--detach")
     assert r.returncode == 0, r.stderr
     second = r.stdout.strip()
@@ -89,6 +90,8 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host):
     # a third run queues behind the second
     third = jobs.start(["prepare"])
     assert jobs.status(third).queue_place == 2
+    assert jobs.status(first).state == "running"  # (the queue was seen while the first held the GPUs)
+    release.touch()
     done = jobs.wait(first, timeout=DEADLINE_S)
     assert done.state == "ok"
     for run_id in (second, third):  # no laptop involved: each supervisor starts its own run
