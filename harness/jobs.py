@@ -7,10 +7,12 @@ needs neither the SSH link nor this process: closing the laptop does not stop th
 
 Every later command (logs, status, runs, cancel) is one call of the same supervisor script on the
 host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
-Same semantics on both runtimes; the runtime says how a stage starts (Runtime.stage_process: a
-process group per stage on the host, or a container per stage, labelled with run and stage).
-Secret values (the host's `env` names) travel to the supervisor on stdin and are never written to
-the run's files; the record keeps names only.
+Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
+overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
+free; `now=True` starts at once. Same semantics on both runtimes; the runtime says how a stage
+starts (Runtime.stage_process: a process group per stage on the host, or a container per stage,
+labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
+stdin and are never written to the run's files; the record keeps names only.
 """
 
 from __future__ import annotations
@@ -101,11 +103,20 @@ class StageStatus:
 @dataclass(frozen=True)
 class RunStatus:
     run_id: str
-    state: str  # running | ok | failed | cancelled | lost (the supervisor died)
+    state: str  # queued | running | ok | failed | cancelled | lost (the supervisor died)
     stages: list[StageStatus]
     record: dict[str, Any] = field(default_factory=dict)
     started: float | None = None
     finished: float | None = None
+    queue_place: int | None = None  # while queued: 1 + the runs queued ahead on the same GPUs
+
+    @property
+    def queue_note(self) -> str:
+        """While queued, e.g. ' (place 1 for GPUs 0,1)'; else empty."""
+        if self.state != "queued" or self.queue_place is None:
+            return ""
+        gpus = (self.record.get("queue") or {}).get("gpus", "all")
+        return f" (place {self.queue_place} for {'all GPUs' if gpus == 'all' else 'GPUs ' + ','.join(map(str, gpus))})"
 
     @property
     def failed_stage(self) -> StageStatus | None:
@@ -129,11 +140,11 @@ class RunStatus:
         """One run in `harness runs --json`."""
         return {"run_id": self.run_id, "state": self.state, "started": self.started, "finished": self.finished,
                 "stages": [s.stage for s in self.stages], "stages_done": sum(1 for s in self.stages if s.state == "ok"),
-                "at_stage": self.current_stage}
+                "at_stage": self.current_stage, "queue_place": self.queue_place}
 
     def to_json(self) -> dict[str, Any]:
         """`harness status HOST --json`: the stages, and the run's record (run.json: no secret values)."""
-        return {**self.summary_json(), "host": self.record.get("host"), "exit_code": None if self.state in ("running", "starting") else self.exit_code(),
+        return {**self.summary_json(), "host": self.record.get("host"), "exit_code": None if self.state in ("queued", "running", "starting") else self.exit_code(),
                 "stages": [s.to_json() for s in self.stages], "record": self.record}
 
     @classmethod
@@ -151,7 +162,8 @@ class RunStatus:
             )
             for s in data.get("stages", [])
         ]
-        return cls(data["run_id"], state.get("state", "starting"), stages, data.get("record", {}), state.get("started"), state.get("finished"))
+        place = (state.get("queue") or {}).get("place")
+        return cls(data["run_id"], state.get("state", "starting"), stages, data.get("record", {}), state.get("started"), state.get("finished"), place)
 
 
 class Jobs:
@@ -203,9 +215,14 @@ class Jobs:
 
     # -- start ------------------------------------------------------------------------------------
 
-    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None) -> str:
+    # A run waits in the host's queue for its GPUs unless started with now=True. Group nodes
+    # (harness.multinode) never wait: a waiting node would stall the others' rendezvous.
+    waits_in_queue = True
+
+    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> str:
         """Write the run's plan and start its supervisor; return the run id (`run_id`: given by
-        harness.multinode, which starts the same run on every host of a group)."""
+        harness.multinode, which starts the same run on every host of a group). The run is
+        `queued` while earlier runs hold its GPUs, unless `now`."""
         stages = resolve_chain(list(requested))
         run_id = run_id or new_run_id()
         run_dir = self.run_dir(run_id)
@@ -215,7 +232,9 @@ class Jobs:
             sd = f"{run_dir}/{stage}"
             argv = self.stage_command(stage, f"{sd}/events.jsonl", nproc)
             self.transport.put_bytes(_to_json(self._stage_spec(run_id, stage, sd, argv)), f"{sd}/spec.json")
-        self.transport.put_bytes(_to_json(self._record(run_id, stages, grace_s, image)), f"{run_dir}/run.json")
+        record = self._record(run_id, stages, grace_s, image)
+        record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now}
+        self.transport.put_bytes(_to_json(record), f"{run_dir}/run.json")
         # Secret values go on stdin: the supervisor keeps them in memory and passes them on.
         payload = json.dumps({"env": self.stage_env()}).encode()
         result = self._supervise("start", run_dir, stdin=payload)
@@ -354,6 +373,14 @@ class Jobs:
             if status.state in FINAL_RUN_STATES or time.monotonic() > deadline:
                 return status
             time.sleep(poll_s)
+
+
+def queue_gpus(host: HostConfig) -> list[int] | str:
+    """The GPU set a run of this host queues on: the indices it is pinned to (the runtime's
+    pinned_gpus), else "all": the whole host is one set (no GPUs, every GPU, a count docker picks
+    itself, or none at all, since such a run still shares the box)."""
+    chosen = runtime_for(host).pinned_gpus()
+    return sorted(chosen) if chosen else "all"
 
 
 def local_git_state(path: str) -> dict[str, Any]:

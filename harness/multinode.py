@@ -122,6 +122,8 @@ class GroupLaunch:
 class NodeJobs(Jobs):
     """Jobs on one node of a group run: distributed stages go through node_launcher.py."""
 
+    waits_in_queue = False  # every node starts at once (a queued node would stall the rendezvous)
+
     def __init__(self, config: Config, host: HostConfig, transport: "Transport", launch: GroupLaunch, rank: int):
         super().__init__(config, host, transport)
         self.launch = launch

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "runs": "harness.cli.job_cmds:runs",
     "cancel": "harness.cli.job_cmds:cancel",
     "inspect": "harness.cli.inspect_cmds:inspect",
+    "sources": "harness.cli.sources_cmds:sources",
     "check-extract": "harness.cli.extract_cmds:check_extract",
     "demo": "harness.cli.demo_cmds:demo",
 }
@@ -46,6 +47,7 @@ HELP = {
     "runs": "List the runs on a host.",
     "cancel": "Cancel a run: SIGTERM, grace period, SIGKILL.",
     "inspect": "Show the source of a Python object as the remote container sees it.",
+    "sources": "Mirror the Python sources of packages on a host for the laptop's editor (extraPaths).",
     "check-extract": "After a sharded extract: every sample has exactly one valid hidden-state file (host or group).",
     "demo": "Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.",
 }

@@ -46,12 +46,15 @@ def _stdout_sink(chunk: bytes) -> None:
 @click.argument("stages", nargs=-1, required=True)
 @click.option("--detach", "-d", is_flag=True, help="Start the run and return at once.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL when the run is cancelled.")
+@click.option("--now", is_flag=True, help="Start at once, even while other runs hold the same GPUs (no queue).")
 @click.pass_context
-def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float) -> None:
+def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool) -> None:
     """Start STAGES on HOST as one detached run (stage names, `all` or `demo`).
 
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
+    While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
+    by itself when they are done (--now: start at once).
     """
     app = ctx.obj
     code = 0
@@ -59,8 +62,12 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
         if is_group(app, host):  # one run across the group's hosts (harness.multinode)
             ctx.exit(run_group(app, host, list(stages), detach, grace))
         jobs = _jobs(app, host)
-        run_id = jobs.start(list(stages), grace_s=grace)
-        click.echo(f"run {run_id} started on {host}", err=True)
+        run_id = jobs.start(list(stages), grace_s=grace, now=now)
+        started = jobs.status(run_id)
+        if started.state == "queued":
+            click.echo(f"run {run_id} queued on {host}{started.queue_note}: it starts by itself when the runs ahead are done", err=True)
+        else:
+            click.echo(f"run {run_id} started on {host}", err=True)
         click.echo(run_id)  # stdout: the id alone, for scripts
         if detach:
             click.echo(reattach_hint(host, run_id), err=True)
@@ -116,7 +123,7 @@ def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> 
     """The stages of RUN on HOST: state, start, duration, exit code, last event (for a group,
     every node's stages in one table, and the node where it went wrong first).
 
-    Without RUN, the newest run. Exit code: 0 when the run is ok or still running.
+    Without RUN, the newest run. Exit code: 0 when the run is ok, running or queued.
     """
     from harness.cli.render import print_json, print_status
 
@@ -129,7 +136,7 @@ def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> 
         print_json(view.to_json())
     else:
         print_status(view)
-    ctx.exit(0 if view.state in ("ok", "running") else view.exit_code())
+    ctx.exit(0 if view.state in ("ok", "running", "queued") else view.exit_code())
 
 
 @click.command("runs")

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import click
 
-STATE_COLORS = {"ok": "green", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
+STATE_COLORS = {"ok": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
 class EventRenderer:
@@ -154,7 +154,7 @@ def print_run_table(st) -> None:
     commit = (git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "")
     image = (rec.get("image") or {}).get("id") or "-"
     table = Table(
-        title=plain(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}"),
+        title=plain(f"run {st.run_id} on {rec.get('host', '?')}: {st.state}{st.queue_note}"),
         caption=plain(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
     )
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
@@ -212,7 +212,7 @@ def print_runs(listing) -> None:
             table.add_column(col, no_wrap=col != "at stage")
         for r in listing.runs.get(listing.where, []):
             done = sum(1 for s in r.stages if s.state == "ok")
-            table.add_row(plain(r.run_id), styled_state(r.state), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
+            table.add_row(plain(r.run_id), styled_state(r.state) + plain(r.queue_note), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
         Console().print(table)
         return
     states = listing.states()

@@ -8,7 +8,7 @@ Everything about a run lives in files under <workdir>/runs/<run_id>/, so any lap
 later, and nothing depends on the connection (or the harness process) that started it:
 
     run.json              the run record (written by the harness; the supervisor adds versions)
-    state.json            run state: running | ok | failed | cancelled | lost, timestamps, pid
+    state.json            run state: queued | running | ok | failed | cancelled | lost, timestamps, pid
     supervisor.lock       flock held by the live supervisor (liveness without pid-reuse races)
     supervisor.log        the supervisor's own stderr (diagnostics, never stage output)
     cancel                present once a cancel was requested
@@ -22,6 +22,10 @@ A stage spec is one of
     {"kind": "docker", "argv": ["docker", "create", ...], "container": NAME}
                                                             a container; its command appends its
                                                             own output to <stage>/log
+The run queue (<workdir>/.harness/queue/, see RunQueue): a run waits (`queued`) while an earlier
+live run on an overlapping GPU set is queued or running; its supervisor starts it when they are
+gone. Liveness is each run's supervisor.lock, so a dead supervisor never blocks the queue.
+
 Secrets: environment values arrive on stdin (`start`), live only in this process's memory and
 reach stages by inheritance (host) or by name (`docker create -e NAME`). They are never written.
 
@@ -45,7 +49,9 @@ import time
 
 FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
 FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
+LIVE_RUN = {"queued", "running"}  # a supervisor owns the run: "lost" once its lock is free
 POLL_S = 0.2
+QUEUE_POLL_S = 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -101,6 +107,111 @@ def lock_is_held(run_dir: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
+# The run queue: one run at a time per GPU set, in submission order
+
+
+def gpus_overlap(a, b) -> bool:
+    """Two runs' GPU sets ("all", or a list of indices) share a GPU."""
+    if a == "all" or b == "all":
+        return True
+    return bool(set(a) & set(b))
+
+
+class RunQueue:
+    """The live runs of one workdir: <workdir>/.harness/queue/<submitted ns>-<run_id>.json =
+    {"run_dir", "gpus"}; names sort in submission order. A run's state (queued | running) is its
+    own state.json; an entry counts while its supervisor holds the run's supervisor.lock, so the
+    entry of a supervisor that died (kill -9, reboot) is ignored and removed by the next reader.
+    Decisions are taken under queue.lock (flock: released by the kernel if its holder dies)."""
+
+    def __init__(self, workdir: str):
+        self.dir = os.path.join(workdir, ".harness", "queue")
+        self.lock_path = os.path.join(workdir, ".harness", "queue.lock")
+
+    def _locked(self):
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+    def live(self) -> list[dict]:
+        """Live entries in submission order, each with its "state"; dead ones are removed."""
+        try:
+            names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names:
+            path = os.path.join(self.dir, name)
+            entry = read_json(path)
+            if not isinstance(entry, dict) or "run_dir" not in entry:
+                continue  # being written, or not ours
+            state = (read_json(os.path.join(entry["run_dir"], "state.json"), {}) or {}).get("state")
+            if state not in LIVE_RUN or not lock_is_held(entry["run_dir"]):
+                _unlink(path)  # finished, or its supervisor is gone: it holds nothing
+                continue
+            out.append({**entry, "state": state, "path": path})
+        return out
+
+    def place(self, run_dir: str, gpus) -> int:
+        """1 + the live queued runs ahead of this one on overlapping GPUs."""
+        ahead = 0
+        for e in self.live():
+            if e["run_dir"] == run_dir:
+                return ahead + 1
+            if e["state"] == "queued" and gpus_overlap(e["gpus"], gpus):
+                ahead += 1
+        return ahead + 1
+
+    def _may_start(self, run_dir: str, gpus) -> bool:
+        for e in self.live():
+            if e["run_dir"] == run_dir:
+                continue
+            if gpus_overlap(e["gpus"], gpus) and (e["state"] == "running" or e["path"] < self.entry):
+                return False  # running on our GPUs, or queued before us
+        return True
+
+    def enter(self, run_dir: str, run_id: str, gpus, wait: bool, state_path: str) -> bool:
+        """Register the run and record it queued or running; True when it may start now."""
+        fd = self._locked()
+        try:
+            # Names sort in submission order, even if the clock steps back.
+            last = max((int(n.split("-", 1)[0]) for n in os.listdir(self.dir) if n.endswith(".json") and n.split("-", 1)[0].isdigit()), default=0)
+            self.entry = os.path.join(self.dir, f"{max(time.time_ns(), last + 1):020d}-{run_id}.json")
+            start = not wait or self._may_start(run_dir, gpus)
+            # The state first: a reader that finds the entry also finds a live state.
+            update_json(state_path, state="running" if start else "queued", queued=now(), pid=os.getpid())
+            write_json(self.entry, {"run_dir": run_dir, "gpus": gpus})
+            return start
+        finally:
+            os.close(fd)
+
+    def try_start(self, run_dir: str, gpus, state_path: str) -> bool:
+        fd = self._locked()
+        try:
+            if not self._may_start(run_dir, gpus):
+                return False
+            update_json(state_path, state="running")
+            return True
+        finally:
+            os.close(fd)
+
+    def leave(self) -> None:
+        _unlink(getattr(self, "entry", ""))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def workdir_of(run_dir: str) -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))  # <workdir>/runs/<run_id>
+
+
+# ---------------------------------------------------------------------------------------------
 # The supervisor proper
 
 
@@ -128,6 +239,33 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # belt and braces: we are in our own session
         state_path = os.path.join(self.run_dir, "state.json")
+        queue = RunQueue(workdir_of(self.run_dir))
+        try:
+            if not self._wait_in_queue(queue, state_path):
+                for stage in self.stages:
+                    update_json(os.path.join(stage_dir(self.run_dir, stage), "state.json"), state="cancelled", finished=now())
+                update_json(state_path, state="cancelled", finished=now())
+                return 0
+            return self._run_chain(state_path)
+        finally:
+            queue.leave()
+
+    def _wait_in_queue(self, queue: RunQueue, state_path: str) -> bool:
+        """Queued until no earlier or running run holds our GPUs (record["queue"]; a record
+        without it, or with wait false, starts at once). False: cancelled while queued."""
+        spec = self.record.get("queue") or {}
+        gpus, wait = spec.get("gpus", "all"), bool(spec.get("wait", False))
+        started = queue.enter(self.run_dir, self.record["run_id"], gpus, wait, state_path)
+        if not started:
+            log(f"queued behind runs on GPUs {gpus}")
+        while not started:
+            if self._cancel_pending():
+                return False
+            time.sleep(QUEUE_POLL_S)
+            started = queue.try_start(self.run_dir, gpus, state_path)
+        return not self._cancel_pending()
+
+    def _run_chain(self, state_path: str) -> int:
         update_json(state_path, state="running", started=now(), pid=os.getpid())
         self._probe_versions()
         outcome = "ok"
@@ -361,8 +499,11 @@ def run_summary(run_dir: str) -> dict | None:
     if not record:
         return None
     state = read_json(os.path.join(run_dir, "state.json"), {}) or {}
-    if state.get("state") == "running" and not lock_is_held(run_dir):
+    if state.get("state") in LIVE_RUN and not lock_is_held(run_dir):
         state["state"] = "lost"  # the supervisor died without recording an outcome
+    if state.get("state") == "queued":
+        gpus = (record.get("queue") or {}).get("gpus", "all")
+        state["queue"] = {"place": RunQueue(workdir_of(run_dir)).place(os.path.abspath(run_dir), gpus), "gpus": gpus}
     stages = []
     for stage in record.get("stages", []):
         sd = stage_dir(run_dir, stage)
@@ -451,7 +592,7 @@ def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool
         while True:
             st = read_json(os.path.join(sd, "state.json"), {}) or {}
             run_state = (read_json(os.path.join(run_dir, "state.json"), {}) or {}).get("state")
-            run_over = run_state in FINAL_RUN or (run_state == "running" and not lock_is_held(run_dir))
+            run_over = run_state in FINAL_RUN or (run_state in LIVE_RUN and not lock_is_held(run_dir))
             done = st.get("state") in FINAL_STAGE or run_over or not follow
             # Read AFTER the state check: output written before the stage ended is always seen.
             log_off, data = read_from(os.path.join(sd, "log"), log_off)

@@ -104,6 +104,10 @@ class Runtime(abc.ABC):
         """GPUs the configuration gives the stages, or None when the host decides."""
         return None
 
+    def pinned_gpus(self) -> list[int]:
+        """The GPU indices the stages are pinned to ([] when not pinned to a list): the run queue's set."""
+        return list(self.host.gpus)
+
     def gpu_count(self, transport: "Transport") -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node): the configured
         count, else what the stages see on the host (nvidia-smi, limited by the same

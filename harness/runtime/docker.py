@@ -156,6 +156,10 @@ class DockerRuntime(Runtime):
     def configured_gpu_count(self) -> int | None:
         return gpu_count(self.host.container.gpus)
 
+    def pinned_gpus(self) -> list[int]:
+        chosen = self.host.container.gpus
+        return list(chosen) if isinstance(chosen, list) else []
+
     def describe(self) -> str:
         return f"{self.kind} ({self.host.container.image})"
 

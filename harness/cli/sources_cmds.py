@@ -1,0 +1,47 @@
+"""`harness sources HOST PACKAGE...` (the logic lives in harness.sources)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("sources")
+@click.argument("host")
+@click.argument("packages", nargs=-1, required=True, metavar="PACKAGE...")
+@click.option("--dest", type=click.Path(file_okay=False), default=None, help="Local folder of the mirror (default: .harness/sources/HOST under the project).")
+@click.pass_context
+def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str | None) -> None:
+    """Mirror the Python sources (.py, .pyi, py.typed) of PACKAGEs as installed where HOST's
+    stages run (in the container when runtime = "docker") into a local folder, for an editor.
+
+    Incremental: only files that changed move; files the package no longer has are removed from
+    the mirror. Prints the `extraPaths` setting for pyright, pylance and jedi.
+
+    \b
+    harness sources gpu torch transformers speculators
+    """
+    from harness.runtime import runtime_for
+    from harness.sources import DEFAULT_DEST, editor_settings, mirror
+
+    app = ctx.obj
+    host_cfg = app.host(host)
+    target = Path(dest) if dest else app.config.root / DEFAULT_DEST / host
+    try:
+        transport = app.transport(host)
+        results = mirror(transport, runtime_for(host_cfg, transport), list(packages), target, host_python=host_cfg.python)
+    finally:
+        app.close()
+    failed = False
+    for r in results:
+        p = r.package
+        version = f" {p.version}" if p.version else ""
+        click.echo(f"{p.name}{version}: {len(r.fetched)} fetched, {len(r.identical)} unchanged, {len(r.removed)} removed -> {r.local_path}", err=True)
+        for rel, why in r.failed:
+            failed = True
+            click.echo(f"failed  {p.name}/{rel}: {why}", err=True)
+    click.echo("point your editor at the mirror:", err=True)
+    for tool, setting in editor_settings(target, app.config.root).items():
+        click.echo(f"  {tool}: {setting}")
+    ctx.exit(1 if failed else 0)

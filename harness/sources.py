@@ -1,0 +1,150 @@
+"""`harness sources HOST PACKAGE...`: the Python sources of packages as the stages see them,
+mirrored into a local folder an editor's language server reads (pyright/pylance/jedi `extraPaths`).
+
+1. locate  one round trip: harness/remote/locate_sources.py runs in the stage environment
+           (runtime.foreground: the stages' interpreter, inside the container on docker hosts)
+           and finds each top-level package without importing it.
+2. stage   docker hosts only: the files live in the image, which the host-side pull helper cannot
+           read, so the same script copies them to <workdir>/.harness/sources/<name> on the
+           mounted workdir (incremental: unchanged files are not rewritten; owned by the
+           workdir's owner, not the container's root). Runtime host: pulled where installed.
+3. pull    harness.transfer.pull with include patterns (.py, .pyi, py.typed; no binaries): a
+           file already mirrored with the host's SHA-256 moves nothing, only changed ones move.
+4. prune   mirrored source files the package no longer has are deleted, only inside
+           DEST/<package>/ (the mirror's own folder).
+
+Layout: DEST/<name>/... for a package, DEST/<name>.py for a single-module one; DEST itself is the
+`extraPaths` entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from harness.errors import HarnessError, UsageError
+from harness.runtime.base import Runtime, WrapOptions
+from harness.transport.base import Transport
+
+SCRIPT_PATH = Path(__file__).parent / "remote" / "locate_sources.py"
+MARKER = "@@harness-sources@@ "
+SOURCE_PATTERNS = ("*.py", "*.pyi", "py.typed")
+CACHE_DIR = ".harness/sources"  # on docker hosts, relative to the workdir
+DEFAULT_DEST = ".harness/sources"  # locally: DEFAULT_DEST/HOST under the project root
+LOCATE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Located:
+    name: str
+    kind: str  # package | module
+    roots: tuple[str, ...]  # where the pull reads them on the host
+    version: str | None
+    files: int
+    bytes: int
+
+
+@dataclass
+class Mirrored:
+    """One package's mirror after a call: what moved and what was already there."""
+
+    package: Located
+    local_path: Path
+    fetched: list[str] = field(default_factory=list)
+    identical: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    bytes_received: int = 0
+
+
+@lru_cache(maxsize=1)
+def _script() -> str:
+    return SCRIPT_PATH.read_text(encoding="utf-8")
+
+
+def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout: float = LOCATE_TIMEOUT_S) -> list[Located]:
+    """Find the packages where the stages run (copied to the workdir's cache on docker hosts).
+    An unknown name is one UsageError naming every missing package, before anything moves."""
+    bad = [p for p in packages if not p.isidentifier()]
+    if bad:
+        raise UsageError(f"expected top-level package names like torch or transformers, got {', '.join(map(repr, bad))}")
+    cache = f"{runtime.workdir}/{CACHE_DIR}" if runtime.kind == "docker" else None
+    request = json.dumps({"packages": list(dict.fromkeys(packages)), "cache": cache})
+    # Reading files needs no GPU: the container asks for none (it starts on a busy or GPU-less box).
+    argv = runtime.foreground([runtime.python, "-c", _script(), request], WrapOptions(gpus=False))
+    result = transport.run(argv, env=runtime.host.env_values(), timeout=timeout)
+    answer = _parse(result.stdout)
+    if answer is None:
+        stderr = result.stderr.decode("utf-8", "replace").strip()
+        raise HarnessError(f"{transport.name}: locating packages failed (exit code {result.exit_code}): {stderr.splitlines()[-1] if stderr else 'no output'}")
+    if not answer["ok"]:
+        parts = []
+        for m in answer["missing"]:
+            hint = f" (did you mean {', '.join(m['suggestions'])}?)" if m["suggestions"] else ""
+            parts.append(f"{m['name']!r}{hint}")
+        raise UsageError(f"{transport.name}: no Python package named {', '.join(parts)} where the stages run ({runtime.python}, runtime {runtime.kind})")
+    return [Located(p["name"], p["kind"], tuple(p["roots"]), p.get("version"), int(p["files"]), int(p["bytes"])) for p in answer["packages"]]
+
+
+def _parse(stdout: bytes) -> dict | None:
+    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
+        if line.startswith(MARKER):
+            return json.loads(line[len(MARKER):])
+    return None
+
+
+def mirror(transport: Transport, runtime: Runtime, packages: list[str], dest: str | os.PathLike[str], *, host_python: str = "python3") -> list[Mirrored]:
+    """Mirror the packages' Python sources into dest (see the module docstring)."""
+    from harness.transfer import PullOptions, pull
+
+    dest = Path(dest)
+    options = PullOptions(include=SOURCE_PATTERNS, python=host_python)
+    out = []
+    for located in locate(transport, runtime, packages):
+        result = Mirrored(located, dest / located.name if located.kind == "package" else dest / f"{located.name}.py")
+        kept: set[str] = set()
+        for root in located.roots:
+            report = pull(transport, root, result.local_path if located.kind == "package" else dest, options)
+            result.fetched += report.fetched
+            result.identical += report.identical
+            result.failed += report.failed + report.refused
+            result.bytes_received += report.bytes_received
+            kept.update(report.fetched + report.identical + report.links + [rel for rel, _ in report.failed])
+        if located.kind == "package" and not result.failed:
+            result.removed = _prune(result.local_path, kept)
+        out.append(result)
+    return out
+
+
+def _prune(root: Path, kept: set[str]) -> list[str]:
+    """Delete mirrored source files under root that the package no longer has."""
+    from pathspec import GitIgnoreSpec
+
+    spec = GitIgnoreSpec.from_lines(list(SOURCE_PATTERNS))
+    removed = []
+    for dirpath, _, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+            if rel not in kept and spec.match_file(rel):
+                os.unlink(os.path.join(dirpath, name))
+                removed.append(rel)
+        if dirpath != str(root) and not os.listdir(dirpath):
+            os.rmdir(dirpath)
+    return sorted(removed)
+
+
+def editor_settings(dest: Path, project_root: Path) -> dict[str, str]:
+    """The setting that points each language server at the mirror, by tool."""
+    try:
+        path = dest.resolve().relative_to(project_root.resolve()).as_posix()  # portable inside the project
+    except ValueError:
+        path = str(dest.resolve())
+    paths = json.dumps([path])
+    return {
+        "pyright (pyrightconfig.json)": f'{{"extraPaths": {paths}}}',
+        "pylance (VS Code settings.json)": f'"python.analysis.extraPaths": {paths}',
+        "jedi-language-server (initializationOptions)": f'{{"workspace": {{"extraPaths": {paths}}}}}',
+    }
