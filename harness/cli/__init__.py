@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "inspect": "harness.cli.inspect_cmds:inspect",
     "check-extract": "harness.cli.extract_cmds:check_extract",
     "demo": "harness.cli.demo_cmds:demo",
+    "forward": "harness.cli.forward_cmds:forward",
+    "tensorboard": "harness.cli.forward_cmds:tensorboard",
 }
 
 HELP = {
@@ -48,6 +50,8 @@ HELP = {
     "inspect": "Show the source of a Python object as the remote container sees it.",
     "check-extract": "After a sharded extract: every sample has exactly one valid hidden-state file (host or group).",
     "demo": "Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.",
+    "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
+    "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
 }
 
 
