@@ -107,3 +107,31 @@ def test_a_port_where_nothing_listens_is_said_in_one_line(ssh_host, harness_conf
     assert code == 0, err
     warnings = [line for line in err.splitlines() if line.startswith("harness: warning:")]
     assert warnings == [f"harness: warning: nothing listens on port {remote} of box yet; the forward stays open for when something does"], err
+
+
+@pytest.mark.docker
+def test_a_server_in_a_bridge_network_container_is_found_and_forwarded(ssh_host, harness_config, docker_base_image):
+    """The stages' containers are on docker's bridge network (no port published on the host):
+    the forward finds the container whose address answers and tunnels to it."""
+    import secrets
+
+    port, local = free_port(), free_port()
+    name = f"harness-forward-test-{secrets.token_hex(3)}"
+    script = f"echo in the container > /tmp/c.txt && cd /tmp && exec python3 -m http.server {port}"
+    subprocess.run(["docker", "run", "-d", "--rm", "--pull=never", "--name", name, docker_base_image, "sh", "-c", script],
+                   check=True, capture_output=True, timeout=DEADLINE_S)
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # until the server in the container answers
+            proc = start_forward(harness_config, ssh_host.env(), "box", f"{port}:{local}")
+            line = proc.stdout.readline()
+            if f"(container {name})" in line or time.monotonic() > deadline:
+                break
+            stop(proc)
+            time.sleep(0.5)
+        assert line.split()[0] == f"http://127.0.0.1:{local}" and f"port {port} of box (container {name})" in line, (line, stop(proc))
+        with urllib.request.urlopen(f"http://127.0.0.1:{local}/c.txt", timeout=DEADLINE_S) as r:
+            assert r.read() == b"in the container\n"
+        assert stop(proc)[0] == 0
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=DEADLINE_S)
