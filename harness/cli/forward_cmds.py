@@ -42,3 +42,30 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
         _hold(forwarding, shown, host)
     finally:
         app.close()
+
+
+@click.command("tensorboard")
+@click.argument("host")
+@click.argument("run", required=False)
+@click.option("--port", type=int, default=6006, show_default=True, help="TensorBoard's port on the host.")
+@click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
+@click.pass_context
+def tensorboard(ctx: click.Context, host: str, run: str | None, port: int, local_port: int | None) -> None:
+    """Start TensorBoard on HOST over RUN's training logs (RUN: a run id or `last`; default: every
+    run of the configured pipeline) where the stages run, forward it, and stop it on Ctrl-C."""
+    from harness.jobs import Jobs
+    from harness.port_forward import PortSpec, open_forwards
+    from harness.tensorboard import TensorBoardOptions, start
+
+    app = ctx.obj
+    spec = PortSpec.parse(f"{port}:{local_port or port}")
+    try:
+        transport = app.transport(host)
+        run_id = Jobs(app.config, app.host(host), transport).resolve_run_id(run) if run else None
+        board, logdir = start(app.config, app.host(host), transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
+        with board:
+            click.echo(f"TensorBoard on {host} over {logdir}", err=True)
+            forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
+            _hold(forwarding, shown, host)
+    finally:
+        app.close()

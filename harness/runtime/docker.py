@@ -55,6 +55,9 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 
 class DockerRuntime(Runtime):
     kind = "docker"
+    # the container's own interfaces: on docker's bridge network (no port published) only the host
+    # reaches them, and `harness forward` finds the container there (harness/remote/port_probe.py)
+    server_bind_address = "0.0.0.0"
 
     def __init__(self, host: HostConfig, workdir: str, home: str, image: str | None = None):
         super().__init__(host, workdir)
