@@ -27,9 +27,11 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 6006
 START_TIMEOUT_S = 180.0
-# Run "$@" (TensorBoard) until stdin closes, then stop it. SIGINT ignored: Ctrl-C on this terminal
-# must not end the shell before it has stopped its child (stdin's end does that).
-_UNTIL_STDIN_CLOSES = 'trap "" INT; "$@" & pid=$!; cat >/dev/null; kill "$pid" 2>/dev/null; wait "$pid"'
+# Run "$@" (TensorBoard) until it exits or stdin closes, whichever comes first: a watcher reads
+# stdin (fd 3: a background job's own stdin would be /dev/null) and stops it at the end. SIGINT is
+# ignored: Ctrl-C on this terminal must not end the shell before it has stopped its child.
+_UNTIL_STDIN_CLOSES = ('trap "" INT; exec 3<&0; "$@" </dev/null & pid=$!; '
+                       '{ cat <&3 >/dev/null; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class RemoteTensorBoard:
             if self._proc.poll() is not None:
                 time.sleep(0.2)  # the last stderr lines
                 said = next((line for line in reversed(self._tail) if line), "")
+                if "No module named 'tensorboard'" in said:
+                    raise UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
+                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)')
                 raise RemoteCommandError("tensorboard", self._proc.returncode, said)
             if locate(transport, python, [self.port]).get(self.port):
                 return

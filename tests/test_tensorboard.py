@@ -88,3 +88,18 @@ def test_no_logs_is_one_error_line(ssh_host, tmp_path):
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f'harness: error: no training logs at {workdir}/outputs/checkpoints/logs: '
                                      'train with loggers = ["tensorboard"] in [pipeline.stages.train]']
+
+
+def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tmp_path):
+    python = "/usr/bin/python3"  # the system interpreter, without tensorboard
+    if subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode == 0:
+        pytest.skip(f"{python} has tensorboard")
+    workdir = tmp_path / "work"
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{python}"\n')
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", "--port", str(free_port())],
+                       env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ['harness: error: tensorboard is not installed where the stages run: install it there (docker hosts: '
+                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)']

@@ -84,7 +84,8 @@ def test_a_logger_without_its_package_fails_before_training(tiny_verifier, prepa
     finished = read_events(events)[-1]
     assert finished["status"] == "failed" and "\n" not in finished["error"], finished
     assert finished["error"] == f"LoggerError: logger {missing}: package {missing} is not installed where the train stage runs; " \
-                                "add it to container/requirements.txt (or the host's environment) or remove it from loggers"
+                                f'install it there (docker hosts: container.build_args = {{ EXTRA_PIP_PACKAGES = "{missing}" }}, then harness build) ' \
+                                "or remove it from loggers"
     assert not out.exists()  # nothing was built, nothing written
     assert time.monotonic() - started < 120  # a hang guard, not a speed claim
 

@@ -41,7 +41,8 @@ def check_installed(loggers: list[str], find_spec: Callable[[str], object] = imp
         packages = " ".join(PACKAGES[m] for m in missing)
         raise LoggerError(
             f"logger{'s' if len(missing) > 1 else ''} {', '.join(missing)}: package {packages} is not installed where the "
-            f"train stage runs; add it to container/requirements.txt (or the host's environment) or remove it from loggers"
+            f"train stage runs; install it there (docker hosts: container.build_args = {{ EXTRA_PIP_PACKAGES = \"{packages}\" }}, "
+            "then harness build) or remove it from loggers"
         )
 
 
