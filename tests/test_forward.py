@@ -17,7 +17,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.port_forward import PortSpec
-from tests.fixtures.sshd import free_port
+from tests.fixtures.sshd import free_port, listening
 
 pytestmark = pytest.mark.ssh
 DEADLINE_S = 60
@@ -51,20 +51,13 @@ def http_server(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(root), str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + DEADLINE_S
-    while not _listens(port):
+    while not listening(port):
         assert time.monotonic() < deadline and proc.poll() is None, "http.server did not start"
         time.sleep(0.1)
     yield port
     proc.terminate()
     proc.wait()
 
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def test_port_specs():
@@ -85,7 +78,7 @@ def test_a_real_http_server_is_fetched_through_the_forward(ssh_host, harness_con
         assert r.read() == b"hello through the tunnel\n"
     code, err = stop(proc)
     assert code == 0 and "forwarding stopped" in err and "warning" not in err, err
-    assert not _listens(local)  # the tunnel ended with the command
+    assert not listening(local)  # the tunnel ended with the command
 
 
 def test_a_taken_local_port_is_one_error_line(ssh_host, harness_config, http_server):
@@ -135,3 +128,12 @@ def test_a_server_in_a_bridge_network_container_is_found_and_forwarded(ssh_host,
         assert stop(proc)[0] == 0
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=DEADLINE_S)
+
+
+def test_the_local_host_needs_no_tunnel(ssh_host, harness_config, http_server):
+    proc = start_forward(harness_config, ssh_host.env(), "local", f"{http_server}:{free_port()}")
+    [url] = read_urls(proc, 1)
+    assert url == f"http://127.0.0.1:{http_server}"  # the server's own address, said directly
+    with urllib.request.urlopen(f"{url}/hello.txt", timeout=DEADLINE_S) as r:
+        assert r.read() == b"hello through the tunnel\n"
+    assert stop(proc)[0] == 0

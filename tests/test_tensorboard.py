@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.sshd import free_port
+from tests.fixtures.sshd import free_port, listening
 
 pytestmark = pytest.mark.ssh
 DEADLINE_S = 240
@@ -36,13 +35,6 @@ def write_events(logdir: Path, run: str, losses: list[float]) -> None:
         for step, loss in enumerate(losses):
             w.add_scalar("train/loss", loss, step)
 
-
-def _listens(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def get_json(url: str):
@@ -76,7 +68,7 @@ def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_har
         _, err = proc.communicate(timeout=DEADLINE_S)
     assert proc.returncode == 0 and f"TensorBoard on box over {workdir}/k3/checkpoints/logs" in err, err
     deadline = time.monotonic() + DEADLINE_S
-    while _listens(remote):  # TensorBoard on the box ends with harness
+    while listening(remote):  # TensorBoard on the box ends with harness
         assert time.monotonic() < deadline, "TensorBoard still listens on the box"
         time.sleep(0.5)
 

@@ -8,15 +8,15 @@ import click
 
 def _hold(forwarding, shown, host: str) -> None:
     """Print the URLs, then stay until Ctrl-C (or the connection ends)."""
-    for f in shown:
-        where = f"port {f.spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
-        click.echo(f"{f.url}  ->  {where}")
-    for f in shown:
-        if not f.listening:
-            click.echo(f"harness: warning: nothing listens on port {f.spec.remote_port} of {host} yet; "
-                       "the forward stays open for when something does", err=True)
-    click.echo("forwarding; Ctrl-C to stop", err=True)
-    try:
+    try:  # from the first URL on, Ctrl-C is the normal end
+        for f in shown:
+            if not f.listening:
+                click.echo(f"harness: warning: nothing listens on port {f.spec.remote_port} of {host} yet; "
+                           "the forward stays open for when something does", err=True)
+        for f in shown:
+            where = f"port {f.spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
+            click.echo(f"{f.url}  ->  {where}")
+        click.echo("forwarding; Ctrl-C to stop", err=True)
         forwarding.wait()
     except KeyboardInterrupt:
         click.echo("harness: forwarding stopped", err=True)
