@@ -21,10 +21,16 @@ DEADLINE_S = 240
 RUN_ID = "20260101-120000-abcdef"
 
 
-def write_config(tmp_path: Path, ssh_host) -> tuple[Path, Path]:
+def write_config(tmp_path: Path, ssh_host, container: dict | None = None) -> tuple[Path, Path]:
+    """box over the test sshd; with `container`, runtime docker and that [hosts.box.container]."""
+    from tests.fixtures.job_project import toml_value
+
     workdir = tmp_path / "work"
     config = tmp_path / "harness.toml"
-    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
+    lines = ["[hosts.box]", f'ssh = "{ssh_host.alias}"', f'workdir = "{workdir}"', f'python = "{sys.executable}"']
+    if container:
+        lines += ['runtime = "docker"', "[hosts.box.container]", *(f"{k} = {toml_value(v)}" for k, v in container.items())]
+    config.write_text("\n".join(lines) + "\n")
     return config, workdir
 
 
@@ -45,6 +51,28 @@ def get_json(url: str):
 def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_harness(ssh_host, tmp_path):
     pytest.importorskip("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
+    serve_and_stop(config, workdir, ssh_host)
+
+
+@pytest.mark.docker
+def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_stopped(ssh_host, tmp_path, docker_base_image, harness_test_image):
+    """runtime docker: TensorBoard runs in a container like the stages' (docker's bridge network,
+    no port published), found there by the forward. The test image has no ML stack: this
+    interpreter (with tensorboard) is mounted into it read-only and named as the container's python."""
+    pytest.importorskip("tensorboard")
+    from tests.fixtures.docker_engine import container_table
+
+    prefix = Path(sys.prefix).resolve()
+    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=[f"{prefix}:{prefix}:ro"], python=sys.executable))
+    containers_before = set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split())
+    serve_and_stop(config, workdir, ssh_host, expect_container=True)
+    deadline = time.monotonic() + DEADLINE_S
+    while set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split()) - containers_before:
+        assert time.monotonic() < deadline, "TensorBoard's container outlived harness"
+        time.sleep(0.5)
+
+
+def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool = False) -> None:
     # the configured pipeline's logs, and a run whose record names another output_dir
     write_events(workdir / "outputs" / "checkpoints" / "logs", "configured", [2.0, 1.5])
     run_dir = workdir / "runs" / RUN_ID
@@ -59,6 +87,7 @@ def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_har
     try:
         line = proc.stdout.readline()
         assert line.split()[0] == f"http://127.0.0.1:{local}", (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert ("(container " in line) == expect_container, line
         runs = get_json(f"http://127.0.0.1:{local}/data/runs")
         assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
         scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=recorded&tag=train%2Floss")
