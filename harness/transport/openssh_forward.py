@@ -60,8 +60,10 @@ class OpenSSHForwarding(Forwarding):
         code = self._proc.wait()
         self._reader.join(5)
         if not self._closed and code != 0:
-            error = openssh.map_stderr("\n".join(self._stderr), self.host_name)
-            raise TransportError(f"the forwarding connection ended: {error}")
+            text = "\n".join(self._stderr)
+            if "Killed by signal 2" in text:  # Ctrl-C reached ssh (same process group) before us
+                raise KeyboardInterrupt
+            raise TransportError(f"the forwarding connection ended: {openssh.map_stderr(text, self.host_name)}")
 
     def close(self) -> None:
         self._closed = True
