@@ -9,7 +9,8 @@ stages' command lines). Into LOCAL_DIR (default ./runs/<id>):
                            events.jsonl
     outputs/eval/          evaluate's output: report.json and the plots (acceptance.png, training.png)
     outputs/export/        export's output: the checkpoint vLLM serves, and its serve command
-    outputs/checkpoints/   train's metrics.jsonl and best.json; no checkpoint unless asked:
+    outputs/checkpoints/   train's metrics.jsonl, best.json and logs/ (the training loggers' directory:
+                           TensorBoard events, W&B offline runs); no checkpoint unless asked:
       --latest-checkpoint    + the newest epoch directory (`<N>/`, highest N)
       --best-checkpoint      + the directory best.json names (train writes
                              `{"checkpoint": "<dir>", "step": N, "tau": X}`); a run without
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 BEST_FILE = "best.json"
 TRAIN_FILES = ("metrics.jsonl", BEST_FILE)  # small files next to the checkpoints
+LOGGERS_DIR = "logs"  # train's loggers write under <checkpoints>/logs (remote_scripts/common/loggers.py)
+OPTIONAL = (BEST_FILE, LOGGERS_DIR)  # a run may not have made them, and that is no gap
 LOCAL_OUTPUTS = "outputs"
 
 
@@ -92,13 +95,15 @@ def plan(transport: "Transport", host: str, run_dir: str, request: RunPullReques
         Part(stage_output(pipeline, "evaluate", workdir), f"{LOCAL_OUTPUTS}/eval"),
         Part(stage_output(pipeline, "export", workdir), f"{LOCAL_OUTPUTS}/export"),
         *(Part(f"{checkpoints}/{name}", f"{LOCAL_OUTPUTS}/checkpoints") for name in TRAIN_FILES),
+        Part(f"{checkpoints}/{LOGGERS_DIR}", f"{LOCAL_OUTPUTS}/checkpoints/{LOGGERS_DIR}"),
     ]
     if request.latest_checkpoint:
         wanted.append(Part(checkpoints, f"{LOCAL_OUTPUTS}/checkpoints", latest_checkpoint=True))
     found = existing(transport, [p.remote for p in wanted])
     parts = [Part(run_dir, ".")] + [p for p in wanted if p.remote in found]
-    # best.json is optional (train writes it when it measured one); --best-checkpoint needs it
-    missing = [p.shown for p in wanted if p.remote not in found and not p.remote.endswith("/" + BEST_FILE)]
+    # best.json (train writes it when it measured one; --best-checkpoint needs it) and logs/ (only
+    # with loggers) are optional
+    missing = [p.shown for p in wanted if p.remote not in found and posixpath.basename(p.remote) not in OPTIONAL]
     if request.best_checkpoint:
         name = best_checkpoint_name(transport, host, checkpoints)
         parts.append(Part(f"{checkpoints}/{name}", f"{LOCAL_OUTPUTS}/checkpoints/{name}"))

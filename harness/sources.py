@@ -71,7 +71,7 @@ def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout:
     bad = [p for p in packages if not p.isidentifier()]
     if bad:
         raise UsageError(f"expected top-level package names like torch or transformers, got {', '.join(map(repr, bad))}")
-    cache = f"{runtime.workdir}/{CACHE_DIR}" if runtime.kind == "docker" else None
+    cache = f"{runtime.workdir}/{CACHE_DIR}" if runtime.uses_image else None  # files in an image: copied out first
     request = json.dumps({"packages": list(dict.fromkeys(packages)), "cache": cache})
     # Reading files needs no GPU: the container asks for none (it starts on a busy or GPU-less box).
     argv = runtime.foreground([runtime.python, "-c", _script(), request], WrapOptions(gpus=False))

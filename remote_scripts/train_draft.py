@@ -25,6 +25,9 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   validation accuracies (metric `tau`); OUTPUT/best.json names the checkpoint with the best one
   (common/checkpoints.py), which evaluate and export then use. A run that ends while the draft is
   still learning gets one warning line.
+* loggers (`--loggers tensorboard wandb trackio mlflow`, common/loggers.py): a missing package
+  is one line before anything is built; W&B goes offline on a box that cannot reach it; they all
+  write under OUTPUT/logs.
 * resume: speculators resumes from the latest epoch checkpoint under --output (default; --no-resume
   starts over).
 * events: per-step loss and accuracy per TTT step and tokens/s (metric), epochs (progress),
@@ -48,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.acceptance import estimate_tau, still_learning_warning  # noqa: E402
 from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
 from common.events import EventLog  # noqa: E402
+from common import loggers  # noqa: E402
 from common.recipe import DataSize, size_recipe  # noqa: E402
 
 STAGE = "train"
@@ -131,6 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=None, help="processes (GPUs) on this host (default: all visible GPUs; 1 on CPU); not --nproc: torchrun would take that for its own --nproc-per-node")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: 1 on a CPU-only host, where the draft is too small to gain from more; torch's default with GPUs)")
     p.add_argument("--speculators-arg", action="append", default=[], metavar="FLAG=VALUE", help="extra `speculators train` flag, e.g. --speculators-arg=--weight-decay=0.0 (repeatable)")
+    p.add_argument("--loggers", nargs="+", choices=sorted(loggers.PACKAGES), default=[], help=f"speculators' metric loggers, writing under OUTPUT/{loggers.LOG_DIR} (see common/loggers.py)")
+    p.add_argument("--run-name", default=None, help="the loggers' name for this run (default: speculators', the start time)")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     return p.parse_args(argv)
 
@@ -191,6 +197,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
 
     if args.fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise TrainError("--fsdp shards over several processes: this run has one (use --processes 2 or more on a host with GPUs)")
+    logger_messages = loggers.apply(args.loggers, str(Path(args.output).resolve() / loggers.LOG_DIR)) if args.loggers else []
     verifier = resolve_verifier(args.verifier)
     prepared, hs_dir, output = Path(args.prepared).resolve(), Path(args.hidden_states).resolve(), Path(args.output).resolve()
     for what, path in (("--prepared", prepared), ("--hidden-states", hs_dir)):
@@ -227,7 +234,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         "--hidden-states-backend", "file",
         "--on-missing", "raise",
         "--save-path", str(output),
-        "--log-dir", str(output / "logs"),
+        "--log-dir", str(output / loggers.LOG_DIR),
         "--ttt-steps", str(args.speculative_tokens),
         "--epochs", str(recipe.epochs),
         "--lr", str(args.lr),
@@ -255,6 +262,10 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         spec_argv += ["--no-resume-from-checkpoint"]
     if args.fsdp:
         spec_argv += ["--fsdp-shard"]
+    if args.loggers:
+        spec_argv += ["--logger", ",".join(args.loggers)]
+    if args.run_name:
+        spec_argv += ["--run-name", args.run_name]
     for extra in args.speculators_arg:
         spec_argv += extra.split("=", 1) if extra.startswith("--") and "=" in extra else [extra]
 
@@ -271,6 +282,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )
         events.message(recipe.describe())
+        for text in logger_messages:
+            events.message(text)
         if recipe.warning:
             events.warning(recipe.warning)
 

@@ -1,7 +1,8 @@
 """The product, not the user's ssh config, decides host-key checking: a user ssh_config that says
 `StrictHostKeyChecking no` (or `accept-new`) still gets an unknown key refused, on every path that
 connects: exec through OpenSSH (cold and with a master already up) and through paramiko, sync,
-pull (its listing and each OpenSSH stream), shell, and a host behind an unknown jump host."""
+pull (its listing and each OpenSSH stream), shell, forward (its probe and its own `ssh -L`), and a
+host behind an unknown jump host."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from harness.config import HostConfig
+from harness.errors import HostKeyError
 from harness.transport import connect
-from tests.fixtures.sshd import write_harness_config
+from harness.transport.base import PortForward
+from tests.fixtures.sshd import free_port, write_harness_config
 
 pytestmark = pytest.mark.ssh
 
@@ -62,6 +65,8 @@ def test_every_command_refuses_an_unknown_key(weak_user, tmp_path):
         ("sync", ["sync", "box"]),
         ("pull -j 4", ["pull", "box", str(tmp_path / "src"), str(tmp_path / "dest"), "-j", "4"]),
         ("shell", ["shell", "box"]),
+        ("forward", ["forward", "box", "9"]),
+        ("forward behind an unknown jump host", ["forward", "behind", "9"]),
     ]:
         assert_refused(harness(config, *args, env=env), weak_user, what)
     assert not (tmp_path / "dest" / "f").exists()
@@ -92,5 +97,7 @@ def test_every_openssh_command_line_refuses_an_unknown_key(weak_user, monkeypatc
             assert r.returncode == 255 and "Permanently added" not in r.stderr, (name, argv, r.stderr)
             if name == "box":  # (behind: a master's ProxyJump hop prints to /dev/null)
                 assert "Host key verification failed" in r.stderr, (argv, r.stderr)
+        with pytest.raises(HostKeyError, match="unknown host key"):  # the port forward's own `ssh -L`
+            transport.forward([PortForward(free_port(), 9)])
         transport.close()
     assert weak_user.known_hosts.read_text() == f"{weak_user.behind.known_hosts_name} {weak_user.behind.host_pub_line}\n"

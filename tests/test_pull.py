@@ -338,6 +338,8 @@ def fake_run(workdir: Path, run_id: str = "20260101-120000-abcdef", best: str | 
         (ckpts / str(epoch)).mkdir(parents=True)
         (ckpts / str(epoch) / "model.safetensors").write_bytes(os.urandom(1000))
     (ckpts / "metrics.jsonl").write_text('{"step": 1}\n')
+    (ckpts / "logs" / "run-a").mkdir(parents=True)  # train's loggers (TensorBoard)
+    (ckpts / "logs" / "run-a" / "events.out.tfevents.1").write_bytes(b"tb")
     if best is not None:
         (ckpts / "best.json").write_text(json.dumps({"checkpoint": best, "step": 1, "tau": 3.6}))
     (workdir / "reports" / "k3").mkdir(parents=True)
@@ -354,7 +356,7 @@ def pulled(out_dir: Path) -> list[str]:
     return sorted(str(p.relative_to(out_dir)) for p in out_dir.rglob("*") if p.is_file())
 
 
-RUN_FILES = ["outputs/checkpoints/best.json", "outputs/checkpoints/metrics.jsonl", "outputs/eval/acceptance.png", "outputs/eval/report.json",
+RUN_FILES = ["outputs/checkpoints/best.json", "outputs/checkpoints/logs/run-a/events.out.tfevents.1", "outputs/checkpoints/metrics.jsonl", "outputs/eval/acceptance.png", "outputs/eval/report.json",
              "outputs/eval/training.png", "outputs/export/config.json", "run.json", "train/log", "train/state.json"]
 
 
@@ -429,7 +431,8 @@ def test_pull_of_a_real_training_run_brings_a_checkpoint_that_loads(tmp_path, ss
 
     shutil.copytree(REPO / "remote_scripts", tmp_path / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
     workdir = tmp_path / "work"
-    train = {"prepared": str(prepared_data), "hidden_states": str(hidden_states), "total_seq_len": 256, "threads": 1, "epochs": 1, "max_steps": 3}
+    train = {"prepared": str(prepared_data), "hidden_states": str(hidden_states), "total_seq_len": 256, "threads": 1, "epochs": 1, "max_steps": 3,
+             "loggers": ["tensorboard"]}
     lines = ["[hosts.box]", f'ssh = "{ssh_host.alias}"', f"workdir = {toml_value(str(workdir))}", f"python = {toml_value(sys.executable)}",
              "[sync]", 'paths = ["remote_scripts"]', "[pipeline]", f"verifier = {toml_value(str(tiny_verifier.verifier))}", "[pipeline.stages.train]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in train.items()]
@@ -448,3 +451,5 @@ def test_pull_of_a_real_training_run_brings_a_checkpoint_that_loads(tmp_path, ss
     ckpt = tmp_path / "pulled" / "outputs" / "checkpoints" / "0"
     assert sha(ckpt / "model.safetensors") == sha(workdir / "outputs" / "checkpoints" / "0" / "model.safetensors")
     assert load_checkpoint(ckpt, tiny_verifier.verifier)["forward_ok"] is True
+    # the config's loggers reached the stage, and the pull brought their directory
+    assert list((tmp_path / "pulled" / "outputs" / "checkpoints" / "logs").glob("*/events.out.tfevents.*"))

@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "sources": "harness.cli.sources_cmds:sources",
     "check-extract": "harness.cli.extract_cmds:check_extract",
     "demo": "harness.cli.demo_cmds:demo",
+    "forward": "harness.cli.forward_cmds:forward",
+    "tensorboard": "harness.cli.forward_cmds:tensorboard",
 }
 
 HELP = {
@@ -50,6 +52,8 @@ HELP = {
     "sources": "Mirror the Python sources of packages on a host for the laptop's editor (extraPaths).",
     "check-extract": "After a sharded extract: every sample has exactly one valid hidden-state file (host or group).",
     "demo": "Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.",
+    "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
+    "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
 }
 
 

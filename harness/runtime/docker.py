@@ -61,6 +61,9 @@ class DockerRuntime(Runtime):
     kind = "docker"
     uses_image = True
     where = "inside the container"
+    # the container's own interfaces: on docker's bridge network (no port published) only the host
+    # reaches them, and `harness forward` finds the container there (harness/remote/port_probe.py)
+    server_bind_address = "0.0.0.0"
 
     def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):
         super().__init__(host, workdir, transport=transport)

@@ -38,6 +38,34 @@ class RunResult:
 
 
 @dataclass(frozen=True)
+class PortForward:
+    """A port of this machine's loopback that reaches remote_host:remote_port as the host sees it."""
+
+    local_port: int
+    remote_port: int
+    remote_host: str = "127.0.0.1"
+
+
+class Forwarding(abc.ABC):
+    """Open port forwards: `addresses` says where each PortForward is reached from here (in
+    order); wait() blocks until they end (Ctrl-C, or the connection drops), close() ends them."""
+
+    addresses: list[tuple[str, int]]
+
+    @abc.abstractmethod
+    def wait(self) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - nothing to end where nothing was opened
+        pass
+
+    def __enter__(self) -> "Forwarding":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
 class RemoteStat:
     size: int
     mode: int  # st_mode, with the file type bits
@@ -122,6 +150,12 @@ class Transport(abc.ABC):
         one TCP flow and one ssh process (one core of crypto): on a long link, parallel bulk
         streams add up only over connections of their own."""
         return None
+
+    @abc.abstractmethod
+    def forward(self, forwards: Sequence[PortForward]) -> Forwarding:
+        """Make each remote address reachable from this machine (`harness forward`): bound on
+        loopback only, through the same host-key and ProxyJump policy as every command; a local
+        port that is taken is a UsageError. Returns once every forward is listening."""
 
     # -- files ------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import tempfile
 import threading
 from typing import Mapping, Sequence
 
-from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport
+from harness.transport.base import Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import env_payload
 
 
@@ -90,6 +90,9 @@ class LocalTransport(Transport):
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         return list(argv)
 
+    def forward(self, forwards: Sequence[PortForward]) -> Forwarding:
+        return _Direct([(f.remote_host, f.remote_port) for f in forwards])
+
     def put_bytes(self, data: bytes, path: str, mode: int | None = None) -> None:
         path = self.expand(path)
         directory = os.path.dirname(path) or "."
@@ -124,3 +127,13 @@ class LocalTransport(Transport):
 
     def home(self) -> str:
         return os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+
+
+class _Direct(Forwarding):
+    """This machine's ports need no tunnel: the addresses are the remote ones, as they are."""
+
+    def __init__(self, addresses: list[tuple[str, int]]):
+        self.addresses = addresses
+
+    def wait(self) -> None:
+        threading.Event().wait()  # until Ctrl-C

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
-from harness.transport.base import quote_argv
+from harness.transport.base import PortForward, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
 DEFAULT_KEEPALIVE_S = 15
@@ -152,6 +152,28 @@ def command_argv(o: OpenSSHOptions, remote_command_line: str | None, *, control_
 def argv_for(o: OpenSSHOptions, argv: Sequence[str]) -> list[str]:
     """A local command line that runs argv on the host (stdin/stdout piped through)."""
     return command_argv(o, quote_argv(argv))
+
+
+def own_connection(o: OpenSSHOptions) -> OpenSSHOptions:
+    """Options for a connection of its own: no master, whatever the user's ssh_config says."""
+    return replace(o, control_path=None, extra=(*o.extra, "ControlMaster=no", "ControlPath=none"))
+
+
+# What the remote side of a forwarding connection prints once ssh has bound every local port (ssh
+# binds them before it opens the session), then it waits for our stdin to close: the remote end
+# ends with the local one, even when harness is killed.
+FORWARD_READY = "harness-forward-ready"
+
+
+def forward_argv(o: OpenSSHOptions, forwards: Sequence[PortForward]) -> list[str]:
+    """`ssh -L 127.0.0.1:LOCAL:HOST:PORT ...` over a connection of its own; a local port it cannot
+    bind fails the whole command (ExitOnForwardFailure) instead of a warning and a dead port."""
+    own = own_connection(o)
+    argv = base_argv(replace(own, extra=(*own.extra, "ExitOnForwardFailure=yes")))
+    for f in forwards:
+        host = f"[{f.remote_host}]" if ":" in f.remote_host else f.remote_host
+        argv += ["-L", f"127.0.0.1:{int(f.local_port)}:{host}:{int(f.remote_port)}"]
+    return argv + ["-T", "--", o.target.host, quote_argv(["sh", "-c", f"echo {FORWARD_READY}; exec cat >/dev/null"])]
 
 
 def _safety_settings(o: OpenSSHOptions) -> list[tuple[str, str]]:

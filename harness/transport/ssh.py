@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness.errors import AuthError, ConnectError, HostKeyError, TransportError
 from harness.transport import openssh
-from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport
+from harness.transport.base import Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
 
 if TYPE_CHECKING:
@@ -368,6 +368,11 @@ class SSHTransport(Transport):
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         options = self._openssh_options()
         return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
+
+    def forward(self, forwards: Sequence[PortForward]) -> Forwarding:
+        from harness.transport.openssh_forward import OpenSSHForwarding
+
+        return OpenSSHForwarding(self._openssh_options(), self.name, forwards)
 
     def _openssh_options(self) -> openssh.OpenSSHOptions:
         return openssh.options_for(self.spec, self.options)

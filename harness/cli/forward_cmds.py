@@ -1,0 +1,71 @@
+"""`harness forward HOST REMOTE_PORT[:LOCAL_PORT]...` and `harness tensorboard HOST [RUN]`
+(the logic lives in harness.port_forward and harness.tensorboard)."""
+
+from __future__ import annotations
+
+import click
+
+
+def _hold(forwarding, shown, host: str) -> None:
+    """Print the URLs, then stay until Ctrl-C (or the connection ends)."""
+    try:  # from the first URL on, Ctrl-C is the normal end
+        for f in shown:
+            if not f.listening:
+                click.echo(f"harness: warning: nothing listens on port {f.spec.remote_port} of {host} yet; "
+                           "the forward stays open for when something does", err=True)
+        for f in shown:
+            where = f"port {f.spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
+            click.echo(f"{f.url}  ->  {where}")
+        click.echo("forwarding; Ctrl-C to stop", err=True)
+        forwarding.wait()
+    except KeyboardInterrupt:
+        click.echo("harness: forwarding stopped", err=True)
+    finally:
+        forwarding.close()
+
+
+@click.command("forward")
+@click.argument("host")
+@click.argument("ports", nargs=-1, required=True, metavar="REMOTE_PORT[:LOCAL_PORT]...")
+@click.pass_context
+def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
+    """Forward ports of HOST to this machine's loopback and stay until Ctrl-C.
+
+    Ports where a container listens (runtime = "docker") are found and forwarded the same way.
+    """
+    from harness.port_forward import PortSpec, open_forwards
+
+    app = ctx.obj
+    specs = [PortSpec.parse(p) for p in ports]
+    try:
+        forwarding, shown = open_forwards(app.transport(host), app.host(host).python, specs)
+        _hold(forwarding, shown, host)
+    finally:
+        app.close()
+
+
+@click.command("tensorboard")
+@click.argument("host")
+@click.argument("run", required=False)
+@click.option("--port", type=int, default=6006, show_default=True, help="TensorBoard's port on the host.")
+@click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
+@click.pass_context
+def tensorboard(ctx: click.Context, host: str, run: str | None, port: int, local_port: int | None) -> None:
+    """Start TensorBoard on HOST over RUN's training logs (RUN: a run id or `last`; default: every
+    run of the configured pipeline) where the stages run, forward it, and stop it on Ctrl-C."""
+    from harness.jobs import Jobs
+    from harness.port_forward import PortSpec, open_forwards
+    from harness.tensorboard import TensorBoardOptions, start
+
+    app = ctx.obj
+    spec = PortSpec.parse(f"{port}:{local_port or port}")
+    try:
+        transport = app.transport(host)
+        run_id = Jobs(app.config, app.host(host), transport).resolve_run_id(run) if run else None
+        board, logdir = start(app.config, app.host(host), transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
+        with board:
+            click.echo(f"TensorBoard on {host} over {logdir}", err=True)
+            forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
+            _hold(forwarding, shown, host)
+    finally:
+        app.close()

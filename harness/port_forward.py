@@ -1,0 +1,77 @@
+"""`harness forward`: ports of a host reached from this machine (TensorBoard, a `vllm serve`,
+Jupyter), through the host's Transport (so the same host-key and ProxyJump policy).
+
+Where a port listens is asked on the host first (harness/remote/port_probe.py, one round trip):
+its loopback, else a running container's address, because the stages' containers sit on docker's
+bridge network and publish no port. A port where nothing listens yet is still forwarded (the
+server may start later) and said in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from harness.errors import RemoteCommandError, UsageError
+from harness.transport.base import Forwarding, PortForward, Transport
+
+PROBE = Path(__file__).parent / "remote" / "port_probe.py"
+
+
+@dataclass(frozen=True)
+class PortSpec:
+    """REMOTE_PORT[:LOCAL_PORT] as given on the command line (LOCAL_PORT defaults to REMOTE_PORT)."""
+
+    remote_port: int
+    local_port: int
+
+    @classmethod
+    def parse(cls, text: str) -> "PortSpec":
+        remote, colon, local = text.partition(":")
+        return cls(_port(text, remote), _port(text, local) if colon else _port(text, remote))
+
+
+def _port(text: str, part: str) -> int:
+    if not part.isdigit() or not 0 < int(part) < 65536:
+        raise UsageError(f"invalid port {text!r} (expected REMOTE_PORT or REMOTE_PORT:LOCAL_PORT, ports 1-65535)")
+    return int(part)
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    spec: PortSpec
+    url: str  # where this machine reaches it
+    where: str  # "the host", "container NAME", or "" when nothing listens there yet
+
+    @property
+    def listening(self) -> bool:
+        return bool(self.where)
+
+
+def locate(transport: Transport, python: str, ports: Sequence[int]) -> dict[int, dict | None]:
+    """{port: {"address", "where"} or None (nothing listens)}, as the host sees it."""
+    result = transport.run([python, "-c", PROBE.read_text(encoding="utf-8"), *map(str, ports)], timeout=120)
+    if not result.ok:
+        raise RemoteCommandError(f"{python} port_probe.py", result.exit_code, result.stderr.decode("utf-8", "replace"))
+    return {int(k): v for k, v in json.loads(result.text).items()}
+
+
+def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec]) -> tuple[Forwarding, list[Forwarded]]:
+    """Forward each port where it listens; returns the open Forwarding (close it, or use `with`)."""
+    locals_ = [s.local_port for s in specs]
+    if len(set(locals_)) != len(locals_):
+        raise UsageError(f"local port {next(p for p in locals_ if locals_.count(p) > 1)} is given twice")
+    found = locate(transport, python, [s.remote_port for s in specs])
+    forwards = [PortForward(s.local_port, s.remote_port, (found.get(s.remote_port) or {}).get("address", "127.0.0.1")) for s in specs]
+    forwarding = transport.forward(forwards)
+    shown = [
+        Forwarded(s, f"http://{_url_host(host)}:{port}", (found.get(s.remote_port) or {}).get("where", ""))
+        for s, (host, port) in zip(specs, forwarding.addresses)
+    ]
+    return forwarding, shown
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,56 @@
+"""Where ports of this host listen (run by harness.port_forward; stdlib only, one round trip).
+
+argv: PORT...  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
+running container's address: a container on docker's bridge network (the stages' default)
+publishes no port on the host, yet the host reaches it at the container's own address.
+"""
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+
+def listens(address, port):
+    try:
+        with socket.create_connection((address, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def container_addresses():
+    """[(container name, address)] of the running containers this user may ask docker about."""
+    if shutil.which("docker") is None:
+        return []
+    try:
+        ids = subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True, timeout=30).stdout.split()
+        if not ids:
+            return []
+        fmt = "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}"
+        out = subprocess.run(["docker", "inspect", "-f", fmt, *ids], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.splitlines():
+        name, *addresses = line.split()
+        found += [(name.lstrip("/"), a) for a in addresses]
+    return found
+
+
+def main(ports):
+    located = {}
+    containers = None
+    for port in ports:
+        if listens("127.0.0.1", port):
+            located[port] = {"address": "127.0.0.1", "where": "the host"}
+            continue
+        if containers is None:
+            containers = container_addresses()
+        located[port] = next(({"address": a, "where": "container " + n} for n, a in containers if listens(a, port)), None)
+    json.dump({str(p): v for p, v in located.items()}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main([int(p) for p in sys.argv[1:]])

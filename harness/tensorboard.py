@@ -1,0 +1,130 @@
+"""`harness tensorboard HOST [RUN]`: TensorBoard started on the host, in the runtime where the
+stages run (the ML container on docker hosts), over a run's training-logger directory, and
+forwarded here (harness.port_forward).
+
+It runs in the foreground of a connection of its own and reads that connection's stdin: when
+harness ends (Ctrl-C, a dropped link, a kill), the stdin closes and the host stops TensorBoard,
+so nothing is left behind on the box.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from harness.errors import RemoteCommandError, UsageError
+from harness.port_forward import locate
+from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
+
+if TYPE_CHECKING:
+    from harness.config import Config, HostConfig
+    from harness.runtime.base import Runtime
+    from harness.transport.base import Transport
+
+DEFAULT_PORT = 6006
+START_TIMEOUT_S = 180.0
+# Run "$@" (TensorBoard) until it exits or stdin closes, whichever comes first: a watcher reads
+# stdin (fd 3: a background job's own stdin would be /dev/null) and stops it at the end. SIGINT is
+# ignored: Ctrl-C on this terminal must not end the shell before it has stopped its child.
+_UNTIL_STDIN_CLOSES = ('trap "" INT; exec 3<&0; "$@" </dev/null & pid=$!; '
+                       '{ cat <&3 >/dev/null; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
+
+
+@dataclass(frozen=True)
+class TensorBoardOptions:
+    port: int = DEFAULT_PORT  # on the host (inside the container on docker hosts)
+    run_id: str | None = None  # None: the configured pipeline's logger directory (every run that trained there)
+
+
+def logs_dir(config: "Config", transport: "Transport", workdir: str, run_id: str | None) -> str:
+    """The training-logger directory of a run (from its record), or of the configured pipeline."""
+    import json
+
+    pipeline = config.pipeline
+    if run_id:
+        path = f"{workdir}/runs/{run_id}/run.json"
+        try:
+            pipeline = recorded_pipeline(json.loads(transport.get_bytes(path)))
+        except FileNotFoundError:
+            raise UsageError(f"no run record {path}") from None
+    return posixpath.join(stage_output(pipeline, "train", workdir), LOGGERS_DIR)
+
+
+class RemoteTensorBoard:
+    """TensorBoard on the host for as long as this object is open."""
+
+    def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str, port: int):
+        self.port = port
+        argv = [runtime.python, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", runtime.server_bind_address]
+        command = runtime.wrap(["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv])
+        local = transport.own_connection_argv(command) or transport.local_argv(command)
+        self._tail: list[str] = []
+        self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        threading.Thread(target=self._keep_tail, daemon=True).start()
+
+    def _keep_tail(self) -> None:
+        for raw in self._proc.stderr:
+            self._tail = (self._tail + [raw.decode("utf-8", "replace").strip()])[-20:]
+
+    def wait_listening(self, transport: "Transport", python: str, timeout: float = START_TIMEOUT_S) -> None:
+        """Until the port answers on the host (or in a container there); TensorBoard's own last
+        words if it exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                time.sleep(0.2)  # the last stderr lines
+                said = next((line for line in reversed(self._tail) if line), "")
+                if "No module named 'tensorboard'" in said:
+                    raise UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
+                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)')
+                raise RemoteCommandError("tensorboard", self._proc.returncode, said)
+            if locate(transport, python, [self.port]).get(self.port):
+                return
+            time.sleep(1)
+        raise RemoteCommandError(f"tensorboard (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.close()  # the host stops TensorBoard
+            except OSError:
+                pass
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self._proc.terminate()
+                self._proc.wait()
+
+    def __enter__(self) -> "RemoteTensorBoard":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def check_logs(transport: "Transport", logdir: str) -> None:
+    if transport.stat(logdir) is None:
+        raise UsageError(f"no training logs at {logdir}: train with loggers = [\"tensorboard\"] in [pipeline.stages.train]")
+
+
+def start(config: "Config", host: "HostConfig", transport: "Transport", options: TensorBoardOptions) -> tuple[RemoteTensorBoard, str]:
+    """TensorBoard listening on the host over the logs; returns it (close it) and its log directory."""
+    from harness.runtime import runtime_for
+
+    runtime = runtime_for(host, transport)
+    logdir = logs_dir(config, transport, runtime.workdir, options.run_id)
+    check_logs(transport, logdir)
+    taken = locate(transport, host.python, [options.port]).get(options.port)
+    if taken:
+        raise UsageError(f"{host.name}: port {options.port} is taken already ({taken['where']}: another TensorBoard?): pass --port")
+    board = RemoteTensorBoard(transport, runtime, logdir, options.port)
+    try:
+        board.wait_listening(transport, host.python)
+    except BaseException:
+        board.close()
+        raise
+    return board, logdir

@@ -1,0 +1,126 @@
+"""`harness tensorboard HOST [RUN]`: TensorBoard started on the box behind the test sshd over a
+run's training-logger directory (real event files), read through the forward with urllib, and
+stopped on the box when harness is stopped."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.sshd import free_port, listening
+
+pytestmark = pytest.mark.ssh
+DEADLINE_S = 240
+RUN_ID = "20260101-120000-abcdef"
+
+
+def write_config(tmp_path: Path, ssh_host, container: dict | None = None) -> tuple[Path, Path]:
+    """box over the test sshd; with `container`, runtime docker and that [hosts.box.container]."""
+    from tests.fixtures.job_project import toml_value
+
+    workdir = tmp_path / "work"
+    config = tmp_path / "harness.toml"
+    lines = ["[hosts.box]", f'ssh = "{ssh_host.alias}"', f'workdir = "{workdir}"', f'python = "{sys.executable}"']
+    if container:
+        lines += ['runtime = "docker"', "[hosts.box.container]", *(f"{k} = {toml_value(v)}" for k, v in container.items())]
+    config.write_text("\n".join(lines) + "\n")
+    return config, workdir
+
+
+def write_events(logdir: Path, run: str, losses: list[float]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(logdir / run)) as w:
+        for step, loss in enumerate(losses):
+            w.add_scalar("train/loss", loss, step)
+
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_harness(ssh_host, tmp_path):
+    pytest.importorskip("tensorboard")
+    config, workdir = write_config(tmp_path, ssh_host)
+    serve_and_stop(config, workdir, ssh_host)
+
+
+@pytest.mark.docker
+def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_stopped(ssh_host, tmp_path, docker_base_image, harness_test_image):
+    """runtime docker: TensorBoard runs in a container like the stages' (docker's bridge network,
+    no port published), found there by the forward. The test image has no ML stack: this
+    interpreter (with tensorboard) is mounted into it read-only and named as the container's python."""
+    pytest.importorskip("tensorboard")
+    from tests.fixtures.docker_engine import container_table
+
+    prefix = Path(sys.prefix).resolve()
+    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=[f"{prefix}:{prefix}:ro"], python=sys.executable))
+    containers_before = set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split())
+    serve_and_stop(config, workdir, ssh_host, expect_container=True)
+    deadline = time.monotonic() + DEADLINE_S
+    while set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split()) - containers_before:
+        assert time.monotonic() < deadline, "TensorBoard's container outlived harness"
+        time.sleep(0.5)
+
+
+def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool = False) -> None:
+    # the configured pipeline's logs, and a run whose record names another output_dir
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "configured", [2.0, 1.5])
+    run_dir = workdir / "runs" / RUN_ID
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(json.dumps({"run_id": RUN_ID, "workdir": str(workdir), "config": {"pipeline": {"output_dir": "k3"}}}))
+    write_events(workdir / "k3" / "checkpoints" / "logs", "recorded", [3.0, 2.0, 1.0])
+
+    remote, local = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", RUN_ID,
+                             "--port", str(remote), "--local-port", str(local)],
+                            env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.split()[0] == f"http://127.0.0.1:{local}", (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert ("(container " in line) == expect_container, line
+        runs = get_json(f"http://127.0.0.1:{local}/data/runs")
+        assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
+        scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=recorded&tag=train%2Floss")
+        assert [(step, value) for _, step, value in scalars] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 0 and f"TensorBoard on box over {workdir}/k3/checkpoints/logs" in err, err
+    deadline = time.monotonic() + DEADLINE_S
+    while listening(remote):  # TensorBoard on the box ends with harness
+        assert time.monotonic() < deadline, "TensorBoard still listens on the box"
+        time.sleep(0.5)
+
+
+def test_no_logs_is_one_error_line(ssh_host, tmp_path):
+    config, workdir = write_config(tmp_path, ssh_host)
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],
+                       env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f'harness: error: no training logs at {workdir}/outputs/checkpoints/logs: '
+                                     'train with loggers = ["tensorboard"] in [pipeline.stages.train]']
+
+
+def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tmp_path):
+    python = "/usr/bin/python3"  # the system interpreter, without tensorboard
+    if subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode == 0:
+        pytest.skip(f"{python} has tensorboard")
+    workdir = tmp_path / "work"
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{python}"\n')
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", "--port", str(free_port())],
+                       env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ['harness: error: tensorboard is not installed where the stages run: install it there (docker hosts: '
+                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)']
