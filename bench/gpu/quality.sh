@@ -11,7 +11,8 @@
 #        A  the cpu size's verifier (as on 2 CPU cores), every recipe of bench/quality/recipes.json
 #        B  the same verifier trained 4x longer (--verifier-arg steps=2000), the recipes of
 #           bench/quality/recipes-verifier.json: does a stronger verifier change the ranking?
-# gpu: the gpu size (a ~110M verifier), ours, n-gram and `speculators train`'s defaults.
+# gpu: the gpu size (a ~110M verifier, at most 2 minutes of training), ours, n-gram and
+#      `speculators train`'s defaults.
 #
 # Everything is budgeted to end within BUDGET_S seconds (default 530; the device allows 560):
 # the trainings beside ours stop at a deadline (their latest checkpoint is measured and marked
@@ -20,12 +21,13 @@
 # the run's logs under $OUT/logs-*/; the table and per-phase seconds are printed.
 # Its mechanics, checked on a CPU with the ci size, tiny recipes and a 450-step verifier for B:
 #   SIZE=ci RECIPES_A=R.json RECIPES_B=R.json VERIFIER_B=steps=450 WORK=/tmp/qc BUDGET_S=3000 \
-#     TRAIN_DEADLINE_S=1500 MEASURE_MAX_S=300 bash bench/gpu/quality.sh cpu
+#     TRAIN_DEADLINE_S=1500 MEASURE_MAX_S=300 EXTRA_ARGS=--concurrent bash bench/gpu/quality.sh cpu
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+started=$(date +%s)  # the budget counts the wheels' installation too
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -35,7 +37,6 @@ OUT=${OUT:-/tmp/quality-out}
 mkdir -p "$OUT"
 which=${1:?usage: bench/gpu/quality.sh cpu|gpu}
 budget=${BUDGET_S:-530}
-started=$(date +%s)
 nvidia-smi -L 2>/dev/null || echo "no GPU: CPU run"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 
@@ -47,7 +48,7 @@ bench() {
   local left=$(( budget - ($(date +%s) - started) ))
   local rc=0
   timeout --kill-after=10 "$left" python3 bench/quality/run.py --json --no-record --workdir "$work" \
-    --train-deadline-s "$train_deadline" --measure-max-s "$measure_max" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
+    --train-deadline-s "$train_deadline" --measure-max-s "$measure_max" "$@" ${EXTRA_ARGS:-} >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
   echo "$name: run.py exited $rc after $(( $(date +%s) - started )) s"
   mkdir -p "$OUT/logs-$name"
   (cd "$work" && find . -maxdepth 4 \( -name '*.log' -o -name 'log' -o -name 'events.jsonl' -o -name '*.events.jsonl' -o -name 'result.json' -o -name 'best.json' -o -name 'stdlib_split.json' \) -size -2M \
@@ -64,7 +65,7 @@ cpu)
   ;;
 gpu)
   # The workdir is under the repo (git-ignored), so a second call on a warm machine reuses the verifier.
-  bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-420}" "${MEASURE_MAX_S:-80}" --size gpu --recipes bench/quality/recipes-gpu.json
+  bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-430}" "${MEASURE_MAX_S:-60}" --size gpu
   ;;
 *) echo "usage: bench/gpu/quality.sh cpu|gpu" >&2; exit 2 ;;
 esac

@@ -48,6 +48,7 @@ sys.path.insert(0, str(REPO / "bench"))
 HEADING = "## bench/quality/run.py"
 BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 # What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
+CLEANUP: list = []  # callables that stop what the bench started (harness runs, trainings, measurements)
 DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json"]
 
 
@@ -82,9 +83,10 @@ SIZES: dict[str, BenchSize] = {
     # `speculators train`'s 20 default epochs fit the bench's time on 2 cores. 10 draft epochs:
     # tau 2.69 against 2.37 with the train stage's 3 on the same 64 prompts (bench/RESULTS.md).
     "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {"epochs": 10}, 1, prepare={"max_samples": 256}), 512, 64, 64),
-    # Sized for one call of the GPU machine (bench/gpu/quality.sh gpu): at most 2.5 minutes of verifier training.
-    "gpu": BenchSize(["--size", "gpu", "--steps", "2000", "--train-prompts", "1024", "--heldout-prompts", "64", "--max-prompt-tokens", "512", "--max-minutes", "2.5"],
-                     _stages(192, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
+    # Sized for one 10-minute call of the GPU machine (bench/gpu/quality.sh gpu): at most 2 minutes
+    # of verifier training, 1024 replies of up to 128 tokens.
+    "gpu": BenchSize(["--size", "gpu", "--steps", "2000", "--train-prompts", "1024", "--heldout-prompts", "64", "--max-prompt-tokens", "512", "--max-minutes", "2"],
+                     _stages(128, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
 }
 
 
@@ -140,6 +142,7 @@ class HarnessRun:
     def start(self, stages: list[str]) -> str:
         run_id = self.jobs.start(stages)
         log(f"harness run {run_id}: {' -> '.join(stages)} (logs {self.work}/runs/{run_id}/)")
+        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel(run_id, grace_s=5))
         return run_id
 
     def running(self, run_id: str) -> bool:
@@ -149,7 +152,7 @@ class HarnessRun:
 
     def stop(self, run_id: str) -> None:
         log(f"harness run {run_id}: cancelled at the train deadline (its latest checkpoint is measured)")
-        self.jobs.cancel(run_id, grace_s=20)
+        self.jobs.cancel(run_id, grace_s=15)
 
     def wait(self, run_id: str, cancelled_ok: bool = False) -> dict[str, dict]:
         """The stages' `finished` events once the run ends; exits naming the stage that failed
@@ -187,6 +190,7 @@ class Training:
         self.started = time.monotonic()
         with open(self.log_path, "ab") as f:
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, cwd=self.cwd, env={**os.environ, **BENCH_ENV}, start_new_session=True)
+        CLEANUP.append(self.stop)
 
     def poll(self) -> bool:
         """True once the process has ended. A failure is logged with its log's tail and kept in
@@ -204,17 +208,26 @@ class Training:
                 (self.output / "bench_done").write_text(json.dumps({"seconds": self.seconds}))
         return True
 
-    def stop(self) -> None:
-        """At the deadline: end it; its latest epoch checkpoint is measured."""
+    def terminate(self) -> None:
+        """At the deadline: ask it to end (speculators saves a checkpoint on SIGTERM when it can);
+        its latest checkpoint is measured."""
         if self.proc and self.proc.poll() is None:
             self.stopped_early = True
             log(f"{self.name}: stopping at the train deadline (its latest checkpoint is measured)")
             os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.terminate()
+        if self.proc:
             try:
-                self.proc.wait(30)
+                self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                self.kill()
 
 
 def speculators_training(spec: BenchSize, work: Path) -> Training:
@@ -263,9 +276,17 @@ def train_all(trainings: list[Training], concurrent: bool, deadline: float | Non
             if deadline and time.monotonic() > deadline:
                 for t in pending:
                     log(f"{t.name}: not started before the train deadline")
+                for t in running:  # all at once: each may take a while to save
+                    t.terminate()
                 ours_running = harness.running(ours)
                 if ours_running:
                     harness.stop(ours)
+                grace_end = time.monotonic() + 15
+                while any(t.proc and t.proc.poll() is None for t in running) and time.monotonic() < grace_end:
+                    time.sleep(0.5)
+                for t in running:
+                    t.kill()
+                    t.poll()
                 return ours_running
         return False
     finally:
@@ -293,6 +314,7 @@ def measure_all(work: Path, common_args: list, drafts: dict[str, Path], concurre
         log(f"$ {' '.join(map(str, argv))}")
         f = open(work / f"measure-{'+'.join(group) or 'ngram'}.log", "ab")
         procs.append((dest, key, subprocess.Popen(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **BENCH_ENV})))
+        CLEANUP.append(procs[-1][2].kill)
         if not concurrent:
             procs[-1][2].wait()
     merged: dict[str, Any] = {"taus": {}, "prompts_by_draft": {}}
@@ -318,7 +340,7 @@ def _checkpoint_stamp(output: Path) -> str | None:
         path = resolve_draft(output)[0]
     except CheckpointError:
         return None
-    return f"{path}@{(path / 'model.safetensors').stat().st_mtime_ns}"
+    return f"{path.relative_to(output.parent.parent)}@{(path / 'model.safetensors').stat().st_mtime_ns}"
 
 
 def gpu_available() -> bool:
@@ -365,6 +387,19 @@ def parse_flags(pairs: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
+    """The bench; on SIGTERM (a caller's timeout) or an error, what it started is stopped first."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
+    try:
+        bench()
+    finally:
+        for stop in reversed(CLEANUP):
+            try:
+                stop()
+            except Exception as e:  # the rest must still be stopped
+                log(f"cleanup: {e}")
+
+
+def bench() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(SIZES), default="cpu")
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
@@ -377,6 +412,7 @@ def main() -> None:
     p.add_argument("--recipes", default=None, metavar="FILE", help="JSON {name: {train flag: value}}: also train and measure these recipes (see the module's doc)")
     p.add_argument("--train-deadline-s", type=float, default=None, help="stop the trainings beside ours this many seconds after the bench started (their latest checkpoints are measured)")
     p.add_argument("--measure-max-s", type=float, default=None, help="each measurement stops after this long, with the prompts it has done")
+    p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
     args = p.parse_args()
     spec = SIZES[args.size]
     if args.verifier_arg:
@@ -403,12 +439,13 @@ def main() -> None:
     phases["data"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
 
     # Ours through `harness run` (train, evaluate); the drafts to compare it with beside it.
-    concurrent = gpu_available()
+    concurrent = args.concurrent or gpu_available()
     ours = harness.start(["train", "evaluate"])
     others = [] if args.skip_speculators else [speculators_training(spec, work)]
     (work / "recipes").mkdir(exist_ok=True)
-    # The machine's settings, not the recipe's: threads, and one dataloader worker per training when they share a GPU box.
-    machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1} if concurrent else {})
+    # The machine's settings, not the recipe's: threads; when they share a GPU box, one dataloader
+    # worker each and a metrics line every 10 steps (speculators renders each one on the console).
+    machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1, "log_freq": 10} if concurrent else {})
     others += [recipe_training(name, {**machine_flags, **flags}, harness, work) for name, flags in recipes.items()]
     ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours)
     finished.update(harness.wait(ours, cancelled_ok=ours_stopped))
@@ -422,7 +459,7 @@ def main() -> None:
         "--verifier", work / "outputs/stdlib-verifier", "--data", work / "outputs/chat.jsonl",
         "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
     ], drafts, concurrent, args.measure_max_s)
-    trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code} for t in others}
+    trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
     phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
     for name in ("ours", "speculators"):
@@ -444,7 +481,7 @@ def main() -> None:
         "train_seconds": finished["train"].get("seconds"),
         "ours_stopped_at_deadline": ours_stopped,
         "recipes": {
-            name: {"flags": flags, "tau": tau.get(name), "prompts": taus["prompts_by_draft"].get(name), **trained.get(name, {})}
+            name: {"flags": flags, "tau": {str(k): t for k, t in tau.get(name, {3: None, 5: None}).items()}, "prompts": taus["prompts_by_draft"].get(name), **trained.get(name, {})}
             for name, flags in recipes.items()
         },
         "speculators_training": trained.get("speculators"),
@@ -468,9 +505,8 @@ def table(r: dict) -> str:
     lines = ["| proposer | tau, k = 3 | tau, k = 5 |", "| --- | ---: | ---: |"]
     lines += [f"| {label} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |" for label, key in rows]
     for name, rec in r.get("recipes", {}).items():
-        tau = rec["tau"] or {3: None, 5: None}
-        note = " (stopped at the deadline)" if rec.get("stopped_early") else ""
-        lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(tau[3])} | {_fmt(tau[5])} |")
+        note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
+        lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |")
     return "\n".join(lines)
 
 
