@@ -85,6 +85,6 @@ for path in sorted(Path(sys.argv[1]).glob("quality-*.json")):
     print(f"\n{path.name}: verifier {r['verifier_parameters'] / 1e6:.1f}M, held-out loss {r['verifier_heldout_loss_per_token']}; "
           f"{r['prompts']} prompts; ours {json.dumps(r['train_args'])}; phases {r['phase_seconds']}; {r['machine']}")
     print(table(r))
-    print(f"tau_draft / tau_ngram = {r['tau_draft'] / r['tau_ngram']:.3f} at k = 3" if r["tau_draft"] is not None else "tau_draft: no checkpoint")
+    print(f"tau_draft / tau_ngram = {r['tau_draft'] / r['tau_ngram']:.3f} at k = 3" if r["tau_draft"] and r["tau_ngram"] else "tau_draft or tau_ngram not measured")
 EOF
 echo "done in $(( $(date +%s) - started )) s"

@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 HEADING = "## bench/quality/run.py"
 BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-# What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
 CLEANUP: list = []  # callables that stop what the bench started (harness runs, trainings, measurements)
+# What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
 DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json"]
 
 
@@ -244,8 +244,6 @@ def speculators_training(spec: BenchSize, work: Path) -> Training:
 def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work: Path) -> Training:
     """The train stage's own command line (harness.pipeline.stage_argv) with the recipe's flags
     and an output of its own; --speculators-arg values go as --speculators-arg=VALUE."""
-    from dataclasses import replace
-
     from harness.pipeline import stage_argv
 
     flags = dict(flags)
@@ -320,7 +318,8 @@ def measure_all(work: Path, common_args: list, drafts: dict[str, Path], concurre
     merged: dict[str, Any] = {"taus": {}, "prompts_by_draft": {}}
     for dest, key, proc in procs:
         if proc is not None and proc.wait() != 0:
-            raise SystemExit(f"measure.py exited {proc.returncode}; log {work}/measure-*.log")
+            log(f"measure.py exited {proc.returncode}: {dest.stem} not measured; log {work}/measure-{dest.stem}.log")
+            continue
         taus = json.loads(dest.read_text())
         if proc is not None:
             dest.write_text(json.dumps({**taus, "bench_key": key}, indent=1))
@@ -462,7 +461,7 @@ def bench() -> None:
     trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
     phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
-    for name in ("ours", "speculators"):
+    for name in ("ours", "ngram", "speculators"):  # not measured: None
         tau.setdefault(name, {3: None, 5: None})
     result = {
         "k": 3,
@@ -471,7 +470,7 @@ def bench() -> None:
         "tau_speculators": tau["speculators"][3],
         "k5": {"tau_draft": tau["ours"][5], "tau_ngram": tau["ngram"][5], "tau_speculators": tau["speculators"][5]},
         "size": args.size,
-        "prompts": taus["prompts"],
+        "prompts": taus.get("prompts", 0),
         "verifier_args": spec.verifier_args,
         "verifier_heldout_loss_per_token": summary["heldout_loss_per_token"],
         "verifier_parameters": summary["parameters"],
