@@ -213,7 +213,7 @@ class Training:
         its latest checkpoint is measured."""
         if self.proc and self.proc.poll() is None:
             self.stopped_early = True
-            log(f"{self.name}: stopping at the train deadline (its latest checkpoint is measured)")
+            log(f"{self.name}: stopping it (its latest checkpoint is what gets measured)")
             os.killpg(self.proc.pid, signal.SIGTERM)
 
     def kill(self) -> None:
