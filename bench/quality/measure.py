@@ -38,6 +38,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--split", default="heldout")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--max-seconds", type=float, default=0.0, help="stop measuring after the prompt that passes this long (from the models' loading; at least one prompt; 0: every prompt); the output says how many were measured")
     p.add_argument("--output", required=True)
     args = p.parse_args()
 
@@ -67,16 +68,21 @@ def main() -> None:
     any_verifier = next(iter(verifiers.values())) if verifiers else evaluate.HFVerifier(model, [2, num_layers // 2, num_layers - 3], torch.bfloat16)
 
     results: dict[str, dict[int, list]] = {name: {k: [] for k in args.ks} for name in proposers}
+    measured, loop_started = 0, time.monotonic()  # the models are loaded: the time limit counts from here
     for i, prompt in enumerate(prompts, 1):
+        if measured and args.max_seconds and time.monotonic() - loop_started > args.max_seconds:
+            print(f"stopping after {measured} of {len(prompts)} prompts: --max-seconds {args.max_seconds:g} passed", file=sys.stderr, flush=True)
+            break
         reference = any_verifier.greedy(prompt, args.max_new_tokens + max(args.ks) + 1, eos)
         views = {layers: v.forward(prompt + reference)[1] for layers, v in verifiers.items()}
         for name, (proposer, layers) in proposers.items():
             for k in args.ks:
                 results[name][k].append(evaluate.replay(proposer, prompt, reference, views.get(tuple(layers)) if layers else None, k, args.max_new_tokens, eos))
+        measured = i
         print(f"prompt {i}/{len(prompts)}", file=sys.stderr, flush=True)
 
     taus = {name: {str(k): asdict(evaluate.summarize(rs, k)) for k, rs in by_k.items()} for name, by_k in results.items()}
-    out = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
+    out = {"prompts": measured, "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
     Path(args.output).write_text(json.dumps(out, indent=1))
     print(json.dumps({name: {k: round(r["tau"], 3) for k, r in by_k.items()} for name, by_k in taus.items()}))
 

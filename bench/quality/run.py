@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draft quality on real text: tau of our draft against the baselines a user would pick instead.
 
-    python bench/quality/run.py --size cpu|gpu [--json] [--workdir DIR]
+    python bench/quality/run.py --size cpu|gpu [--json] [--workdir DIR] [--recipes FILE]
 
 1. A verifier of the Python standard library (remote_scripts/make_stdlib_verifier.py, no hub),
    and its chat data: prompts from training files (split train), prompts from held-out files
@@ -18,6 +18,12 @@
    k = 3 and 5.
 `--json` prints {"k", "tau_draft", "tau_ngram", "tau_speculators", ...} at k = 3; the table, with
 the date, machine and load, goes to bench/RESULTS.md (unless --no-record).
+
+`--recipes FILE` (JSON {name: {train flag: value}}, e.g. bench/quality/recipes.json) also trains
+each named recipe with the train stage's script on the same prepared data and hidden states (the
+train stage's defaults plus those flags; nothing of the size's train flags), and measures it
+beside ours: the evidence for a change of the train stage's defaults. With a GPU the trainings
+(ours, the recipes, `speculators train`) run at the same time, and so do the measurements.
 """
 
 from __future__ import annotations
@@ -26,10 +32,12 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 HEADING = "## bench/quality/run.py"
+BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+CLEANUP: list = []  # callables that stop what the bench started (harness runs, trainings, measurements)
+# What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
+DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json"]
 
 
 @dataclass(frozen=True)
@@ -71,9 +83,10 @@ SIZES: dict[str, BenchSize] = {
     # `speculators train`'s 20 default epochs fit the bench's time on 2 cores. 10 draft epochs:
     # tau 2.69 against 2.37 with the train stage's 3 on the same 64 prompts (bench/RESULTS.md).
     "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {"epochs": 10}, 1, prepare={"max_samples": 256}), 512, 64, 64),
-    # Sized so that, after `--stop-after verifier` (about 5 minutes), the rest fits one 10-minute call.
-    "gpu": BenchSize(["--size", "gpu", "--train-prompts", "2000", "--heldout-prompts", "64", "--max-prompt-tokens", "512"],
-                     _stages(192, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
+    # Sized for one 10-minute call of the GPU machine (bench/gpu/quality.sh gpu): at most 2 minutes
+    # of verifier training, 1024 replies of up to 128 tokens.
+    "gpu": BenchSize(["--size", "gpu", "--steps", "2000", "--train-prompts", "1024", "--heldout-prompts", "64", "--max-prompt-tokens", "512", "--max-minutes", "2"],
+                     _stages(128, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
 }
 
 
@@ -81,10 +94,10 @@ def log(msg: str) -> None:
     print(f"[quality] {msg}", file=sys.stderr, flush=True)
 
 
-def run_logged(argv: list[str], log_path: Path, timeout: float) -> None:
+def run_logged(argv: list[str], log_path: Path, timeout: float, env: dict[str, str] = BENCH_ENV) -> None:
     log(f"$ {' '.join(map(str, argv))}  (log {log_path})")
     with open(log_path, "ab") as f:
-        proc = subprocess.run(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+        proc = subprocess.run(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=REPO, env={**os.environ, **env})
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise SystemExit(f"{argv[1]} exited {proc.returncode}; log {log_path}:\n{tail}")
@@ -97,75 +110,259 @@ def build_verifier(size: str, spec: BenchSize, work: Path) -> dict:
     if stamp.is_file() and json.loads(stamp.read_text()).get("args") == spec.verifier_args:
         log(f"verifier {out / 'stdlib-verifier'} already built with these flags")
     else:
-        run_logged([sys.executable, REPO / "remote_scripts/make_stdlib_verifier.py", "--output", out / "stdlib-verifier", "--data-out", out / "chat.jsonl", *spec.verifier_args, "--events", work / "verifier.events.jsonl"], work / "verifier.log", 3600)
+        for derived in DERIVED:  # made with an earlier verifier: the stages would resume from them
+            path = work / derived
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        run_logged([sys.executable, REPO / "remote_scripts/make_stdlib_verifier.py", "--output", out / "stdlib-verifier", "--data-out", out / "chat.jsonl", *spec.verifier_args, "--events", work / "verifier.events.jsonl"], work / "verifier.log", 3600,
+                   env={"HF_HUB_OFFLINE": "1"})  # the tokenizer's training may use every core: nothing forks after it
         stamp.write_text(json.dumps({"args": spec.verifier_args}))
     return json.loads((out / "stdlib-verifier" / "stdlib_split.json").read_text())["summary"]
 
 
-def harness_run(spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]]) -> dict:
-    """regenerate, prepare, extract, train, evaluate through harness.jobs on a local host."""
-    from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
-    from harness.jobs import Jobs
-    from harness.sync import sync
-    from harness.transport.local import LocalTransport
+class HarnessRun:
+    """`harness run` on a local host through harness.jobs (as `harness demo` drives it)."""
 
-    host = HostConfig(name="local", local=True, workdir=str(work), runtime="host", python=sys.executable)
-    pipeline = PipelineConfig(verifier="outputs/stdlib-verifier", data="outputs/chat.jsonl", output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
-    config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=pipeline)
-    transport = LocalTransport("local")
-    sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
-    jobs = Jobs(config, host, transport)
-    stages = ["regenerate", "prepare", "extract", "train", "evaluate"]
-    run_id = jobs.start(stages)
-    log(f"harness run {run_id}: {' -> '.join(stages)} (logs {work}/runs/{run_id}/)")
-    status = jobs.wait(run_id, timeout=4 * 3600, poll_s=5.0)
-    finished = {}
-    for stage in stages:
-        events_path = work / "runs" / run_id / stage / "events.jsonl"
-        events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()] if events_path.exists() else []
-        finished[stage] = next((e for e in reversed(events) if e.get("event") == "finished"), {})
-    if status.state != "ok":
-        failed = status.failed_stage
-        raise SystemExit(f"harness run {run_id} ended {status.state}" + (f" in {failed.stage}: {finished.get(failed.stage, {}).get('error')}; log {work}/runs/{run_id}/{failed.stage}/log" if failed else ""))
-    return {"run_id": run_id, "finished": finished}
+    def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]]):
+        from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
+        from harness.jobs import Jobs
+        from harness.sync import sync
+        from harness.transport.local import LocalTransport
+
+        self.work = work
+        host = HostConfig(name="local", local=True, workdir=str(work), runtime="host", python=sys.executable)
+        self.pipeline = PipelineConfig(verifier="outputs/stdlib-verifier", data="outputs/chat.jsonl", output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
+        config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
+        transport = LocalTransport("local")
+        sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
+        self.jobs = Jobs(config, host, transport)
+
+    def start(self, stages: list[str]) -> str:
+        run_id = self.jobs.start(stages)
+        log(f"harness run {run_id}: {' -> '.join(stages)} (logs {self.work}/runs/{run_id}/)")
+        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel(run_id, grace_s=5))
+        return run_id
+
+    def running(self, run_id: str) -> bool:
+        from harness.jobs import FINAL_RUN_STATES
+
+        return self.jobs.status(run_id).state not in FINAL_RUN_STATES
+
+    def stop(self, run_id: str) -> None:
+        log(f"harness run {run_id}: cancelled at the train deadline (its latest checkpoint is measured)")
+        self.jobs.cancel(run_id, grace_s=15)
+
+    def wait(self, run_id: str, cancelled_ok: bool = False) -> dict[str, dict]:
+        """The stages' `finished` events once the run ends; exits naming the stage that failed
+        (a cancelled run too, unless `cancelled_ok`)."""
+        status = self.jobs.wait(run_id, timeout=4 * 3600, poll_s=2.0)
+        finished = {}
+        for stage in status.stages:
+            events_path = self.work / "runs" / run_id / stage.stage / "events.jsonl"
+            events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()] if events_path.exists() else []
+            finished[stage.stage] = next((e for e in reversed(events) if e.get("event") == "finished"), {})
+        if status.state != "ok" and not (cancelled_ok and status.state == "cancelled"):
+            failed = status.failed_stage
+            raise SystemExit(f"harness run {run_id} ended {status.state}" + (f" in {failed.stage}: {finished.get(failed.stage, {}).get('error')}; log {self.work}/runs/{run_id}/{failed.stage}/log" if failed else ""))
+        return finished
 
 
-def speculators_defaults(spec: BenchSize, work: Path) -> Path:
+class Training:
+    """One draft trained beside ours (a recipe, or `speculators train`'s defaults) in a process of
+    its own; `name` is the draft's name in the results. A finished one is marked done, so that a
+    rerun of the bench reuses it."""
+
+    def __init__(self, name: str, argv: list, output: Path, log_path: Path, cwd: Path):
+        self.name, self.argv, self.output, self.log_path, self.cwd = name, list(map(str, argv)), output, log_path, cwd
+        self.proc: subprocess.Popen | None = None
+        self.started = self.seconds = 0.0
+        self.stopped_early = False
+        self.exit_code: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return (self.output / "bench_done").exists()
+
+    def start(self) -> None:
+        log(f"$ {' '.join(self.argv)}  (log {self.log_path})")
+        self.started = time.monotonic()
+        with open(self.log_path, "ab") as f:
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, cwd=self.cwd, env={**os.environ, **BENCH_ENV}, start_new_session=True)
+        CLEANUP.append(self.stop)
+
+    def poll(self) -> bool:
+        """True once the process has ended. A failure is logged with its log's tail and kept in
+        the results: the other drafts are still measured."""
+        rc = self.proc.poll() if self.proc else 0
+        if rc is None:
+            return False
+        if self.proc:
+            self.seconds = round(time.monotonic() - self.started, 1)
+            self.proc, self.exit_code = None, rc
+            if rc != 0 and not self.stopped_early:
+                log(f"{self.name} FAILED (exit {rc}); log {self.log_path}:\n{self.log_path.read_text(errors='replace')[-2000:]}")
+            elif not self.stopped_early:
+                self.output.mkdir(parents=True, exist_ok=True)
+                (self.output / "bench_done").write_text(json.dumps({"seconds": self.seconds}))
+        return True
+
+    def terminate(self) -> None:
+        """At the deadline: ask it to end (speculators saves a checkpoint on SIGTERM when it can);
+        its latest checkpoint is measured."""
+        if self.proc and self.proc.poll() is None:
+            self.stopped_early = True
+            log(f"{self.name}: stopping it (its latest checkpoint is what gets measured)")
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.terminate()
+        if self.proc:
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def speculators_training(spec: BenchSize, work: Path) -> Training:
     out = work / "speculators-defaults"
-    if any(d.name.isdigit() for d in out.glob("*")) and (out / "bench_done").exists():
-        log(f"speculators defaults draft {out} already trained")
-        return out
     argv = [
         sys.executable, REPO / "bench/quality/speculators_defaults.py",
         "--verifier-name-or-path", (work / "outputs/stdlib-verifier").resolve(),
         "--data-path", work / "outputs/prepared", "--hidden-states-path", work / "outputs/hidden_states",
-        "--save-path", out, "--log-dir", out / "logs", *cpu_only(spec.speculators_cpu_args),
+        "--save-path", out, "--log-dir", out / "logs", *cpu_only(spec.speculators_cpu_args), *gpu_loss_fix(),
     ]
-    run_logged(argv, work / "speculators-defaults.log", 4 * 3600)
-    (out / "bench_done").write_text("")
-    return out
+    return Training("speculators", argv, out, work / "speculators-defaults.log", REPO)
 
 
-def measure(work: Path, measure_args: list, checkpoint: str | None) -> dict:
-    """bench/quality/measure.py, or its earlier result when it measured the same drafts (same
-    arguments, same checkpoint) -- the slowest part on a CPU."""
-    measured = work / "taus.json"
-    key = {"args": list(map(str, measure_args)), "checkpoint": checkpoint}
-    if measured.is_file():
-        earlier = json.loads(measured.read_text())
-        if earlier.get("bench_key") == key:
-            log(f"reusing {measured}: the same drafts were measured with the same arguments")
-            return earlier
-    run_logged([sys.executable, REPO / "bench/quality/measure.py", *measure_args, "--output", measured], work / "measure.log", 4 * 3600)
-    taus = json.loads(measured.read_text())
-    measured.write_text(json.dumps({**taus, "bench_key": key}, indent=1))
-    return taus
+def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work: Path) -> Training:
+    """The train stage's own command line (harness.pipeline.stage_argv) with the recipe's flags
+    and an output of its own; --speculators-arg values go as --speculators-arg=VALUE."""
+    from harness.pipeline import stage_argv
+
+    flags = dict(flags)
+    passthrough = flags.pop("speculators_arg", [])
+    out = Path("outputs/recipes") / name
+    pipeline = replace(harness.pipeline, stages={"train": {**flags, "output": str(out)}})
+    argv = stage_argv("train", pipeline, python=sys.executable, events_path=str(work / "recipes" / f"{name}.events.jsonl"))
+    argv += [f"--speculators-arg={a}" for a in ([passthrough] if isinstance(passthrough, str) else passthrough)]
+    return Training(name, argv, work / out, work / "recipes" / f"{name}.log", work)
+
+
+def train_all(trainings: list[Training], concurrent: bool, deadline: float | None, harness: HarnessRun, ours: str) -> bool:
+    """Run the trainings that are not done yet beside the harness run `ours`: all at once with a
+    GPU, one by one on a CPU. At `deadline` (monotonic) stop whatever still runs; returns whether
+    ours was stopped."""
+    pending = [t for t in trainings if not t.done]
+    for t in trainings:
+        if t.done:
+            log(f"{t.name}: already trained ({t.output})")
+    running: list[Training] = []
+    try:
+        while pending or running or harness.running(ours):
+            while pending and (concurrent or not running):
+                running.append(pending.pop(0))
+                running[-1].start()
+            time.sleep(2.0)
+            running = [t for t in running if not t.poll()]
+            if deadline and time.monotonic() > deadline:
+                for t in pending:
+                    log(f"{t.name}: not started before the train deadline")
+                for t in running:  # all at once: each may take a while to save
+                    t.terminate()
+                ours_running = harness.running(ours)
+                if ours_running:
+                    harness.stop(ours)
+                grace_end = time.monotonic() + 15
+                while any(t.proc and t.proc.poll() is None for t in running) and time.monotonic() < grace_end:
+                    time.sleep(0.5)
+                for t in running:
+                    t.kill()
+                    t.poll()
+                return ours_running
+        return False
+    finally:
+        for t in running:
+            t.stop()
+            t.poll()
+
+
+def measure_all(work: Path, common_args: list, drafts: dict[str, Path], concurrent: bool, max_seconds: float | None) -> dict:
+    """bench/quality/measure.py over every draft: one process for all on a CPU (the verifier's
+    greedy references are shared), one per draft with a GPU (at the same time). A result is
+    reused when the same drafts were measured with the same arguments (the slowest part on a CPU)."""
+    groups = [list(drafts)] if not concurrent else [[name] for name in drafts] or [[]]
+    (work / "taus").mkdir(exist_ok=True)
+    procs = []
+    for group in groups:
+        args = [*common_args, *(a for name in group for a in ("--draft", f"{name}={drafts[name]}"))]
+        key = {"args": list(map(str, args)), "checkpoints": {name: _checkpoint_stamp(drafts[name]) for name in group}}
+        dest = work / "taus" / f"{'+'.join(group) or 'ngram'}.json"
+        if dest.is_file() and json.loads(dest.read_text()).get("bench_key") == key:
+            log(f"reusing {dest}: the same drafts were measured with the same arguments")
+            procs.append((dest, key, None))
+            continue
+        argv = [sys.executable, REPO / "bench/quality/measure.py", *args, "--output", dest, *(["--max-seconds", str(int(max_seconds))] if max_seconds else [])]
+        log(f"$ {' '.join(map(str, argv))}")
+        f = open(work / f"measure-{'+'.join(group) or 'ngram'}.log", "ab")
+        procs.append((dest, key, subprocess.Popen(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **BENCH_ENV})))
+        CLEANUP.append(procs[-1][2].kill)
+        if not concurrent:
+            procs[-1][2].wait()
+    merged: dict[str, Any] = {"taus": {}, "prompts_by_draft": {}}
+    for dest, key, proc in procs:
+        if proc is not None and proc.wait() != 0:
+            log(f"measure.py exited {proc.returncode}: {dest.stem} not measured; log {work}/measure-{dest.stem}.log")
+            continue
+        taus = json.loads(dest.read_text())
+        if proc is not None:
+            dest.write_text(json.dumps({**taus, "bench_key": key}, indent=1))
+        for name, by_k in taus["taus"].items():
+            merged["taus"].setdefault(name, by_k)
+            merged["prompts_by_draft"].setdefault(name, taus["prompts"])
+        merged.setdefault("prompts", taus["prompts"])
+    return merged
+
+
+def _checkpoint_stamp(output: Path) -> str | None:
+    """Which checkpoint a training output's draft is, and when it was written."""
+    sys.path.insert(0, str(REPO / "remote_scripts"))
+    from common.checkpoints import CheckpointError, resolve_draft
+
+    try:
+        path = resolve_draft(output)[0]
+    except CheckpointError:
+        return None
+    return f"{path.relative_to(output.parent.parent)}@{(path / 'model.safetensors').stat().st_mtime_ns}"
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def cpu_only(args: list[str]) -> list[str]:
+    return [] if gpu_available() else args
+
+
+def gpu_loss_fix() -> list[str]:
+    """speculators' default fused loss crashes under dynamo on torch 2.11 (train_draft.py's
+    choose_loss_implementation): there, like the CPU settings, the one setting the platform cannot run."""
     import torch
 
-    return [] if torch.cuda.is_available() else args
+    sys.path.insert(0, str(REPO / "remote_scripts"))
+    from train_draft import choose_loss_implementation
+
+    if gpu_available() and choose_loss_implementation("cuda", torch.__version__) == "eager":
+        return ["--loss-implementation", "eager"]
+    return []
 
 
 def machine() -> str:
@@ -179,7 +376,29 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
 
 
+def parse_flags(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs -> {key: value}: numbers and true/false parsed, the rest kept as text."""
+    flags: dict[str, Any] = {}
+    for kv in pairs:
+        key, _, value = kv.partition("=")
+        flags[key.replace("-", "_")] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+    return flags
+
+
 def main() -> None:
+    """The bench; on SIGTERM (a caller's timeout) or an error, what it started is stopped first."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
+    try:
+        bench()
+    finally:
+        for stop in reversed(CLEANUP):
+            try:
+                stop()
+            except Exception as e:  # the rest must still be stopped
+                log(f"cleanup: {e}")
+
+
+def bench() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(SIZES), default="cpu")
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
@@ -188,32 +407,62 @@ def main() -> None:
     p.add_argument("--stop-after", choices=["verifier"], default=None, help="build the verifier (kept in the workdir for the next call) and stop")
     p.add_argument("--skip-speculators", action="store_true", help="no `speculators train` reference (tau_speculators: null); the CI variant")
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra train-stage flag for our recipe (e.g. epochs=6); recorded with the figures")
+    p.add_argument("--verifier-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra make_stdlib_verifier.py flag (e.g. steps=2000); recorded with the figures")
+    p.add_argument("--recipes", default=None, metavar="FILE", help="JSON {name: {train flag: value}}: also train and measure these recipes (see the module's doc)")
+    p.add_argument("--train-deadline-s", type=float, default=None, help="stop the trainings beside ours this many seconds after the bench started (their latest checkpoints are measured)")
+    p.add_argument("--measure-max-s", type=float, default=None, help="each measurement stops after this long, with the prompts it has done")
+    p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
     args = p.parse_args()
     spec = SIZES[args.size]
+    if args.verifier_arg:
+        from harness.pipeline import to_flags
+
+        spec = replace(spec, verifier_args=[*spec.verifier_args, *to_flags(parse_flags(args.verifier_arg))])
+    recipes = json.loads(Path(args.recipes).read_text()) if args.recipes else {}
     work = Path(args.workdir or f"quality-{args.size}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    phases: dict[str, float] = {}
     load_before = os.getloadavg()
 
     summary = build_verifier(args.size, spec, work)
+    phases["verifier"] = round(time.monotonic() - t0, 1)
     log(f"verifier: {summary['parameters'] / 1e6:.1f}M parameters, held-out loss {summary['heldout_loss_per_token']} nats/token")
     if args.stop_after == "verifier":
         print(json.dumps({"verifier": summary}))
         return
     stage_args = {k: dict(v) for k, v in spec.stage_args.items()}
-    for kv in args.train_arg:
-        key, _, value = kv.partition("=")
-        stage_args["train"][key.replace("-", "_")] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
-    run = harness_run(spec, work, stage_args)
-    drafts = ["--draft", f"ours={work / 'outputs/checkpoints'}"]
-    if not args.skip_speculators:
-        drafts += ["--draft", f"speculators={speculators_defaults(spec, work)}"]
-    taus = measure(work, [
+    stage_args["train"].update(parse_flags(args.train_arg))
+    harness = HarnessRun(spec, work, stage_args)
+    finished = harness.wait(harness.start(["regenerate", "prepare", "extract"]))
+    phases["data"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+
+    # Ours through `harness run` (train, evaluate); the drafts to compare it with beside it.
+    concurrent = args.concurrent or gpu_available()
+    ours = harness.start(["train", "evaluate"])
+    others = [] if args.skip_speculators else [speculators_training(spec, work)]
+    (work / "recipes").mkdir(exist_ok=True)
+    # The machine's settings, not the recipe's: threads; when they share a GPU box, one dataloader
+    # worker each and a metrics line every 10 steps (speculators renders each one on the console).
+    machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1, "log_freq": 10} if concurrent else {})
+    others += [recipe_training(name, {**machine_flags, **flags}, harness, work) for name, flags in recipes.items()]
+    ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours)
+    finished.update(harness.wait(ours, cancelled_ok=ours_stopped))
+    phases["train"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+
+    drafts = {"ours": work / "outputs/checkpoints", **{t.name: t.output for t in others}}
+    for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
+        log(f"{name}: no checkpoint before the train deadline: not measured")
+        del drafts[name]
+    taus = measure_all(work, [
         "--verifier", work / "outputs/stdlib-verifier", "--data", work / "outputs/chat.jsonl",
-        *drafts, "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
-    ], run["finished"]["train"].get("checkpoint"))
+        "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
+    ], drafts, concurrent, args.measure_max_s)
+    trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
+    phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
-    tau.setdefault("speculators", {3: None, 5: None})
+    for name in ("ours", "ngram", "speculators"):  # not measured: None
+        tau.setdefault(name, {3: None, 5: None})
     result = {
         "k": 3,
         "tau_draft": tau["ours"][3],
@@ -221,12 +470,21 @@ def main() -> None:
         "tau_speculators": tau["speculators"][3],
         "k5": {"tau_draft": tau["ours"][5], "tau_ngram": tau["ngram"][5], "tau_speculators": tau["speculators"][5]},
         "size": args.size,
-        "prompts": taus["prompts"],
+        "prompts": taus.get("prompts", 0),
+        "verifier_args": spec.verifier_args,
         "verifier_heldout_loss_per_token": summary["heldout_loss_per_token"],
         "verifier_parameters": summary["parameters"],
-        "evaluate_stage_tau": run["finished"]["evaluate"].get("tau"),
-        "regenerate": {k: run["finished"]["regenerate"].get(k) for k in ("to_answer", "generated_tokens", "stopped_at_end_of_turn", "seconds")},
+        "evaluate_stage_tau": finished.get("evaluate", {}).get("tau"),
+        "regenerate": {k: finished["regenerate"].get(k) for k in ("to_answer", "generated_tokens", "stopped_at_end_of_turn", "seconds")},
         "train_args": stage_args["train"],
+        "train_seconds": finished["train"].get("seconds"),
+        "ours_stopped_at_deadline": ours_stopped,
+        "recipes": {
+            name: {"flags": flags, "tau": {str(k): t for k, t in tau.get(name, {3: None, 5: None}).items()}, "prompts": taus["prompts_by_draft"].get(name), **trained.get(name, {})}
+            for name, flags in recipes.items()
+        },
+        "speculators_training": trained.get("speculators"),
+        "phase_seconds": phases,
         "seconds": round(time.monotonic() - t0, 1),
         "load_average": {"before": [round(x, 1) for x in load_before], "after": [round(x, 1) for x in os.getloadavg()]},
         "machine": machine(),
@@ -245,6 +503,9 @@ def table(r: dict) -> str:
     rows = [("ours (harness train stage)", "tau_draft"), ("n-gram prompt lookup (vLLM ngram, n = 4..1)", "tau_ngram"), ("`speculators train`, its defaults", "tau_speculators")]
     lines = ["| proposer | tau, k = 3 | tau, k = 5 |", "| --- | ---: | ---: |"]
     lines += [f"| {label} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |" for label, key in rows]
+    for name, rec in r.get("recipes", {}).items():
+        note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
+        lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |")
     return "\n".join(lines)
 
 
@@ -256,13 +517,13 @@ def record(r: dict, args) -> None:
     from results_file import record as write_section
 
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    ratio = r["tau_draft"] / r["tau_ngram"] if r["tau_ngram"] else float("nan")
+    ratio = r["tau_draft"] / r["tau_ngram"] if r["tau_draft"] and r["tau_ngram"] else float("nan")
     section = (
         f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}`\n\n"
-        f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all. "
+        f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all ({', '.join(f'{k} {v:.0f} s' for k, v in r['phase_seconds'].items())}). "
         f"Verifier: {r['verifier_parameters'] / 1e6:.1f}M parameters, held-out loss {r['verifier_heldout_loss_per_token']} nats/token. "
         f"{r['prompts']} held-out prompts, greedy; our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
-        f"{table(r)}\n\ntau_draft / tau_ngram = {ratio:.2f} at k = 3 (goal >= 1.3); tau_draft - tau_speculators = {_fmt(r['tau_draft'] - r['tau_speculators']) if r['tau_speculators'] is not None else 'not measured'} (goal >= 0).\n"
+        f"{table(r)}\n\ntau_draft / tau_ngram = {ratio:.2f} at k = 3 (goal >= 1.3); tau_draft - tau_speculators = {_fmt(r['tau_draft'] - r['tau_speculators']) if None not in (r['tau_draft'], r['tau_speculators']) else 'not measured'} (goal >= 0).\n"
     )
     write_section(HEADING, section)
 

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Issue 16 on a GPU: bench/quality/run.py (draft quality on real text), one call per size.
+#
+#   bash bench/gpu/quality.sh cpu 2>&1 | tee $OUT/log   # call 1: the cpu size's recipe sweep
+#   bash bench/gpu/quality.sh gpu 2>&1 | tee $OUT/log   # call 2: the gpu size
+#   (device tool, repo root; carry .whl: the wheels are installed first)
+#
+# cpu: two runs of the cpu size at the same time, each measuring ours (the harness train stage
+#      with the size's flags), n-gram lookup, `speculators train` with its own defaults and
+#      recipes trained on the same hidden states:
+#        A  the cpu size's verifier (as on 2 CPU cores), every recipe of bench/quality/recipes.json
+#        B  the same verifier trained 4x longer (--verifier-arg steps=2000), the recipes of
+#           bench/quality/recipes-verifier.json: does a stronger verifier change the ranking?
+# gpu: the gpu size (a ~110M verifier, at most 2 minutes of training), ours, n-gram and
+#      `speculators train`'s defaults.
+#
+# Everything is budgeted to end within BUDGET_S seconds (default 530; the device allows 560):
+# the trainings beside ours stop at a deadline (their latest checkpoint is measured and marked
+# "stopped at the deadline"), the measurements stop early with the prompts they did, and a
+# last `timeout` ends what is left. Results: $OUT/quality-<size>[-A|-B].json (run.py --json),
+# the run's logs under $OUT/logs-*/; the table and per-phase seconds are printed.
+# Its mechanics, checked on a CPU with the ci size, tiny recipes and a 450-step verifier for B:
+#   SIZE=ci RECIPES_A=R.json RECIPES_B=R.json VERIFIER_B=steps=450 WORK=/tmp/qc BUDGET_S=3000 \
+#     TRAIN_DEADLINE_S=1500 MEASURE_MAX_S=300 EXTRA_ARGS=--concurrent bash bench/gpu/quality.sh cpu
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+started=$(date +%s)  # the budget counts the wheels' installation too
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+OUT=${OUT:-/tmp/quality-out}
+mkdir -p "$OUT"
+which=${1:?usage: bench/gpu/quality.sh cpu|gpu}
+budget=${BUDGET_S:-530}
+nvidia-smi -L 2>/dev/null || echo "no GPU: CPU run"
+python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+
+# bench NAME WORKDIR TRAIN_DEADLINE MEASURE_MAX RUN_PY_ARGS...: run.py within the budget, its
+# JSON to $OUT/NAME.json, its stderr to $OUT/NAME.log, its logs copied to $OUT/logs-NAME/.
+bench() {
+  local name=$1 work=$2 train_deadline=$3 measure_max=$4
+  shift 4
+  local left=$(( budget - ($(date +%s) - started) ))
+  local rc=0
+  timeout --kill-after=10 "$left" python3 bench/quality/run.py --json --no-record --workdir "$work" \
+    --train-deadline-s "$train_deadline" --measure-max-s "$measure_max" "$@" ${EXTRA_ARGS:-} >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
+  echo "$name: run.py exited $rc after $(( $(date +%s) - started )) s"
+  mkdir -p "$OUT/logs-$name"
+  (cd "$work" && find . -maxdepth 4 \( -name '*.log' -o -name 'log' -o -name 'events.jsonl' -o -name '*.events.jsonl' -o -name 'result.json' -o -name 'best.json' -o -name 'stdlib_split.json' \) -size -2M \
+     | while read -r f; do mkdir -p "$OUT/logs-$name/$(dirname "$f")"; cp "$f" "$OUT/logs-$name/$f"; done) 2>/dev/null || true
+  return 0
+}
+
+case $which in
+cpu)
+  size=${SIZE:-cpu}
+  bench "quality-$size-A" "${WORK:-/tmp/quality}-A" "${TRAIN_DEADLINE_S:-360}" "${MEASURE_MAX_S:-90}" --size "$size" --recipes "${RECIPES_A:-bench/quality/recipes.json}" &
+  bench "quality-$size-B" "${WORK:-/tmp/quality}-B" "${TRAIN_DEADLINE_S:-360}" "${MEASURE_MAX_S:-90}" --size "$size" --verifier-arg "${VERIFIER_B:-steps=2000}" --recipes "${RECIPES_B:-bench/quality/recipes-verifier.json}" &
+  wait
+  ;;
+gpu)
+  # The workdir is under the repo (git-ignored), so a second call on a warm machine reuses the verifier.
+  bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-430}" "${MEASURE_MAX_S:-60}" --size gpu
+  ;;
+*) echo "usage: bench/gpu/quality.sh cpu|gpu" >&2; exit 2 ;;
+esac
+
+python3 - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "bench/quality")
+from run import table
+
+for path in sorted(Path(sys.argv[1]).glob("quality-*.json")):
+    text = path.read_text().strip()
+    if not text:
+        print(f"\n{path.name}: no result (see {path.with_suffix('.log').name})")
+        continue
+    r = json.loads(text.splitlines()[-1])
+    print(f"\n{path.name}: verifier {r['verifier_parameters'] / 1e6:.1f}M, held-out loss {r['verifier_heldout_loss_per_token']}; "
+          f"{r['prompts']} prompts; ours {json.dumps(r['train_args'])}; phases {r['phase_seconds']}; {r['machine']}")
+    print(table(r))
+    print(f"tau_draft / tau_ngram = {r['tau_draft'] / r['tau_ngram']:.3f} at k = 3" if r["tau_draft"] and r["tau_ngram"] else "tau_draft or tau_ngram not measured")
+EOF
+echo "done in $(( $(date +%s) - started )) s"
