@@ -118,30 +118,25 @@ def test_the_probe_asks_transformers_the_same_question(tmp_path):
 # --- the "can" path: a toy INT4 verifier through the transformers backend ---
 
 @pytest.fixture(scope="module")
-def int4_verifier(tiny_verifier, tmp_path_factory) -> Path:
-    if importlib.util.find_spec("compressed_tensors") is None:
+def int4_verifier(request, tmp_path_factory) -> Path:
+    if importlib.util.find_spec("compressed_tensors") is None:  # before the verifier is trained
         bed_unavailable("compressed-tensors", "the package is not installed (the dev extra installs it: scripts/setup.sh --dev)")
-    return quantize_int4(tiny_verifier.verifier, tmp_path_factory.mktemp("int4") / "verifier")
+    return quantize_int4(request.getfixturevalue("tiny_verifier").verifier, tmp_path_factory.mktemp("int4") / "verifier")
 
 
-def reference_states(model_path: Path, ids, layers: list[int]):
-    """[T, len(layers)+1, H] float32 from transformers' own forward, not the product's hooks:
-    output_hidden_states[i] (the input of layer i) for each target layer, then the last layer's
-    output before the final norm, recomputed by hand on its input (as tests/fixtures/vllm_stand_in.py does)."""
+def reference(model_path: Path, layers: list[int]):
+    """transformers' own forward, not the product's hooks (the vLLM stand-in's computation):
+    output_hidden_states at each target layer, then the last layer's output before the final norm.
+    Loaded the plain way: compressed-tensors unpacks its weights on the whole model's first forward."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    # Loaded the plain way (no dequantize at load): compressed-tensors unpacks on the first forward.
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager").eval()
-    decoder, n = model.model, model.config.num_hidden_layers
-    with torch.no_grad():
-        hidden = model(input_ids=ids[None], output_hidden_states=True, use_cache=False).hidden_states
-        x, positions = hidden[n - 1], torch.arange(len(ids))[None]
-        causal = torch.full((len(ids), len(ids)), float("-inf")).triu(1)[None, None]
-        last = decoder.layers[-1](x, attention_mask=causal, position_ids=positions, position_embeddings=decoder.rotary_emb(x, positions))
-        last = last[0] if isinstance(last, tuple) else last
-        torch.testing.assert_close(decoder.norm(last), hidden[-1])  # the recomputation is transformers' own last layer
-    return torch.stack([hidden[i][0] for i in layers] + [last[0]], dim=1), model
+    from tests.fixtures.vllm_stand_in import Extractor
+
+    threads = torch.get_num_threads()  # the stand-in runs on one thread: not the rest of this session
+    try:
+        return Extractor(str(model_path), layers + [json.loads((model_path / "config.json").read_text())["num_hidden_layers"]])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_an_int4_verifier_extracts_through_the_transformers_backend(int4_verifier, tiny_verifier, prepared_data, tmp_path):
@@ -165,17 +160,18 @@ def test_an_int4_verifier_extracts_through_the_transformers_backend(int4_verifie
     assert "the verifier is quantized (compressed-tensors): the transformers backend loads it through transformers' CompressedTensorsHfQuantizer" in said
     layers = json.loads((tmp_path / "hs" / "extract_meta.json").read_text())["target_layer_ids"]
 
+    int4, full = reference(int4_verifier, layers), reference(tiny_verifier.verifier, layers)
     tokens = agree = 0
     for i in range(len(rows)):
         ids = rows[i]["input_ids"]
         saved = load_file(str(tmp_path / "hs" / f"hs_{i}.safetensors"))
         assert torch.equal(saved["token_ids"], ids)
-        quantized, model = reference_states(int4_verifier, ids, layers)
+        with torch.no_grad():
+            quantized, unquantized = int4.states(ids[None]), full.states(ids[None])
         # Equal up to the bf16 the stage stores: rtol is one bf16 step, 2**-7 (rounding to nearest
         # costs half of one; fp32 sdpa here vs eager there may tip a value over a rounding edge);
         # atol only for fp32 noise on values near zero.
         torch.testing.assert_close(saved["hidden_states"].float(), quantized, rtol=2**-7, atol=1e-5 * float(quantized.abs().max()))
-        unquantized, full = reference_states(tiny_verifier.verifier, ids, layers)
         # Close to the unquantized verifier, and not equal to it (the weights really are INT4):
         # rounding to 4 bits in groups of 32 moves each weight by up to half a step (its group's
         # max / 7), on the order of 10% of the weights' size, and the states move by about that
@@ -183,7 +179,7 @@ def test_an_int4_verifier_extracts_through_the_transformers_backend(int4_verifie
         error = (quantized - unquantized).norm(dim=(0, 2)) / unquantized.norm(dim=(0, 2))
         assert 0.01 < float(error.min()) and float(error.max()) < 0.25, error
         with torch.no_grad():
-            agree += int((model(input_ids=ids[None]).logits.argmax(-1) == full(input_ids=ids[None]).logits.argmax(-1)).sum())
+            agree += int((int4.model(input_ids=ids[None]).logits.argmax(-1) == full.model(input_ids=ids[None]).logits.argmax(-1)).sum())
         tokens += len(ids)
     # Greedy tokens mostly survive INT4 (96% measured); wrong scales or packing would leave chance (1/400).
     assert agree >= 0.9 * tokens, f"the INT4 verifier's greedy tokens agree with the unquantized one's on {agree}/{tokens}"
