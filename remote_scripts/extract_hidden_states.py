@@ -628,19 +628,12 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
 def check_quantization(args: argparse.Namespace, events: EventLog, local_rank: int) -> None:
     """Before the verifier loads: a quantization the transformers backend cannot run here is one
     line naming the vLLM backend; one it can run is said in the log."""
-    from common.quantization import transformers_verdict
-
-    config_path = Path(args.verifier) / "config.json"
-    if config_path.is_file():
-        config = json.loads(config_path.read_text())
-    else:  # a hub id
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code).to_dict()
     import torch
 
+    from common.quantization import read_config, transformers_verdict
+
     device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    verdict = transformers_verdict(config, device)
+    verdict = transformers_verdict(read_config(args.verifier, args.trust_remote_code), device)
     if verdict is None:
         return
     if not verdict.runs:

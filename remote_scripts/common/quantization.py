@@ -14,7 +14,9 @@ module: it runs before remote_scripts/ is synced).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 VLLM_HINT = 'use the vLLM backend: extract --backend vllm ([pipeline.stages.extract] backend = "vllm")'
@@ -41,6 +43,16 @@ def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def read_config(verifier: str, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The verifier's config as a dict: its config.json, or AutoConfig's for a hub id."""
+    config_path = Path(verifier) / "config.json"
+    if config_path.is_file():
+        return json.loads(config_path.read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(verifier, trust_remote_code=trust_remote_code).to_dict()
+
+
 def method_of(qc: dict[str, Any]) -> str:
     if qc.get("load_in_4bit") or qc.get("load_in_8bit"):
         return "bitsandbytes " + ("4-bit" if qc.get("load_in_4bit") else "8-bit")
@@ -63,3 +75,19 @@ def transformers_verdict(config: dict[str, Any], device: str = "cpu") -> Quantiz
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return QuantizationVerdict(method, False, first[:300])
     return QuantizationVerdict(method, True, f"transformers' {type(quantizer).__name__}")
+
+
+def loading_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+    """Extra from_pretrained arguments for a quantized verifier the transformers backend runs.
+
+    compressed-tensors leaves packed weights (Kimi-K2.5's INT4 `weight_packed`) in place until a
+    pre-hook on the WHOLE model's first forward unpacks them; the extractor calls the text model
+    inside it, whose Linear layers would have no `weight`. `dequantize=True`, a loading attribute
+    transformers merges into the checkpoint's own quantization_config, unpacks them at load
+    instead: the same values, in the load dtype (so the memory of an unquantized model)."""
+    qc = quantization_config(config)
+    if qc is None or method_of(qc) != "compressed-tensors":
+        return {}
+    from transformers import CompressedTensorsConfig
+
+    return {"quantization_config": CompressedTensorsConfig(dequantize=True)}

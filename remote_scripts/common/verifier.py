@@ -102,8 +102,11 @@ def load_verifier(path: str, device: str | torch.device = "cpu", dtype: str | to
     """
     import transformers
 
+    from common.quantization import loading_kwargs, read_config
+
     torch_dtype = verifier_dtype(device, dtype)
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "trust_remote_code": trust_remote_code}
+    kwargs.update(loading_kwargs(read_config(path, trust_remote_code)))  # a quantized verifier's (common/quantization.py)
     errors = []
     for cls_name in ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModel"):
         cls = getattr(transformers, cls_name, None)
