@@ -75,15 +75,16 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
                     result = prepared.apply()  # a blink: no progress bar (and no rich import)
                 else:
                     progress = _progress()
+                    total = plan.upload_bytes  # a sum over the plan: once, not per file sent
                     with progress:
-                        task = progress.add_task(f"sync {target.name}", total=plan.upload_bytes, files=f"0/{len(plan.upload)} files")
+                        task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
 
-                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload)) -> None:
+                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
                             # bytes on the wire include tar headers: cap at the payload total
-                            _progress.update(_task, completed=min(sent, plan.upload_bytes), files=f"{files}/{_n} files")
+                            _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
 
                         result = prepared.apply(on_progress)
-                        progress.update(task, completed=plan.upload_bytes)
+                        progress.update(task, completed=total)
             _print_summary(target.name, result)
     finally:
         app.close()
