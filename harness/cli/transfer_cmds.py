@@ -54,7 +54,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     Files an earlier sync put there and that are gone here are deleted, only inside the synced
     paths; everything else on the host (runs/, outputs, data) is never touched.
     """
-    from harness.sync import PreparedSync, SyncResult, manifest_digest
+    from harness.sync import PreparedSync
 
     app = ctx.obj
     config = app.config
@@ -69,7 +69,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
             with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
                 plan = prepared.plan
                 if dry_run:
-                    _print_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                    _print_plan(target.name, prepared.dry_run())
                     continue
                 if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
                     result = prepared.apply()  # a blink: no progress bar (and no rich import)
