@@ -71,8 +71,8 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
                 if dry_run:
                     _print_plan(target.name, prepared.dry_run())
                     continue
-                if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
-                    result = prepared.apply()  # a blink: no progress bar (and no rich import)
+                if (plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES) or not click.get_text_stream("stderr").isatty():
+                    result = prepared.apply()  # a blink, or no one watching: no progress bar (and no rich import)
                 else:
                     progress = _progress()
                     total = plan.upload_bytes  # a sum over the plan: once, not per file sent

@@ -110,6 +110,12 @@ def read_exact(stream, n):
     return data
 
 
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def copy_content(stream, size, fd):
     """Move `size` bytes from the stream to fd (None: drop them). They are always consumed, so
     the next record stays in step; returns the first write error instead of raising it."""
@@ -118,30 +124,34 @@ def copy_content(stream, size, fd):
     while left:
         chunk = read_exact(stream, min(left, BLOCK))
         left -= len(chunk)
-        view = memoryview(chunk)
-        while fd is not None and error is None and view:
+        if fd is not None and error is None:
             try:
-                view = view[os.write(fd, view):]
+                write_all(fd, chunk)
             except OSError as e:
                 error = e
     return error
 
 
-def slot(workdir, rel, owned):
-    """(final path, temporary path to write and rename, or None to write the final path)."""
+def create(workdir, rel, owned, make):
+    """make(path) creates a file or link at path, failing if anything is there. A new path is
+    made in place (nothing can be reading it); an existing one under a temporary name in its
+    directory, which the caller renames over it (a running job never sees a half-written file;
+    a symlink there is replaced, never followed). Returns (what make returned, the temporary
+    path or None)."""
     make_parents(workdir, rel, owned)
     if not parents_are_real_dirs(workdir, rel):
         raise OSError("a parent directory is a symlink")
     target = os.path.join(workdir, rel)
-    if not os.path.lexists(target):
-        return target, None  # new: nothing can read it half-written
+    try:
+        return make(target), None
+    except FileExistsError:
+        pass
     if os.path.isdir(target) and not os.path.islink(target):
         raise OSError("a directory is in the way")
-    # replace atomically: a running job never sees a half-written file
     tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
     if os.path.lexists(tmp):
         os.unlink(tmp)
-    return target, tmp
+    return make(tmp), tmp
 
 
 def receive_file(stream, workdir, rel, owned, umask):
@@ -154,15 +164,23 @@ def receive_file(stream, workdir, rel, owned, umask):
     try:
         if rel is None:
             raise OSError("not a path in the synced tree")
-        target, tmp = slot(workdir, rel, owned)
-        fd = os.open(tmp or target, OPEN_NEW, mode)
+        fd, tmp = create(workdir, rel, owned, lambda path: os.open(path, OPEN_NEW, mode))
     except OSError:
-        copy_content(stream, size, None)
-        read_exact(stream, 32)
+        copy_content(stream, size + 32, None)
         raise
-    written = tmp or target
+    written = tmp or os.path.join(workdir, rel)
+    error = None
     try:
-        error = copy_content(stream, size, fd)
+        if size <= BLOCK:  # the common case: one read for content and hash
+            body = read_exact(stream, size + 32)
+            try:
+                write_all(fd, memoryview(body)[:size])
+            except OSError as e:
+                error = e
+            digest = body[size:]
+        else:
+            error = copy_content(stream, size, fd)
+            digest = read_exact(stream, 32)
         if error is None and mode & umask:
             os.fchmod(fd, mode)  # exactly, whatever the umask
     except BaseException:
@@ -170,20 +188,18 @@ def receive_file(stream, workdir, rel, owned, umask):
         os.unlink(written)  # the stream ended inside it: no partial file stays behind
         raise
     os.close(fd)
-    digest = read_exact(stream, 32)
     if error is not None:
         os.unlink(written)
         raise error
     if tmp:
-        os.replace(tmp, target)
+        os.replace(tmp, os.path.join(workdir, rel))
     return {"kind": "file", "size": size, "mode": mode, "sha256": digest.hex(), "target": ""}
 
 
 def place_link(workdir, rel, owned, entry):
-    target, tmp = slot(workdir, rel, owned)
-    os.symlink(entry["target"], tmp or target)
+    _, tmp = create(workdir, rel, owned, lambda path: os.symlink(entry["target"], path))
     if tmp:
-        os.replace(tmp, target)
+        os.replace(tmp, os.path.join(workdir, rel))
     return entry
 
 
