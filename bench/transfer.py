@@ -233,9 +233,9 @@ class Bench:
         return rows
 
 
-def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = ()) -> str:
+def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3) -> str:
     """The dated section for RESULTS.md; parts that were skipped are named, not shown as zeros."""
-    command = f"python bench/transfer.py --size-mib {size_mib} --files {files}" + "".join(f" --skip {s}" for s in skipped)
+    command = f"python bench/transfer.py --size-mib {size_mib} --files {files}" + (f" --repeat {repeat}" if repeat != 3 else "") + "".join(f" --skip {s}" for s in skipped)
     lines = [
         f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `{command}`",
         "",
@@ -292,7 +292,7 @@ def main() -> None:
             pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs)
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
         resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
-        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load)
+        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat)
         print()
         print(table)
         if args.record:
