@@ -7,8 +7,10 @@ How it decides what moves
   the host (harness/remote/sync_apply.py, through transport.local_argv: OpenSSH with a persistent
   ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
   (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
-  re-read). Only entries that differ are sent, over the same process. A no-op sync therefore
-  costs one remote exec, writes nothing on the host and moves no file.
+  re-read; a file the cache does not know is read only when the host holds an entry of its size
+  and mode, any other is sent and hashed as it streams). Only entries that differ are sent, over
+  the same process. A no-op sync therefore costs one remote exec, writes nothing on the host and
+  moves no file.
 
 What it sends
   Regular files (content, permission bits) and symlinks (as links, never followed). Ignored:
@@ -26,9 +28,11 @@ What it deletes
   ignored and reported: an edited manifest cannot steer a deletion out of the tree.
 
 How bytes move
-  One uncompressed tar stream into that helper, which applies deletions, writes new files in
-  place and replaces existing ones by rename, and writes the new manifest last (a pending
-  manifest first, so an interrupted sync re-sends and still owns what it was writing).
+  One stream into that helper (a JSON header, then per file its size, mode, content and the
+  SHA-256 hashed as it was read; see RECORD), which applies deletions, writes new files in place
+  (removed again if the stream ends inside one) and replaces existing ones by rename, and writes
+  the new manifest last (a pending manifest first, so an interrupted sync re-sends and still owns
+  what it was writing).
 
 Run records use `host_manifest_digest(transport, workdir)`: the digest of the code a run used.
 """
@@ -599,11 +603,11 @@ class PreparedSync:
 
         proc = self._proc
         try:
-            out = _Framer(proc.stdin)
-            out.write(json.dumps(header, ensure_ascii=True).encode() + b"\n")
+            stream = _Framer(proc.stdin)
+            stream.write(json.dumps(header, ensure_ascii=True).encode() + b"\n")
             for rel in plan.upload:
                 if plan.local.entries[rel].kind == "file":
-                    entry = self._send_file(out, rel, on_bytes)
+                    entry = self._send_file(stream, rel, on_bytes)
                     if entry is None:  # gone since the scan: the host keeps what it had
                         del plan.local.entries[rel]
                         plan.manifest.pop(rel)
@@ -613,8 +617,8 @@ class PreparedSync:
                         plan.local.entries[rel] = plan.manifest[rel] = entry
                 sent["files"] += 1
             result.manifest_digest = manifest_digest(plan.manifest)
-            out.write(json.dumps({"digest": result.manifest_digest}).encode() + b"\n")
-            out.flush()
+            stream.write(json.dumps({"digest": result.manifest_digest}).encode() + b"\n")
+            stream.flush()
             if progress:
                 progress(sent["files"], sent["bytes"])
             proc.stdin.close()

@@ -80,7 +80,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
                         task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
 
                         def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
-                            # bytes on the wire include tar headers: cap at the payload total
+                            # files may have grown since the plan: cap at its total
                             _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
 
                         result = prepared.apply(on_progress)
