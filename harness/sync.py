@@ -267,6 +267,7 @@ class _HashCache:
         tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}-{threading.get_ident()}")  # group syncs save from threads
         tmp.write_text(json.dumps({"version": 1, "files": self.new}, separators=(",", ":")), encoding="utf-8")
         os.replace(tmp, self.path)
+        self.old = dict(self.new)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -510,6 +511,8 @@ class PreparedSync:
             local = scan_local(self.root, roots, exclude, cache_file=cache_file if cache_file is not None else self.root / LOCAL_CACHE_PATH, hash_files=False)
             self._host, _ = parse_manifest(self._read_manifest())
             local.hash_unknown(self._host)
+            if local.files_hashed:
+                local.cache.save()  # kept even if the plan is dropped (a dry run, a group's preview)
             self.plan = plan_sync(local, self._host, roots)
         except BaseException:
             self.close()
