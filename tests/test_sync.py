@@ -4,6 +4,7 @@ with the `ssh` marker, through a real sshd."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -261,3 +262,54 @@ def test_cli_sync_dry_run_then_sync_then_noop(harness_config, ssh_host):
     assert again.returncode == 0 and "sent 0 files" in again.stderr and "2 unchanged" in again.stderr
     bad = harness("sync", "nosuchhost")
     assert bad.returncode == 2 and "unknown host or group" in bad.stderr
+
+
+def test_first_sync_reads_each_file_once_and_a_touch_is_compared_not_sent(host, project):
+    transport, workdir = host
+    first = do_sync(transport, project, workdir)
+    assert first.plan.local.files_hashed == 0  # the host had nothing: hashed while streaming
+    files, _ = read_host_manifest(transport, workdir)
+    train = project / "remote_scripts" / "train.py"
+    assert files["remote_scripts/train.py"].sha256 == hashlib.sha256(train.read_bytes()).hexdigest()
+    os.utime(train, ns=(train.stat().st_atime_ns, train.stat().st_mtime_ns + 10**9))  # same content
+    again = do_sync(transport, project, workdir)
+    assert again.plan.is_noop and again.plan.local.files_hashed == 1  # read to compare, not sent
+
+
+def test_file_changed_or_gone_between_plan_and_send(host, project):
+    from harness.sync import PreparedSync
+
+    transport, workdir = host
+    with PreparedSync(transport, project, PATHS, workdir) as prepared:
+        assert "remote_scripts/train.py" in prepared.plan.upload
+        (project / "remote_scripts" / "train.py").write_text("print('edited meanwhile, longer')\n")
+        (project / "container" / "Dockerfile").unlink()
+        result = prepared.apply()
+    w = Path(workdir)
+    assert (w / "remote_scripts" / "train.py").read_text() == "print('edited meanwhile, longer')\n"
+    assert not (w / "container" / "Dockerfile").exists()
+    files, digest = read_host_manifest(transport, workdir)
+    assert "container/Dockerfile" not in files  # the manifest records what the host holds
+    assert files["remote_scripts/train.py"].sha256 == hashlib.sha256(b"print('edited meanwhile, longer')\n").hexdigest()
+    assert digest == result.manifest_digest
+
+
+def test_cut_stream_leaves_no_partial_file_and_the_next_sync_completes(tmp_path, project):
+    """The host helper fed a stream that ends inside a file (the laptop or the link died)."""
+    import subprocess
+    import sys
+
+    from harness.sync import RECORD, _remote_source
+
+    workdir = tmp_path / "host-workdir"
+    header = {"roots": ["remote_scripts"], "upload": {"remote_scripts/big.bin": {"kind": "file", "size": 1000, "mode": 0o644, "sha256": "", "target": ""}}, "delete": [], "drop": []}
+    stream = json.dumps(header).encode() + b"\n" + RECORD.pack(1000, 0o644) + b"x" * 400
+    proc = subprocess.run([sys.executable, "-S", "-c", _remote_source("sync_apply.py"), str(workdir)], input=stream, capture_output=True, timeout=60)
+    assert proc.returncode != 0 and b"ended early" in proc.stderr
+    assert not (workdir / "remote_scripts" / "big.bin").exists()
+    pending = json.loads((workdir / MANIFEST_PATH).read_text())
+    assert pending["digest"] == "pending" and "remote_scripts/big.bin" in pending["files"]  # still owned
+    from harness.transport.local import LocalTransport
+
+    result = do_sync(LocalTransport("local"), project, str(workdir))
+    assert result.files_sent == 7 and not result.refused

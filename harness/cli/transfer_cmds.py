@@ -45,7 +45,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     Files an earlier sync put there and that are gone here are deleted, only inside the synced
     paths; everything else on the host (runs/, outputs, data) is never touched.
     """
-    from harness.sync import PreparedSync, SyncResult, manifest_digest
+    from harness.sync import PreparedSync
 
     app = ctx.obj
     config = app.config
@@ -57,21 +57,22 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
             with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
                 plan = prepared.plan
                 if dry_run:
-                    print_sync_plan(target.name, SyncResult(plan=plan, dry_run=True, manifest_digest=manifest_digest(plan.manifest)))
+                    print_sync_plan(target.name, prepared.dry_run())
                     continue
-                if plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES:
-                    result = prepared.apply()  # a blink: no progress bar (and no rich import)
+                if (plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES) or not click.get_text_stream("stderr").isatty():
+                    result = prepared.apply()  # a blink, or no one watching: no progress bar (and no rich import)
                 else:
                     progress = _progress()
+                    total = plan.upload_bytes  # a sum over the plan: once, not per file sent
                     with progress:
-                        task = progress.add_task(f"sync {target.name}", total=plan.upload_bytes, files=f"0/{len(plan.upload)} files")
+                        task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
 
-                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload)) -> None:
-                            # bytes on the wire include tar headers: cap at the payload total
-                            _progress.update(_task, completed=min(sent, plan.upload_bytes), files=f"{files}/{_n} files")
+                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
+                            # files may have grown since the plan: cap at its total
+                            _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
 
                         result = prepared.apply(on_progress)
-                        progress.update(task, completed=plan.upload_bytes)
+                        progress.update(task, completed=total)
             print_sync_summary(target.name, result)
     finally:
         app.close()

@@ -2,12 +2,15 @@
 
 The laptop's command line prints the current manifest (then a NUL byte) with `cat` before this
 script starts, so planning overlaps the interpreter's start-up (harness.sync.PreparedSync).
-stdin: one JSON header line (an empty line or EOF: change nothing and exit), then an
-uncompressed tar stream of the files to write.
-  header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...],
-            "digest": sha256 of the resulting manifest's file table (computed by the laptop)}
+stdin: one JSON header line (an empty line or EOF: change nothing and exit), then one record per
+file to write, then one JSON trailer line.
+  header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...]}
+  record (files of `upload`, in its order; links travel in the header alone):
+    8-byte size, 4-byte permission bits (big-endian; size 2**64-1: the file vanished on the
+    laptop, nothing follows), the content, its 32-byte SHA-256 (hashed by the laptop as it read)
+  trailer = {"digest": sha256 of the resulting manifest's file table (computed by the laptop)}
   The new manifest is the old one without `delete` and `drop` (entries the laptop found unsafe),
-  plus `upload`: only the difference travels.
+  plus what was written: only the difference travels.
 Order, chosen so that an interruption at any point leaves the host consistent:
   1. a pending manifest is written first: old entries plus every path about to be written, the
      latter with an unknown hash, so an interrupted sync re-sends them next time and still owns
@@ -15,10 +18,10 @@ Order, chosen so that an interruption at any point leaves the host consistent:
   2. deletions first (so a file can become a directory and back): only paths the old manifest
      lists, only under a synced root, never through a symlinked directory, files and links only
      (never a directory tree); directories this empties are removed;
-  3. a new file is written in place (nothing can be reading it; if interrupted, the pending
-     manifest has it re-sent); an existing one under a temporary name in its directory, then
-     renamed over the target (a running job never reads a half-written file; a symlink at the
-     target is replaced, never followed);
+  3. a new file is written in place (nothing can be reading it; if the stream ends inside it,
+     it is removed); an existing one under a temporary name in its directory, then renamed over
+     the target (a running job never reads a half-written file; a symlink at the target is
+     replaced, never followed);
   4. the final manifest is renamed into place.
 The laptop already validated every path; this script checks again, because the manifest it
 derives from lives on the host and may have been edited.
@@ -28,10 +31,14 @@ stdout at the end: one JSON line {"written": n, "deleted": n, "refused": [[path,
 import json
 import os
 import stat
+import struct
 import sys
-import tarfile
 
 MANIFEST = ".harness/sync-manifest.json"
+RECORD = struct.Struct(">QI")  # harness.sync.RECORD
+GONE = (1 << 64) - 1
+BLOCK = 1 << 20
+OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def safe_rel(path, roots):
@@ -96,19 +103,104 @@ def write_json(workdir, rel, data):
     os.replace(tmp, path)
 
 
-def write_member(tar, member, path):
-    if member.issym():
-        os.symlink(member.linkname, path)
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), member.mode & 0o7777)
-    with os.fdopen(fd, "wb") as out:
-        source = tar.extractfile(member)
-        while True:
-            chunk = source.read(1 << 20)
-            if not chunk:
-                break
-            out.write(chunk)
-        os.fchmod(out.fileno(), member.mode & 0o7777)  # exactly, whatever the umask
+def read_exact(stream, n):
+    data = stream.read(n)
+    if len(data) != n:
+        raise EOFError("the laptop's stream ended early (the sync was interrupted)")
+    return data
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def copy_content(stream, size, fd):
+    """Move `size` bytes from the stream to fd (None: drop them). They are always consumed, so
+    the next record stays in step; returns the first write error instead of raising it."""
+    error = None
+    left = size
+    while left:
+        chunk = read_exact(stream, min(left, BLOCK))
+        left -= len(chunk)
+        if fd is not None and error is None:
+            try:
+                write_all(fd, chunk)
+            except OSError as e:
+                error = e
+    return error
+
+
+def create(workdir, rel, owned, make):
+    """make(path) creates a file or link at path, failing if anything is there. A new path is
+    made in place (nothing can be reading it); an existing one under a temporary name in its
+    directory, which the caller renames over it (a running job never sees a half-written file;
+    a symlink there is replaced, never followed). Returns (what make returned, the temporary
+    path or None)."""
+    make_parents(workdir, rel, owned)
+    if not parents_are_real_dirs(workdir, rel):
+        raise OSError("a parent directory is a symlink")
+    target = os.path.join(workdir, rel)
+    try:
+        return make(target), None
+    except FileExistsError:
+        pass
+    if os.path.isdir(target) and not os.path.islink(target):
+        raise OSError("a directory is in the way")
+    tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    return make(tmp), tmp
+
+
+def receive_file(stream, workdir, rel, owned, umask):
+    """Read one record and write it; returns its manifest entry, or None when the laptop sent
+    GONE. Raises OSError (the record consumed) when the file could not be written; rel None:
+    a path outside the synced tree, its record is consumed and refused."""
+    size, mode = RECORD.unpack(read_exact(stream, RECORD.size))
+    if size == GONE:
+        return None
+    try:
+        if rel is None:
+            raise OSError("not a path in the synced tree")
+        fd, tmp = create(workdir, rel, owned, lambda path: os.open(path, OPEN_NEW, mode))
+    except OSError:
+        copy_content(stream, size + 32, None)
+        raise
+    written = tmp or os.path.join(workdir, rel)
+    error = None
+    try:
+        if size <= BLOCK:  # the common case: one read for content and hash
+            body = read_exact(stream, size + 32)
+            try:
+                write_all(fd, memoryview(body)[:size])
+            except OSError as e:
+                error = e
+            digest = body[size:]
+        else:
+            error = copy_content(stream, size, fd)
+            digest = read_exact(stream, 32)
+        if error is None and mode & umask:
+            os.fchmod(fd, mode)  # exactly, whatever the umask
+    except BaseException:
+        os.close(fd)
+        os.unlink(written)  # the stream ended inside it: no partial file stays behind
+        raise
+    os.close(fd)
+    if error is not None:
+        os.unlink(written)
+        raise error
+    if tmp:
+        os.replace(tmp, os.path.join(workdir, rel))
+    return {"kind": "file", "size": size, "mode": mode, "sha256": digest.hex(), "target": ""}
+
+
+def place_link(workdir, rel, owned, entry):
+    _, tmp = create(workdir, rel, owned, lambda path: os.symlink(entry["target"], path))
+    if tmp:
+        os.replace(tmp, os.path.join(workdir, rel))
+    return entry
 
 
 def load_manifest(workdir):
@@ -178,45 +270,36 @@ def main():
             parent = os.path.dirname(parent)
 
     _REAL_DIRS.clear()  # deletions may have removed directories they had checked
-    written = 0
-    with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8") as tar:
-        for member in tar:
-            rel = safe_rel(member.name, roots)
-            if rel is None or rel not in upload or not (member.isfile() or member.issym()):
-                refused.append([member.name, "unexpected archive member"])
-                continue
-            try:
-                make_parents(workdir, rel, old)
-                if not parents_are_real_dirs(workdir, rel):
-                    raise OSError("a parent directory is a symlink")
-                target = os.path.join(workdir, rel)
-                if os.path.isdir(target) and not os.path.islink(target):
-                    raise OSError("a directory is in the way")
-                if not os.path.lexists(target):
-                    write_member(tar, member, target)  # new: nothing can read it half-written
-                else:
-                    # replace atomically: a running job never sees a half-written file
-                    tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
-                    if os.path.lexists(tmp):
-                        os.unlink(tmp)
-                    write_member(tar, member, tmp)
-                    os.replace(tmp, target)
-                written += 1
-            except OSError as e:
-                refused.append([rel, str(e)])
-                upload.pop(rel, None)
+    umask = os.umask(0)
+    os.umask(umask)
+    written = {}
+    for path, entry in upload.items():
+        rel = safe_rel(path, roots)
+        kind = entry.get("kind") if isinstance(entry, dict) else None
+        try:
+            if kind == "file":
+                got = receive_file(stream, workdir, rel, old, umask)
+            elif kind == "link" and rel:
+                got = place_link(workdir, rel, old, entry)
+            else:
+                raise OSError("unexpected entry")
+        except OSError as e:
+            refused.append([path, str(e)])
+            continue
+        if got is not None:
+            written[rel] = got
+    trailer = json.loads(stream.readline())
 
     gone = set(header["delete"]) | set(header["drop"])
     final = {p: e for p, e in old.items() if p not in gone}
-    final.update(header["upload"])
-    digest = header["digest"]
+    final.update(written)
+    digest = trailer["digest"] if not refused else "incomplete"
     for path, _reason in refused:
         # What was not written is not ours in its new version: keep it marked for re-sending.
-        if path in final and path not in upload:
+        if path in final:
             final[path] = dict(final[path], sha256="pending")
-            digest = "incomplete"
     write_json(workdir, MANIFEST, manifest_doc(final, digest))
-    sys.stdout.write(json.dumps({"written": written, "deleted": deleted, "refused": refused}) + "\n")
+    sys.stdout.write(json.dumps({"written": len(written), "deleted": deleted, "refused": refused}) + "\n")
 
 
 main()
