@@ -87,6 +87,8 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_pa
     assert status.returncode == 0 and "queued (place 1 for all GPUs)" in words(status.stdout), status.stdout
     runs = harness(config, ssh_host, "runs", "box")
     assert "queued (place 1 for all GPUs)" in words(runs.stdout) and first in runs.stdout, runs.stdout
+    as_json = json.loads(harness(config, ssh_host, "status", "box", second, "--json").stdout)
+    assert (as_json["state"], as_json["queue_place"], as_json["exit_code"]) == ("queued", 1, None)
     # a third run queues behind the second
     third = jobs.start(["prepare"])
     assert jobs.status(third).queue_place == 2
