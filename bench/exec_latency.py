@@ -1,10 +1,12 @@
 """Warm `harness exec HOST -- true` against `ssh -o ControlMaster=auto -o ControlPersist=60 HOST true`.
 
-Starts the same OpenSSH test bed as the tests (tests/fixtures/sshd.py), warms every path once,
-then runs them in turn N times each and prints the median of each and the ratios (target:
-harness/ssh <= 1.5). Two harness paths side by side: through the master's socket with our own
-mux client (transport/mux.py), and through an `ssh -S` mux client process on the same master
-(what harness does without mux.py): mux.py stays only if it saves >= 20% (issue 15).
+Starts the same OpenSSH test bed as the tests (tests/fixtures/sshd.py), warms both paths once,
+then runs them alternately N times each and prints the median of each and their ratio
+(target: ratio <= 1.5).
+
+harness's warm path is an `ssh -S` client on the master. A mux client of our own (the deleted
+transport/mux.py) was measured against it by this script at commit f1e9627: it saved 1%
+(bench/RESULTS.md, 2026-12-01), not the 20% issue 15 asked of it.
 
     python bench/exec_latency.py [-n 30]
 """
@@ -38,20 +40,6 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-# harness's CLI with the mux client refusing every session once a master is up: the same warm
-# path through `ssh -S <socket>` (openssh_exec's fallback), i.e. harness without mux.py
-WITHOUT_MUX = """
-import os, sys
-from harness.transport import mux
-def refuse(path, *args):
-    raise (mux.MuxError if os.path.exists(path) else mux.NoMaster)(path)
-mux.run_session = refuse
-sys.argv[0] = "harness"
-from harness.cli import main
-main()
-"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=30, help="runs of each command")
@@ -69,19 +57,14 @@ def main() -> None:
     try:
         config = write_harness_config(work, testbed)
         env = testbed.env()
-        exec_args = ["--config", str(config), "exec", "box", "--", "true"]
-        commands = {
-            "harness exec": [sys.executable, "-m", "harness", *exec_args],
-            "harness exec, ssh -S": [sys.executable, "-c", WITHOUT_MUX, *exec_args],
-            "ssh (ControlMaster)": ["ssh", "-F", str(testbed.ssh_config), "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
-                                    "-o", f"ControlPath={testbed.control_dir}/bench-%C", "box", "true"],
-        }
-        for argv in commands.values():
-            timed(argv, env)  # first runs open the master connections
-        times: dict[str, list[tuple[float, float]]] = {k: [] for k in commands}
+        harness = [sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "true"]
+        ssh = ["ssh", "-F", str(testbed.ssh_config), "-o", "ControlMaster=auto", "-o", "ControlPersist=60",
+               "-o", f"ControlPath={testbed.control_dir}/bench-%C", "box", "true"]
+        timed(harness, env), timed(ssh, env)  # first runs open the master connections
+        times: dict[str, list[tuple[float, float]]] = {"harness exec": [], "ssh (ControlMaster)": []}
         for _ in range(args.n):
-            for name, argv in commands.items():
-                times[name].append(timed(argv, env))
+            times["harness exec"].append(timed(harness, env))
+            times["ssh (ControlMaster)"].append(timed(ssh, env))
         medians = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
         with open("/proc/loadavg") as f:
             lines = [f"load average: {' '.join(f.read().split()[:3])} on {os.cpu_count()} CPUs"]
@@ -92,9 +75,6 @@ def main() -> None:
                          f"client CPU {cpu * 1000:6.1f} ms   (n={len(v)})")
         ratio = medians["harness exec"] / medians["ssh (ControlMaster)"]
         lines.append(f"ratio harness/ssh: {ratio:.2f} (target <= 1.5)")
-        saved = 1 - medians["harness exec"] / medians["harness exec, ssh -S"]
-        lines.append(f"mux client vs ssh -S: {medians['harness exec'] / medians['harness exec, ssh -S']:.2f} "
-                     f"(saves {saved:.0%} of a warm exec; kept only if >= 20%)")
         print("\n".join(lines))
         if args.record:
             stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
