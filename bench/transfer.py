@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.delayline import DelayLine  # noqa: E402
 from bench.results_file import record  # noqa: E402
-from harness.transfer import received_bytes  # noqa: E402
+from harness.pull import received_bytes  # noqa: E402
 from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
 
 MiB = 1 << 20

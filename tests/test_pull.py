@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.transfer import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
+from harness.pull import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
 from harness.transport.local import LocalTransport
 
 MiB = 1 << 20
@@ -202,7 +202,7 @@ PULL_SCRIPT = """
 import json, sys
 from harness.config import HostConfig
 from harness.transport import ConnectOptions, connect
-from harness.transfer import PullOptions, pull
+from harness.pull import PullOptions, pull
 config, known_hosts, src, dest = sys.argv[1:5]
 with connect(HostConfig(name="slow", ssh="slow"), ConnectOptions(known_hosts=known_hosts, ssh_config=config)) as t:
     r = pull(t, src, dest, PullOptions(jobs=4, piece_size=4 << 20))

@@ -1,0 +1,297 @@
+"""One pull from start to report: `pull()` makes a PullSession, which holds everything the pull
+knows (where from and to, its options, progress and report, the host's listing root, the
+streams it runs and the bytes they moved) and walks it through listing, selection, fetching and
+verification, with retries of the files that failed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from harness.errors import HarnessError
+from harness.pull.host import HOST_HASHING_FAILED, HostHashes, helper_argv, list_remote
+from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
+from harness.pull.partfile import PART_SUFFIX, PartFile
+from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
+from harness.pull.selection import RemoteEntry, select
+from harness.pull.streams import Hasher, Segment, Stream, WorkQueue, start_send_helper, stop
+from harness.sync import sha256_file
+from harness.transport.base import Transport
+
+ADD_INTERVAL_S = 0.5  # how often the fetch considers adding a stream
+ADD_GAIN = 1.25  # ... and the rate gain the previous doubling must have brought
+FIRST_STEP_STREAMS = 4
+BIG_PULL_BYTES = 256 * MiB
+OWN_CONNECTION_FROM_BYTES = 64 * MiB  # the first stream too gets its own connection
+LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
+
+
+def pull(
+    transport: Transport,
+    remote_path: str,
+    local_dir: str | os.PathLike[str],
+    options: PullOptions = PullOptions(),
+    progress: PullProgress | None = None,
+) -> PullReport:
+    """Fetch remote_path into local_dir; see the package docstring. Never raises for per-file
+    problems: they are in the report (`report.ok`)."""
+    return PullSession(transport, remote_path, Path(local_dir), options, progress or PullProgress()).run()
+
+
+class PullSession:
+    """The state of one pull."""
+
+    def __init__(self, transport: Transport, remote_path: str, local_root: Path, options: PullOptions, progress: PullProgress):
+        self.transport, self.remote_path, self.local_root = transport, remote_path, local_root
+        self.options, self.progress = options, progress
+        self.report = PullReport(local_dir=str(local_root))
+        self.root = ""  # the host's resolved REMOTE_PATH directory (from the listing)
+        self.send_argv = helper_argv(options.python, "send", "-")
+        self.prestarted: dict[str, subprocess.Popen] = {}  # first-stream candidates, by connection kind
+        self.hasher: Hasher | None = None
+        self.received = 0  # bytes over the wire, this attempt
+        self._received_lock = threading.Lock()
+
+    def run(self) -> PullReport:
+        started = time.monotonic()
+        only: dict[str, str] | None = None  # a retry: {rel: why it failed}
+        for attempt in range(self.options.retries + 1):
+            try:
+                retry = self._attempt(only)
+            except HarnessError as e:
+                if only is None:
+                    raise  # nothing done yet: the caller reports the one error
+                self.report.failed.extend((rel, f"{why}; retry failed: {e}") for rel, why in sorted(only.items()))
+                break
+            if not retry:
+                break
+            if attempt == self.options.retries:
+                self.report.failed.extend(retry.items())
+                break
+            only = retry
+        self.report.seconds = time.monotonic() - started
+        return self.report
+
+    # -- one attempt --------------------------------------------------------------------------------
+
+    def _attempt(self, only: dict[str, str] | None) -> dict[str, str]:
+        """One listing/hash/fetch/verify pass. Returns {rel: why} of files worth another attempt."""
+        # The first stream is set up while the listing runs (it waits for its root), in two
+        # flavours: over the shared ControlMaster (no handshake: best for small pulls) and over
+        # its own connection (no relay through the master process: best for big ones). The
+        # fetch keeps one and ends the other.
+        if not self.options.dry_run:
+            self.prestarted["shared"] = start_send_helper(self.transport.local_argv(self.send_argv))
+            own = self.transport.own_connection_argv(self.send_argv)
+            if own is not None:
+                self.prestarted["own"] = start_send_helper(own)
+        try:
+            return self._list_fetch_verify(only)
+        finally:
+            for proc in self.prestarted.values():  # whatever was not consumed (an error on the way)
+                if proc.poll() is None and proc.stdin is not None and not proc.stdin.closed:
+                    stop(proc)
+            self.prestarted.clear()
+
+    def _list_fetch_verify(self, only: dict[str, str] | None) -> dict[str, str]:
+        first = only is None
+        self.root, _, entries = list_remote(self.transport, self.remote_path, self.options.python)
+        self.report.remote_root = self.root
+        chosen = select(entries, self.options)
+        if only is not None:
+            chosen = [e for e in chosen if e.rel in only]
+        files, links = self._safe_names(chosen, report_refused=first)
+        if self.options.dry_run:
+            self.report.planned = [e.rel for e in files + links]
+            return {}
+        self.local_root.mkdir(parents=True, exist_ok=True)
+        targets: dict[str, Path] = {}
+        for e in files + links:
+            try:
+                targets[e.rel] = safe_parent(self.local_root, e.rel) / os.path.basename(e.rel)
+            except Unsafe as why:
+                self.report.refused.append((e.rel, str(why)))
+        files = [e for e in files if e.rel in targets]
+        links = [e for e in links if e.rel in targets]
+        hashes = HostHashes(self.transport, self.root, [e.rel for e in files], self.options.python)
+
+        # Files already here with the right size may be identical: compare hashes before fetching.
+        maybe_same = [e for e in files if targets[e.rel].is_file() and not targets[e.rel].is_symlink() and targets[e.rel].stat().st_size == e.size]
+        to_fetch = [e for e in files if e not in maybe_same]
+        parts = {e.rel: PartFile(targets[e.rel], e, self.options.piece_size) for e in to_fetch}
+        total = sum(e.size for e in files)
+        resumed = sum(p.resumed_bytes for p in parts.values())
+        self.progress.start(len(files), total, resumed + sum(e.size for e in maybe_same))
+        self.report.bytes_resumed += resumed
+
+        self.received = 0
+        self.hasher = Hasher()
+        self.hasher.start()
+        fetcher = threading.Thread(target=self._fetch, args=(list(parts.values()),), daemon=True)
+        fetcher.start()
+        differing: list[RemoteEntry] = []
+        for e in maybe_same:
+            digest, _, _, err = hashes.get(e.rel)
+            if err is None and digest == sha256_file(targets[e.rel]):
+                self.report.identical.append(e.rel)
+                self.progress.file_done(e.rel)
+            else:
+                differing.append(e)
+        fetcher.join()
+        if differing:
+            more = {e.rel: PartFile(targets[e.rel], e, self.options.piece_size) for e in differing}
+            self.progress.start(len(files), total, total - sum(e.size for e in differing) + sum(p.resumed_bytes for p in more.values()))
+            self._fetch(list(more.values()))
+            parts.update(more)
+        self.hasher.queue.put(None)
+        self.hasher.join()
+        self.report.bytes_received += self.received
+
+        retry = {rel: why for rel, part in parts.items() if (why := self._verify(part, hashes)) is not None}
+        self._place_links(links, targets)
+        return retry
+
+    def _safe_names(self, chosen: list[RemoteEntry], report_refused: bool) -> tuple[list[RemoteEntry], list[RemoteEntry]]:
+        """(files, links) whose names may land under LOCAL_DIR; the others refused (reported on
+        the first attempt only)."""
+        files: list[RemoteEntry] = []
+        links: list[RemoteEntry] = []
+        refused: list[tuple[str, str]] = []
+        for e in chosen:
+            if clean_rel(e.rel) is None:
+                refused.append((e.rel, "name leads outside the destination"))
+            elif e.kind == "file":
+                files.append(e)
+            elif e.kind == "link":
+                if link_target_ok(e.rel, e.target):
+                    links.append(e)
+                else:
+                    refused.append((e.rel, f"symlink to {e.target!r} leads outside the destination"))
+            else:
+                refused.append((e.rel, "not a regular file or symlink"))
+        if report_refused:
+            self.report.refused.extend(refused)
+        return files, links
+
+    def _verify(self, part: PartFile, hashes: HostHashes) -> str | None:
+        """Rename a verified part into place (None), or say why not; keep bytes that may be good
+        for a later attempt to resume, discard the others."""
+        rel = part.entry.rel
+        if part.failed is None and part.complete:
+            part.hash_ready_pieces()  # empty files, and pieces completed by an earlier process
+        digest, size, mtime_ns, err = hashes.get(rel)
+        keep = False  # True: the bytes are good as far as we know; a later pull resumes them
+        if part.failed is not None:
+            why, keep = part.failed, not part.failed.startswith("changed")
+        elif not part.complete:
+            why, keep = "incomplete (run the same pull again to resume)", True
+        elif err is not None:
+            why, keep = f"host hash: {err}", err.startswith(HOST_HASHING_FAILED)
+        elif (size, mtime_ns) != (part.entry.size, part.entry.mtime_ns):
+            why = "changed on the host during the pull"
+        elif digest != part.local_sha256:
+            why = "SHA-256 mismatch"
+        else:
+            part.finish(part.entry.mode)
+            self.report.fetched.append(rel)
+            self.progress.file_done(rel)
+            return None
+        if keep:
+            part.close()  # the bytes stay: the next attempt (or pull) resumes and verifies them
+        else:
+            part.discard()  # never keep bytes that do not verify
+        return why
+
+    def _place_links(self, links: list[RemoteEntry], targets: dict[str, Path]) -> None:
+        for e in links:
+            target = targets[e.rel]
+            tmp = target.with_name(f".{target.name}{PART_SUFFIX}-link")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(e.target, tmp)
+            os.replace(tmp, target)
+            self.report.links.append(e.rel)
+
+    # -- streams ------------------------------------------------------------------------------------
+
+    def _on_bytes(self, k: int) -> None:
+        with self._received_lock:
+            self.received += k
+        self.progress.advance(k)
+
+    def _stream(self, argv: list[str], work: WorkQueue, proc: subprocess.Popen | None = None) -> Stream:
+        stream = Stream(argv, self.root, work, self.options, self.hasher, self._on_bytes, proc)
+        stream.start()
+        return stream
+
+    def _fetch(self, parts: list[PartFile]) -> None:
+        """Fetch every incomplete piece of parts. Streams are added while they pay off: start
+        with one (on the shared connection, or on its own for a big pull) and time its first
+        request (the link's round trip). Below LONG_LINK_RTT_S stay at one (loopback/LAN:
+        crypto-bound, more streams only compete). On a long link go to FIRST_STEP_STREAMS (at
+        once for a big pull), then, measuring ADD_INTERVAL_S once every stream delivers, double
+        (each new stream on its own connection, up to jobs) as long as the last step raised the
+        aggregate rate by ADD_GAIN: a long link is window-bound per stream, so more streams help."""
+        for p in parts:
+            self.hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
+        work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
+        prestarted, self.prestarted = self.prestarted, {}
+        if work.remaining_bytes() == 0:
+            for proc in prestarted.values():
+                stop(proc)
+            return
+        options = self.options
+        shared = self.transport.local_argv(self.send_argv)
+        own = self.transport.own_connection_argv(self.send_argv) or shared
+        big = work.remaining_bytes() >= OWN_CONNECTION_FROM_BYTES and "own" in prestarted
+        first_argv, first_kind = (own, "own") if big else (shared, "shared")
+        first_proc = prestarted.pop(first_kind, None)
+        for proc in prestarted.values():
+            stop(proc)
+        streams = [self._stream(first_argv, work, first_proc)]
+        if not options.adaptive:
+            streams += [self._stream(own, work) for _ in range(options.jobs - 1)]
+
+        adding = options.adaptive and options.jobs > 1
+        best_rate, mark_bytes, mark_time = 0.0, 0, None
+        while any(st.is_alive() for st in streams):
+            for st in streams:
+                st.join(ADD_INTERVAL_S / 10)
+            if not adding:
+                continue
+            now = time.monotonic()
+            if mark_time is None:
+                # measure only once every stream delivers: connection set-up is not throughput
+                if all(st.receiving.is_set() or not st.is_alive() for st in streams):
+                    mark_bytes, mark_time = self.received, now
+                    if len(streams) == 1:
+                        rtt = streams[0].round_trip_s or 0.0
+                        if rtt < LONG_LINK_RTT_S:
+                            adding = False  # a short link: one stream is CPU-bound, more only compete
+                        elif work.remaining_bytes() >= BIG_PULL_BYTES:
+                            # a long link and a big pull: go to the first step at once (the ramp costs)
+                            streams += [self._stream(own, work) for _ in range(min(options.jobs, FIRST_STEP_STREAMS) - 1)]
+                            mark_time = None
+                continue
+            if now - mark_time < ADD_INTERVAL_S:
+                continue
+            rate = (self.received - mark_bytes) / (now - mark_time)
+            if len(streams) > 1 and rate < best_rate * ADD_GAIN:
+                adding = False  # the last streams added did not pay for themselves: keep what we have
+                continue
+            best_rate = max(best_rate, rate)
+            # first step to FIRST_STEP_STREAMS (one more measurement saved on a long link), then double
+            more = min(max(len(streams), FIRST_STEP_STREAMS - len(streams)), options.jobs - len(streams))
+            if more <= 0 or work.remaining_bytes() < 2 * rate * ADD_INTERVAL_S:
+                adding = False
+                continue
+            streams += [self._stream(own, work) for _ in range(more)]
+            mark_time = None
+        self.report.streams = max(self.report.streams, len(streams))
+        why = next((st.gave_up for st in streams if st.gave_up), "connection lost")
+        for seg in work.drain():
+            if seg.part.failed is None and seg.remaining > 0:
+                seg.part.failed = f"{why} (run the same pull again to resume)"

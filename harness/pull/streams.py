@@ -1,0 +1,211 @@
+"""Byte streams: long-lived `send` helpers on the host, each fed piece requests from one queue,
+and the local hasher that follows each file's contiguous received prefix."""
+
+from __future__ import annotations
+
+import collections
+import json
+import queue
+import struct
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.pull.options import MiB, PullOptions
+from harness.pull.partfile import PartFile
+
+FRAME_HEADER = struct.Struct(">BQ")
+
+
+@dataclass
+class Segment:
+    part: PartFile
+    piece: int
+
+    def request(self) -> list:
+        start, end = self.part.pieces[self.piece]
+        offset = start + self.part.done[self.piece]
+        return [self.part.entry.rel, offset, end - offset, self.part.entry.size, self.part.entry.mtime_ns]
+
+    @property
+    def remaining(self) -> int:
+        start, end = self.part.pieces[self.piece]
+        return end - start - self.part.done[self.piece]
+
+
+class Hasher(threading.Thread):
+    """Follows each file's contiguous complete prefix (reading back from the page cache)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.queue: queue.Queue[PartFile | None] = queue.Queue()
+
+    def run(self) -> None:
+        while (part := self.queue.get()) is not None:
+            try:
+                if part.failed is None and part.fd >= 0:
+                    part.hash_ready_pieces()
+            except BaseException as e:  # noqa: BLE001
+                part.failed = f"local read failed: {e}"
+
+
+class WorkQueue:
+    """Segments in file order, handed to whichever stream asks next (so the contiguous prefix the
+    hasher follows advances at the aggregate rate, and a faster stream simply takes more)."""
+
+    def __init__(self, segments: list[Segment]):
+        self._items = collections.deque(segments)
+        self._lock = threading.Lock()
+
+    def take(self) -> Segment | None:
+        with self._lock:
+            while self._items:
+                seg = self._items.popleft()
+                if seg.part.failed is None and seg.remaining > 0:
+                    return seg
+            return None
+
+    def give_back(self, segments: list[Segment]) -> None:
+        with self._lock:
+            self._items.extendleft(reversed(segments))
+
+    def remaining_bytes(self) -> int:
+        with self._lock:
+            return sum(s.remaining for s in self._items)
+
+    def drain(self) -> list[Segment]:
+        with self._lock:
+            items, self._items = list(self._items), collections.deque()
+            return items
+
+
+def _read_exact(stream, n: int) -> bytes:
+    chunks, remaining = [], n
+    while remaining:
+        chunk = stream.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def start_send_helper(argv: list[str]) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    _widen_pipe(proc.stdout.fileno())
+    return proc
+
+
+def _widen_pipe(fd: int) -> None:
+    """Linux: a 1 MiB pipe lets one splice() move up to 1 MiB instead of 64 KiB (16x fewer
+    system calls and Python round trips per GiB). Harmless where unsupported."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), MiB)
+    except (ImportError, OSError):
+        pass
+
+
+class Stream(threading.Thread):
+    """One long-lived helper (`send` mode) on the host, fed segment requests one line at a time
+    (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
+    stream returns its unfinished segments to the queue and reconnects, up to stream_retries."""
+
+    REQUESTS_IN_FLIGHT = 2
+
+    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, hasher: Hasher, on_bytes: Callable[[int], None], proc: subprocess.Popen | None = None):
+        super().__init__(daemon=True)
+        self.argv, self.root, self.work, self.options, self.hasher, self.on_bytes = argv, root, work, options, hasher, on_bytes
+        self.proc = proc  # already started (its connection set up while the listing ran)
+        self.gave_up: str | None = None
+        self.receiving = threading.Event()  # set at the first byte
+        self.round_trip_s: float | None = None  # first request -> first answer
+
+        def on_bytes_here(k: int) -> None:
+            self.receiving.set()
+            on_bytes(k)
+
+        self.on_bytes = on_bytes_here
+
+    def run(self) -> None:
+        attempts = 0
+        while True:
+            try:
+                finished = self._session()
+            except Exception as e:  # noqa: BLE001 - e.g. ssh missing; the stream's work is given back
+                finished, why = False, str(e)
+            else:
+                why = "connection lost"
+            if finished:
+                return
+            attempts += 1
+            if attempts > self.options.stream_retries:
+                self.gave_up = why
+                return
+            time.sleep(min(2.0, 0.25 * 2**attempts))
+
+    def _session(self) -> bool:
+        """True when the queue ran dry and every taken segment completed."""
+        proc, self.proc = self.proc or start_send_helper(self.argv), None
+        in_flight: collections.deque[Segment] = collections.deque()
+
+        def refill() -> None:
+            while len(in_flight) < self.REQUESTS_IN_FLIGHT and (seg := self.work.take()) is not None:
+                in_flight.append(seg)
+                proc.stdin.write(json.dumps(seg.request()).encode() + b"\n")
+            if not in_flight:
+                proc.stdin.close()  # nothing more to ask: the helper exits
+
+        try:
+            ready = _read_exact(proc.stdout, FRAME_HEADER.size)
+            if len(ready) < FRAME_HEADER.size or FRAME_HEADER.unpack(ready)[0] != 3:
+                return False
+            asked = time.monotonic()
+            proc.stdin.write(json.dumps(self.root).encode() + b"\n")
+            refill()
+            while in_flight:
+                header = _read_exact(proc.stdout, FRAME_HEADER.size)
+                if len(header) < FRAME_HEADER.size:
+                    return False  # dropped link or killed helper
+                status, length = FRAME_HEADER.unpack(header)
+                if self.round_trip_s is None:
+                    self.round_trip_s = time.monotonic() - asked  # one request, one answer
+                seg = in_flight[0]
+                if status == 0:
+                    if seg.part.receive(seg.piece, proc.stdout.fileno(), length, self.on_bytes) < length:
+                        return False
+                    continue
+                if status == 1:
+                    seg.part.failed = "changed on the host during the pull"
+                in_flight.popleft()
+                self.hasher.queue.put(seg.part)
+                refill()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+        finally:
+            self.work.give_back([s for s in in_flight if s.part.failed is None and s.remaining > 0])
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            for f in (proc.stdin, proc.stdout):
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    """End a prestarted stream that was not needed (it has been sent nothing: no effect)."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()  # do not wait for a handshake that may still be under way
+        proc.wait()
+    if proc is not None:
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
