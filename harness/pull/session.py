@@ -6,7 +6,6 @@ verification, with retries of the files that failed."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.streams import Hasher, Segment, Stream, WorkQueue, start_send_helper, stop
+from harness.pull.streams import Connecting, Hasher, Segment, Stream, WorkQueue
 from harness.sync import sha256_file
 from harness.transport.base import Transport
 
@@ -27,6 +26,18 @@ FIRST_STEP_STREAMS = 4
 BIG_PULL_BYTES = 256 * MiB
 OWN_CONNECTION_FROM_BYTES = 64 * MiB  # the first stream too gets its own connection
 LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
+WINDOW_BYTES = 2 * MiB  # OpenSSH's channel window: what one stream moves per round trip, at most
+
+
+def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
+    """Streams to open at once for `remaining` bytes: one on a short link (CPU-bound); on a long
+    one (window-bound: WINDOW_BYTES per round trip each) as many as the bytes pay for, each
+    stream carrying at least what it moves in the time its own connection takes to set up."""
+    if round_trip_s is None or round_trip_s < LONG_LINK_RTT_S:
+        return 1
+    per_stream_rate = WINDOW_BYTES / round_trip_s
+    setup_s = 10 * round_trip_s + 0.3  # TCP, key exchange, auth, session, the helper's start
+    return max(1, min(jobs, int(remaining // (per_stream_rate * setup_s))))
 
 
 def pull(
@@ -50,7 +61,10 @@ class PullSession:
         self.report = PullReport(local_dir=str(local_root))
         self.root = ""  # the host's resolved REMOTE_PATH directory (from the listing)
         self.send_argv = helper_argv(options.python, "send", "-")
-        self.prestarted: dict[str, subprocess.Popen] = {}  # first-stream candidates, by connection kind
+        self.prestarted: dict[str, Connecting] = {}  # first-stream candidates, by connection kind
+        self.spares: list[Connecting] = []  # more own connections, opened while the listing runs on a long link
+        self._spares_lock = threading.Lock()
+        self._fetching = False
         self.hasher: Hasher | None = None
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
@@ -84,17 +98,30 @@ class PullSession:
         # its own connection (no relay through the master process: best for big ones). The
         # fetch keeps one and ends the other.
         if not self.options.dry_run:
-            self.prestarted["shared"] = start_send_helper(self.transport.local_argv(self.send_argv))
+            self.prestarted["shared"] = Connecting(self.transport.local_argv(self.send_argv))
             own = self.transport.own_connection_argv(self.send_argv)
             if own is not None:
-                self.prestarted["own"] = start_send_helper(own)
+                self.prestarted["own"] = Connecting(own)
+                threading.Thread(target=self._open_spares, args=(self.prestarted["own"], own), daemon=True).start()
         try:
             return self._list_fetch_verify(only)
         finally:
-            for proc in self.prestarted.values():  # whatever was not consumed (an error on the way)
-                if proc.poll() is None and proc.stdin is not None and not proc.stdin.closed:
-                    stop(proc)
+            with self._spares_lock:
+                unused, self.spares, self._fetching = [*self.prestarted.values(), *self.spares], [], False
+            for connecting in unused:  # whatever was not consumed (an error on the way)
+                connecting.stop()
             self.prestarted.clear()
+
+    def _open_spares(self, first: Connecting, argv: list[str]) -> None:
+        """A long link (the first own connection's ping): open FIRST_STEP_STREAMS - 1 more while
+        the listing runs, so a big pull has them when it starts (the fetch ends what it does not
+        use)."""
+        first.join()
+        if first.round_trip_s is None or first.round_trip_s < LONG_LINK_RTT_S:
+            return
+        with self._spares_lock:
+            if not self._fetching:
+                self.spares = [Connecting(argv) for _ in range(min(self.options.jobs, FIRST_STEP_STREAMS) - 1)]
 
     def _list_fetch_verify(self, only: dict[str, str] | None) -> dict[str, str]:
         first = only is None
@@ -222,40 +249,50 @@ class PullSession:
             self.received += k
         self.progress.advance(k)
 
-    def _stream(self, argv: list[str], work: WorkQueue, proc: subprocess.Popen | None = None) -> Stream:
-        stream = Stream(argv, self.root, work, self.options, self.hasher, self._on_bytes, proc)
+    def _stream(self, argv: list[str], work: WorkQueue, connecting: Connecting | None = None) -> Stream:
+        stream = Stream(argv, self.root, work, self.options, self.hasher, self._on_bytes, connecting)
         stream.start()
         return stream
 
     def _fetch(self, parts: list[PartFile]) -> None:
-        """Fetch every incomplete piece of parts. Streams are added while they pay off: start
-        with one (on the shared connection, or on its own for a big pull) and time its first
-        request (the link's round trip). Below LONG_LINK_RTT_S stay at one (loopback/LAN:
-        crypto-bound, more streams only compete). On a long link go to FIRST_STEP_STREAMS (at
-        once for a big pull), then, measuring ADD_INTERVAL_S once every stream delivers, double
-        (each new stream on its own connection, up to jobs) as long as the last step raised the
-        aggregate rate by ADD_GAIN: a long link is window-bound per stream, so more streams help."""
+        """Fetch every incomplete piece of parts. A big pull starts on its own connection, whose
+        ping (timed while the listing ran) gave the link's round trip: it opens at once as many
+        streams as streams_for() says (one on loopback/LAN: crypto-bound, more only compete). A
+        small one starts on the shared connection and times its first request. Then, measuring
+        ADD_INTERVAL_S once every stream delivers, streams are added (first to
+        FIRST_STEP_STREAMS, then doubling, each on its own connection, up to jobs) as long as
+        the last step raised the aggregate rate by ADD_GAIN: a long link is window-bound per
+        stream, so more streams help there."""
         for p in parts:
             self.hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
         work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
         prestarted, self.prestarted = self.prestarted, {}
         if work.remaining_bytes() == 0:
-            for proc in prestarted.values():
-                stop(proc)
+            for connecting in prestarted.values():
+                connecting.stop()
             return
         options = self.options
         shared = self.transport.local_argv(self.send_argv)
         own = self.transport.own_connection_argv(self.send_argv) or shared
         big = work.remaining_bytes() >= OWN_CONNECTION_FROM_BYTES and "own" in prestarted
         first_argv, first_kind = (own, "own") if big else (shared, "shared")
-        first_proc = prestarted.pop(first_kind, None)
-        for proc in prestarted.values():
-            stop(proc)
-        streams = [self._stream(first_argv, work, first_proc)]
+        first = prestarted.pop(first_kind, None)
+        for connecting in prestarted.values():
+            connecting.stop()
+        if first is not None and first_kind == "own":
+            first.join()  # its round trip decides how many streams to open (the stream waits for it too)
+        streams = [self._stream(first_argv, work, first)]
         if not options.adaptive:
             streams += [self._stream(own, work) for _ in range(options.jobs - 1)]
+        with self._spares_lock:
+            spares, self.spares, self._fetching = self.spares, [], True
+        if options.adaptive and first is not None and first_kind == "own":
+            more = streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1
+            streams += [self._stream(own, work, spares.pop() if spares else None) for _ in range(more)]
+        for connecting in spares:
+            connecting.stop()
 
-        adding = options.adaptive and options.jobs > 1
+        adding = options.adaptive and options.jobs > len(streams)
         best_rate, mark_bytes, mark_time = 0.0, 0, None
         while any(st.is_alive() for st in streams):
             for st in streams:
@@ -271,7 +308,7 @@ class PullSession:
                         rtt = streams[0].round_trip_s or 0.0
                         if rtt < LONG_LINK_RTT_S:
                             adding = False  # a short link: one stream is CPU-bound, more only compete
-                        elif work.remaining_bytes() >= BIG_PULL_BYTES:
+                        elif first_kind == "shared" and work.remaining_bytes() >= BIG_PULL_BYTES:
                             # a long link and a big pull: go to the first step at once (the ramp costs)
                             streams += [self._stream(own, work) for _ in range(min(options.jobs, FIRST_STEP_STREAMS) - 1)]
                             mark_time = None

@@ -109,6 +109,40 @@ def _widen_pipe(fd: int) -> None:
         pass
 
 
+def _ready(proc: subprocess.Popen) -> bool:
+    """The helper's first frame (status 3): it runs and reads requests."""
+    header = _read_exact(proc.stdout, FRAME_HEADER.size)
+    return len(header) == FRAME_HEADER.size and FRAME_HEADER.unpack(header)[0] == 3
+
+
+class Connecting(threading.Thread):
+    """A send helper started ahead of its work (while the listing runs): waits for its ready
+    frame, then times one ping (a request the helper answers at once), so the link's round trip
+    is known when the listing is back and the fetch can open all the streams it calls for."""
+
+    def __init__(self, argv: list[str]):
+        super().__init__(daemon=True)
+        self.proc = start_send_helper(argv)
+        self.round_trip_s: float | None = None
+        self.ok = False
+        self.start()
+
+    def run(self) -> None:
+        try:
+            if not _ready(self.proc):
+                return
+            asked = time.monotonic()
+            self.proc.stdin.write(b"null\n")  # a ping
+            if _ready(self.proc):  # (the pong is the same frame)
+                self.round_trip_s = time.monotonic() - asked
+                self.ok = True
+        except (OSError, ValueError):
+            pass
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
 class Stream(threading.Thread):
     """One long-lived helper (`send` mode) on the host, fed segment requests one line at a time
     (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
@@ -116,13 +150,14 @@ class Stream(threading.Thread):
 
     REQUESTS_IN_FLIGHT = 2
 
-    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, hasher: Hasher, on_bytes: Callable[[int], None], proc: subprocess.Popen | None = None):
+    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, hasher: Hasher, on_bytes: Callable[[int], None],
+                 connecting: Connecting | None = None):
         super().__init__(daemon=True)
         self.argv, self.root, self.work, self.options, self.hasher, self.on_bytes = argv, root, work, options, hasher, on_bytes
-        self.proc = proc  # already started (its connection set up while the listing ran)
+        self.connecting = connecting  # already started (its connection set up while the listing ran)
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
-        self.round_trip_s: float | None = None  # first request -> first answer
+        self.round_trip_s: float | None = connecting.round_trip_s if connecting else None  # a request -> its answer
 
         def on_bytes_here(k: int) -> None:
             self.receiving.set()
@@ -149,7 +184,12 @@ class Stream(threading.Thread):
 
     def _session(self) -> bool:
         """True when the queue ran dry and every taken segment completed."""
-        proc, self.proc = self.proc or start_send_helper(self.argv), None
+        connecting, self.connecting = self.connecting, None
+        if connecting is not None:
+            connecting.join()
+            proc = connecting.proc
+        else:
+            proc = start_send_helper(self.argv)
         in_flight: collections.deque[Segment] = collections.deque()
 
         def refill() -> None:
@@ -160,8 +200,7 @@ class Stream(threading.Thread):
                 proc.stdin.close()  # nothing more to ask: the helper exits
 
         try:
-            ready = _read_exact(proc.stdout, FRAME_HEADER.size)
-            if len(ready) < FRAME_HEADER.size or FRAME_HEADER.unpack(ready)[0] != 3:
+            if not (connecting.ok if connecting is not None else _ready(proc)):
                 return False
             asked = time.monotonic()
             proc.stdin.write(json.dumps(self.root).encode() + b"\n")

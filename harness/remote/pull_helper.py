@@ -14,7 +14,8 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
               status 0 = data, 2 = segment complete, 1 = file changed/missing (segment aborted:
               its (size, mtime_ns) no longer match the listing); one status-3 frame first, as
-              soon as the helper runs (so the laptop can time a request: the link's round trip).
+              soon as the helper runs, and one more for each `null` line before ROOT (a ping: the
+              laptop times it, the link's round trip, while the listing runs).
 """
 
 import hashlib
@@ -163,6 +164,10 @@ def main():
         out.flush()
         stdin = sys.stdin.buffer
         first = stdin.readline()
+        while first.strip() == b"null":  # a ping: answer at once
+            out.write(struct.pack(">BQ", 3, 0))
+            out.flush()
+            first = stdin.readline()
         if first:
             do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)
     out.flush()
