@@ -10,27 +10,30 @@ One pull, step by step
   3. check  every name must land inside LOCAL_DIR: absolute names, `..`, a local parent that is a
             link leading out, a remote link whose target leads out: refused and reported, nothing
             written for them.
-  4. hash   one remote command hashes every selected file (SHA-256 on the host), concurrently
-            with the download.
-  5. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
+  4. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
             stream (a long-lived helper in `send` mode, through OpenSSH) takes the next piece as
-            it finishes one. The first stream starts while the listing runs, over its own
-            connection for a big pull (the ControlMaster relay costs a copy) or the shared one.
-            Its first request times the link: on a long round trip (where one stream is capped
-            by its channel window) streams are added, each on its own connection, while they
-            raise throughput, up to `jobs`; on a short one a single stream is fastest (CPU-bound).
-            Bytes land in `.NAME.harness-part` next to the
-            target; `.NAME.harness-part.json` records the remote (size, mtime_ns) they copy and
-            `.NAME.harness-part.done` how many bytes of each piece are in (after every write).
-  6. verify a local hasher follows the contiguous received prefix, so the local SHA-256 is ready
-            moments after the last byte; it must equal the host's hash (taken from a file that
-            did not change while hashed). Only then is the part renamed to its final name.
-            A mismatch or a file changed on the host is retried (fresh listing, fresh hash), then
-            reported as failed; its bytes are never kept.
+            it finishes one. Streams are started while the listing runs: one over the shared
+            ControlMaster (small pulls: no handshake) and one over its own connection (big
+            pulls: no relay through the master), which times a ping, the link's round trip; on
+            a long one (where each stream is capped by its channel window) a few more own
+            connections open during the listing, and the fetch starts at once as many streams
+            as the bytes and the round trip call for (session.streams_for), adding more while
+            they raise throughput, up to `jobs`; on a short link one stream (CPU-bound).
+            Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
+            records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
+            bytes of each piece are in (after every write).
+  5. verify one pass over the data on each side: the host hashes each piece (SHA-256) as it
+            sends it and ends it with the digest; the laptop hashes it as it arrives (after
+            reading back what an earlier process received of it) and compares. The host checks
+            the file's (size, mtime_ns) against the listing before and after each piece. A file
+            is renamed to its final name only when every piece matched; a mismatched piece starts
+            over, a file changed on the host is discarded; both are retried (fresh listing), then
+            reported as failed. Files already present locally with the host's size are compared
+            by whole-file SHA-256 first (one host command) and skipped when identical.
 
 Resuming: a killed pull (Ctrl-C, kill -9, dropped link) leaves the part files; the next pull
 continues each piece from the bytes recorded, as long as the host file's (size, mtime_ns) still
-match. Files whose local copy already has the host's SHA-256 are skipped.
+match; pieces an earlier process completed are checked against the host's digest too.
 
 Where files land: a remote directory's entries go to LOCAL_DIR/<path relative to REMOTE_PATH>; a
 remote file goes to LOCAL_DIR/<its name>.

@@ -1,5 +1,9 @@
 """The part files of a file in flight, next to its target: what has arrived, persisted so that a
-new process can resume, and renamed to the target only once verified."""
+new process can resume, and renamed to the target only once verified.
+
+Verification is per piece and costs no second pass over the data: each piece is hashed
+(SHA-256) as its bytes arrive, from the piece's start (the bytes an earlier process received
+are read back first), and compared with the digest the host computed while sending it."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import hashlib
 import json
 import os
 import struct
-import threading
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +19,6 @@ from harness.pull.selection import RemoteEntry
 
 PART_SUFFIX = ".harness-part"
 COUNTERS = struct.Struct("<Q")
-SPLICE = hasattr(os, "splice")  # Linux: stream bytes go pipe -> file without passing through Python
 
 
 def part_paths(target: Path) -> tuple[Path, Path, Path]:
@@ -52,17 +54,14 @@ class PartFile:
         n = max(1, -(-entry.size // piece_size))
         self.pieces = [(i * piece_size, min(entry.size, (i + 1) * piece_size)) for i in range(n)]
         self.done = [0] * n
+        self.verified = [False] * n  # the piece's bytes have the host's digest (not persisted)
+        self._hashers: dict[int, "hashlib._Hash"] = {}  # pieces being received
         self.resumed_bytes = 0
-        self._lock = threading.Lock()
         self._load_or_create()
         self.fd = os.open(self.part, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.ftruncate(self.fd, self.size)
         self.counters_fd = os.open(self.counters, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.pwrite(self.counters_fd, b"".join(COUNTERS.pack(d) for d in self.done), 0)
-        # hashing follows the contiguous prefix of complete pieces
-        self.hasher = hashlib.sha256()
-        self.hashed_pieces = 0
-        self.local_sha256: str | None = None
         self.failed: str | None = None
 
     def _identity(self) -> dict:
@@ -91,49 +90,56 @@ class PartFile:
         """Persist one piece's counter (called after the bytes it counts were written)."""
         os.pwrite(self.counters_fd, COUNTERS.pack(self.done[piece]), 8 * piece)
 
-    def receive(self, piece: int, pipe_fd: int, length: int, on_bytes: Callable[[int], None]) -> int:
-        """Move `length` bytes from the stream into this piece (zero-copy splice on Linux);
-        returns how many arrived (fewer: the stream ended). The counter follows the bytes."""
+    def begin(self, piece: int) -> int:
+        """A stream is about to ask for the rest of piece: hash what is already here of it;
+        returns the offset the host sends from."""
         start, _ = self.pieces[piece]
+        hasher, position, end = hashlib.sha256(), start, start + self.done[piece]
+        while position < end:
+            data = os.pread(self.fd, min(4 * MiB, end - position), position)
+            if not data:
+                raise OSError(f"{self.part}: shorter than recorded")
+            hasher.update(data)
+            position += len(data)
+        self._hashers[piece] = hasher
+        return end
+
+    def receive(self, piece: int, pipe_fd: int, length: int, on_bytes: Callable[[int], None]) -> int:
+        """Move `length` bytes from the stream into this piece, hashing them on the way; returns
+        how many arrived (fewer: the stream ended). The counter follows the bytes."""
+        start, _ = self.pieces[piece]
+        hasher = self._hashers[piece]
         moved = 0
         while moved < length:
-            offset = start + self.done[piece]
-            if SPLICE:
-                k = os.splice(pipe_fd, self.fd, min(length - moved, 4 * MiB), offset_dst=offset)
-            else:
-                data = os.read(pipe_fd, min(length - moved, MiB))
-                k = len(data)
-                if k:
-                    os.pwrite(self.fd, data, offset)
-            if k == 0:
+            data = os.read(pipe_fd, min(length - moved, MiB))
+            if not data:
                 break
-            moved += k
-            self.done[piece] += k  # each piece is written by one stream at a time
+            hasher.update(data)
+            os.pwrite(self.fd, data, start + self.done[piece])
+            moved += len(data)
+            self.done[piece] += len(data)  # each piece is written by one stream at a time
             self._record(piece)
-            on_bytes(k)
+            on_bytes(len(data))
         return moved
+
+    def check(self, piece: int, host_digest: bytes) -> None:
+        """The host's digest of the whole piece: verified, or the piece starts over (its bytes
+        are never kept) and the file fails this attempt."""
+        hasher = self._hashers.pop(piece)
+        if self.piece_complete(piece) and hasher.digest() == host_digest:
+            self.verified[piece] = True
+            return
+        self.done[piece] = 0
+        self._record(piece)
+        self.failed = "SHA-256 mismatch"
 
     def piece_complete(self, i: int) -> bool:
         start, end = self.pieces[i]
         return self.done[i] >= end - start
 
     @property
-    def complete(self) -> bool:
-        return all(self.piece_complete(i) for i in range(len(self.pieces)))
-
-    def hash_ready_pieces(self) -> None:
-        while self.hashed_pieces < len(self.pieces) and self.piece_complete(self.hashed_pieces):
-            start, end = self.pieces[self.hashed_pieces]
-            position = start
-            while position < end:
-                data = os.pread(self.fd, min(4 * MiB, end - position), position)
-                if not data:
-                    raise OSError(f"{self.part}: shorter than recorded")
-                self.hasher.update(data)
-                position += len(data)
-            self.hashed_pieces += 1
-        if self.hashed_pieces == len(self.pieces) and self.local_sha256 is None:
-            self.local_sha256 = self.hasher.hexdigest()
+    def verified_all(self) -> bool:
+        return all(self.verified)
 
     def _close_fds(self) -> None:
         for name in ("fd", "counters_fd"):

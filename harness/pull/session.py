@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.pull.host import HOST_HASHING_FAILED, HostHashes, helper_argv, list_remote
+from harness.pull.host import HostHashes, helper_argv, list_remote
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.streams import Connecting, Hasher, Segment, Stream, WorkQueue
+from harness.pull.streams import Connecting, Segment, Stream, WorkQueue
 from harness.sync import sha256_file
 from harness.transport.base import Transport
 
@@ -65,7 +65,6 @@ class PullSession:
         self.spares: list[Connecting] = []  # more own connections, opened while the listing runs on a long link
         self._spares_lock = threading.Lock()
         self._fetching = False
-        self.hasher: Hasher | None = None
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
 
@@ -143,10 +142,10 @@ class PullSession:
                 self.report.refused.append((e.rel, str(why)))
         files = [e for e in files if e.rel in targets]
         links = [e for e in links if e.rel in targets]
-        hashes = HostHashes(self.transport, self.root, [e.rel for e in files], self.options.python)
-
-        # Files already here with the right size may be identical: compare hashes before fetching.
+        # Files already here with the right size may be identical: compare whole-file hashes (the
+        # host's in one command) before fetching. Fetched pieces come with their own.
         maybe_same = [e for e in files if targets[e.rel].is_file() and not targets[e.rel].is_symlink() and targets[e.rel].stat().st_size == e.size]
+        hashes = HostHashes(self.transport, self.root, [e.rel for e in maybe_same], self.options.python)
         to_fetch = [e for e in files if e not in maybe_same]
         parts = {e.rel: PartFile(targets[e.rel], e, self.options.piece_size) for e in to_fetch}
         total = sum(e.size for e in files)
@@ -155,8 +154,6 @@ class PullSession:
         self.report.bytes_resumed += resumed
 
         self.received = 0
-        self.hasher = Hasher()
-        self.hasher.start()
         fetcher = threading.Thread(target=self._fetch, args=(list(parts.values()),), daemon=True)
         fetcher.start()
         differing: list[RemoteEntry] = []
@@ -173,11 +170,9 @@ class PullSession:
             self.progress.start(len(files), total, total - sum(e.size for e in differing) + sum(p.resumed_bytes for p in more.values()))
             self._fetch(list(more.values()))
             parts.update(more)
-        self.hasher.queue.put(None)
-        self.hasher.join()
         self.report.bytes_received += self.received
 
-        retry = {rel: why for rel, part in parts.items() if (why := self._verify(part, hashes)) is not None}
+        retry = {rel: why for rel, part in parts.items() if (why := self._verify(part)) is not None}
         self._place_links(links, targets)
         return retry
 
@@ -203,33 +198,19 @@ class PullSession:
             self.report.refused.extend(refused)
         return files, links
 
-    def _verify(self, part: PartFile, hashes: HostHashes) -> str | None:
-        """Rename a verified part into place (None), or say why not; keep bytes that may be good
-        for a later attempt to resume, discard the others."""
-        rel = part.entry.rel
-        if part.failed is None and part.complete:
-            part.hash_ready_pieces()  # empty files, and pieces completed by an earlier process
-        digest, size, mtime_ns, err = hashes.get(rel)
-        keep = False  # True: the bytes are good as far as we know; a later pull resumes them
-        if part.failed is not None:
-            why, keep = part.failed, not part.failed.startswith("changed")
-        elif not part.complete:
-            why, keep = "incomplete (run the same pull again to resume)", True
-        elif err is not None:
-            why, keep = f"host hash: {err}", err.startswith(HOST_HASHING_FAILED)
-        elif (size, mtime_ns) != (part.entry.size, part.entry.mtime_ns):
-            why = "changed on the host during the pull"
-        elif digest != part.local_sha256:
-            why = "SHA-256 mismatch"
-        else:
+    def _verify(self, part: PartFile) -> str | None:
+        """Rename a part whose every piece has the host's digest into place (None), or say why
+        not; keep bytes that may be good for a later attempt to resume, discard the others."""
+        if part.failed is None and part.verified_all:
             part.finish(part.entry.mode)
-            self.report.fetched.append(rel)
-            self.progress.file_done(rel)
+            self.report.fetched.append(part.entry.rel)
+            self.progress.file_done(part.entry.rel)
             return None
-        if keep:
-            part.close()  # the bytes stay: the next attempt (or pull) resumes and verifies them
+        why = part.failed or "incomplete (run the same pull again to resume)"
+        if why.startswith("changed"):
+            part.discard()  # a copy of another version of the file
         else:
-            part.discard()  # never keep bytes that do not verify
+            part.close()  # each piece is checked again before it counts: a later pull resumes them
         return why
 
     def _place_links(self, links: list[RemoteEntry], targets: dict[str, Path]) -> None:
@@ -250,7 +231,7 @@ class PullSession:
         self.progress.advance(k)
 
     def _stream(self, argv: list[str], work: WorkQueue, connecting: Connecting | None = None) -> Stream:
-        stream = Stream(argv, self.root, work, self.options, self.hasher, self._on_bytes, connecting)
+        stream = Stream(argv, self.root, work, self.options, self._on_bytes, connecting)
         stream.start()
         return stream
 
@@ -263,11 +244,10 @@ class PullSession:
         FIRST_STEP_STREAMS, then doubling, each on its own connection, up to jobs) as long as
         the last step raised the aggregate rate by ADD_GAIN: a long link is window-bound per
         stream, so more streams help there."""
-        for p in parts:
-            self.hasher.queue.put(p)  # pieces already complete (resumed) are hashed right away
-        work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces)) if not p.piece_complete(i)])
+        # every piece: those an earlier process completed need their check too (no bytes move)
+        work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces))])
         prestarted, self.prestarted = self.prestarted, {}
-        if work.remaining_bytes() == 0:
+        if not work:
             for connecting in prestarted.values():
                 connecting.stop()
             return
@@ -330,5 +310,5 @@ class PullSession:
         self.report.streams = max(self.report.streams, len(streams))
         why = next((st.gave_up for st in streams if st.gave_up), "connection lost")
         for seg in work.drain():
-            if seg.part.failed is None and seg.remaining > 0:
+            if seg.pending:
                 seg.part.failed = f"{why} (run the same pull again to resume)"

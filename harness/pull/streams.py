@@ -1,11 +1,10 @@
-"""Byte streams: long-lived `send` helpers on the host, each fed piece requests from one queue,
-and the local hasher that follows each file's contiguous received prefix."""
+"""Byte streams: long-lived `send` helpers on the host, each fed piece requests from one queue;
+each piece comes with the host's SHA-256 of it, computed while sending (partfile.py checks it)."""
 
 from __future__ import annotations
 
 import collections
 import json
-import queue
 import struct
 import subprocess
 import threading
@@ -19,15 +18,25 @@ from harness.pull.partfile import PartFile
 FRAME_HEADER = struct.Struct(">BQ")
 
 
+DIGEST_SIZE = 32  # SHA-256, after a piece's status-2 frame
+
+
 @dataclass
 class Segment:
+    """What is left to do for one piece: its missing bytes and its check."""
+
     part: PartFile
     piece: int
 
     def request(self) -> list:
+        """The helper's request (its piece's start: the host hashes the whole piece)."""
         start, end = self.part.pieces[self.piece]
-        offset = start + self.part.done[self.piece]
-        return [self.part.entry.rel, offset, end - offset, self.part.entry.size, self.part.entry.mtime_ns]
+        offset = self.part.begin(self.piece)
+        return [self.part.entry.rel, start, offset, end, self.part.entry.size, self.part.entry.mtime_ns]
+
+    @property
+    def pending(self) -> bool:
+        return self.part.failed is None and not self.part.verified[self.piece]
 
     @property
     def remaining(self) -> int:
@@ -35,35 +44,23 @@ class Segment:
         return end - start - self.part.done[self.piece]
 
 
-class Hasher(threading.Thread):
-    """Follows each file's contiguous complete prefix (reading back from the page cache)."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.queue: queue.Queue[PartFile | None] = queue.Queue()
-
-    def run(self) -> None:
-        while (part := self.queue.get()) is not None:
-            try:
-                if part.failed is None and part.fd >= 0:
-                    part.hash_ready_pieces()
-            except BaseException as e:  # noqa: BLE001
-                part.failed = f"local read failed: {e}"
-
-
 class WorkQueue:
-    """Segments in file order, handed to whichever stream asks next (so the contiguous prefix the
-    hasher follows advances at the aggregate rate, and a faster stream simply takes more)."""
+    """Segments in file order, handed to whichever stream asks next (a faster stream simply
+    takes more)."""
 
     def __init__(self, segments: list[Segment]):
         self._items = collections.deque(segments)
         self._lock = threading.Lock()
 
+    def __bool__(self) -> bool:
+        with self._lock:
+            return bool(self._items)
+
     def take(self) -> Segment | None:
         with self._lock:
             while self._items:
                 seg = self._items.popleft()
-                if seg.part.failed is None and seg.remaining > 0:
+                if seg.pending:
                     return seg
             return None
 
@@ -99,7 +96,7 @@ def start_send_helper(argv: list[str]) -> subprocess.Popen:
 
 
 def _widen_pipe(fd: int) -> None:
-    """Linux: a 1 MiB pipe lets one splice() move up to 1 MiB instead of 64 KiB (16x fewer
+    """Linux: a 1 MiB pipe lets one read() take up to 1 MiB instead of 64 KiB (16x fewer
     system calls and Python round trips per GiB). Harmless where unsupported."""
     try:
         import fcntl
@@ -117,7 +114,7 @@ def _ready(proc: subprocess.Popen) -> bool:
 
 class Connecting(threading.Thread):
     """A send helper started ahead of its work (while the listing runs): waits for its ready
-    frame, then times one ping (a request the helper answers at once), so the link's round trip
+    frame, then times pings (requests the helper answers at once), so the link's round trip
     is known when the listing is back and the fetch can open all the streams it calls for."""
 
     def __init__(self, argv: list[str]):
@@ -127,15 +124,20 @@ class Connecting(threading.Thread):
         self.ok = False
         self.start()
 
+    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU
+
     def run(self) -> None:
         try:
             if not _ready(self.proc):
                 return
-            asked = time.monotonic()
-            self.proc.stdin.write(b"null\n")  # a ping
-            if _ready(self.proc):  # (the pong is the same frame)
-                self.round_trip_s = time.monotonic() - asked
-                self.ok = True
+            for _ in range(self.PINGS):
+                asked = time.monotonic()
+                self.proc.stdin.write(b"null\n")
+                if not _ready(self.proc):  # (the pong is the same frame)
+                    return
+                rtt = time.monotonic() - asked
+                self.round_trip_s = rtt if self.round_trip_s is None else min(self.round_trip_s, rtt)
+            self.ok = True
         except (OSError, ValueError):
             pass
 
@@ -150,10 +152,10 @@ class Stream(threading.Thread):
 
     REQUESTS_IN_FLIGHT = 2
 
-    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, hasher: Hasher, on_bytes: Callable[[int], None],
+    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, on_bytes: Callable[[int], None],
                  connecting: Connecting | None = None):
         super().__init__(daemon=True)
-        self.argv, self.root, self.work, self.options, self.hasher, self.on_bytes = argv, root, work, options, hasher, on_bytes
+        self.argv, self.root, self.work, self.options, self.on_bytes = argv, root, work, options, on_bytes
         self.connecting = connecting  # already started (its connection set up while the listing ran)
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
@@ -217,16 +219,20 @@ class Stream(threading.Thread):
                     if seg.part.receive(seg.piece, proc.stdout.fileno(), length, self.on_bytes) < length:
                         return False
                     continue
-                if status == 1:
+                if status == 2:
+                    digest = _read_exact(proc.stdout, length)
+                    if len(digest) < length:
+                        return False
+                    seg.part.check(seg.piece, digest)
+                else:
                     seg.part.failed = "changed on the host during the pull"
                 in_flight.popleft()
-                self.hasher.queue.put(seg.part)
                 refill()
             return True
         except (BrokenPipeError, OSError):
             return False
         finally:
-            self.work.give_back([s for s in in_flight if s.part.failed is None and s.remaining > 0])
+            self.work.give_back([s for s in in_flight if s.pending])
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
