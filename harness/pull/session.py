@@ -112,15 +112,15 @@ class PullSession:
             self.prestarted.clear()
 
     def _open_spares(self, first: Connecting, argv: list[str]) -> None:
-        """A long link (the first own connection's ping): open FIRST_STEP_STREAMS - 1 more while
-        the listing runs, so a big pull has them when it starts (the fetch ends what it does not
-        use)."""
+        """A long link (the first own connection's pings): open the other jobs - 1 connections
+        while the listing runs, so a big pull has them all when it starts (the fetch ends those
+        it does not use: a few handshakes spent on a small pull over a long link)."""
         first.join()
         if first.round_trip_s is None or first.round_trip_s < LONG_LINK_RTT_S:
             return
         with self._spares_lock:
             if not self._fetching:
-                self.spares = [Connecting(argv) for _ in range(min(self.options.jobs, FIRST_STEP_STREAMS) - 1)]
+                self.spares = [Connecting(argv) for _ in range(self.options.jobs - 1)]
 
     def _list_fetch_verify(self, only: dict[str, str] | None) -> dict[str, str]:
         first = only is None
