@@ -16,9 +16,7 @@ from harness.pull.options import MiB, PullOptions
 from harness.pull.partfile import PartFile
 
 FRAME_HEADER = struct.Struct(">BQ")
-
-
-DIGEST_SIZE = 32  # SHA-256, after a piece's status-2 frame
+DIGEST_SIZE = 32  # SHA-256: the data of a piece's status-2 frame
 
 
 @dataclass
@@ -117,14 +115,14 @@ class Connecting(threading.Thread):
     frame, then times pings (requests the helper answers at once), so the link's round trip
     is known when the listing is back and the fetch can open all the streams it calls for."""
 
+    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU
+
     def __init__(self, argv: list[str]):
         super().__init__(daemon=True)
         self.proc = start_send_helper(argv)
         self.round_trip_s: float | None = None
         self.ok = False
         self.start()
-
-    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU
 
     def run(self) -> None:
         try:
@@ -221,7 +219,7 @@ class Stream(threading.Thread):
                     continue
                 if status == 2:
                     digest = _read_exact(proc.stdout, length)
-                    if len(digest) < length:
+                    if length != DIGEST_SIZE or len(digest) < length:
                         return False
                     seg.part.check(seg.piece, digest)
                 else:
