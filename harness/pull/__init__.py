@@ -15,10 +15,11 @@ One pull, step by step
             it finishes one. Streams are started while the listing runs: one over the shared
             ControlMaster (small pulls: no handshake) and one over its own connection (big
             pulls: no relay through the master), which times a ping, the link's round trip; on
-            a long one (where each stream is capped by its channel window) a few more own
-            connections open during the listing, and the fetch starts at once as many streams
-            as the bytes and the round trip call for (session.streams_for), adding more while
-            they raise throughput, up to `jobs`; on a short link one stream (CPU-bound).
+            a long one (where each stream is capped by its channel window) the fetch starts at
+            once as many streams as the bytes and the round trip call for (session.streams_for:
+            on own connections opened during the listing where they are up, else as channels of
+            the master, which need no handshake), adding more (own connections) while they raise
+            throughput, up to `jobs`; on a short link one stream (CPU-bound).
             Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
             records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
             bytes of each piece are in (after every write).

@@ -237,9 +237,10 @@ class PullSession:
 
     def _fetch(self, parts: list[PartFile]) -> None:
         """Fetch every incomplete piece of parts. A big pull starts on its own connection, whose
-        ping (timed while the listing ran) gave the link's round trip: it opens at once as many
-        streams as streams_for() says (one on loopback/LAN: crypto-bound, more only compete). A
-        small one starts on the shared connection and times its first request. Then, measuring
+        pings (timed while the listing ran) gave the link's round trip: it opens at once as many
+        streams as streams_for() says (one on loopback/LAN: crypto-bound, more only compete), on
+        spare own connections opened during the listing or else on the master. A small one
+        starts on the shared connection and times its first request. Then, measuring
         ADD_INTERVAL_S once every stream delivers, streams are added (first to
         FIRST_STEP_STREAMS, then doubling, each on its own connection, up to jobs) as long as
         the last step raised the aggregate rate by ADD_GAIN: a long link is window-bound per
@@ -268,7 +269,9 @@ class PullSession:
             spares, self.spares, self._fetching = self.spares, [], True
         if options.adaptive and first is not None and first_kind == "own":
             more = streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1
-            streams += [self._stream(own, work, spares.pop() if spares else None) for _ in range(more)]
+            # spare own connections where they are up; else channels of the master, which start
+            # at once (a new connection would take ~10 round trips plus CPU before its first byte)
+            streams += [self._stream(own if spares else shared, work, spares.pop() if spares else None) for _ in range(more)]
         for connecting in spares:
             connecting.stop()
 
