@@ -4,6 +4,10 @@ Starts the same OpenSSH test bed as the tests (tests/fixtures/sshd.py), warms bo
 then runs them alternately N times each and prints the median of each and their ratio
 (target: ratio <= 1.5).
 
+harness's warm path is an `ssh -S` client on the master. A mux client of our own (the deleted
+transport/mux.py) was measured against it by this script at commit f1e9627: it saved 1%
+(bench/RESULTS.md, 2026-12-01), not the 20% issue 15 asked of it.
+
     python bench/exec_latency.py [-n 30]
 """
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.delayline import DelayLine  # noqa: E402
 from bench.results_file import record  # noqa: E402
-from harness.transfer import received_bytes  # noqa: E402
+from harness.pull import received_bytes  # noqa: E402
 from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
 
 MiB = 1 << 20
@@ -242,7 +242,10 @@ def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syn
         f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}.",
     ]
     if pulls:
-        lines += ["", f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's):", "",
+        with open("/proc/loadavg") as f:
+            load = " ".join(f.read().split()[:3])
+        lines += ["", f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's; load average at the end: {load}; "
+                  "targets: >= 3x scp at 50 ms RTT for 256 MiB, >= 1x scp on loopback for 512 MiB):", "",
                   "| link | tool | seconds | MiB/s | harness vs this |", "| --- | --- | ---: | ---: | ---: |"]
         for link, seconds in pulls.items():
             ours = seconds["harness pull"]

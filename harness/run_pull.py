@@ -18,7 +18,7 @@ stages' command lines). Into LOCAL_DIR (default ./runs/<id>):
 
 Outputs the run has not made (a failed or partial run) are skipped and listed. Checkpoints
 belong to the output directory, not to one run: a later run with the same output_dir replaces
-them. Each part is one verified, resumable harness.transfer pull.
+them. Each part is one verified, resumable harness.pull pull.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from harness.config import PipelineConfig
 from harness.errors import UsageError
 from harness.pipeline import default_args
-from harness.transfer import PullOptions, PullProgress, PullReport, clean_rel, pull
+from harness.pull import PullOptions, PullProgress, PullReport, clean_rel, pull
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport

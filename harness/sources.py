@@ -8,7 +8,7 @@ mirrored into a local folder an editor's language server reads (pyright/pylance/
            read, so the same script copies them to <workdir>/.harness/sources/<name> on the
            mounted workdir (incremental: unchanged files are not rewritten; owned by the
            workdir's owner, not the container's root). Runtime host: pulled where installed.
-3. pull    harness.transfer.pull with include patterns (.py, .pyi, py.typed; no binaries): a
+3. pull    harness.pull.pull with include patterns (.py, .pyi, py.typed; no binaries): a
            file already mirrored with the host's SHA-256 moves nothing, only changed ones move.
 4. prune   mirrored source files the package no longer has are deleted, only inside
            DEST/<package>/ (the mirror's own folder).
@@ -98,7 +98,7 @@ def _parse(stdout: bytes) -> dict | None:
 
 def mirror(transport: Transport, runtime: Runtime, packages: list[str], dest: str | os.PathLike[str], *, host_python: str = "python3") -> list[Mirrored]:
     """Mirror the packages' Python sources into dest (see the module docstring)."""
-    from harness.transfer import PullOptions, pull
+    from harness.pull import PullOptions, pull
 
     dest = Path(dest)
     options = PullOptions(include=SOURCE_PATTERNS, python=host_python)

@@ -157,6 +157,22 @@ def test_pty_exit_code(harness_config, env):
     assert b"tty" in r.stdout
 
 
+def test_pty_keeps_env_values_off_the_screen_and_bytes_unchanged(tmp_path, ssh_host, env):
+    """A PTY echoes what it receives: the values are sent only once the remote side has turned
+    echo off. Output is the remote bytes exactly (multi-byte characters across many reads)."""
+    config = write_harness_config(tmp_path, ssh_host)
+    config.write_text(config.read_text().replace("[hosts.box]\n", '[hosts.box]\nenv = ["HARNESS_T_TOKEN"]\n'))
+    secret = f"tok-{uuid.uuid4().hex}"
+    text = "héllo ✓ " * 3000
+    script = 'printf "%s" "$HARNESS_T_TOKEN" | od -An -tx1 | tr -d " \\n"; echo; printf "%s" "$0"; exit 3'
+    r = harness(config, "exec", "--pty", "box", "--", "sh", "-c", script, text, env={**env, "HARNESS_T_TOKEN": secret})
+    assert r.returncode == 3, r.stderr
+    assert secret.encode() not in r.stdout
+    assert secret.encode().hex().encode() + b"\r\n" in r.stdout  # the program did get the value
+    assert r.stdout.endswith(text.encode())
+    assert b"pty-ready" not in r.stdout
+
+
 def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
     """Run harness under a real terminal; ^C typed there interrupts the REMOTE program."""
     pid, fd = pty.fork()
@@ -211,24 +227,20 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
     assert checks[0]["name"] == "connect" and checks[0]["status"] == "fail" and checks[0]["fix"]
 
 
-def test_ssh_binary_fallback_delivers_env_and_exit_code(ssh_host, monkeypatch, capfd):
-    """The warm path's fallback (a master that refuses mux sessions): plain `ssh -S`."""
+def test_exec_through_the_master_delivers_env_and_exit_code(ssh_host, monkeypatch, capfd):
+    """The warm path in process: `ssh -S` on the master, env values on its stdin."""
     from harness.config import HostConfig
-    from harness.transport import ConnectOptions, connect, mux
+    from harness.transport import ConnectOptions, connect
 
     for k, v in ssh_host.env({}).items():
         monkeypatch.setenv(k, v)
-
-    def refuse(*a, **kw):
-        raise mux.MuxError("refused")
-
-    monkeypatch.setattr(mux, "run_session", refuse)
     monkeypatch.setattr("sys.stdin", open(os.devnull))
     transport = connect(HostConfig(name="box", ssh="box"), ConnectOptions())
-    code = transport.exec_foreground(["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], env={"T_FB": "v a'l"})
-    assert transport._client is None  # paramiko never connected: OpenSSH did it all
-    assert code == 6
-    assert capfd.readouterr().out == "v a'l"
+    for _ in range(2):  # a new master, then the one now up
+        code = transport.exec_foreground(["sh", "-c", 'printf "%s" "$T_FB"; exit 6'], env={"T_FB": "v a'l"})
+        assert not transport.is_connected  # paramiko never connected: OpenSSH did it all
+        assert code == 6
+        assert capfd.readouterr().out == "v a'l"
 
 
 def test_a_key_held_only_by_a_running_ssh_agent_is_used(tmp_path, ssh_host):

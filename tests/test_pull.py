@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.transfer import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
+from harness.pull import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
 from harness.transport.local import LocalTransport
 
 MiB = 1 << 20
@@ -150,6 +150,32 @@ def test_a_file_that_keeps_changing_is_reported_and_never_kept(remote_tree, tmp_
     assert (dest / "tool.sh").exists()
 
 
+def test_bytes_left_by_an_earlier_pull_count_only_once_checked_against_the_host(remote_tree, tmp_path):
+    """A part file whose recorded bytes were damaged since (a disk error, an edit): each piece is
+    checked against the host's digest before it counts, so the damaged piece comes again."""
+    from harness.pull.partfile import PartFile
+    from harness.pull.host import list_remote
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    _, _, entries = list_remote(LocalTransport(), str(remote_tree))
+    entry = next(e for e in entries if e.rel == "big.bin")
+    part = PartFile(dest / "big.bin", entry, MiB)  # as an interrupted pull leaves it: all bytes in
+    data = bytearray((remote_tree / "big.bin").read_bytes())
+    data[3 * MiB + 7] ^= 0xFF  # one damaged byte, in the fourth piece
+    os.pwrite(part.fd, bytes(data), 0)
+    for i in range(len(part.pieces)):
+        part.done[i] = part.pieces[i][1] - part.pieces[i][0]
+        part._record(i)
+    part.close()
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, adaptive=False, piece_size=MiB))
+    assert report.ok, report
+    assert sha(dest / "big.bin") == sha(remote_tree / "big.bin")
+    others = sum((remote_tree / rel).stat().st_size for rel in report.fetched if rel != "big.bin")
+    assert report.bytes_received == MiB + others  # the damaged piece came again; the others were checked in place
+    assert leftovers(dest) == []
+
+
 def test_include_exclude_and_latest_checkpoint_selection():
     def e(rel, kind="file", target=""):
         return RemoteEntry(rel, kind, 1, 0o644, 0, target)
@@ -202,7 +228,7 @@ PULL_SCRIPT = """
 import json, sys
 from harness.config import HostConfig
 from harness.transport import ConnectOptions, connect
-from harness.transfer import PullOptions, pull
+from harness.pull import PullOptions, pull
 config, known_hosts, src, dest = sys.argv[1:5]
 with connect(HostConfig(name="slow", ssh="slow"), ConnectOptions(known_hosts=known_hosts, ssh_config=config)) as t:
     r = pull(t, src, dest, PullOptions(jobs=4, piece_size=4 << 20))

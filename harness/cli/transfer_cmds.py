@@ -1,4 +1,4 @@
-"""`harness sync` and `harness pull` (the logic lives in harness.sync and harness.transfer)."""
+"""`harness sync` and `harness pull` (the logic lives in harness.sync and harness.pull)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     from harness.cli.render import print_json, pull_report_json
     from harness.jobs import Jobs
     from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
-    from harness.transfer import PullOptions, PullProgress
+    from harness.pull import PullOptions, PullProgress
 
     app = ctx.obj
     code = 0

@@ -9,12 +9,15 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
               checked after hashing (a file being written while hashed reports an error).
   send -      stdin: first line ROOT (JSON string: the stream can start before the listing is
-              back), then one JSON segment per line, [rel, offset, length, size, mtime_ns], read as
-              they come (the laptop keeps a couple in flight). stdout: framed
+              back), then one JSON segment per line, [rel, piece_start, offset, end, size,
+              mtime_ns], read as they come (the laptop keeps a couple in flight). stdout: framed
               bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
-              status 0 = data, 2 = segment complete, 1 = file changed/missing (segment aborted:
-              its (size, mtime_ns) no longer match the listing); one status-3 frame first, as
-              soon as the helper runs (so the laptop can time a request: the link's round trip).
+              status 0 = data (the bytes offset..end), 2 = segment complete, its data the SHA-256
+              of the whole piece piece_start..end (hashed while sending: no second pass), 1 = file
+              changed/missing (segment aborted: its (size, mtime_ns) do not match the listing,
+              before or after); one status-3 frame first, as
+              soon as the helper runs, and one more for each `null` line before ROOT (a ping: the
+              laptop times it, the link's round trip, while the listing runs).
 """
 
 import hashlib
@@ -110,7 +113,7 @@ def do_send(root, segments, out):
             view = view[os.write(out_fd, view):]
 
     for line in segments:
-        rel, offset, length, size, mtime_ns = json.loads(line)
+        rel, piece_start, offset, end, size, mtime_ns = json.loads(line)
         try:
             fd, st = open_regular(root, rel)
         except OSError:
@@ -120,28 +123,24 @@ def do_send(root, segments, out):
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 write_all(header.pack(1, 0))
                 continue
-            position, end, short = offset, offset + length, False
+            h = hashlib.sha256()
+            position, short = piece_start, False
             while position < end:
-                n = min(FRAME, end - position)
-                write_all(header.pack(0, n))
-                sent = 0
-                while sent < n:
-                    # zero-copy file -> pipe/socket; falls back to read+write where unsupported
-                    try:
-                        k = os.sendfile(out_fd, fd, position + sent, n - sent)
-                    except OSError:
-                        data = os.pread(fd, n - sent, position + sent)
-                        k = len(data)
-                        write_all(data)
-                    if k == 0:  # the file shrank under us: keep the framing, flag the segment
-                        write_all(bytes(n - sent))
-                        short = True
-                        break
-                    sent += k
-                position += n
-                if short:
+                data = os.pread(fd, min(FRAME, end - position), position)
+                if not data:  # the file shrank under us
+                    short = True
                     break
-            write_all(header.pack(1 if short else 2, 0))
+                h.update(data)
+                if position + len(data) > offset:
+                    sent = memoryview(data)[max(0, offset - position):]
+                    write_all(header.pack(0, len(sent)))
+                    write_all(sent)
+                position += len(data)
+            after = os.fstat(fd)
+            if short or (after.st_size, after.st_mtime_ns) != (size, mtime_ns):
+                write_all(header.pack(1, 0))
+            else:
+                write_all(header.pack(2, 32) + h.digest())
         finally:
             os.close(fd)
 
@@ -163,6 +162,10 @@ def main():
         out.flush()
         stdin = sys.stdin.buffer
         first = stdin.readline()
+        while first.strip() == b"null":  # a ping: answer at once
+            out.write(struct.pack(">BQ", 3, 0))
+            out.flush()
+            first = stdin.readline()
         if first:
             do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)
     out.flush()

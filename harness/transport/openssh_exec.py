@@ -2,9 +2,9 @@
 
 Chosen by measurement (bench/exec_latency.py): a plain (non-PTY) command on an SSH host goes
 through a master connection that outlives this process (started on first use, kept
-ControlPersist seconds). A second `harness exec` then costs one session opened on the master's
-socket, which we ask for directly (mux.py) instead of spawning an `ssh` mux client; a master that
-refuses the session falls back to the `ssh` binary. Nothing here imports paramiko or rich.
+ControlPersist seconds); a second `harness exec` then costs one `ssh -S` mux client process on the
+master's socket. (A client of our own for the socket's protocol saved 1% of a warm exec, not
+the 20% its code had to earn: bench/RESULTS.md, 2026-12-01.) Nothing here imports paramiko or rich.
 
 The remote command line comes from remote_shell.remote_command, as for every transport, so env
 values travel on stdin and never on a command line.
@@ -13,9 +13,10 @@ values travel on stdin and never on a command line.
 from __future__ import annotations
 
 import os
+import socket
 from typing import Callable, Mapping, Sequence
 
-from harness.transport import mux, openssh
+from harness.transport import openssh
 from harness.transport.remote_shell import remote_command
 
 
@@ -28,23 +29,21 @@ def run(options: openssh.OpenSSHOptions, host_name: str, argv: Sequence[str], en
     key, before one retry."""
     opts = openssh.with_control_path(options)
     command, prefix = remote_command(argv, env=env)
-    # Speak to the master directly (no `ssh` process). No master yet (or a stale socket): start
-    # one, then retry; a master that refuses the session: fall back to the `ssh` binary.
-    stdin_fd = _stdin_fd(prefix)
-    try:
-        for attempt in range(2):
-            try:
-                return mux.run_session(opts.control_path, command, stdin_fd, 1, 2)
-            except mux.NoMaster:
-                if attempt:
-                    break
-                opts = _ensure_master(opts, host_name, report_host_key)
-            except mux.MuxError:
-                break
-    finally:
-        if stdin_fd != 0:
-            os.close(stdin_fd)
+    if not _master_listening(opts.control_path):
+        opts = _ensure_master(opts, host_name, report_host_key)
     return _run_ssh_binary(openssh.command_argv(opts, command, control_master="no"), prefix)
+
+
+def _master_listening(control_path: str | None) -> bool:
+    """A master answers on the socket (a socket file whose master is gone refuses)."""
+    if not control_path:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(control_path)
+        except OSError:
+            return False
+    return True
 
 
 def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key: Callable[[], object]) -> openssh.OpenSSHOptions:
@@ -64,31 +63,6 @@ def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key
         opts = openssh.with_control_path(opts)
         openssh.start_master(opts, host_name)
     return opts
-
-
-def _stdin_fd(prefix: bytes) -> int:
-    """The fd the remote command reads: ours, or a pipe carrying the env lines then ours."""
-    if not prefix:
-        try:
-            os.fstat(0)
-            return 0
-        except OSError:
-            return os.open(os.devnull, os.O_RDONLY)
-    import threading
-
-    read_end, write_end = os.pipe()
-    threading.Thread(target=_feed, args=(write_end, prefix), daemon=True).start()
-    return read_end
-
-
-def _feed(write_end: int, prefix: bytes) -> None:
-    with open(write_end, "wb", buffering=0) as w:
-        try:
-            w.write(prefix)
-            while chunk := os.read(0, 65536):
-                w.write(chunk)
-        except OSError:
-            pass
 
 
 def _run_ssh_binary(ssh_argv: list[str], prefix: bytes) -> int:

@@ -21,8 +21,13 @@ ENV_PREAMBLE = (
     'while IFS= read -r harness_kv && [ -n "$harness_kv" ]; do export "$harness_kv"; done; '
     'unset harness_kv; exec "$@"'
 )
-# On a PTY the transport starts with ECHO off (so the values are not echoed): restore it.
-ENV_PREAMBLE_PTY = ENV_PREAMBLE.replace('exec "$@"', 'stty echo 2>/dev/null; exec "$@"')
+# On a PTY, which echoes what it receives: echo off first, then PTY_READY tells the laptop to send
+# the values (transport/terminal.py), then echo back on. No stty: refuse rather than show them.
+PTY_READY = "harness:pty-ready:"
+ENV_PREAMBLE_PTY = (
+    "stty -echo 2>/dev/null || { echo 'harness: no stty on the host: cannot keep environment values off the screen' >&2; exit 97; }; "
+    f"printf %s {PTY_READY}; " + ENV_PREAMBLE.replace('exec "$@"', 'stty echo 2>/dev/null; exec "$@"')
+)
 
 
 def env_payload(env: Mapping[str, str]) -> bytes:
@@ -50,10 +55,11 @@ def cd_target(path: str) -> str:
 def remote_command(
     argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None, pty: bool = False
 ) -> tuple[str, bytes]:
-    """(command line for the remote login shell, bytes to send first on stdin)."""
-    if env:
+    """(command line for the remote login shell, bytes to send first on stdin). With pty, always
+    the PTY preamble: its PTY_READY says when stdin may be sent (env values or none)."""
+    if env or pty:
         preamble = ENV_PREAMBLE_PTY if pty else ENV_PREAMBLE
-        command, stdin_prefix = quote_argv(["sh", "-c", preamble, "sh", *argv]), env_payload(env)
+        command, stdin_prefix = quote_argv(["sh", "-c", preamble, "sh", *argv]), env_payload(env or {})
     else:
         command, stdin_prefix = quote_argv(argv), b""
     if cwd:

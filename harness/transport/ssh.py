@@ -1,24 +1,25 @@
-"""SSHTransport: one persistent paramiko connection per CLI command.
+"""SSHTransport: one fabric Connection (paramiko underneath) per CLI command.
 
-~/.ssh/config is honoured (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump,
-UserKnownHostsFile, HashKnownHosts), as are the agent and key files. Host keys are strict: an
-unknown host is refused with its fingerprint and the flag that accepts it once; a changed key is
-always refused. paramiko is imported, ~/.ssh/config parsed and the connection opened on the
-first operation that needs them, so a command that only needs `local_argv` (sync, pull, exec:
-bulk streams through OpenSSH) never pays for any of it (~0.1 s of imports alone).
+fabric reads the ssh_config (HostName, User, Port, IdentityFile, ProxyCommand ...: the file given
+by HARNESS_SSH_CONFIG / ConnectOptions as `ssh -F` would, else ~/.ssh/config and
+/etc/ssh/ssh_config), opens the ProxyJump hops as gateways, and runs PTY sessions (terminal.py).
+harness adds what fabric leaves open: strict host keys on every hop (an unknown host is refused
+with its fingerprint and the flag that accepts it once; a changed key is always refused), the
+hops in OpenSSH's order, IdentitiesOnly, timeouts, and errors that say which hop failed.
+fabric is imported and the connection opened on the first operation that needs them, so a
+command that only needs `local_argv` (sync, pull, exec: bulk streams through OpenSSH) never
+pays for any of it (~0.3 s of imports alone).
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
 import socket
 import stat as st
 import sys
 import threading
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -29,58 +30,12 @@ from harness.transport.remote_shell import remote_command
 
 if TYPE_CHECKING:
     import paramiko
+    from fabric import Connection
 
     from harness.transport import ConnectionSpec, ConnectOptions
 
 KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-
-
-@dataclass(frozen=True)
-class ResolvedHost:
-    """A target after ~/.ssh/config: what paramiko actually connects to."""
-
-    alias: str  # as written by the user (for messages)
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    identities_only: bool
-    proxy_jump: tuple[str, ...]  # hops, outermost first
-    hash_known_hosts: bool
-
-    @property
-    def known_hosts_name(self) -> str:
-        """How OpenSSH names this host in known_hosts."""
-        return self.hostname if self.port == 22 else f"[{self.hostname}]:{self.port}"
-
-    def describe(self) -> str:
-        return f"{self.user}@{self.hostname}:{self.port}"
-
-
-def resolve(spec: str, ssh_config: paramiko.SSHConfig | None, extra_identity: str = "") -> ResolvedHost:
-    target = openssh.SSHTarget.parse(spec)
-    cfg = ssh_config.lookup(target.host) if ssh_config else {}
-    identity = [os.path.expanduser(p) for p in cfg.get("identityfile", [])]
-    if extra_identity:
-        identity.insert(0, os.path.expanduser(extra_identity))
-    jump = cfg.get("proxyjump", "")
-    return ResolvedHost(
-        alias=target.host,
-        hostname=cfg.get("hostname", target.host),
-        port=target.port or int(cfg.get("port", 22)),
-        user=target.user or cfg.get("user") or _local_user(),
-        identity_files=tuple(identity),
-        identities_only=cfg.get("identitiesonly", "no").lower() == "yes",
-        proxy_jump=tuple(h.strip() for h in jump.split(",") if h.strip()) if jump and jump.lower() != "none" else (),
-        hash_known_hosts=cfg.get("hashknownhosts", "no").lower() == "yes",
-    )
-
-
-def _local_user() -> str:
-    import getpass
-
-    return getpass.getuser()
 
 
 def strict_host_key_policy(host_name: str, known_hosts: str, accept_new: bool, hash_names: bool) -> paramiko.MissingHostKeyPolicy:
@@ -120,148 +75,180 @@ def record_host_key(known_hosts: str, name: str, key: paramiko.PKey, *, hashed: 
         f.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
 
 
+def _yes(ssh_config: Mapping[str, object], key: str) -> bool:
+    return str(ssh_config.get(key, "no")).lower() == "yes"
+
+
+def _jump_hosts(ssh_config: Mapping[str, object]) -> list[str]:
+    jump = str(ssh_config.get("proxyjump", ""))
+    return [] if jump.lower() == "none" else [h.strip() for h in jump.split(",") if h.strip()]
+
+
 class SSHTransport(Transport):
     def __init__(self, spec: "ConnectionSpec", options: "ConnectOptions"):
         self.name = spec.name
         self.spec = spec
         self.options = options
         self.ssh_config_path = openssh.ssh_config_path(options.ssh_config)
-        self._client: paramiko.SSHClient | None = None
-        self._jumps: list[paramiko.SSHClient] = []
-        self._sftp: paramiko.SFTPClient | None = None
+        self._opened = False
         self._home: str | None = None
 
     # -- connection -----------------------------------------------------------------------------
 
     @cached_property
-    def _ssh_config(self) -> paramiko.SSHConfig | None:
-        """~/.ssh/config as paramiko reads it (OpenSSH reads it itself for local_argv)."""
+    def connection(self) -> Connection:
+        """The fabric Connection to the host (not opened yet), its gateways set up as strictly
+        as itself."""
+        from fabric import Config, Connection
+
+        # lazy: no fabric/invoke config files (/etc/fabric.yaml ...) shape what harness does
+        config = Config(runtime_ssh_path=self.ssh_config_path, lazy=True)
+        config.load_ssh_config()
+        target = openssh.SSHTarget.parse(self.spec.ssh)
+        extra_key = [os.path.expanduser(self.spec.identity_file)] if self.spec.identity_file else []
+        conn = Connection(target.host, user=target.user or None, port=target.port or None, config=config,
+                          gateway=self._gateway(config, target.host), connect_kwargs={"key_filename": extra_key} if extra_key else None)
+        return self._harden(conn)
+
+    def _gateway(self, config, alias: str):
+        """What the host is reached through: its ProxyJump hops in OpenSSH's order, first hop
+        first (fabric would chain a list of hops the other way round), each hop as its own
+        ssh_config entry says, like ssh -J; else None, which lets fabric run a ProxyCommand.
+        False: nothing (also for `ProxyJump none` / `ProxyCommand none`)."""
+        from fabric import Connection
+
+        entry = config.base_ssh_config.lookup(alias)
+        if "proxyjump" not in entry:
+            return False if str(entry.get("proxycommand", "")).lower() == "none" else None
+        gateway = False
+        for hop in _jump_hosts(entry):
+            target = openssh.SSHTarget.parse(hop)
+            gateway = self._harden(Connection(target.host, user=target.user or None, port=target.port or None,
+                                              config=config.clone(), gateway=gateway))
+        return gateway
+
+    def _harden(self, conn: Connection) -> Connection:
+        """Host keys from known_hosts, refused when unknown or changed; keys, agent and timeouts
+        as the ssh_config entry and harness.toml say. (fabric's default accepts any key.)"""
         import paramiko
 
-        return paramiko.SSHConfig.from_path(self.ssh_config_path) if self.ssh_config_path else None
-
-    @cached_property
-    def target(self) -> ResolvedHost:
-        """What paramiko connects to, after ~/.ssh/config."""
-        return resolve(self.spec.ssh, self._ssh_config, self.spec.identity_file)
-
-    def _known_hosts_for(self, target: ResolvedHost) -> str:
-        explicit = openssh.known_hosts_override(self.options.known_hosts)
-        if explicit:
-            return explicit
-        cfg = self._ssh_config.lookup(target.alias) if self._ssh_config else {}
-        files = cfg.get("userknownhostsfile", "")
-        first = files.split()[0] if files else "~/.ssh/known_hosts"
-        return os.path.expanduser(first)
-
-    def open(self) -> "SSHTransport":
-        """Connect now (idempotent). Every other method calls this."""
-        if self._client is None:
-            import paramiko
-
-            sock = None
-            hops = [resolve(h, self._ssh_config) for h in self.target.proxy_jump]
-            for hop, nxt in zip(hops, [*hops[1:], self.target]):
-                client = self._connect_one(hop, sock)
-                self._jumps.append(client)
-                try:
-                    sock = client.get_transport().open_channel(
-                        "direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0), timeout=self.spec.connect_timeout
-                    )
-                except (paramiko.ChannelException, paramiko.SSHException, OSError) as e:
-                    raise ConnectError(f"{self.name}: jump host {hop.alias} cannot reach {nxt.hostname}:{nxt.port}: {e}") from None
-            self._client = self._connect_one(self.target, sock)
-        return self
-
-    def _connect_one(self, target: ResolvedHost, sock) -> paramiko.SSHClient:
-        where = f"{self.name} ({target.describe()}{', via ' + ','.join(self.target.proxy_jump) if sock else ''})"
-        import paramiko
-
-        known_hosts = self._known_hosts_for(target)
-        client = paramiko.SSHClient()
+        known_hosts = self._known_hosts_for(conn)
         for path in (SYSTEM_KNOWN_HOSTS, known_hosts):
             if os.path.isfile(path):
                 try:
-                    client.load_system_host_keys(path)  # "system": read, never rewritten by paramiko
+                    conn.client.load_system_host_keys(path)  # "system": read, never rewritten by paramiko
                 except (OSError, paramiko.SSHException) as e:
-                    raise HostKeyError(f"{where}: cannot read known_hosts file {path}: {e}") from None
-        client.set_missing_host_key_policy(
-            strict_host_key_policy(self.name, known_hosts, self.options.accept_new_host_key, target.hash_known_hosts)
+                    raise HostKeyError(f"{self.name}: cannot read known_hosts file {path}: {e}") from None
+        conn.client.set_missing_host_key_policy(
+            strict_host_key_policy(self.name, known_hosts, self.options.accept_new_host_key, _yes(conn.ssh_config, "hashknownhosts"))
         )
-        key_files = [p for p in target.identity_files if os.path.isfile(p)]
+        identities_only = _yes(conn.ssh_config, "identitiesonly")
         timeout = self.spec.connect_timeout
+        keys = [os.path.expanduser(p) for p in conn.connect_kwargs.get("key_filename", [])]
+        conn.connect_kwargs = {
+            "key_filename": [p for p in keys if os.path.isfile(p)] or None,
+            "allow_agent": not identities_only,
+            "look_for_keys": not identities_only,
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+            "channel_timeout": timeout,
+        }
+        conn.connect_timeout = timeout  # (fabric's constructor rounds it down to whole seconds)
+        return conn
+
+    def _known_hosts_for(self, conn: Connection) -> str:
+        explicit = openssh.known_hosts_override(self.options.known_hosts)
+        if explicit:
+            return explicit
+        files = str(conn.ssh_config.get("userknownhostsfile", ""))
+        return os.path.expanduser(files.split()[0] if files else "~/.ssh/known_hosts")
+
+    def _hops(self) -> list[Connection]:
+        """The jump hosts, first hop first, then the host."""
+        chain = [self.connection]
+        while not isinstance(chain[0].gateway, (str, bool, type(None))):
+            chain.insert(0, chain[0].gateway)
+        return chain
+
+    def _where(self, conn: Connection) -> str:
+        via = [c.original_host for c in self._hops()[:-1]]
+        return f"{self.name} ({conn.user}@{conn.host}:{conn.port}{', via ' + ','.join(via) if via else ''})"
+
+    @property
+    def is_connected(self) -> bool:
+        return self._opened and self.connection.is_connected
+
+    def open(self) -> "SSHTransport":
+        """Connect now (idempotent), hop by hop so that an error names the hop. Every other method
+        calls this."""
+        if not self._opened:
+            chain = self._hops()
+            for previous, conn in zip([None, *chain], chain):
+                self._open_one(conn, previous)
+            self._opened = True
+        return self
+
+    def _open_one(self, conn: Connection, previous: Connection | None) -> None:
+        import paramiko
+
+        where, timeout = self._where(conn), self.spec.connect_timeout
         try:
-            client.connect(
-                target.hostname,
-                port=target.port,
-                username=target.user,
-                key_filename=key_files or None,
-                allow_agent=not target.identities_only,
-                look_for_keys=not target.identities_only,
-                timeout=timeout,
-                banner_timeout=timeout,
-                auth_timeout=timeout,
-                channel_timeout=timeout,
-                sock=sock,
-            )
+            conn.open()
         except HostKeyError:
-            client.close()
+            conn.close()
             raise
         except paramiko.BadHostKeyException as e:
-            client.close()
+            conn.close()
             raise HostKeyError(
                 f"{where}: the host key has CHANGED: expected {e.expected_key.get_name()} {e.expected_key.fingerprint}, "
                 f"got {e.key.get_name()} {e.key.fingerprint}; refusing to connect (possible man-in-the-middle)",
-                f"if the host was really reinstalled, remove its old line from {known_hosts}",
+                f"if the host was really reinstalled, remove its old line from {self._known_hosts_for(conn)}",
             ) from None
         except paramiko.PasswordRequiredException:
-            client.close()
+            conn.close()
             raise AuthError(f"{where}: a key file is encrypted and no agent holds it", "load it with ssh-add") from None
         except paramiko.AuthenticationException as e:
-            client.close()
-            offered = ", ".join(key_files) or "agent / default keys"
+            conn.close()
+            offered = ", ".join(conn.connect_kwargs.get("key_filename") or []) or "agent / default keys"
             raise AuthError(f"{where}: authentication failed: the server refused every key offered ({offered}): {e}",
                             "check identity_file in harness.toml / IdentityFile in ssh_config, or ssh-add the right key") from None
+        except paramiko.ChannelException as e:
+            conn.close()
+            hop = previous.original_host if previous else "the proxy"
+            raise ConnectError(f"{self.name}: jump host {hop} cannot reach {conn.host}:{conn.port}: {e}") from None
         except (socket.timeout, TimeoutError):
-            client.close()
+            conn.close()
             raise ConnectError(f"{where}: connection timed out after {timeout:g} s") from None
         except socket.gaierror as e:
-            client.close()
-            raise ConnectError(f"{where}: cannot resolve host name {target.hostname!r}: {e.strerror}") from None
+            conn.close()
+            raise ConnectError(f"{where}: cannot resolve host name {conn.host!r}: {e.strerror}") from None
         except paramiko.ssh_exception.NoValidConnectionsError as e:
-            client.close()
+            conn.close()
             reasons = sorted({os.strerror(err.errno) if err.errno else str(err) for err in e.errors.values()})
             raise ConnectError(f"{where}: cannot connect: {'; '.join(reasons)}") from None
         except paramiko.SSHException as e:
-            client.close()
+            conn.close()
             raise ConnectError(f"{where}: SSH handshake failed: {e}") from None
         except OSError as e:
-            client.close()
+            conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}") from None
-        client.get_transport().set_keepalive(KEEPALIVE_S)
-        return client
-
-    @property
-    def client(self) -> paramiko.SSHClient:
-        return self.open()._client  # type: ignore[return-value]
+        conn.transport.set_keepalive(KEEPALIVE_S)
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-        return self._sftp
+        return self.open().connection.sftp()
 
     def close(self) -> None:
-        for c in [self._sftp, self._client, *reversed(self._jumps)]:
-            if c is not None:
-                c.close()
-        self._sftp, self._client, self._jumps = None, None, []
+        if "connection" in self.__dict__:
+            for conn in reversed(self._hops()):
+                conn.close()
+            del self.__dict__["connection"]
+        self._opened = False
 
     def _session(self) -> paramiko.Channel:
-        transport = self.client.get_transport()
-        if transport is None or not transport.is_active():
+        if not self.open().connection.is_connected:
             raise TransportError(f"{self.name}: the SSH connection was lost")
-        return transport.open_session(timeout=self.spec.connect_timeout)
+        return self.connection.create_session()
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -298,19 +285,12 @@ class SSHTransport(Transport):
         try:
             finished = chan.status_event.wait(timeout)
         except KeyboardInterrupt:
-            # Ctrl-C: ask sshd to deliver SIGINT to the remote program (RFC 4254 "signal"; OpenSSH
-            # honours it for privilege-separated, i.e. non-root, sessions), give it a few seconds
-            # to finish, then hang up. A second Ctrl-C hangs up at once.
-            send_signal(chan, "INT")
-            try:
-                finished = chan.status_event.wait(5)
-            except KeyboardInterrupt:
-                finished = False
-            if not finished:
-                chan.close()
+            # Ctrl-C: hang up this session (the connection stays), as ssh(1) without -t does.
+            # The remote program is not signalled: paramiko has no public call for RFC 4254's
+            # "signal" request; it sees its output pipe closed.
+            chan.close()
             raise
         if not finished:
-            send_signal(chan, "KILL")
             chan.close()
             for t in threads:
                 t.join(1)
@@ -322,37 +302,16 @@ class SSHTransport(Transport):
         return RunResult(_exit_code(code), b"".join(captured["out"]), b"".join(captured["err"]))
 
     def run_pty(self, argv: Sequence[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> int:
-        command, prefix = remote_command(argv, cwd=cwd, env=env, pty=True)
-        chan = self._session()
-        interactive = sys.stdin.isatty()
-        cols, rows = _terminal_size()
-        # A PTY echoes its input: with env values to deliver, start with ECHO off and let the
-        # preamble turn it back on after reading them, so secrets never reach the screen.
-        _request_pty(chan, os.environ.get("TERM", "xterm-256color"), cols, rows, echo=not prefix)
-        chan.exec_command(command)
-        if prefix:
-            chan.sendall(prefix)
-        old_winch = None
-        if interactive:
-            import termios
-            import tty
+        from harness.transport import terminal
 
-            fd = sys.stdin.fileno()
-            saved = termios.tcgetattr(fd)
-            old_winch = signal.signal(signal.SIGWINCH, lambda *_: chan.resize_pty(*_terminal_size()))
-            tty.setraw(fd)
-        try:
-            _pump_pty(chan)
-        finally:
-            if interactive:
-                termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-                signal.signal(signal.SIGWINCH, old_winch)
-        code = chan.recv_exit_status()
-        chan.close()
-        return _exit_code(code)
+        # TERM as the pty request's terminal type would carry it (fabric asks for a vt100)
+        env = {"TERM": os.environ.get("TERM", "xterm-256color"), **(env or {})}
+        command, prefix = remote_command(argv, cwd=cwd, env=env, pty=True)
+        self.open()
+        return _exit_code(terminal.run(self.connection, command, prefix))
 
     def address(self) -> str:
-        return self.target.hostname
+        return self.connection.host  # after ssh_config HostName
 
     def exec_foreground(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, pty: bool = False) -> int:
         if pty or not openssh.ssh_available():
@@ -437,84 +396,6 @@ class SSHTransport(Transport):
         return RemoteStat(s.st_size or 0, s.st_mode or 0, float(s.st_mtime or 0), st.S_ISDIR(s.st_mode or 0), st.S_ISLNK(s.st_mode or 0))
 
 
-def _channel_request(chan: paramiko.Channel, request: str, *, want_reply: bool) -> paramiko.Message:
-    """An RFC 4254 5.4 channel request for `chan`, ready for its request-specific fields (for the
-    requests paramiko has no public call for, or none with the options needed here)."""
-    from paramiko.common import cMSG_CHANNEL_REQUEST
-    from paramiko.message import Message
-
-    m = Message()
-    m.add_byte(cMSG_CHANNEL_REQUEST)
-    m.add_int(chan.remote_chanid)
-    m.add_string(request)
-    m.add_boolean(want_reply)
-    return m
-
-
-def _request_pty(chan: paramiko.Channel, term: str, cols: int, rows: int, *, echo: bool) -> None:
-    """Channel.get_pty with terminal modes (RFC 4254 8: opcode 53 = ECHO, 0 = TTY_OP_END)."""
-    import struct
-
-    modes = b"" if echo else struct.pack(">BI", 53, 0)
-    m = _channel_request(chan, "pty-req", want_reply=True)
-    m.add_string(term)
-    m.add_int(cols)
-    m.add_int(rows)
-    m.add_int(0)
-    m.add_int(0)
-    m.add_string(modes + b"\x00")
-    chan._event_pending()
-    chan.transport._send_user_message(m)
-    chan._wait_for_event()
-
-
-def send_signal(chan: paramiko.Channel, name: str) -> None:
-    """RFC 4254 6.9 "signal" request (paramiko has no public call for it)."""
-    from paramiko.ssh_exception import SSHException
-
-    m = _channel_request(chan, "signal", want_reply=False)
-    m.add_string(name)
-    try:
-        chan.transport._send_user_message(m)
-    except (EOFError, OSError, SSHException):
-        pass
-
-
 def _exit_code(code: int) -> int:
     # paramiko reports -1 when the server sent no exit status (killed by a signal it did not name)
     return 255 if code < 0 else code
-
-
-def _terminal_size() -> tuple[int, int]:
-    import shutil
-
-    size = shutil.get_terminal_size((80, 24))
-    return size.columns, size.lines
-
-
-def _pump_pty(chan: paramiko.Channel) -> None:
-    """Copy terminal input to the channel and channel output to the terminal until it closes."""
-    stdin_fd = sys.stdin.fileno()
-    out = sys.stdout.buffer
-    stdin_open = True
-    while True:
-        watch = [chan] + ([stdin_fd] if stdin_open else [])
-        try:
-            ready, _, _ = select.select(watch, [], [], 0.5)
-        except InterruptedError:  # SIGWINCH
-            continue
-        if chan in ready or chan.recv_ready():
-            data = chan.recv(65536)
-            if not data:
-                break
-            out.write(data)
-            out.flush()
-        if stdin_open and stdin_fd in ready:
-            data = os.read(stdin_fd, 4096)
-            if data:
-                chan.sendall(data)
-            else:
-                stdin_open = False
-                chan.shutdown_write()
-        if chan.exit_status_ready() and not chan.recv_ready():
-            break

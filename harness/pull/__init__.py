@@ -1,0 +1,49 @@
+"""`harness pull`: fetch files from a host: selective, resumable, verified, atomic, parallel.
+
+One pull, step by step
+  1. list   one remote command (harness/remote/pull_helper.py `list`) returns every entry under
+            REMOTE_PATH as JSON (names never parsed from shell output; links reported, not
+            followed).
+  2. select --include/--exclude (gitignore-style patterns on the path relative to REMOTE_PATH),
+            --latest-checkpoint (only the newest speculators epoch directory `<ckpt root>/<N>/` of
+            each checkpoint root, plus run records and logs).
+  3. check  every name must land inside LOCAL_DIR: absolute names, `..`, a local parent that is a
+            link leading out, a remote link whose target leads out: refused and reported, nothing
+            written for them.
+  4. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
+            stream (a long-lived helper in `send` mode, through OpenSSH) takes the next piece as
+            it finishes one. Streams are started while the listing runs: one over the shared
+            ControlMaster (small pulls: no handshake) and one over its own connection (big
+            pulls: no relay through the master), which times a ping, the link's round trip; on
+            a long one (where each stream is capped by its channel window) the fetch starts at
+            once as many streams as the bytes and the round trip call for (session.streams_for:
+            on own connections opened during the listing where they are up, else as channels of
+            the master, which need no handshake), adding more (own connections) while they raise
+            throughput, up to `jobs`; on a short link one stream (CPU-bound).
+            Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
+            records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
+            bytes of each piece are in (after every write).
+  5. verify one pass over the data on each side: the host hashes each piece (SHA-256) as it
+            sends it and ends it with the digest; the laptop hashes it as it arrives (after
+            reading back what an earlier process received of it) and compares. The host checks
+            the file's (size, mtime_ns) against the listing before and after each piece. A file
+            is renamed to its final name only when every piece matched; a mismatched piece starts
+            over, a file changed on the host is discarded; both are retried (fresh listing), then
+            reported as failed. Files already present locally with the host's size are compared
+            by whole-file SHA-256 first (one host command) and skipped when identical.
+
+Resuming: a killed pull (Ctrl-C, kill -9, dropped link) leaves the part files; the next pull
+continues each piece from the bytes recorded, as long as the host file's (size, mtime_ns) still
+match; pieces an earlier process completed are checked against the host's digest too.
+
+Where files land: a remote directory's entries go to LOCAL_DIR/<path relative to REMOTE_PATH>; a
+remote file goes to LOCAL_DIR/<its name>.
+"""
+
+from harness.pull.options import PullOptions, PullProgress, PullReport
+from harness.pull.partfile import PART_SUFFIX, received_bytes
+from harness.pull.paths import clean_rel
+from harness.pull.selection import RemoteEntry, select
+from harness.pull.session import pull
+
+__all__ = ["PART_SUFFIX", "PullOptions", "PullProgress", "PullReport", "RemoteEntry", "clean_rel", "pull", "received_bytes", "select"]

@@ -1,0 +1,101 @@
+"""Calls of the helper shipped to the host (harness/remote/pull_helper.py): the listing, the
+host-side SHA-256 of the selected files, and the command line of a byte stream."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.pull.selection import RemoteEntry
+from harness.transport.base import Transport
+from harness.transport.openssh import bulk_failure
+
+HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
+
+
+def _helper_source() -> str:
+    return (Path(__file__).parents[1] / "remote" / "pull_helper.py").read_text(encoding="utf-8")
+
+
+def helper_argv(python: str, mode: str, root: str) -> list[str]:
+    # -S: the helper is stdlib only; skipping site (and its .pth files) saves most of the start-up
+    return [python, "-S", "-c", _helper_source(), mode, root]
+
+
+def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
+    """Run argv on the host through transport.local_argv (OpenSSH with a persistent ControlMaster
+    for SSH hosts): no paramiko handshake, and a dropped link is re-established by the next call.
+    stdout: None to capture, or a sink called with each chunk. Returns (exit code, stdout, stderr)."""
+    proc = subprocess.Popen(transport.local_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    err: list[bytes] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    out: list[bytes] = []
+    while chunk := proc.stdout.read(1 << 16):
+        (stdout or out.append)(chunk)
+    code = proc.wait()
+    reader.join()
+    return code, b"".join(out), b"".join(err)
+
+
+def list_remote(transport: Transport, remote_path: str, python: str = "python3") -> tuple[str, bool, list[RemoteEntry]]:
+    """(resolved root, is_dir, entries) of remote_path on the host (`~` is expanded there)."""
+    code, out, err = run_bulk(transport, helper_argv(python, "list", remote_path))
+    if code == 3:
+        raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
+    if code != 0:
+        raise bulk_failure(transport.name, f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
+    doc = json.loads(out)
+    entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
+    return doc["root"], bool(doc["is_dir"]), entries
+
+
+class HostHashes:
+    """Host SHA-256 of every selected file, one remote command, results as they come."""
+
+    def __init__(self, transport: Transport, root: str, rels: list[str], python: str):
+        self.results: dict[str, tuple[str | None, int, int, str | None]] = {}
+        self.error: str | None = None
+        self._done = threading.Event()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(transport, root, rels, python), daemon=True)
+        self._thread.start()
+
+    def _run(self, transport, root, rels, python) -> None:
+        buffer = bytearray()
+
+        def sink(chunk: bytes) -> None:
+            buffer.extend(chunk)
+            while b"\n" in buffer:
+                line, _, rest = bytes(buffer).partition(b"\n")
+                buffer[:] = rest
+                rel, digest, size, mtime_ns, err = json.loads(line)
+                with self._cond:
+                    self.results[rel] = (digest, size, mtime_ns, err)
+                    self._cond.notify_all()
+
+        try:
+            if rels:
+                code, _, err = run_bulk(transport, helper_argv(python, "hash", root), json.dumps(rels).encode(), sink)
+                if code != 0:
+                    self.error = f"{HOST_HASHING_FAILED} ({code}): {err.decode('utf-8', 'replace').strip()[-300:]}"
+        except Exception as e:  # noqa: BLE001 - reported per file below
+            self.error = f"{HOST_HASHING_FAILED}: {e}"
+        finally:
+            with self._cond:
+                self._done.set()
+                self._cond.notify_all()
+
+    def get(self, rel: str) -> tuple[str | None, int, int, str | None]:
+        with self._cond:
+            while rel not in self.results and not self._done.is_set():
+                self._cond.wait()
+            return self.results.get(rel, (None, 0, 0, self.error or f"{HOST_HASHING_FAILED}: no result"))

@@ -1,0 +1,55 @@
+"""Names: what may land where. A remote name lands in LOCAL_DIR only as a plain relative path,
+under parents that are directories inside LOCAL_DIR; a link only when its target stays inside."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def clean_rel(name: str) -> str | None:
+    """name when it is a plain relative path (no `..`, not absolute, valid UTF-8), else None."""
+    if not name or "\0" in name or name.startswith("/"):
+        return None
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return name
+
+
+def inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def safe_parent(local_root: Path, rel: str) -> Path:
+    """Create rel's parent directories under local_root, refusing any existing component that is
+    a link leading out of local_root or is not a directory. Returns the parent."""
+    root = os.path.realpath(local_root)
+    current = root
+    for part in rel.split("/")[:-1]:
+        current = os.path.join(current, part)
+        if os.path.islink(current):
+            resolved = os.path.realpath(current)
+            if not inside(resolved, root):
+                raise Unsafe(f"local {os.path.relpath(current, root)} is a link leading out of {local_root}")
+            current = resolved
+        if not os.path.exists(current):
+            os.mkdir(current)
+        elif not os.path.isdir(current):
+            raise Unsafe(f"local {os.path.relpath(current, root)} is not a directory")
+    return Path(current)
+
+
+class Unsafe(Exception):
+    pass
+
+
+def link_target_ok(rel: str, target: str) -> bool:
+    if not target or target.startswith("/"):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    return clean_rel(resolved) is not None
