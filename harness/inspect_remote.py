@@ -1,7 +1,7 @@
 """The source of a Python object as the remote stage interpreter sees it (library API of
 `harness inspect`).
 
-One round trip per question: the stdlib-only script harness/remote/inspect_object.py travels as
+One round trip per question: the stdlib-only script harness/host_helpers/inspect_object.py travels as
 `python -c <script> <request JSON>`, wrapped by the host's runtime (so it runs with the stages'
 interpreter, image, mounts and working directory), and prints one JSON answer that becomes an
 `ObjectInfo` or a `GrepResult` here. Failures come back as typed errors: an unknown name is a
@@ -15,15 +15,15 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
+from harness import host_helpers
 from harness.errors import HarnessError, UsageError
 from harness.pipeline import SCRIPTS_DIR
 from harness.runtime.base import Runtime
 from harness.transport.base import Transport
 
-SCRIPT_PATH = Path(__file__).parent / "remote" / "inspect_object.py"
+SCRIPT_PATH = host_helpers.path("inspect_object.py")
 MARKER = "@@harness-inspect@@ "
 DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # Importing torch + transformers + speculators takes seconds on a fast box and a minute on a

@@ -1,7 +1,7 @@
 """Detached runs: a chain of stages executed one after another ON THE HOST.
 
 The laptop writes the run's plan into files under <workdir>/runs/<run_id>/ (run.json, and a
-spec.json per stage), ships the supervisor (harness/remote/supervisor.py, standard library only)
+spec.json per stage), ships the supervisor (harness/host_helpers/supervisor.py, standard library only)
 to <workdir>/.harness/, and starts it detached (double fork + setsid). From then on the run
 needs neither the SSH link nor this process: closing the laptop does not stop the chain.
 
@@ -25,9 +25,9 @@ import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Callable
 
+from harness import host_helpers
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
@@ -188,7 +188,7 @@ class Jobs:
     def _install_supervisor(self) -> None:
         if self._supervisor_installed:
             return
-        source = resources.files("harness.remote").joinpath("supervisor.py").read_bytes()
+        source = host_helpers.source("supervisor.py").encode()
         try:
             current = self.transport.get_bytes(self.supervisor)
         except FileNotFoundError:

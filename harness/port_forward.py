@@ -1,7 +1,7 @@
 """`harness forward`: ports of a host reached from this machine (TensorBoard, a `vllm serve`,
 Jupyter), through the host's Transport (so the same host-key and ProxyJump policy).
 
-Where a port listens is asked on the host first (harness/remote/port_probe.py, one round trip):
+Where a port listens is asked on the host first (harness/host_helpers/port_probe.py, one round trip):
 its loopback, else a running container's address, because the stages' containers sit on docker's
 bridge network and publish no port. A port where nothing listens yet is still forwarded (the
 server may start later) and said in one line.
@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
+from harness import host_helpers
 from harness.errors import RemoteCommandError, UsageError
 from harness.transport.base import Forwarding, PortForward, Transport
 
-PROBE = Path(__file__).parent / "remote" / "port_probe.py"
+PROBE = host_helpers.path("port_probe.py")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`harness sources HOST PACKAGE...`: the Python sources of packages as the stages see them,
 mirrored into a local folder an editor's language server reads (pyright/pylance/jedi `extraPaths`).
 
-1. locate  one round trip: harness/remote/locate_sources.py runs in the stage environment
+1. locate  one round trip: harness/host_helpers/locate_sources.py runs in the stage environment
            (runtime.foreground: the stages' interpreter, inside the container on docker hosts)
            and finds each top-level package without importing it.
 2. stage   docker hosts only: the files live in the image, which the host-side pull helper cannot
@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from harness import host_helpers
 from harness.errors import HarnessError, UsageError
 from harness.runtime.base import Runtime, WrapOptions
 from harness.transport.base import Transport
 
-SCRIPT_PATH = Path(__file__).parent / "remote" / "locate_sources.py"
+SCRIPT_PATH = host_helpers.path("locate_sources.py")
 MARKER = "@@harness-sources@@ "
 SOURCE_PATTERNS = ("*.py", "*.pyi", "py.typed")
 CACHE_DIR = ".harness/sources"  # on docker hosts, relative to the workdir

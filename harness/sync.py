@@ -4,7 +4,7 @@ How it decides what moves
   The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
   {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
   entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
-  the host (harness/remote/sync_apply.py, through transport.local_argv: OpenSSH with a persistent
+  the host (harness/host_helpers/sync_apply.py, through transport.local_argv: OpenSSH with a persistent
   ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
   (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
   re-read; a file the cache does not know is read only when the host holds an entry of its size
@@ -442,10 +442,12 @@ ProgressCallback = Callable[[int, int], None]  # (files sent so far, bytes sent 
 
 
 def _remote_source(name: str) -> str:
-    return (Path(__file__).parent / "remote" / name).read_text(encoding="utf-8")
+    from harness import host_helpers
+
+    return host_helpers.source(name)
 
 
-# The body after the header line (harness/remote/sync_apply.py reads it): one record per file
+# The body after the header line (harness/host_helpers/sync_apply.py reads it): one record per file
 # to send, in the header's order: size and permission bits, the content, its raw SHA-256 (hashed
 # as it was read: what the host holds, whatever happened to the file meanwhile). Then one JSON
 # line, {"digest": ...} of the resulting manifest. Links travel in the header alone.
@@ -489,7 +491,7 @@ def _session_argv(python: str, workdir: str) -> list[str]:
 
 
 class PreparedSync:
-    """A planned sync holding its one exec on the host (harness/remote/sync_apply.py).
+    """A planned sync holding its one exec on the host (harness/host_helpers/sync_apply.py).
 
     The helper starts first and sends the host manifest; the local scan runs meanwhile; the plan
     is then either applied over the same exec (`apply`) or dropped (`close`: the helper exits

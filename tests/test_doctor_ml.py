@@ -306,7 +306,7 @@ def test_flex_attention_verdicts():
 
 
 def test_shared_memory_numbers_parse_the_triton_message():
-    spec = importlib.util.spec_from_file_location("ml_probe", Path(__file__).resolve().parents[1] / "harness/remote/ml_probe.py")
+    spec = importlib.util.spec_from_file_location("ml_probe", Path(__file__).resolve().parents[1] / "harness/host_helpers/ml_probe.py")
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     message = "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 106496, Hardware limit: 101376. Reducing block sizes or `num_stages` may help."

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 
-PROBE = REPO_ROOT / "harness" / "remote" / "ml_probe.py"
+PROBE = REPO_ROOT / "harness" / "host_helpers" / "ml_probe.py"
 
 
 def env_without(tmp_path: Path, package: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """The ML checks of `harness doctor`: will the configured EAGLE-3 run work on this host?
 
-Facts come from the host in few round trips: ONE probe (harness/remote/ml_probe.py) run by the
+Facts come from the host in few round trips: ONE probe (harness/host_helpers/ml_probe.py) run by the
 stage interpreter through the host's runtime (inside the container: versions, GPUs visible,
 a FlexAttention forward+backward, the verifier's config.json, the sample count), one `df` on
 the host, and, where the stages run in an image, its tags looked up on the engine. Each check is
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
+from harness import host_helpers
 from harness import compat
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
@@ -26,7 +26,7 @@ from harness.pipeline import StagePaths
 from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
-PROBE_PATH = Path(__file__).resolve().parents[1] / "remote" / "ml_probe.py"
+PROBE_PATH = host_helpers.path("ml_probe.py")
 PROBE_MARKER = "@@harness-ml-probe@@ "
 PROBE_TIMEOUT_S = 900.0  # torch import + a first Triton compile of flex attention
 BF16_BYTES = 2

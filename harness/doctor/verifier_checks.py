@@ -1,6 +1,6 @@
 """Doctor verdicts on what the verifier checkpoint asks of the stages that load it: code of its
 own (`auto_map`) and a quantization the extraction backend must be able to run. Pure functions
-of the probe's facts (harness/remote/ml_probe.py) and the configuration."""
+of the probe's facts (harness/host_helpers/ml_probe.py) and the configuration."""
 
 from __future__ import annotations
 

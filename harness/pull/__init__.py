@@ -1,7 +1,7 @@
 """`harness pull`: fetch files from a host: selective, resumable, verified, atomic, parallel.
 
 One pull, step by step
-  1. list   one remote command (harness/remote/pull_helper.py `list`) returns every entry under
+  1. list   one remote command (harness/host_helpers/pull_helper.py `list`) returns every entry under
             REMOTE_PATH as JSON (names never parsed from shell output; links reported, not
             followed).
   2. select --include/--exclude (gitignore-style patterns on the path relative to REMOTE_PATH),

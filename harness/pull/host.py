@@ -1,4 +1,4 @@
-"""Calls of the helper shipped to the host (harness/remote/pull_helper.py): the listing, the
+"""Calls of the helper shipped to the host (harness/host_helpers/pull_helper.py): the listing, the
 host-side SHA-256 of the selected files, and the command line of a byte stream."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from pathlib import Path
 
+from harness import host_helpers
 from harness.errors import UsageError
 from harness.pull.selection import RemoteEntry
 from harness.transport.base import Transport
@@ -17,7 +17,7 @@ HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (n
 
 
 def _helper_source() -> str:
-    return (Path(__file__).parents[1] / "remote" / "pull_helper.py").read_text(encoding="utf-8")
+    return host_helpers.source("pull_helper.py")
 
 
 def helper_argv(python: str, mode: str, root: str) -> list[str]:

@@ -93,7 +93,7 @@ class Runtime(abc.ABC):
 
     @abc.abstractmethod
     def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:
-        """How the supervisor (harness/remote/supervisor.py) starts one stage: its spec's
+        """How the supervisor (harness/host_helpers/supervisor.py) starts one stage: its spec's
         "kind" and "argv" (and what else that kind needs). Output goes to log_path."""
 
     def versions_probe(self, argv: Sequence[str]) -> list[str]:

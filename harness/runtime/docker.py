@@ -62,7 +62,7 @@ class DockerRuntime(Runtime):
     uses_image = True
     where = "inside the container"
     # the container's own interfaces: on docker's bridge network (no port published) only the host
-    # reaches them, and `harness forward` finds the container there (harness/remote/port_probe.py)
+    # reaches them, and `harness forward` finds the container there (harness/host_helpers/port_probe.py)
     server_bind_address = "0.0.0.0"
 
     def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):

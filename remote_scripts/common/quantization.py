@@ -8,7 +8,7 @@ keep our own table, this asks transformers' quantizer for that method to validat
 environment, the check from_pretrained runs first, and turns its answer into one line that names
 the way out (the vLLM backend) when the answer is no.
 
-harness/remote/ml_probe.py asks the same question for `harness doctor` (it cannot import this
+harness/host_helpers/ml_probe.py asks the same question for `harness doctor` (it cannot import this
 module: it runs before remote_scripts/ is synced).
 """
 
