@@ -4,7 +4,7 @@ How it decides what moves
   The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
   {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
   entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
-  the host (harness/host_helpers/sync_apply.py, through transport.local_argv: OpenSSH with a persistent
+  the host (harness/host_helpers/sync_apply.py, through transport.local_argv: for SSH hosts a persistent
   ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
   (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
   re-read; a file the cache does not know is read only when the host holds an entry of its size
@@ -54,7 +54,6 @@ from typing import Callable, Iterable, Sequence
 
 from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.transport.base import Transport
-from harness.transport.openssh import bulk_failure
 
 MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
@@ -395,8 +394,8 @@ def parse_manifest(raw: bytes) -> tuple[dict[str, Entry], str | None]:
 def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, Entry], str | None]:
     """(files, digest) of the host manifest; ({}, None) when the host was never synced.
 
-    Read through transport.local_argv (OpenSSH, persistent ControlMaster): a no-op sync costs one
-    multiplexed exec, no new SSH handshake. `~` in workdir is expanded by the host's shell."""
+    Read through transport.local_argv (for SSH hosts over the persistent master connection): a no-op
+    sync costs one multiplexed exec, no new SSH handshake. `~` in workdir is expanded by the host's shell."""
     if workdir == "~" or workdir.startswith("~/"):
         relative = (workdir[2:].rstrip("/") + "/" if len(workdir) > 2 else "") + MANIFEST_PATH
         argv = ["sh", "-c", 'cd || exit 2; [ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", relative]
@@ -539,7 +538,7 @@ class PreparedSync:
             pass
         code = self._proc.wait()
         self._stderr_reader.join()
-        raise bulk_failure(self.transport.name, f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
+        raise self.transport.argv_failure(f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
 
     def dry_run(self) -> SyncResult:
         """The plan with every hash known (the digest the sync would record); changes nothing."""
@@ -635,7 +634,7 @@ class PreparedSync:
         self._stderr_reader.join()
         self._done = True
         if code != 0 or not out.strip():
-            raise bulk_failure(self.transport.name, "sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
+            raise self.transport.argv_failure("sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
         report = json.loads(out.decode().strip().splitlines()[-1])
         result.files_sent = report["written"]
         result.bytes_sent = sent["bytes"]

@@ -1,7 +1,7 @@
 """The `harness` command. Click commands only: parse, call the library, render. No logic here.
 
 Subcommands live in their own modules and are imported only when invoked, so `harness --help`
-stays fast (no paramiko, docker or rich import at start-up).
+stays fast (no SSH client, docker or rich import at start-up).
 """
 
 from __future__ import annotations

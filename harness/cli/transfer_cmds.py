@@ -90,7 +90,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
 @click.option("--latest-checkpoint", is_flag=True, help="RUN: add the newest checkpoint. PATH: only its newest checkpoint directory, plus records and logs.")
 @click.option("--best-checkpoint", is_flag=True, help="Add the checkpoint best.json names (RUN: in train's output; PATH: a checkpoints directory).")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel OpenSSH streams (added while they raise throughput on a long link).")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel byte streams (added while they raise throughput on a long link).")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: README, \"Scripting: --json\"); progress stays on stderr.")
 @click.pass_context

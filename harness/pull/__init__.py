@@ -11,7 +11,7 @@ One pull, step by step
             link leading out, a remote link whose target leads out: refused and reported, nothing
             written for them.
   4. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
-            stream (a long-lived helper in `send` mode, through OpenSSH) takes the next piece as
+            stream (a long-lived helper in `send` mode, through transport.local_argv) takes the next piece as
             it finishes one. Streams are started while the listing runs: one over the shared
             ControlMaster (small pulls: no handshake) and one over its own connection (big
             pulls: no relay through the master), which times a ping, the link's round trip; on

@@ -11,7 +11,6 @@ from harness import host_helpers
 from harness.errors import UsageError
 from harness.pull.selection import RemoteEntry
 from harness.transport.base import Transport
-from harness.transport.openssh import bulk_failure
 
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
@@ -26,8 +25,8 @@ def helper_argv(python: str, mode: str, root: str) -> list[str]:
 
 
 def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
-    """Run argv on the host through transport.local_argv (OpenSSH with a persistent ControlMaster
-    for SSH hosts): no paramiko handshake, and a dropped link is re-established by the next call.
+    """Run argv on the host through transport.local_argv (over the persistent master connection
+    for SSH hosts): no new handshake, and a dropped link is re-established by the next call.
     stdout: None to capture, or a sink called with each chunk. Returns (exit code, stdout, stderr)."""
     proc = subprocess.Popen(transport.local_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     err: list[bytes] = []
@@ -52,7 +51,7 @@ def list_remote(transport: Transport, remote_path: str, python: str = "python3")
     if code == 3:
         raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
     if code != 0:
-        raise bulk_failure(transport.name, f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
+        raise transport.argv_failure(f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
     doc = json.loads(out)
     entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
     return doc["root"], bool(doc["is_dir"]), entries

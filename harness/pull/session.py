@@ -26,7 +26,7 @@ FIRST_STEP_STREAMS = 4
 BIG_PULL_BYTES = 256 * MiB
 OWN_CONNECTION_FROM_BYTES = 64 * MiB  # the first stream too gets its own connection
 LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
-WINDOW_BYTES = 2 * MiB  # OpenSSH's channel window: what one stream moves per round trip, at most
+WINDOW_BYTES = 2 * MiB  # the SSH channel window: what one stream moves per round trip, at most
 
 
 def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from harness.errors import RemoteCommandError
+from harness.errors import HarnessError, RemoteCommandError
 
 # A sink for streamed output: called with each chunk as it arrives.
 OutputSink = Callable[[bytes], None]
@@ -150,6 +150,12 @@ class Transport(abc.ABC):
         one TCP flow and one ssh process (one core of crypto): on a long link, parallel bulk
         streams add up only over connections of their own."""
         return None
+
+    def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
+        """The error for a local_argv / own_connection_argv process that exited `code`: the
+        client's own failure, typed, where this transport can tell it (an unknown host key, a
+        refused login, an unreachable host), else the remote command's."""
+        return RemoteCommandError(what, code, stderr)
 
     @abc.abstractmethod
     def forward(self, forwards: Sequence[PortForward]) -> Forwarding:

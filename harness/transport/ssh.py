@@ -23,7 +23,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from harness.errors import AuthError, ConnectError, HostKeyError, TransportError
+from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, TransportError
 from harness.transport import openssh
 from harness.transport.base import Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
@@ -323,6 +323,9 @@ class SSHTransport(Transport):
 
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)
+
+    def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
+        return openssh.bulk_failure(self.name, what, code, stderr)
 
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         options = self._openssh_options()
