@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from harness.errors import RemoteCommandError, UsageError
 from harness.port_forward import locate
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
+from harness.transport.base import end_by_stdin
 
 if TYPE_CHECKING:
     from harness.config import Config, HostConfig
@@ -88,16 +89,7 @@ class RemoteTensorBoard:
         raise RemoteCommandError(f"tensorboard (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
 
     def close(self) -> None:
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.close()  # the host stops TensorBoard
-            except OSError:
-                pass
-            try:
-                self._proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-                self._proc.wait()
+        end_by_stdin(self._proc, 15)  # the host stops TensorBoard
 
     def __enter__(self) -> "RemoteTensorBoard":
         return self

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import shlex
+import subprocess
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -207,3 +208,19 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def end_by_stdin(proc: "subprocess.Popen", timeout_s: float) -> None:
+    """End a process whose remote side lives while its stdin is open (a forward, a served
+    TensorBoard): close stdin, wait, terminate if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        proc.wait()

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from harness.errors import TransportError, UsageError
 from harness.transport import openssh
-from harness.transport.base import Forwarding, PortForward
+from harness.transport.base import Forwarding, PortForward, end_by_stdin
 
 # ssh's words when a local port is taken ("bind [127.0.0.1]:8000: Address already in use",
 # "cannot listen to port: 8000") and when the remote end refuses a forwarded connection.
@@ -67,13 +67,4 @@ class OpenSSHForwarding(Forwarding):
 
     def close(self) -> None:
         self._closed = True
-        if self._proc.poll() is None:
-            try:
-                self._proc.stdin.close()  # the remote `cat` ends, then the session and ssh
-            except OSError:
-                pass
-            try:
-                self._proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._proc.terminate()
-                self._proc.wait()
+        end_by_stdin(self._proc, 5)  # the remote `cat` ends, then the session and ssh

@@ -19,7 +19,6 @@ import stat as st
 import sys
 import threading
 import uuid
-from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -328,8 +327,7 @@ class SSHTransport(Transport):
         return openssh.bulk_failure(self.name, what, code, stderr)
 
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
-        options = self._openssh_options()
-        return openssh.argv_for(replace(options, control_path=None, extra=(*options.extra, "ControlMaster=no", "ControlPath=none")), argv)
+        return openssh.argv_for(openssh.own_connection(self._openssh_options()), argv)
 
     def forward(self, forwards: Sequence[PortForward]) -> Forwarding:
         from harness.transport.openssh_forward import OpenSSHForwarding
