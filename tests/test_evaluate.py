@@ -195,6 +195,7 @@ def briefly_trained_draft(tiny_verifier, prepared_data, hidden_states, tmp_path_
     run_script(
         "train_draft.py", "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states,
         "--output", out, "--epochs", "1", "--max-steps", "20", "--total-seq-len", "256",
+        "--lr", "5e-3",  # 20 steps: a rate far above the full runs' default, so that they already move the draft
         "--events", out.parent / "events.jsonl",
     )
     return out

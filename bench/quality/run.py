@@ -81,7 +81,8 @@ SIZES: dict[str, BenchSize] = {
                     _stages(48, 4, {"epochs": 6}, 1), 320, 16, 48),
     # The verifier's defaults (512 training prompts); prepare keeps 256 of them, so that
     # `speculators train`'s 20 default epochs fit the bench's time on 2 cores. 10 draft epochs:
-    # tau 2.69 against 2.37 with the train stage's 3 on the same 64 prompts (bench/RESULTS.md).
+    # tau 2.69 against 2.37 with the train stage's 3 on the same 64 prompts, both at the former
+    # lr 5e-3; at the train stage's lr 1e-3, 3 epochs gave 2.66 and 10 gave 3.02 (bench/RESULTS.md).
     "cpu": BenchSize(["--size", "cpu"], _stages(96, 4, {"epochs": 10}, 1, prepare={"max_samples": 256}), 512, 64, 64),
     # Sized for one 10-minute call of the GPU machine (bench/gpu/quality.sh gpu): at most 2 minutes
     # of verifier training, 1024 replies of up to 128 tokens.
