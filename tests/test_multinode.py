@@ -24,6 +24,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 12.0  # [groups.cluster] watchdog_timeout in these tests
 GRACE_S = 6.0
+COLLECTIVE_TIMEOUT_S = 300  # dist_check's collectives: how long the ranks would hang without a watchdog
+# A stop must come from the watchdogs, not from the collectives timing out. The design bound is
+# WATCHDOG_S + GRACE_S + a few heartbeats (~38 s; printed by each test); on a loaded 2-core CI
+# machine it was once 80 s, so the assertion is "well before the hang", not the design bound.
+STOPPED_WELL_BEFORE_HANG_S = COLLECTIVE_TIMEOUT_S / 2
 RANK_MARKERS = ("dist_check.py", "torch.distributed.run", "node_launcher.py")
 
 
@@ -43,7 +48,7 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
     config_path = write_cluster_config(
         tmp_path, netns_cluster,
         group_extra=f"watchdog_timeout = {WATCHDOG_S}\nnproc_per_node = 1\n",
-        extra='[sync]\npaths = ["remote_scripts"]\n\n[pipeline.stages.dist_check]\nsteps = 400\nstep_seconds = 0.25\ntimeout = 300\n',
+        extra=f'[sync]\npaths = ["remote_scripts"]\n\n[pipeline.stages.dist_check]\nsteps = 400\nstep_seconds = 0.25\ntimeout = {COLLECTIVE_TIMEOUT_S}\n',
     )
     for key, value in netns_cluster.env().items():
         if key.startswith("HARNESS_"):
@@ -175,9 +180,9 @@ def test_killed_node_stops_the_others_and_is_named(cluster_project, netns_cluste
     assert status.first_failure and status.first_failure.startswith("n1: unreachable"), status.first_failure
     others = [n for n in status.nodes if n.host != "n1"]
     assert all(n.final and n.state in ("failed", "cancelled") for n in others), [(n.host, n.state) for n in others]
-    # bound: the ranks' collectives fail at once (connection reset); at worst the watchdogs
-    # notice the silent peer after WATCHDOG_S and stop within GRACE_S
-    assert stopped_after < WATCHDOG_S + GRACE_S + 20, stopped_after
+    # the ranks' collectives fail at once (connection reset); at worst the watchdogs notice the
+    # silent peer after WATCHDOG_S and stop within GRACE_S
+    assert stopped_after < STOPPED_WELL_BEFORE_HANG_S, stopped_after
     for node in netns_cluster.nodes:
         if node.name != "n1":
             assert rank_processes(node) == [], f"{node.name} still runs ranks"
@@ -198,17 +203,15 @@ def test_partitioned_node_stops_everything_without_a_laptop(cluster_project, net
     n2 = netns_cluster.node("n2")
     cut_at = time.monotonic()
     n2.cut_link()
-    bound = WATCHDOG_S + GRACE_S + 20
+    bound = STOPPED_WELL_BEFORE_HANG_S
     survivors = [n for n in netns_cluster.nodes if n.name != "n2"]
-    stopped = wait_until(lambda: all(not rank_processes(n) for n in survivors), timeout=bound + 30)
-    assert stopped < bound, stopped
+    stopped = wait_until(lambda: all(not rank_processes(n) for n in survivors), timeout=bound)
     for host in ("n0", "n1"):
         st = runner.node_status(host, launch.run_id)
         assert st.state == "failed", (host, st.state)
         assert "silent" in (st.failure() or "") or "stopped" in (st.failure() or ""), st.failure()
     # n2, cut off from everyone, stopped its own ranks too (it lost node 0's store)
-    n2_stopped = wait_until(lambda: not rank_processes(n2), timeout=bound + 30)
-    assert time.monotonic() - cut_at < 2 * bound
+    n2_stopped = wait_until(lambda: not rank_processes(n2), timeout=bound)
     print(f"partition: n0/n1 stopped after {stopped:.1f} s, n2 after {time.monotonic() - cut_at:.1f} s (checked {n2_stopped:.1f})")
 
 
