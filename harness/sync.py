@@ -52,6 +52,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Sequence
 
+from harness.transport.remote_shell import sh_expand_home
 from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.transport.base import Transport
 
@@ -396,11 +397,7 @@ def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, En
 
     Read through transport.local_argv (for SSH hosts over the persistent master connection): a no-op
     sync costs one multiplexed exec, no new SSH handshake. `~` in workdir is expanded by the host's shell."""
-    if workdir == "~" or workdir.startswith("~/"):
-        relative = (workdir[2:].rstrip("/") + "/" if len(workdir) > 2 else "") + MANIFEST_PATH
-        argv = ["sh", "-c", 'cd || exit 2; [ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", relative]
-    else:
-        argv = ["sh", "-c", '[ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", workdir.rstrip("/") + "/" + MANIFEST_PATH]
+    argv = ["sh", "-c", f'm=$1; {sh_expand_home("m")}; [ -e "$m" ] || exit 3; exec cat -- "$m"', "sh", _manifest_path(workdir)]
     proc = subprocess.run(transport.local_argv(argv), stdin=subprocess.DEVNULL, capture_output=True)
     if proc.returncode == 3:
         return {}, None
@@ -480,13 +477,13 @@ def _session_argv(python: str, workdir: str) -> list[str]:
     helper). The helper needs only the standard library: with the default `python3` it runs on
     /usr/bin/python3 where there is one, since a `python3` found first on PATH may be a version
     manager's shim (pyenv's starts ~40 processes, 0.1-0.3 s, before Python does)."""
-    if workdir == "~" or workdir.startswith("~/"):
-        manifest = (workdir[2:].rstrip("/") + "/" if len(workdir) > 2 else "") + MANIFEST_PATH
-        go_home = "cd || exit 2; "
-    else:
-        manifest, go_home = workdir.rstrip("/") + "/" + MANIFEST_PATH, ""
-    script = go_home + 'if [ -f "$1" ]; then cat -- "$1" || exit 2; fi; printf "\\000"; py=$2; if [ "$py" = python3 ] && [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; fi; exec "$py" -S -c "$3" "$4"'
-    return ["sh", "-c", script, "sh", manifest, python, _remote_source("sync_apply.py"), workdir]
+    script = f'm=$1; {sh_expand_home("m")}; ' + 'if [ -f "$m" ]; then cat -- "$m" || exit 2; fi; printf "\\000"; py=$2; if [ "$py" = python3 ] && [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; fi; exec "$py" -S -c "$3" "$4"'
+    return ["sh", "-c", script, "sh", _manifest_path(workdir), python, _remote_source("sync_apply.py"), workdir]
+
+
+def _manifest_path(workdir: str) -> str:
+    """The manifest's path as configured (a leading ~ is expanded by the host's shell)."""
+    return workdir.rstrip("/") + "/" + MANIFEST_PATH if workdir != "~" else "~/" + MANIFEST_PATH
 
 
 class PreparedSync:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.transport.remote_shell import sh_expand_home
 from harness.config import HostConfig
 from harness.doctor.base import CheckResult, CommandRunner
 from harness.runtime import runtime_for
@@ -11,10 +12,7 @@ DISK_FAIL_GIB = 1  # cannot even hold a checkpoint
 DISK_WARN_GIB = 20  # hidden states and checkpoints of a real verifier need tens of GiB
 
 # df of the workdir, or of its nearest existing parent (a fresh host has no workdir yet).
-_DF_SCRIPT = (
-    'd=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
-    'while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done; df -Pk -- "$d"'
-)
+_DF_SCRIPT = f'd=$1; {sh_expand_home("d")}; while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done; df -Pk -- "$d"'
 
 
 def _last_line(data: bytes) -> str:

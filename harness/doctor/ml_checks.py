@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from harness import host_helpers
 from harness import compat
+from harness.transport.remote_shell import sh_expand_home
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
@@ -134,11 +135,12 @@ class FreeSpace:
 
 
 # df of each path (relative to the workdir unless absolute) at its nearest existing parent.
-_DF_SCRIPT = r'''
+_DF_SCRIPT = rf'''
 w=$1; shift
-case $w in "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; esac
+{sh_expand_home("w")}
 for p in "$@"; do
-  case $p in "~") d=$HOME;; "~/"*) d=$HOME/${p#"~/"};; /*) d=$p;; *) d=$w/$p;; esac
+  d=$p; {sh_expand_home("d")}
+  case $d in /*) ;; *) d=$w/$d;; esac
   while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
   printf '%s\t%s\t%s\n' "$p" "$d" "$(df -Pk -- "$d" | tail -n 1)"
 done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from harness.transport.remote_shell import sh_expand_home
 from harness.config import HostConfig
 from harness.runtime.base import Runtime, WrapOptions
 
@@ -12,10 +13,7 @@ _CD_AND_EXEC = 'cd -- "$0" && exec "$@"'
 
 # The foreground commands: the workdir ($1, data) created if missing, then cd and exec. "~"
 # expands on the host, so `harness exec` needs no round trip to learn the home directory.
-_IN_WORKDIR = (
-    'd=$1; shift; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
-    '{ [ -d "$d" ] || mkdir -p -- "$d"; } && cd -- "$d" && exec "$@"'
-)
+_IN_WORKDIR = f'd=$1; shift; {sh_expand_home("d")}; {{ [ -d "$d" ] || mkdir -p -- "$d"; }} && cd -- "$d" && exec "$@"'
 
 
 def with_visible_gpus(host: HostConfig, argv: Sequence[str]) -> list[str]:

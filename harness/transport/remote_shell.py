@@ -43,6 +43,12 @@ def env_payload(env: Mapping[str, str]) -> bytes:
     return ("".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
+def sh_expand_home(var: str) -> str:
+    """Shell code expanding a leading `~` in $var on the host: the host-side twin of
+    Transport.expand, for commands that must not spend a round trip learning the home."""
+    return f'case ${var} in "~") {var}=$HOME;; "~/"*) {var}=$HOME/${{{var}#"~/"}};; esac'
+
+
 def cd_target(path: str) -> str:
     """A shell word for `cd --` that expands a leading `~` the way the host sees it."""
     if path == "~":
