@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import host_helpers
 from harness.config import PipelineConfig
 from harness.doctor.verifier_checks import verdict_remote_code
 from harness.pipeline import REMOTE_CODE_STAGES, STAGES, stage_argv
@@ -117,7 +118,7 @@ def test_train_resolves_the_mask_token_through_the_remote_tokenizer(tiktoken_ver
 def test_doctor_probe_finds_the_auto_map(tiktoken_verifier):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("ml_probe", Path(__file__).resolve().parents[1] / "harness" / "remote" / "ml_probe.py")
+    spec = importlib.util.spec_from_file_location("ml_probe", host_helpers.path("ml_probe.py"))
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     facts = probe.verifier_facts(str(tiktoken_verifier))
