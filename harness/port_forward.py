@@ -15,7 +15,7 @@ from typing import Sequence
 
 from harness import host_helpers
 from harness.errors import RemoteCommandError, UsageError
-from harness.transport.base import Forwarding, PortForward, Transport
+from harness.transport.base import Forwarding, PortForward, Transport, port_number
 
 PROBE = host_helpers.path("port_probe.py")
 
@@ -34,9 +34,10 @@ class PortSpec:
 
 
 def _port(text: str, part: str) -> int:
-    if not part.isdigit() or not 0 < int(part) < 65536:
+    port = port_number(part)
+    if port is None:
         raise UsageError(f"invalid port {text!r} (expected REMOTE_PORT or REMOTE_PORT:LOCAL_PORT, ports 1-65535)")
-    return int(part)
+    return port
 
 
 @dataclass(frozen=True)

@@ -224,3 +224,8 @@ def end_by_stdin(proc: "subprocess.Popen", timeout_s: float) -> None:
     except subprocess.TimeoutExpired:
         proc.terminate()
         proc.wait()
+
+
+def port_number(text: str) -> int | None:
+    """A TCP port written in decimal (1-65535), or None."""
+    return int(text) if text.isdigit() and 0 < int(text) < 65536 else None

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
-from harness.transport.base import PortForward, quote_argv
+from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
 DEFAULT_KEEPALIVE_S = 15
@@ -84,9 +84,10 @@ class SSHTarget:
 
 
 def _port(spec: str, text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    port = port_number(text)
+    if port is None:
         raise UsageError(f"invalid port in ssh target {spec!r}")
-    return int(text)
+    return port
 
 
 # ---------------------------------------------------------------------------------------------
