@@ -12,7 +12,8 @@
 #        B  the same verifier trained 4x longer (--verifier-arg steps=2000), the recipes of
 #           bench/quality/recipes-verifier.json: does a stronger verifier change the ranking?
 # gpu: the gpu size (a ~110M verifier, at most 2 minutes of training), ours, n-gram and
-#      `speculators train`'s defaults.
+#      `speculators train`'s defaults. It needs more than one 10-minute call: the first with
+#      STOP_AFTER=train, the next (same warm machine: the workdir is kept) goes on from there.
 #
 # Everything is budgeted to end within BUDGET_S seconds (default 530; the device allows 560):
 # the trainings beside ours stop at a deadline (their latest checkpoint is measured and marked
@@ -48,7 +49,7 @@ bench() {
   local left=$(( budget - ($(date +%s) - started) ))
   local rc=0
   timeout --kill-after=10 "$left" python3 bench/quality/run.py --json --no-record --workdir "$work" \
-    --train-deadline-s "$train_deadline" --measure-max-s "$measure_max" "$@" ${EXTRA_ARGS:-} >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
+    --train-deadline-s "$train_deadline" --measure-max-s "$measure_max" ${STOP_AFTER:+--stop-after "$STOP_AFTER"} "$@" ${EXTRA_ARGS:-} >"$OUT/$name.json" 2>"$OUT/$name.log" || rc=$?
   echo "$name: run.py exited $rc after $(( $(date +%s) - started )) s"
   mkdir -p "$OUT/logs-$name"
   (cd "$work" && find . -maxdepth 4 \( -name '*.log' -o -name 'log' -o -name 'events.jsonl' -o -name '*.events.jsonl' -o -name 'result.json' -o -name 'best.json' -o -name 'stdlib_split.json' \) -size -2M \
@@ -82,6 +83,9 @@ for path in sorted(Path(sys.argv[1]).glob("quality-*.json")):
         print(f"\n{path.name}: no result (see {path.with_suffix('.log').name})")
         continue
     r = json.loads(text.splitlines()[-1])
+    if "tau_draft" not in r:  # --stop-after: no taus yet
+        print(f"\n{path.name}: {text.splitlines()[-1]}")
+        continue
     print(f"\n{path.name}: verifier {r['verifier_parameters'] / 1e6:.1f}M, held-out loss {r['verifier_heldout_loss_per_token']}; "
           f"{r['prompts']} prompts; ours {json.dumps(r['train_args'])}; phases {r['phase_seconds']}; {r['machine']}")
     print(table(r))

@@ -49,7 +49,7 @@ HEADING = "## bench/quality/run.py"
 BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 CLEANUP: list = []  # callables that stop what the bench started (harness runs, trainings, measurements)
 # What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
-DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json"]
+DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json", "phases.json"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,27 @@ SIZES: dict[str, BenchSize] = {
     "gpu": BenchSize(["--size", "gpu", "--steps", "2000", "--train-prompts", "1024", "--heldout-prompts", "64", "--max-prompt-tokens", "512", "--max-minutes", "2"],
                      _stages(128, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
 }
+
+
+class PhaseRecord:
+    """What each finished phase gave, kept in the workdir (phases.json): a second call with the same
+    workdir (the next 10-minute GPU call) goes on from the first phase not done. A phase whose
+    inputs (`key`) changed since is done again."""
+
+    def __init__(self, work: Path):
+        self.path = work / "phases.json"
+
+    def get(self, name: str, key: dict) -> dict | None:
+        entry = (json.loads(self.path.read_text()) if self.path.is_file() else {}).get(name)
+        if entry and entry["key"] == key:
+            log(f"{name}: done by an earlier call ({self.path})")
+            return entry["result"]
+        return None
+
+    def put(self, name: str, key: dict, result: dict) -> None:
+        done = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        done[name] = {"key": key, "result": result}
+        self.path.write_text(json.dumps(done, indent=1))
 
 
 def log(msg: str) -> None:
@@ -405,7 +426,7 @@ def bench() -> None:
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
     p.add_argument("--workdir", default=None, help="where everything is written (default: ./quality-<size>)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
-    p.add_argument("--stop-after", choices=["verifier"], default=None, help="build the verifier (kept in the workdir for the next call) and stop")
+    p.add_argument("--stop-after", choices=["verifier", "train"], default=None, help="stop after this phase; a next call with the same workdir goes on from there (phases.json)")
     p.add_argument("--skip-speculators", action="store_true", help="no `speculators train` reference (tau_speculators: null); the CI variant")
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra train-stage flag for our recipe (e.g. epochs=6); recorded with the figures")
     p.add_argument("--verifier-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra make_stdlib_verifier.py flag (e.g. steps=2000); recorded with the figures")
@@ -435,21 +456,37 @@ def bench() -> None:
     stage_args = {k: dict(v) for k, v in spec.stage_args.items()}
     stage_args["train"].update(parse_flags(args.train_arg))
     harness = HarnessRun(spec, work, stage_args)
-    finished = harness.wait(harness.start(["regenerate", "prepare", "extract"]))
+    done = PhaseRecord(work)
+    data_key = {stage: stage_args[stage] for stage in ("regenerate", "prepare", "extract")}
+    finished = done.get("data", data_key)
+    if finished is None:
+        finished = harness.wait(harness.start(["regenerate", "prepare", "extract"]))
+        done.put("data", data_key, finished)
     phases["data"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
 
     # Ours through `harness run` (train, evaluate); the drafts to compare it with beside it.
     concurrent = args.concurrent or gpu_available()
-    ours = harness.start(["train", "evaluate"])
     others = [] if args.skip_speculators else [speculators_training(spec, work)]
     (work / "recipes").mkdir(exist_ok=True)
     # The machine's settings, not the recipe's: threads; when they share a GPU box, one dataloader
     # worker each and a metrics line every 10 steps (speculators renders each one on the console).
     machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1, "log_freq": 10} if concurrent else {})
     others += [recipe_training(name, {**machine_flags, **flags}, harness, work) for name, flags in recipes.items()]
-    ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours)
-    finished.update(harness.wait(ours, cancelled_ok=ours_stopped))
+    train_key = {"train": stage_args["train"], "evaluate": stage_args["evaluate"], "others": [t.name for t in others], "recipes": recipes}
+    trained_phase = done.get("train", train_key)
+    if trained_phase is None:
+        ours = harness.start(["train", "evaluate"])
+        ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours)
+        ours_finished = harness.wait(ours, cancelled_ok=ours_stopped)
+        trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
+        trained_phase = {"finished": ours_finished, "ours_stopped": ours_stopped, "trained": trained}
+        done.put("train", train_key, trained_phase)
+    finished.update(trained_phase["finished"])
+    ours_stopped, trained = trained_phase["ours_stopped"], trained_phase["trained"]
     phases["train"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+    if args.stop_after == "train":
+        print(json.dumps({"stopped_after": "train", "phase_seconds": phases, "ours_stopped_at_deadline": ours_stopped, "trained": trained}))
+        return
 
     drafts = {"ours": work / "outputs/checkpoints", **{t.name: t.output for t in others}}
     for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
@@ -459,7 +496,6 @@ def bench() -> None:
         "--verifier", work / "outputs/stdlib-verifier", "--data", work / "outputs/chat.jsonl",
         "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
     ], drafts, concurrent, args.measure_max_s)
-    trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
     phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
     for name in ("ours", "ngram", "speculators"):  # not measured: None
