@@ -316,7 +316,11 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         # (bench/gpu compares our stage against that direct run on the same data).
         print("speculators argv: " + json.dumps(spec_argv), flush=True)
     started, started_wall = time.monotonic(), time.time()
-    speculators_main(cfg)
+    try:
+        speculators_main(cfg)
+    finally:
+        if args.loggers and rank == 0:
+            loggers.finish(str(output / loggers.LOG_DIR))
     bridge.detach()
     # speculators catches SIGTERM/SIGINT, saves '<output>/interrupted' and returns normally.
     interrupted = output / "interrupted"
