@@ -178,8 +178,10 @@ def test_every_logger_writes_under_the_run_offline_and_comes_back_with_pull(tiny
     logs = pulled / "outputs" / "checkpoints" / loggers.LOG_DIR
     train_log = (pulled / "train" / "log").read_text()  # the run directory's stage log
     assert f"W&B: {loggers.WANDB_DEFAULT_URL} cannot be reached from this host: logging offline to " in train_log
+    tensorboard_curve, tensorboard_tags = logger_stores.tensorboard_scalars(logs / "first")
+    assert any(tag.startswith("val/") for tag in tensorboard_tags), tensorboard_tags
     curves = {
-        "tensorboard": logger_stores.tensorboard_losses(logs / "first"),
+        "tensorboard": tensorboard_curve,
         "wandb": logger_stores.wandb_offline_losses(logs / "wandb"),
         "mlflow": logger_stores.mlflow_losses(logs / "mlflow.db", "first"),
         "trackio": logger_stores.trackio_losses(logs / "trackio", "first"),

@@ -117,11 +117,12 @@ def apply(loggers: list[str], log_dir: str) -> list[str]:
     return messages
 
 
-def finish(log_dir: str) -> None:
-    """End the W&B run if one is open here (so its logs are complete), then replace each link
-    under log_dir that leads out of it by a copy of its file (dropped when it names no file)."""
+def finish(log_dir: str, exit_code: int = 0) -> None:
+    """End the W&B run if one is open here, with exit_code (so its logs are complete), then
+    replace each link under log_dir that leads out of it by a copy of its file (dropped when it
+    names no file)."""
     if "wandb" in sys.modules:
-        sys.modules["wandb"].finish()  # a no-op without a run
+        sys.modules["wandb"].finish(exit_code=exit_code)  # a no-op without a run
     root = Path(log_dir).resolve()
     if not root.is_dir():
         return
