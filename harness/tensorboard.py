@@ -81,7 +81,7 @@ class RemoteTensorBoard:
                 said = next((line for line in reversed(self._tail) if line), "")
                 if "No module named 'tensorboard'" in said:
                     raise UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
-                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)')
+                                     "harness build, the ML image carries it)")
                 raise RemoteCommandError("tensorboard", self._proc.returncode, said)
             if locate(transport, python, [self.port]).get(self.port):
                 return

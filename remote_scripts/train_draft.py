@@ -316,7 +316,13 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         # (bench/gpu compares our stage against that direct run on the same data).
         print("speculators argv: " + json.dumps(spec_argv), flush=True)
     started, started_wall = time.monotonic(), time.time()
-    speculators_main(cfg)
+    exit_code = 1  # what W&B records for the run when speculators raises
+    try:
+        speculators_main(cfg)
+        exit_code = 0
+    finally:
+        if args.loggers and rank == 0:
+            loggers.finish(str(output / loggers.LOG_DIR), exit_code)
     bridge.detach()
     # speculators catches SIGTERM/SIGINT, saves '<output>/interrupted' and returns normally.
     interrupted = output / "interrupted"

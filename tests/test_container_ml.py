@@ -35,7 +35,8 @@ def pins() -> dict[str, str]:
     """name -> version from container/requirements.txt (what the image must hold)."""
     out = {}
     for line in (REPO / "container" / "requirements.txt").read_text().splitlines():
-        if "==" in line and not line.startswith("#"):
+        line = line.split("#")[0]
+        if "==" in line:
             name, version = line.split("==")
             out[name.strip()] = version.strip()
     return out
@@ -77,6 +78,9 @@ def test_production_image_runs_the_demo_chain_and_pulls_a_loadable_checkpoint(tm
     # (the Dockerfile's check_lock.py and record_versions.py ran in this build or in the cached
     # layers it reused: the image exists only if they passed, and run.json shows what they wrote)
     assert harness("sync", "box").returncode == 0
+    # what `harness tensorboard` runs on a docker host is in the image (container/requirements.txt)
+    tensorboard = harness("exec", "box", "--", "python3", "-c", "import tensorboard; print(tensorboard.__version__)")
+    assert tensorboard.returncode == 0 and tensorboard.stdout.strip() == pins()["tensorboard"], tensorboard.stderr[-2000:]
 
     run = harness("run", "box", "demo", timeout=1800)
     assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])

@@ -123,4 +123,4 @@ def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tm
                        env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
     assert r.returncode == 2
     assert r.stderr.splitlines() == ['harness: error: tensorboard is not installed where the stages run: install it there (docker hosts: '
-                                     'container.build_args = { EXTRA_PIP_PACKAGES = "tensorboard" }, then harness build)']
+                                     'harness build, the ML image carries it)']

@@ -9,8 +9,16 @@ Where they write (all under LOG_DIR = <train --output>/logs, the run's logger di
   tensorboard  <log dir>/<run name>/ (event files)
   wandb        <log dir>/wandb/ ; offline when WANDB_MODE is unset and the W&B server cannot be
                reached from this host (a GPU box without internet): `wandb sync` that directory later
-  mlflow       MLFLOW_TRACKING_URI, default file:<log dir>/mlruns (instead of ./mlruns in the workdir)
-  trackio      trackio's own local store (speculators passes it no directory)
+  mlflow       MLFLOW_TRACKING_URI, default sqlite:///<log dir>/mlflow.db: MLflow 3's own default
+               store (sqlite:///mlflow.db) moved out of the working directory (its file store
+               refuses to start without MLFLOW_ALLOW_FILE_STORE=true: deprecated)
+  trackio      TRACKIO_DIR, default <log dir>/trackio (speculators passes it no directory; trackio's
+               own default is ~/.cache/huggingface/trackio), unless TRACKIO_SPACE_ID or
+               TRACKIO_SERVER_URL send it elsewhere
+After training, `finish` ends the W&B run (speculators leaves it to wandb's exit hook) and makes
+the directory pullable: wandb-core links <run>/logs/debug-core.log to its own log under
+~/.cache/wandb by absolute path, which `harness pull` refuses as leading outside; such a link
+becomes a copy of its file.
 Keys (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, ...) come from the environment only: list them in the
 host's `env` in harness.toml, which passes them by name.
 """
@@ -19,8 +27,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import socket
+import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Callable, Mapping
 from urllib.parse import urlparse
 
@@ -81,7 +93,9 @@ def prepare_env(loggers: list[str], log_dir: str, env: Mapping[str, str], can_re
             raise LoggerError("logger wandb: no WANDB_API_KEY where the train stage runs: put its name in the host's env "
                               "in harness.toml (the value stays in your environment), or set WANDB_MODE=offline")
     if "mlflow" in loggers and not env.get("MLFLOW_TRACKING_URI"):
-        extra["MLFLOW_TRACKING_URI"] = f"file:{log_dir}/mlruns"
+        extra["MLFLOW_TRACKING_URI"] = f"sqlite:///{log_dir}/mlflow.db"
+    if "trackio" in loggers and not any(env.get(name) for name in ("TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")):
+        extra["TRACKIO_DIR"] = f"{log_dir}/trackio"
     return extra, messages
 
 
@@ -101,3 +115,25 @@ def apply(loggers: list[str], log_dir: str) -> list[str]:
     extra, messages = prepare_env(loggers, log_dir, os.environ)
     os.environ.update(extra)
     return messages
+
+
+def finish(log_dir: str, exit_code: int = 0) -> None:
+    """End the W&B run if one is open here, with exit_code (so its logs are complete), then
+    replace each link under log_dir that leads out of it by a copy of its file (dropped when it
+    names no file)."""
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].finish(exit_code=exit_code)  # a no-op without a run
+    root = Path(log_dir).resolve()
+    if not root.is_dir():
+        return
+    for link in [p for p in root.rglob("*") if p.is_symlink()]:
+        target = link.resolve()
+        if target == root or root in target.parents:
+            continue
+        if target.is_file():
+            fd, tmp = tempfile.mkstemp(dir=link.parent, prefix=f".{link.name}.")
+            os.close(fd)
+            shutil.copyfile(target, tmp)
+            os.replace(tmp, link)
+        else:
+            link.unlink()
