@@ -32,6 +32,10 @@ DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives t
 DEFAULT_KEEPALIVE_S = 15
 ACCEPT_FLAG = "--accept-new-host-key"
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+# AES-GCM ahead of OpenSSH's default first choice (chacha20-poly1305): with AES instructions (any
+# x86 since ~2010, Apple silicon) it costs each side about half the CPU per byte (bench/RESULTS.md,
+# 2026-12-01 03:10). '^' puts them at the head of the default set: the same ciphers, all AEAD.
+CIPHERS_PREFERRED = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +192,8 @@ def _safety_settings(o: OpenSSHOptions) -> list[tuple[str, str]]:
 def safety_config(o: OpenSSHOptions) -> str:
     """The ssh_config file harness hands to `ssh -F`: its own host-key and batch settings first,
     then the user's config (OpenSSH keeps the first value it reads for an option, so a user's
-    `StrictHostKeyChecking no` cannot weaken them). Why a file and not only -o: for each ProxyJump
+    `StrictHostKeyChecking no` cannot weaken them), then harness's cipher preference (where that
+    config names no Ciphers). Why a file and not only -o: for each ProxyJump
     hop, ssh starts another ssh that gets -F but none of the -o options."""
     lines = ["# written by harness: its safety settings first, then the user's ssh_config"]
     lines += [f"{key} {value}" for key, value in _safety_settings(o)]
@@ -196,6 +201,8 @@ def safety_config(o: OpenSSHOptions) -> str:
     if o.ssh_config in (None, os.path.expanduser("~/.ssh/config")) and os.path.isfile(SYSTEM_SSH_CONFIG):
         includes.append(SYSTEM_SSH_CONFIG)  # what ssh reads after the user's file when no -F names one
     lines += [f"Include {_ssh_quote_path(os.path.abspath(p))}" for p in includes]
+    # Last, so a Ciphers line of the user's (or the system's) config, read first, still wins.
+    lines += ["Match all", f"Ciphers {CIPHERS_PREFERRED}"]
     text = "\n".join(lines) + "\n"
     path = os.path.join(control_dir(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
     if not os.path.exists(path):
