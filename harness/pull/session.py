@@ -91,7 +91,7 @@ class PullSession:
         # The first stream starts at once, over the shared master (one handshake, which every
         # later stream and command reuses), and brings the listing before its first piece.
         if not self.options.dry_run:
-            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path)
+            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path, short_s=LONG_LINK_RTT_S)
         try:
             return self._list_fetch_verify(only)
         finally:

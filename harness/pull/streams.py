@@ -117,9 +117,9 @@ class Connecting(threading.Thread):
     fetch starts and it can open all the streams it calls for. Over the shared master: one
     handshake for the listing and the bytes."""
 
-    PINGS = 2  # the shortest counts: on a loaded machine one may wait for a CPU (and the first may wait for the listing)
+    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU (and the first waits for the listing)
 
-    def __init__(self, argv: list[str], list_path: str | None = None):
+    def __init__(self, argv: list[str], list_path: str | None = None, short_s: float = 0.0):
         super().__init__(daemon=True)
         self.proc = start_send_helper(argv)
         self.round_trip_s: float | None = None
@@ -128,6 +128,7 @@ class Connecting(threading.Thread):
         self.listed = threading.Event()  # the listing frame is in, or never will be
         self.ok = False
         self._list_path = list_path
+        self._short_s = short_s  # a round trip below this settles it: no more pings
         self.start()
 
     def run(self) -> None:
@@ -148,6 +149,8 @@ class Connecting(threading.Thread):
                     return
                 rtt = time.monotonic() - asked
                 self.round_trip_s = rtt if self.round_trip_s is None else min(self.round_trip_s, rtt)
+                if self.round_trip_s < self._short_s:
+                    break
             self.ok = True
         except (OSError, ValueError):
             pass
