@@ -201,8 +201,9 @@ def safety_config(o: OpenSSHOptions) -> str:
     if o.ssh_config in (None, os.path.expanduser("~/.ssh/config")) and os.path.isfile(SYSTEM_SSH_CONFIG):
         includes.append(SYSTEM_SSH_CONFIG)  # what ssh reads after the user's file when no -F names one
     lines += [f"Include {_ssh_quote_path(os.path.abspath(p))}" for p in includes]
-    # Last, so a Ciphers line of the user's (or the system's) config, read first, still wins.
-    lines += ["Match all", f"Ciphers {CIPHERS_PREFERRED}"]
+    if _reads_prepend_syntax():
+        # Last, so a Ciphers line of the user's (or the system's) config, read first, still wins.
+        lines += ["Match all", f"Ciphers {CIPHERS_PREFERRED}"]
     text = "\n".join(lines) + "\n"
     path = os.path.join(control_dir(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
     if not os.path.exists(path):
@@ -211,6 +212,39 @@ def safety_config(o: OpenSSHOptions) -> str:
             f.write(text)
         os.replace(tmp, path)
     return path
+
+
+@functools.lru_cache(maxsize=1)
+def _reads_prepend_syntax() -> bool:
+    """Whether this ssh reads `Ciphers ^...` (older clients refuse the whole config): probed once
+    per ssh binary with `ssh -G`, the answer kept in control_dir."""
+    import shutil
+    import subprocess
+
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        return False
+    st = os.stat(ssh)
+    marker = os.path.join(control_dir(), "prepend-" + hashlib.sha256(f"{ssh}:{st.st_size}:{st.st_mtime_ns}:{CIPHERS_PREFERRED}".encode()).hexdigest()[:16])
+    try:
+        with open(marker) as f:
+            return f.read() == "yes"
+    except OSError:
+        pass
+    probe = f"{marker}.{os.getpid()}.conf"
+    with open(probe, "w") as f:
+        f.write(f"Ciphers {CIPHERS_PREFERRED}\n")
+    try:
+        ok = subprocess.run([ssh, "-G", "-F", probe, "probe"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    finally:
+        os.unlink(probe)
+    tmp = f"{marker}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write("yes" if ok else "no")
+    os.replace(tmp, marker)
+    return ok
 
 
 def _ssh_quote_path(path: str) -> str:
