@@ -87,12 +87,42 @@ def test_symlinks_out_and_local_parent_links_are_refused(remote_tree, tmp_path):
     assert not report.ok
 
 
-INJECT = """
+HOSTILE_NAMES = """
+def hostile(doc):
+    for name in ["../escape.txt", "/tmp/abs-escape.txt", "ok/../../escape2.txt"]:
+        doc["entries"].append([name, "file", 3, 0o644, 0, ""])
+    return doc
+"""
+INJECT = HOSTILE_NAMES + """
 import json, subprocess, sys
-doc = json.loads(subprocess.run(sys.argv[1:], capture_output=True, check=True).stdout)
-for name in ["../escape.txt", "/tmp/abs-escape.txt", "ok/../../escape2.txt"]:
-    doc["entries"].append([name, "file", 3, 0o644, 0, ""])
-print(json.dumps(doc))
+print(json.dumps(hostile(json.loads(subprocess.run(sys.argv[1:], capture_output=True, check=True).stdout))))
+"""
+# the same names in the listing a stream brings (its status-4 frame); every other frame as sent
+INJECT_STREAM = HOSTILE_NAMES + """
+import json, struct, subprocess, sys, threading
+helper = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+
+def feed():
+    for line in sys.stdin.buffer:
+        helper.stdin.write(line)
+    helper.stdin.close()
+
+threading.Thread(target=feed, daemon=True).start()
+frame, out = struct.Struct(">BQ"), sys.stdout.buffer
+
+def read(n):
+    data = b""
+    while len(data) < n and (chunk := helper.stdout.read(n - len(data))):
+        data += chunk
+    return data
+
+while len(header := read(frame.size)) == frame.size:
+    status, length = frame.unpack(header)
+    data = read(length)
+    if status == 4:
+        data = json.dumps(hostile(json.loads(data))).encode()
+    out.write(frame.pack(status, len(data)) + data)
+    out.flush()
 """
 
 
@@ -102,6 +132,8 @@ class HostileHost(LocalTransport):
     def local_argv(self, argv):
         if "list" in argv[3:5]:
             return [sys.executable, "-c", INJECT, *argv]
+        if "send" in argv[3:5]:
+            return [sys.executable, "-c", INJECT_STREAM, *argv]
         return super().local_argv(argv)
 
 

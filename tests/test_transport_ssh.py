@@ -251,6 +251,22 @@ def test_local_argv_uses_openssh(box, ssh_host):
     assert out.stdout == b"a b|$x|"
 
 
+def _bulk_cipher(transport, ssh_host) -> str:
+    """The cipher a bulk stream's connection negotiates (ssh -v names it)."""
+    argv = transport.own_connection_argv(["true"])
+    out = subprocess.run([argv[0], "-v", *argv[1:]], capture_output=True, env=ssh_host.env(), timeout=30)
+    assert out.returncode == 0, out.stderr
+    return re.search(rb"kex: server->client cipher: (\S+)", out.stderr).group(1).decode()
+
+
+def test_bulk_streams_prefer_aes_gcm_unless_the_user_sets_ciphers(box, ssh_host, tmp_path):
+    assert _bulk_cipher(box, ssh_host) == "aes128-gcm@openssh.com"
+    config = tmp_path / "ssh_config"
+    config.write_text(ssh_host.ssh_config.read_text() + "\nHost *\n  Ciphers aes256-ctr,chacha20-poly1305@openssh.com\n")
+    theirs = connect(HostConfig(name="box", ssh="box"), ssh_host.connect_options(ssh_config=str(config)))
+    assert _bulk_cipher(theirs, ssh_host) == "aes256-ctr"
+
+
 def test_ctrl_c_during_run_hangs_up_the_session_and_keeps_the_connection(box, ssh_host):
     """KeyboardInterrupt while waiting closes that session and re-raises at once (as ssh(1)
     without -t); the connection serves the next command without a new login."""

@@ -14,6 +14,35 @@ QUIET_SYNC_BYTES = 4 << 20
 QUIET_SYNC_FILES = 200
 
 
+class _BarInBackground:
+    """_progress() built in a thread started now: rich's import (~0.1 s) overlaps the pull's
+    connection set-up instead of preceding it. Shown from the first get()."""
+
+    def __init__(self):
+        import threading
+
+        self._bar = None
+        self._shown = False
+        self._thread = threading.Thread(target=self._build, daemon=True)
+        self._thread.start()
+
+    def _build(self) -> None:
+        self._bar = _progress()
+
+    def get(self):
+        self._thread.join()
+        if self._bar is None:
+            self._bar = _progress()  # the thread failed: build it here, where an error is seen
+        if not self._shown:
+            self._bar.start()
+            self._shown = True
+        return self._bar
+
+    def close(self) -> None:
+        if self._shown:
+            self._bar.stop()
+
+
 def _progress():
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -133,7 +162,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
             for p in report.planned if not as_json else []:
                 click.echo(f"fetch   {p}")
         else:
-            bar = _progress()
+            shown = _BarInBackground()
 
             class Bar(PullProgress):
                 def __init__(self):
@@ -143,19 +172,22 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
 
                 def start(self, files: int, total_bytes: int, done_bytes: int) -> None:
                     self.total_files = files
+                    bar = self.bar = shown.get()
                     if self.task is None:
                         self.task = bar.add_task(f"pull {host}", total=total_bytes, files="")
                     bar.update(self.task, total=total_bytes, completed=done_bytes, files=f"{self.files}/{files} files")
 
                 def advance(self, nbytes: int) -> None:
-                    bar.update(self.task, advance=nbytes)
+                    self.bar.update(self.task, advance=nbytes)
 
                 def file_done(self, rel: str) -> None:
                     self.files += 1
-                    bar.update(self.task, files=f"{self.files}/{self.total_files} files")
+                    self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
 
-            with bar:
+            try:
                 report = pull_run(transport, what, destination, options, Bar())
+            finally:
+                shown.close()
         for name, why in report.refused:
             click.echo(f"refused {name}: {why}", err=True)
         for name, why in report.failed:

@@ -17,7 +17,9 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               changed/missing (segment aborted: its (size, mtime_ns) do not match the listing,
               before or after); one status-3 frame first, as
               soon as the helper runs, and one more for each `null` line before ROOT (a ping: the
-              laptop times it, the link's round trip, while the listing runs).
+              laptop times it, the link's round trip). A {"list": PATH} line before ROOT is
+              answered with one frame: status 4 and `list`'s JSON document, or status 5 and the
+              error (what `list` exits 3 for): the listing and the first bytes over one connection.
 """
 
 import hashlib
@@ -158,12 +160,25 @@ def main():
     elif mode == "hash":
         do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
     elif mode == "send":
+        try:  # Linux: a 1 MiB pipe to sshd takes a whole frame per write (fewer switches between us and sshd)
+            import fcntl
+
+            fcntl.fcntl(out.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), FRAME)
+        except (ImportError, OSError):
+            pass
         out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
         out.flush()
         stdin = sys.stdin.buffer
         first = stdin.readline()
-        while first.strip() == b"null":  # a ping: answer at once
-            out.write(struct.pack(">BQ", 3, 0))
+        while first.strip() == b"null" or first.startswith(b"{"):
+            if first.startswith(b"{"):  # {"list": PATH}: the listing over this stream (one connection, no extra command)
+                try:
+                    status, data = 4, json.dumps(do_list(json.loads(first)["list"])).encode()
+                except OSError as e:
+                    status, data = 5, (e.strerror or str(e)).encode()
+                out.write(struct.pack(">BQ", status, len(data)) + data)
+            else:  # a ping: answer at once
+                out.write(struct.pack(">BQ", 3, 0))
             out.flush()
             first = stdin.readline()
         if first:

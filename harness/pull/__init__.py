@@ -1,9 +1,12 @@
 """`harness pull`: fetch files from a host: selective, resumable, verified, atomic, parallel.
 
 One pull, step by step
-  1. list   one remote command (harness/host_helpers/pull_helper.py `list`) returns every entry under
-            REMOTE_PATH as JSON (names never parsed from shell output; links reported, not
-            followed).
+  1. list   the first byte stream (below), started at once over the shared ControlMaster, is
+            asked for the listing before it even runs (pull_helper.py `send` answers a
+            {"list": PATH} line with `list`'s document): every entry under REMOTE_PATH as JSON
+            (names never parsed from shell output; links reported, not followed), then the
+            stream's first bytes, all over one handshake. The `list` command where that stream
+            failed (its error says why).
   2. select --include/--exclude (gitignore-style patterns on the path relative to REMOTE_PATH),
             --latest-checkpoint (only the newest speculators epoch directory `<ckpt root>/<N>/` of
             each checkpoint root, plus run records and logs).
@@ -12,14 +15,12 @@ One pull, step by step
             written for them.
   4. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
             stream (a long-lived helper in `send` mode, through transport.local_argv) takes the next piece as
-            it finishes one. Streams are started while the listing runs: one over the shared
-            ControlMaster (small pulls: no handshake) and one over its own connection (big
-            pulls: no relay through the master), which times a ping, the link's round trip; on
-            a long one (where each stream is capped by its channel window) the fetch starts at
-            once as many streams as the bytes and the round trip call for (session.streams_for:
-            on own connections opened during the listing where they are up, else as channels of
-            the master, which need no handshake), adding more (own connections) while they raise
-            throughput, up to `jobs`; on a short link one stream (CPU-bound).
+            it finishes one. The first stream, after the listing, times pings: the link's round
+            trip. On a long one (where each stream is capped by its channel window) the fetch
+            starts at once as many streams as the bytes and the round trip call for
+            (session.streams_for), as channels of the master (no handshake), adding more (own
+            connections) while they raise throughput, up to `jobs`; on a short link one stream
+            (CPU-bound).
             Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
             records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
             bytes of each piece are in (after every write).

@@ -52,6 +52,11 @@ def list_remote(transport: Transport, remote_path: str, python: str = "python3")
         raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
     if code != 0:
         raise transport.argv_failure(f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
+    return parse_listing(out)
+
+
+def parse_listing(out: bytes) -> tuple[str, bool, list[RemoteEntry]]:
+    """The helper's `list` document (from the `list` command or a stream's listing frame)."""
     doc = json.loads(out)
     entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
     return doc["root"], bool(doc["is_dir"]), entries

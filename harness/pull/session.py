@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from harness.errors import HarnessError
-from harness.pull.host import HostHashes, helper_argv, list_remote
+from harness.errors import HarnessError, UsageError
+from harness.pull.host import HostHashes, helper_argv, list_remote, parse_listing
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
@@ -24,7 +24,6 @@ ADD_INTERVAL_S = 0.5  # how often the fetch considers adding a stream
 ADD_GAIN = 1.25  # ... and the rate gain the previous doubling must have brought
 FIRST_STEP_STREAMS = 4
 BIG_PULL_BYTES = 256 * MiB
-OWN_CONNECTION_FROM_BYTES = 64 * MiB  # the first stream too gets its own connection
 LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
 WINDOW_BYTES = 2 * MiB  # the SSH channel window: what one stream moves per round trip, at most
 
@@ -32,11 +31,11 @@ WINDOW_BYTES = 2 * MiB  # the SSH channel window: what one stream moves per roun
 def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
     """Streams to open at once for `remaining` bytes: one on a short link (CPU-bound); on a long
     one (window-bound: WINDOW_BYTES per round trip each) as many as the bytes pay for, each
-    stream carrying at least what it moves in the time its own connection takes to set up."""
+    stream carrying at least what it moves in the time its channel of the master takes to set up."""
     if round_trip_s is None or round_trip_s < LONG_LINK_RTT_S:
         return 1
     per_stream_rate = WINDOW_BYTES / round_trip_s
-    setup_s = 10 * round_trip_s + 0.3  # TCP, key exchange, auth, session, the helper's start
+    setup_s = 2 * round_trip_s + 0.1  # the channel's session, the helper's start, the first request
     return max(1, min(jobs, int(remaining // (per_stream_rate * setup_s))))
 
 
@@ -61,10 +60,7 @@ class PullSession:
         self.report = PullReport(local_dir=str(local_root))
         self.root = ""  # the host's resolved REMOTE_PATH directory (from the listing)
         self.send_argv = helper_argv(options.python, "send", "-")
-        self.prestarted: dict[str, Connecting] = {}  # first-stream candidates, by connection kind
-        self.spares: list[Connecting] = []  # more own connections, opened while the listing runs on a long link
-        self._spares_lock = threading.Lock()
-        self._fetching = False
+        self.first: Connecting | None = None  # the first stream, started with the attempt (it brings the listing)
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
 
@@ -92,39 +88,32 @@ class PullSession:
 
     def _attempt(self, only: dict[str, str] | None) -> dict[str, str]:
         """One listing/hash/fetch/verify pass. Returns {rel: why} of files worth another attempt."""
-        # The first stream is set up while the listing runs (it waits for its root), in two
-        # flavours: over the shared ControlMaster (no handshake: best for small pulls) and over
-        # its own connection (no relay through the master process: best for big ones). The
-        # fetch keeps one and ends the other.
+        # The first stream starts at once, over the shared master (one handshake, which every
+        # later stream and command reuses), and brings the listing before its first piece.
         if not self.options.dry_run:
-            self.prestarted["shared"] = Connecting(self.transport.local_argv(self.send_argv))
-            own = self.transport.own_connection_argv(self.send_argv)
-            if own is not None:
-                self.prestarted["own"] = Connecting(own)
-                threading.Thread(target=self._open_spares, args=(self.prestarted["own"], own), daemon=True).start()
+            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path, short_s=LONG_LINK_RTT_S)
         try:
             return self._list_fetch_verify(only)
         finally:
-            with self._spares_lock:
-                unused, self.spares, self._fetching = [*self.prestarted.values(), *self.spares], [], False
-            for connecting in unused:  # whatever was not consumed (an error on the way)
-                connecting.stop()
-            self.prestarted.clear()
+            if self.first is not None:  # not consumed (an error on the way)
+                self.first.stop()
+                self.first = None
 
-    def _open_spares(self, first: Connecting, argv: list[str]) -> None:
-        """A long link (the first own connection's pings): open the other jobs - 1 connections
-        while the listing runs, so a big pull has them all when it starts (the fetch ends those
-        it does not use: a few handshakes spent on a small pull over a long link)."""
-        first.join()
-        if first.round_trip_s is None or first.round_trip_s < LONG_LINK_RTT_S:
-            return
-        with self._spares_lock:
-            if not self._fetching:
-                self.spares = [Connecting(argv) for _ in range(self.options.jobs - 1)]
+    def _listing(self) -> tuple[str, bool, list[RemoteEntry]]:
+        """The first stream's listing; the `list` command where it brought none (its connection
+        failed: the command's error says why, typed)."""
+        first = self.first
+        if first is not None:
+            first.listed.wait()
+            if first.list_error is not None:
+                raise UsageError(f"{self.transport.name}:{self.remote_path}: {first.list_error.strip()}")
+            if first.listing is not None:
+                return parse_listing(first.listing)
+        return list_remote(self.transport, self.remote_path, self.options.python)
 
     def _list_fetch_verify(self, only: dict[str, str] | None) -> dict[str, str]:
         first = only is None
-        self.root, _, entries = list_remote(self.transport, self.remote_path, self.options.python)
+        self.root, _, entries = self._listing()
         self.report.remote_root = self.root
         chosen = select(entries, self.options)
         if only is not None:
@@ -236,44 +225,33 @@ class PullSession:
         return stream
 
     def _fetch(self, parts: list[PartFile]) -> None:
-        """Fetch every incomplete piece of parts. A big pull starts on its own connection, whose
-        pings (timed while the listing ran) gave the link's round trip: it opens at once as many
-        streams as streams_for() says (one on loopback/LAN: crypto-bound, more only compete), on
-        spare own connections opened during the listing or else on the master. A small one
-        starts on the shared connection and times its first request. Then, measuring
-        ADD_INTERVAL_S once every stream delivers, streams are added (first to
-        FIRST_STEP_STREAMS, then doubling, each on its own connection, up to jobs) as long as
-        the last step raised the aggregate rate by ADD_GAIN: a long link is window-bound per
-        stream, so more streams help there."""
+        """Fetch every incomplete piece of parts. The first stream (started with the attempt,
+        it brought the listing) timed pings, the link's round trip: the fetch opens at once as
+        many streams as streams_for() says (one on loopback/LAN: crypto-bound, more only
+        compete), as channels of the master. A later fetch (files found to differ) starts on one
+        stream and times its first request. Then, measuring ADD_INTERVAL_S once every stream
+        delivers, streams are added (first to FIRST_STEP_STREAMS, then doubling, each on its own
+        connection, up to jobs) as long as the last step raised the aggregate rate by ADD_GAIN:
+        a long link is window-bound per stream, so more streams help there."""
         # every piece: those an earlier process completed need their check too (no bytes move)
         work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces))])
-        prestarted, self.prestarted = self.prestarted, {}
+        first, self.first = self.first, None
         if not work:
-            for connecting in prestarted.values():
-                connecting.stop()
+            if first is not None:
+                first.stop()
             return
         options = self.options
         shared = self.transport.local_argv(self.send_argv)
         own = self.transport.own_connection_argv(self.send_argv) or shared
-        big = work.remaining_bytes() >= OWN_CONNECTION_FROM_BYTES and "own" in prestarted
-        first_argv, first_kind = (own, "own") if big else (shared, "shared")
-        first = prestarted.pop(first_kind, None)
-        for connecting in prestarted.values():
-            connecting.stop()
-        if first is not None and first_kind == "own":
+        if first is not None:
             first.join()  # its round trip decides how many streams to open (the stream waits for it too)
-        streams = [self._stream(first_argv, work, first)]
+        streams = [self._stream(shared, work, first)]
         if not options.adaptive:
             streams += [self._stream(own, work) for _ in range(options.jobs - 1)]
-        with self._spares_lock:
-            spares, self.spares, self._fetching = self.spares, [], True
-        if options.adaptive and first is not None and first_kind == "own":
-            more = streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1
-            # spare own connections where they are up; else channels of the master, which start
-            # at once (a new connection would take ~10 round trips plus CPU before its first byte)
-            streams += [self._stream(own if spares else shared, work, spares.pop() if spares else None) for _ in range(more)]
-        for connecting in spares:
-            connecting.stop()
+        elif first is not None:
+            # channels of the master: they start at once (a new connection would take ~10 round
+            # trips plus CPU before its first byte)
+            streams += [self._stream(shared, work) for _ in range(streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1)]
 
         adding = options.adaptive and options.jobs > len(streams)
         best_rate, mark_bytes, mark_time = 0.0, 0, None
@@ -291,7 +269,7 @@ class PullSession:
                         rtt = streams[0].round_trip_s or 0.0
                         if rtt < LONG_LINK_RTT_S:
                             adding = False  # a short link: one stream is CPU-bound, more only compete
-                        elif first_kind == "shared" and work.remaining_bytes() >= BIG_PULL_BYTES:
+                        elif first is None and work.remaining_bytes() >= BIG_PULL_BYTES:
                             # a long link and a big pull: go to the first step at once (the ramp costs)
                             streams += [self._stream(own, work) for _ in range(min(options.jobs, FIRST_STEP_STREAMS) - 1)]
                             mark_time = None

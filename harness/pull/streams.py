@@ -111,33 +111,66 @@ def _ready(proc: subprocess.Popen) -> bool:
 
 
 class Connecting(threading.Thread):
-    """A send helper started ahead of its work (while the listing runs): waits for its ready
-    frame, then times pings (requests the helper answers at once), so the link's round trip
-    is known when the listing is back and the fetch can open all the streams it calls for."""
+    """A send helper started ahead of its work: it brings the listing of list_path (asked for
+    before the helper even runs, so the listing costs no round trip of its own), then times
+    pings (requests the helper answers at once), so the link's round trip is known when the
+    fetch starts and it can open all the streams it calls for. Over the shared master: one
+    handshake for the listing and the bytes."""
 
-    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU
+    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU (and the first waits for the listing)
 
-    def __init__(self, argv: list[str]):
+    def __init__(self, argv: list[str], list_path: str | None = None, short_s: float = 0.0):
         super().__init__(daemon=True)
         self.proc = start_send_helper(argv)
         self.round_trip_s: float | None = None
+        self.listing: bytes | None = None  # the `list` document
+        self.list_error: str | None = None  # list_path does not exist (what `list` exits 3 for)
+        self.listed = threading.Event()  # the listing frame is in, or never will be
         self.ok = False
+        self._list_path = list_path
+        self._short_s = short_s  # a round trip below this settles it: no more pings
         self.start()
 
     def run(self) -> None:
         try:
+            if self._list_path is not None:
+                self.proc.stdin.write(json.dumps({"list": self._list_path}).encode() + b"\n")
             if not _ready(self.proc):
                 return
-            for _ in range(self.PINGS):
-                asked = time.monotonic()
-                self.proc.stdin.write(b"null\n")
+            asked = time.monotonic()
+            self.proc.stdin.write(b"null\n")  # a ping, answered after the listing
+            if self._list_path is not None and not self._read_listing():
+                return
+            for k in range(self.PINGS):
+                if k:
+                    asked = time.monotonic()
+                    self.proc.stdin.write(b"null\n")
                 if not _ready(self.proc):  # (the pong is the same frame)
                     return
                 rtt = time.monotonic() - asked
                 self.round_trip_s = rtt if self.round_trip_s is None else min(self.round_trip_s, rtt)
+                if self.round_trip_s < self._short_s:
+                    break
             self.ok = True
         except (OSError, ValueError):
             pass
+        finally:
+            self.listed.set()
+
+    def _read_listing(self) -> bool:
+        header = _read_exact(self.proc.stdout, FRAME_HEADER.size)
+        if len(header) < FRAME_HEADER.size:
+            return False
+        status, length = FRAME_HEADER.unpack(header)
+        data = _read_exact(self.proc.stdout, length)
+        if len(data) < length or status not in (4, 5):
+            return False
+        if status == 4:
+            self.listing = data
+        else:
+            self.list_error = data.decode("utf-8", "replace")
+        self.listed.set()
+        return True
 
     def stop(self) -> None:
         stop(self.proc)
