@@ -4,7 +4,8 @@
     CHECKPOINTS/best.json          {"checkpoint": "<epoch dir name>", "step": N, "tau": X}
 
 best.json is written by the train stage (atomically) each time a checkpoint's estimated tau
-(common/acceptance.py) beats the best so far; evaluate and export read it to use that checkpoint
+(common/acceptance.py) is within 5% of the highest so far (train_draft.BEST_TAU_TOLERANCE: the
+estimate is noisy, and the later checkpoint has trained longer); evaluate and export read it to use that checkpoint
 instead of the last one, and `harness pull --best-checkpoint` fetches only the directory it names.
 "checkpoint" is always a directory name directly under CHECKPOINTS.
 """
