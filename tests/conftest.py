@@ -9,6 +9,16 @@ pytest_plugins = [
 ]
 
 
+def pytest_configure(config):
+    """A suite started in the background of a shell without job control (`nohup ... &`) inherits
+    SIGINT ignored, and so would every harness it starts: the Ctrl-C tests would fail for the
+    launcher's sake. Python's own handler again; children then start with the default."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say loudly which real test beds did not start (their tests were skipped, not passed)."""
     from tests.fixtures.beds import NOT_STARTED
