@@ -23,8 +23,8 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   run gets enough optimizer steps; a run that will not gets one warning line before it starts.
 * acceptance while it trains (common/acceptance.py): after each validation, tau estimated from the
   validation accuracies (metric `tau`); OUTPUT/best.json names the latest checkpoint whose estimate
-  is within 5% of the highest (common/checkpoints.py), which evaluate and export then use. A run that ends while the draft is
-  still learning gets one warning line.
+  is within 5% of the highest (common/checkpoints.py), which evaluate and export then use. A run
+  that ends while the draft is still learning gets one warning line.
 * loggers (`--loggers tensorboard wandb trackio mlflow`, common/loggers.py): a missing package
   is one line before anything is built; W&B goes offline on a box that cannot reach it; they all
   write under OUTPUT/logs.
@@ -352,7 +352,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
 
 # The estimate reads a few validation rows: on bench/quality's cpu size it swung by 0.3 between
 # neighbouring epochs, and "the highest estimate" picked epoch 6 of 10 at held-out tau 1.86 where
-# the last gave 2.09 (bench/RESULTS.md, 2026-12-01 04:05). So a later checkpoint whose estimate is
+# the last gave 2.09 (bench/RESULTS.md, 2026-12-01 03:38-04:00). So a later checkpoint whose estimate is
 # within this fraction of the highest one takes the best's place: trained longer, as good as the
 # estimate can tell.
 BEST_TAU_TOLERANCE = 0.05
@@ -374,8 +374,8 @@ class Reporter:
         self.reported_checkpoints: set[str] = set()
         self.val_losses: list[float] = []
         self.taus: list[float] = []
-        self.best = read_best(output) if rank == 0 else None  # a resumed run keeps the best so far
-        self.top_tau: float | None = self.best["tau"] if self.best else None  # the highest estimate so far
+        best = read_best(output) if rank == 0 else None  # a resumed run keeps the best so far
+        self.top_tau: float | None = best["tau"] if best else None  # the highest estimate so far
 
     def on_train(self, step: int, record: dict) -> None:
         if self.rank != 0:
@@ -413,7 +413,6 @@ class Reporter:
         # The epoch's checkpoint was saved before its validation: it is the one this tau measured.
         if tau is not None and is_checkpoint(ckpt) and (self.top_tau is None or tau >= self.top_tau * (1 - BEST_TAU_TOLERANCE)):
             write_best(self.output, ckpt.name, step, tau)
-            self.best = read_best(self.output)
             self.events.message(f"best checkpoint so far: {ckpt} (step {step}, estimated tau {tau:.2f})")
         if tau is not None:
             self.top_tau = max(tau, self.top_tau or tau)
