@@ -352,6 +352,15 @@ class Jobs:
             raise RemoteCommandError("supervisor cancel", result.exit_code, result.stderr.decode("utf-8", "replace"))
         return result.text.strip()
 
+    def mark_cancelling(self, run_id: str) -> None:
+        """The first round of a group's cancel: from now on a stage of this run that fails (its
+        peers were cancelled first) is recorded cancelled. Stops nothing."""
+        result = self._supervise("cancelling", self.run_dir(self.resolve_run_id(run_id)))
+        if result.exit_code == 2:
+            raise UsageError(f"{self.host.name}: no run {run_id}")
+        if result.exit_code != 0:
+            raise RemoteCommandError("supervisor cancelling", result.exit_code, result.stderr.decode("utf-8", "replace"))
+
     # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
 
     def listing(self) -> RunListing:

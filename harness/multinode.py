@@ -437,12 +437,18 @@ class GroupRun:
         return 0
 
     def cancel(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
-        """Cancel on every host (in parallel); host -> final state or the error."""
+        """Cancel on every host (in parallel); host -> final state or the error. The whole group's
+        cancel first marks every node, so that one whose ranks die of an earlier node's cancel is
+        cancelled, not failed (an unreachable node answers in the second round)."""
         run_id = self.resolve_run_id(run_id)
         out = {}
-        for host, state, error in parallel(list(hosts or self.hosts), lambda h: self.jobs(h).cancel(run_id, grace_s)):
+        if hosts is None:
+            for host, _, error in parallel(list(self.hosts), lambda h: self.jobs(h).mark_cancelling(run_id)):
+                if error is not None:  # unreachable or no such run: asking again would only wait again
+                    out[host] = f"error: {error}"
+        for host, state, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel(run_id, grace_s)):
             out[host] = state if error is None else f"error: {error}"
-        return out
+        return {h: out[h] for h in (hosts or self.hosts)}
 
     def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False) -> list[threading.Thread]:
         """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the

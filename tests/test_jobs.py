@@ -97,6 +97,27 @@ def test_cancel_terminates_then_records_cancelled(tmp_path):
         os.killpg(pgid, 0)
 
 
+def test_a_stage_that_fails_once_its_group_is_being_cancelled_is_cancelled(tmp_path):
+    """A group's cancel marks every node first (harness.multinode.GroupRun.cancel): a node whose
+    ranks die of an earlier node's cancel, before its own cancel lands, is cancelled, and so is
+    the rest of its chain. Without the mark the same failure is a failure."""
+    release = tmp_path / "release"
+    outcomes = {}
+    for marked in (False, True):
+        release.unlink(missing_ok=True)
+        jobs, _ = make_jobs(tmp_path / str(marked), {"prepare": {"lines": 1, "until_file": str(release), "exit_code": 3}})
+        run_id = jobs.start(["prepare", "train"])
+        _wait_for_line(jobs, run_id, "line 1 of 1")
+        if marked:
+            jobs.mark_cancelling(run_id)
+            assert jobs.status(run_id).state == "running"  # the mark stops nothing
+        release.touch()
+        status = jobs.wait(run_id, timeout=60)
+        outcomes[marked] = (status.state, [(s.stage, s.state, s.exit_code) for s in status.stages])
+    assert outcomes[False] == ("failed", [("prepare", "failed", 3), ("train", "skipped", None)])
+    assert outcomes[True] == ("cancelled", [("prepare", "cancelled", 3), ("train", "cancelled", None)])
+
+
 def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100, "ignore_term": True}})
     run_id = jobs.start(["prepare"], grace_s=1.5)

@@ -12,6 +12,7 @@ later, and nothing depends on the connection (or the harness process) that start
     supervisor.lock       flock held by the live supervisor (liveness without pid-reuse races)
     supervisor.log        the supervisor's own stderr (diagnostics, never stage output)
     cancel                present once a cancel was requested
+    cancelling            present once a group cancel began: a stage that fails now counts as cancelled
     <stage>/spec.json     how to launch the stage (written by the harness)
     <stage>/log           stdout+stderr of the stage, complete, appended live
     <stage>/events.jsonl  progress events (the stage writes them: --events)
@@ -32,6 +33,7 @@ reach stages by inheritance (host) or by name (`docker create -e NAME`). They ar
 Commands:
     supervisor.py start  RUN_DIR            (stdin: {"env": {...}}) daemonize; print the pid
     supervisor.py cancel RUN_DIR [--grace S]
+    supervisor.py cancelling RUN_DIR        mark only (a group cancel's first round); print the state
     supervisor.py status RUNS_DIR [RUN_ID]  JSON on stdout
     supervisor.py follow RUN_DIR [--stage S] [--follow] [--json]
 """
@@ -315,6 +317,10 @@ class Supervisor:
                 code, cancelled = self._run_container(spec, log_file, state_path)
             else:
                 code, cancelled = self._run_process(spec, log_file, state_path)
+        # A node of a group whose peers were cancelled first dies of their cancel (its collectives
+        # break) before its own arrives: the group's cancel marked every node first (cmd_cancelling).
+        if code != 0 and os.path.exists(os.path.join(self.run_dir, "cancelling")):
+            cancelled = self.cancel_requested = True  # and the stages after it
         state = "cancelled" if cancelled else ("ok" if code == 0 else "failed")
         update_json(state_path, state=state, exit_code=code, finished=now())
         return state
@@ -439,6 +445,17 @@ def _become_daemon(run_dir: str, env: dict) -> None:
     finally:
         sys.stdout.flush()
         os._exit(code)
+
+
+def cmd_cancelling(run_dir: str) -> int:
+    """Mark the run as being cancelled, stopping nothing yet; print its state."""
+    run_dir = os.path.abspath(run_dir)
+    if not read_json(os.path.join(run_dir, "run.json")):
+        print(f"{run_dir}: no such run", file=sys.stderr)
+        return 2
+    open(os.path.join(run_dir, "cancelling"), "w").close()
+    print(read_json(os.path.join(run_dir, "state.json"), {}).get("state"))
+    return 0
 
 
 def cmd_cancel(run_dir: str, grace: float | None) -> int:
@@ -643,6 +660,8 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("cancel")
     p.add_argument("run_dir")
     p.add_argument("--grace", type=float, default=None)
+    p = sub.add_parser("cancelling")
+    p.add_argument("run_dir")
     p = sub.add_parser("status")
     p.add_argument("runs_dir")
     p.add_argument("run_id", nargs="?")
@@ -656,6 +675,8 @@ def main(argv: list[str]) -> int:
         return cmd_start(a.run_dir)
     if a.cmd == "cancel":
         return cmd_cancel(a.run_dir, a.grace)
+    if a.cmd == "cancelling":
+        return cmd_cancelling(a.run_dir)
     if a.cmd == "status":
         return cmd_status(a.runs_dir, a.run_id)
     try:
