@@ -130,9 +130,9 @@ class HostileHost(LocalTransport):
     """A host whose listing names paths outside the destination (a compromised or buggy box)."""
 
     def local_argv(self, argv):
-        if "list" in argv[3:5]:
+        if argv[-2] == "list":  # helper_argv: ..., MODE, ROOT
             return [sys.executable, "-c", INJECT, *argv]
-        if "send" in argv[3:5]:
+        if argv[-2] == "send":
             return [sys.executable, "-c", INJECT_STREAM, *argv]
         return super().local_argv(argv)
 
