@@ -225,7 +225,6 @@ class Stream(threading.Thread):
         self.argv, self.root, self.work, self.options, self.on_bytes = argv, root, work, options, on_bytes
         self.connecting = connecting  # already started (its connection set up while the listing ran)
         self.listener, self.fallback_argv = listener, fallback_argv
-        self.forwarded = False  # moved bytes through the listener
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
         self.round_trip_s: float | None = connecting.round_trip_s if connecting else None  # a request -> its answer
@@ -284,14 +283,12 @@ class Stream(threading.Thread):
             if self.listener is None:
                 proc.stdin.write(json.dumps(self.root).encode() + b"\n")
                 refill()
-            else:
-                self.forwarded = True
             while in_flight:
                 header = _read_exact(proc.stdout, FRAME_HEADER.size)
                 if len(header) < FRAME_HEADER.size:
                     return False  # dropped link or killed helper
                 status, length = FRAME_HEADER.unpack(header)
-                if self.round_trip_s is None and not self.forwarded:  # (a forwarded one asked before its ready)
+                if self.round_trip_s is None and self.listener is None:  # (a forwarded one asked before its ready)
                     self.round_trip_s = time.monotonic() - asked  # one request, one answer
                 seg = in_flight[0]
                 if status == 0:
