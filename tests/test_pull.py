@@ -240,9 +240,11 @@ def test_pull_of_a_single_file_and_a_missing_path(remote_tree, tmp_path):
 # Through the real sshd
 
 
-def _slow_link_files(ssh_host, tmp_path: Path, port: int) -> tuple[Path, Path]:
+def _slow_link_files(ssh_host, tmp_path: Path, port: int, host_pub_line: str | None = None) -> tuple[Path, Path]:
+    """ssh_config and known_hosts for `slow`: 127.0.0.1:port (a delay line in front of the test
+    bed's box, or of the sshd whose host key is host_pub_line)."""
     known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text(ssh_host.known_hosts_lines() + f"[127.0.0.1]:{port} {ssh_host.box.host_pub_line}\n")
+    known_hosts.write_text(ssh_host.known_hosts_lines() + f"[127.0.0.1]:{port} {host_pub_line or ssh_host.box.host_pub_line}\n")
     config = tmp_path / "ssh_config"
     config.write_text(textwrap.dedent(f"""\
         Host slow

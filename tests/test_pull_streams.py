@@ -13,7 +13,6 @@ import socket
 import struct
 import subprocess
 import tempfile
-import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,18 +55,9 @@ def slow_transport(tmp_path: Path, port: int, host_pub_line: str, ssh_host, monk
     from harness.config import HostConfig
     from harness.transport import ConnectOptions, connect
     from tests.fixtures.sshd import stop_control_masters
+    from tests.test_pull import _slow_link_files
 
-    known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub_line}\n")
-    config = tmp_path / "ssh_config"
-    config.write_text(textwrap.dedent(f"""\
-        Host slow
-          HostName 127.0.0.1
-          Port {port}
-          User {ssh_host.user}
-          IdentityFile {ssh_host.key_path}
-          IdentitiesOnly yes
-        """))
+    config, known_hosts = _slow_link_files(ssh_host, tmp_path, port, host_pub_line)
     control = Path(tempfile.mkdtemp(prefix="hps-"))  # short: control socket paths are limited
     monkeypatch.setenv("HARNESS_CONTROL_DIR", str(control))
     try:
