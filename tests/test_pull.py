@@ -130,9 +130,9 @@ class HostileHost(LocalTransport):
     """A host whose listing names paths outside the destination (a compromised or buggy box)."""
 
     def local_argv(self, argv):
-        if "list" in argv[3:5]:
+        if argv[-2] == "list":  # helper_argv: ..., MODE, ROOT
             return [sys.executable, "-c", INJECT, *argv]
-        if "send" in argv[3:5]:
+        if argv[-2] == "send":
             return [sys.executable, "-c", INJECT_STREAM, *argv]
         return super().local_argv(argv)
 
@@ -240,9 +240,11 @@ def test_pull_of_a_single_file_and_a_missing_path(remote_tree, tmp_path):
 # Through the real sshd
 
 
-def _slow_link_files(ssh_host, tmp_path: Path, port: int) -> tuple[Path, Path]:
+def _slow_link_files(ssh_host, tmp_path: Path, port: int, host_pub_line: str | None = None) -> tuple[Path, Path]:
+    """ssh_config and known_hosts for `slow`: 127.0.0.1:port (a delay line in front of the test
+    bed's box, or of the sshd whose host key is host_pub_line)."""
     known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text(ssh_host.known_hosts_lines() + f"[127.0.0.1]:{port} {ssh_host.box.host_pub_line}\n")
+    known_hosts.write_text(ssh_host.known_hosts_lines() + f"[127.0.0.1]:{port} {host_pub_line or ssh_host.box.host_pub_line}\n")
     config = tmp_path / "ssh_config"
     config.write_text(textwrap.dedent(f"""\
         Host slow
@@ -326,12 +328,15 @@ def test_large_pull_interrupted_many_times_resumes_to_an_identical_file(ssh_host
 
 
 @pytest.mark.ssh
-def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_host, tmp_path):
+@pytest.mark.parametrize("rtt_ms, jobs", [(10, 2), (30, 4)], ids=["one-stream", "forwarded-streams"])
+def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_host, tmp_path, rtt_ms, jobs):
     """Ctrl-C (SIGINT to the terminal's whole process group: harness and its ssh streams) in the
     middle of `harness pull` on a slow link: no file at its final name, the pieces received kept
     in .harness-part files, and the next `harness pull` moves only the rest (counted on the
-    link) into an identical file."""
+    link) into an identical file. At 30 ms the pull runs several streams, the further ones
+    through the first helper's listener (tests/test_pull_streams.py)."""
     from bench.delayline import DelayLine
+    from tests.test_pull_streams import direct_tcpip_channels
 
     piece = PullOptions().piece_size
     size = 6 * piece
@@ -340,19 +345,21 @@ def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_ho
     (src / "model.safetensors").write_bytes(os.urandom(size))
     dest = tmp_path / "dest"
     target = dest / "model.safetensors"
-    control = Path(ssh_host.control_dir) / "ctrlc"
+    control = Path(ssh_host.control_dir) / f"ctrlc{rtt_ms}"
     control.mkdir(mode=0o700, exist_ok=True)
-    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=10, rate=8 * MiB) as line:
+    forwarded_before = direct_tcpip_channels(ssh_host.box.log_text())
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=rtt_ms, rate=8 * MiB) as line:
         ssh_config, known_hosts = _slow_link_files(ssh_host, tmp_path, line.port)
         config = tmp_path / "harness.toml"
         config.write_text(f'[hosts.slow]\nssh = "slow"\nworkdir = "{tmp_path / "host"}"\n')
         env = {**ssh_host.env(), "HARNESS_SSH_CONFIG": str(ssh_config), "HARNESS_KNOWN_HOSTS": str(known_hosts), "HARNESS_CONTROL_DIR": str(control)}
-        argv = [sys.executable, "-m", "harness", "--config", str(config), "pull", "slow", str(src), str(dest), "-j", "2"]
+        argv = [sys.executable, "-m", "harness", "--config", str(config), "pull", "slow", str(src), str(dest), "-j", str(jobs)]
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 120
         while received_bytes(target) < 2.5 * piece and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert proc.poll() is None, f"pull ended before the Ctrl-C: {proc.communicate()}"
+        interrupted_streams = direct_tcpip_channels(ssh_host.box.log_text()) - forwarded_before
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130 and "Traceback" not in err.decode(), err.decode()[-2000:]
@@ -362,6 +369,7 @@ def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_ho
         assert r.returncode == 0, r.stderr[-2000:]
         moved = line.bytes_to_client - before
     assert "resumed" in r.stdout + r.stderr
+    assert (interrupted_streams > 0) == (rtt_ms > 15), interrupted_streams
     assert moved < size - piece, (moved, size)  # at least one whole piece was not fetched again
     assert sha(target) == sha(src / "model.safetensors") and leftovers(dest) == []
 

@@ -20,6 +20,14 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               laptop times it, the link's round trip). A {"list": PATH} line before ROOT is
               answered with one frame: status 4 and `list`'s JSON document, or status 5 and the
               error (what `list` exits 3 for): the listing and the first bytes over one connection.
+              A {"listen": true} line before ROOT starts a listener on the host's loopback (a
+              random port) behind a random 32-byte token, answered with one status-6 frame:
+              {"port": N, "token": HEX}, or {} where it cannot listen. Each TCP connection to it
+              that first sends the token is served like a `send` stream of its own (ready frame,
+              ROOT line, segments) by a forked process: the laptop's extra streams are
+              direct-tcpip channels of its master connection (`ssh -W`), with no remote shell or
+              Python to start. A connection with a wrong token is closed unanswered. The listener
+              ends when this helper does (its stdin closed: the pull is over).
 """
 
 import hashlib
@@ -30,6 +38,26 @@ import struct
 import sys
 
 FRAME = 1 << 20
+TOKEN_BYTES = 32
+TOKEN_TIMEOUT_S = 30  # a connection that sends no token in this time is dropped
+
+
+class FdWriter:
+    """Whole writes to a file descriptor (a pipe to sshd, or a forwarded stream's socket)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def fileno(self):
+        return self.fd
+
+    def write(self, data):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def flush(self):
+        pass
 
 
 def lstat_entry(full, rel):
@@ -106,13 +134,8 @@ def do_hash(root, rels, out):
 
 
 def do_send(root, segments, out):
-    out_fd = out.fileno()
     header = struct.Struct(">BQ")
-
-    def write_all(data):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(out_fd, view):]
+    write_all = out.write
 
     for line in segments:
         rel, piece_start, offset, end, size, mtime_ns = json.loads(line)
@@ -147,6 +170,99 @@ def do_send(root, segments, out):
             os.close(fd)
 
 
+def start_listener():
+    """A loopback listener behind a random token, served by a forked process that ends with
+    this one; returns the status-6 frame's document ({} where it cannot listen)."""
+    import socket  # here, not at the top: most helpers never listen (start-up time)
+
+    try:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        token = os.urandom(TOKEN_BYTES)
+        alive_r, alive_w = os.pipe()  # EOF on alive_r: this helper has ended
+        child = os.fork()
+    except OSError:
+        return {}
+    if child == 0:
+        try:
+            os.close(alive_w)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # the first stream's channel must not wait for the listener
+                os.dup2(devnull, fd)
+            serve_listener(listener, token, alive_r)
+        finally:
+            os._exit(0)
+    listener.close()
+    os.close(alive_r)  # alive_w stays open until this helper exits
+    return {"port": port, "token": token.hex()}
+
+
+def serve_listener(listener, token, alive_r):
+    import select
+    import signal
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # served connections reap themselves
+    while True:
+        ready, _, _ = select.select([listener, alive_r], [], [])
+        if alive_r in ready:
+            return  # the first stream ended: so does the pull, and the listener
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            continue
+        if os.fork() == 0:
+            try:
+                listener.close()
+                os.close(alive_r)
+                serve_connection(conn, token)
+            finally:
+                os._exit(0)
+        conn.close()
+
+
+def serve_connection(conn, token):
+    import hmac
+
+    conn.settimeout(TOKEN_TIMEOUT_S)
+    got = b""
+    try:
+        while len(got) < TOKEN_BYTES:
+            chunk = conn.recv(TOKEN_BYTES - len(got))
+            if not chunk:
+                return
+            got += chunk
+    except OSError:
+        return
+    if not hmac.compare_digest(got, token):
+        return  # closed unanswered
+    conn.settimeout(None)
+    serve_send(conn.makefile("rb"), FdWriter(conn.fileno()), listen=False)
+
+
+def serve_send(stdin, out, listen):
+    """The `send` protocol over stdin/out: the ready frame, listing/listen/ping lines, ROOT, segments."""
+    out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
+    first = stdin.readline()
+    while first.strip() == b"null" or first.startswith(b"{"):
+        if first.startswith(b"{"):
+            request = json.loads(first)
+            if "list" in request:  # the listing over this stream (one connection, no extra command)
+                try:
+                    status, data = 4, json.dumps(do_list(request["list"])).encode()
+                except OSError as e:
+                    status, data = 5, (e.strerror or str(e)).encode()
+            else:  # {"listen": true}: more streams without a remote start each
+                status, data = 6, json.dumps(start_listener() if listen else {}).encode()
+            out.write(struct.pack(">BQ", status, len(data)) + data)
+        else:  # a ping: answer at once
+            out.write(struct.pack(">BQ", 3, 0))
+        first = stdin.readline()
+    if first:
+        do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)
+
+
 def main():
     mode, root = sys.argv[1], sys.argv[2]
     out = sys.stdout.buffer
@@ -166,23 +282,7 @@ def main():
             fcntl.fcntl(out.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), FRAME)
         except (ImportError, OSError):
             pass
-        out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
-        out.flush()
-        stdin = sys.stdin.buffer
-        first = stdin.readline()
-        while first.strip() == b"null" or first.startswith(b"{"):
-            if first.startswith(b"{"):  # {"list": PATH}: the listing over this stream (one connection, no extra command)
-                try:
-                    status, data = 4, json.dumps(do_list(json.loads(first)["list"])).encode()
-                except OSError as e:
-                    status, data = 5, (e.strerror or str(e)).encode()
-                out.write(struct.pack(">BQ", status, len(data)) + data)
-            else:  # a ping: answer at once
-                out.write(struct.pack(">BQ", 3, 0))
-            out.flush()
-            first = stdin.readline()
-        if first:
-            do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)
+        serve_send(sys.stdin.buffer, FdWriter(out.fileno()), listen=True)
     out.flush()
 
 

@@ -18,9 +18,12 @@ One pull, step by step
             it finishes one. The first stream, after the listing, times pings: the link's round
             trip. On a long one (where each stream is capped by its channel window) the fetch
             starts at once as many streams as the bytes and the round trip call for
-            (session.streams_for), as channels of the master (no handshake), adding more (own
-            connections) while they raise throughput, up to `jobs`; on a short link one stream
-            (CPU-bound).
+            (session.streams_for), as channels of the master (no handshake): `ssh -W`
+            (direct-tcpip) channels to a listener the first stream's helper opened on the host's
+            loopback (behind a random token sent over its stdout: no remote shell or Python to
+            start; it ends with that helper), or, where the sshd forbids forwarding, helpers of
+            their own on exec channels; then adding more (own connections) while they raise
+            throughput, up to `jobs`; on a short link one stream (CPU-bound).
             Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
             records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
             bytes of each piece are in (after every write).

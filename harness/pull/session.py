@@ -16,7 +16,7 @@ from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.streams import Connecting, Segment, Stream, WorkQueue
+from harness.pull.streams import Connecting, Listener, Segment, Stream, WorkQueue
 from harness.sync import sha256_file
 from harness.transport.base import Transport
 
@@ -91,7 +91,9 @@ class PullSession:
         # The first stream starts at once, over the shared master (one handshake, which every
         # later stream and command reuses), and brings the listing before its first piece.
         if not self.options.dry_run:
-            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path, short_s=LONG_LINK_RTT_S)
+            # it also opens a listener for the pull's further streams where they can reach it
+            listen = self.options.jobs > 1 and self.transport.stdio_forward_argv("127.0.0.1", 1) is not None
+            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path, short_s=LONG_LINK_RTT_S, listen=listen)
         try:
             return self._list_fetch_verify(only)
         finally:
@@ -219,8 +221,12 @@ class PullSession:
             self.received += k
         self.progress.advance(k)
 
-    def _stream(self, argv: list[str], work: WorkQueue, connecting: Connecting | None = None) -> Stream:
-        stream = Stream(argv, self.root, work, self.options, self._on_bytes, connecting)
+    def _stream(self, argv: list[str], work: WorkQueue, connecting: Connecting | None = None, listener: Listener | None = None) -> Stream:
+        if listener is not None:
+            forward = self.transport.stdio_forward_argv("127.0.0.1", listener.port)
+            stream = Stream(forward, self.root, work, self.options, self._on_bytes, listener=listener, fallback_argv=argv)
+        else:
+            stream = Stream(argv, self.root, work, self.options, self._on_bytes, connecting)
         stream.start()
         return stream
 
@@ -250,8 +256,10 @@ class PullSession:
             streams += [self._stream(own, work) for _ in range(options.jobs - 1)]
         elif first is not None:
             # channels of the master: they start at once (a new connection would take ~10 round
-            # trips plus CPU before its first byte)
-            streams += [self._stream(shared, work) for _ in range(streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1)]
+            # trips plus CPU before its first byte); connections to the first helper's listener
+            # where it has one (no remote shell or Python to start), else helpers of their own
+            more = streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1
+            streams += [self._stream(shared, work, listener=first.listener) for _ in range(more)]
 
         adding = options.adaptive and options.jobs > len(streams)
         best_rate, mark_bytes, mark_time = 0.0, 0, None

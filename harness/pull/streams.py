@@ -9,7 +9,7 @@ import struct
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.pull.options import MiB, PullOptions
@@ -110,36 +110,61 @@ def _ready(proc: subprocess.Popen) -> bool:
     return len(header) == FRAME_HEADER.size and FRAME_HEADER.unpack(header)[0] == 3
 
 
+def _read_frame(proc: subprocess.Popen) -> tuple[int, bytes] | None:
+    header = _read_exact(proc.stdout, FRAME_HEADER.size)
+    if len(header) < FRAME_HEADER.size:
+        return None
+    status, length = FRAME_HEADER.unpack(header)
+    data = _read_exact(proc.stdout, length)
+    return (status, data) if len(data) == length else None
+
+
+@dataclass(frozen=True)
+class Listener:
+    """The first helper's loopback listener on the host (pull_helper.py `{"listen": true}`):
+    more streams of the pull as direct-tcpip channels to it. The token is never printed,
+    logged or put on a command line: it travels over the helper's stdout and a stream's stdin."""
+
+    port: int
+    token: bytes = field(repr=False)
+
+
 class Connecting(threading.Thread):
     """A send helper started ahead of its work: it brings the listing of list_path (asked for
-    before the helper even runs, so the listing costs no round trip of its own), then times
-    pings (requests the helper answers at once), so the link's round trip is known when the
-    fetch starts and it can open all the streams it calls for. Over the shared master: one
-    handshake for the listing and the bytes."""
+    before the helper even runs, so the listing costs no round trip of its own) and, with
+    listen, the address of a listener for more streams, then times pings (requests the helper
+    answers at once), so the link's round trip is known when the fetch starts and it can open
+    all the streams it calls for. Over the shared master: one handshake for the listing and the
+    bytes."""
 
     PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU (and the first waits for the listing)
 
-    def __init__(self, argv: list[str], list_path: str | None = None, short_s: float = 0.0):
+    def __init__(self, argv: list[str], list_path: str | None = None, short_s: float = 0.0, listen: bool = False):
         super().__init__(daemon=True)
         self.proc = start_send_helper(argv)
         self.round_trip_s: float | None = None
         self.listing: bytes | None = None  # the `list` document
         self.list_error: str | None = None  # list_path does not exist (what `list` exits 3 for)
+        self.listener: Listener | None = None  # where more streams of this pull can connect
         self.listed = threading.Event()  # the listing frame is in, or never will be
         self.ok = False
         self._list_path = list_path
+        self._listen = listen
         self._short_s = short_s  # a round trip below this settles it: no more pings
         self.start()
 
     def run(self) -> None:
         try:
-            if self._list_path is not None:
-                self.proc.stdin.write(json.dumps({"list": self._list_path}).encode() + b"\n")
+            asks = [{"list": self._list_path}] if self._list_path is not None else []
+            asks += [{"listen": True}] if self._listen else []
+            self.proc.stdin.write(b"".join(json.dumps(a).encode() + b"\n" for a in asks))
             if not _ready(self.proc):
                 return
             asked = time.monotonic()
             self.proc.stdin.write(b"null\n")  # a ping, answered after the listing
             if self._list_path is not None and not self._read_listing():
+                return
+            if self._listen and not self._read_listener():
                 return
             for k in range(self.PINGS):
                 if k:
@@ -158,18 +183,24 @@ class Connecting(threading.Thread):
             self.listed.set()
 
     def _read_listing(self) -> bool:
-        header = _read_exact(self.proc.stdout, FRAME_HEADER.size)
-        if len(header) < FRAME_HEADER.size:
+        frame = _read_frame(self.proc)
+        if frame is None or frame[0] not in (4, 5):
             return False
-        status, length = FRAME_HEADER.unpack(header)
-        data = _read_exact(self.proc.stdout, length)
-        if len(data) < length or status not in (4, 5):
-            return False
+        status, data = frame
         if status == 4:
             self.listing = data
         else:
             self.list_error = data.decode("utf-8", "replace")
         self.listed.set()
+        return True
+
+    def _read_listener(self) -> bool:
+        frame = _read_frame(self.proc)
+        if frame is None or frame[0] != 6:
+            return False
+        doc = json.loads(frame[1])
+        if "port" in doc:  # else the host could not listen: more streams start helpers of their own
+            self.listener = Listener(int(doc["port"]), bytes.fromhex(doc["token"]))
         return True
 
     def stop(self) -> None:
@@ -179,15 +210,21 @@ class Connecting(threading.Thread):
 class Stream(threading.Thread):
     """One long-lived helper (`send` mode) on the host, fed segment requests one line at a time
     (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
-    stream returns its unfinished segments to the queue and reconnects, up to stream_retries."""
+    stream returns its unfinished segments to the queue and reconnects, up to stream_retries.
+
+    With a listener, the stream is a connection to the first helper's listener (argv: `ssh -W`,
+    a channel of the master: no remote shell or Python to start) that sends listener's token
+    first; where that fails (the sshd forbids forwarding, the listener has ended), the stream
+    goes on as a helper of its own (fallback_argv), at once and for good."""
 
     REQUESTS_IN_FLIGHT = 2
 
     def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, on_bytes: Callable[[int], None],
-                 connecting: Connecting | None = None):
+                 connecting: Connecting | None = None, listener: Listener | None = None, fallback_argv: list[str] | None = None):
         super().__init__(daemon=True)
         self.argv, self.root, self.work, self.options, self.on_bytes = argv, root, work, options, on_bytes
         self.connecting = connecting  # already started (its connection set up while the listing ran)
+        self.listener, self.fallback_argv = listener, fallback_argv
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
         self.round_trip_s: float | None = connecting.round_trip_s if connecting else None  # a request -> its answer
@@ -209,6 +246,9 @@ class Stream(threading.Thread):
                 why = "connection lost"
             if finished:
                 return
+            if self.listener is not None and self.fallback_argv is not None:
+                self.argv, self.listener = self.fallback_argv, None  # not counted: the link is not to blame
+                continue
             attempts += 1
             if attempts > self.options.stream_retries:
                 self.gave_up = why
@@ -233,17 +273,22 @@ class Stream(threading.Thread):
                 proc.stdin.close()  # nothing more to ask: the helper exits
 
         try:
+            if self.listener is not None:
+                # token, root and the first requests at once: the channel opens while they travel
+                proc.stdin.write(self.listener.token + json.dumps(self.root).encode() + b"\n")
+                refill()
             if not (connecting.ok if connecting is not None else _ready(proc)):
                 return False
             asked = time.monotonic()
-            proc.stdin.write(json.dumps(self.root).encode() + b"\n")
-            refill()
+            if self.listener is None:
+                proc.stdin.write(json.dumps(self.root).encode() + b"\n")
+                refill()
             while in_flight:
                 header = _read_exact(proc.stdout, FRAME_HEADER.size)
                 if len(header) < FRAME_HEADER.size:
                     return False  # dropped link or killed helper
                 status, length = FRAME_HEADER.unpack(header)
-                if self.round_trip_s is None:
+                if self.round_trip_s is None and self.listener is None:  # (a forwarded one asked before its ready)
                     self.round_trip_s = time.monotonic() - asked  # one request, one answer
                 seg = in_flight[0]
                 if status == 0:

@@ -152,6 +152,12 @@ class Transport(abc.ABC):
         streams add up only over connections of their own."""
         return None
 
+    def stdio_forward_argv(self, host: str, port: int) -> list[str] | None:
+        """A command line for THIS machine whose stdin/stdout are a TCP connection to host:port
+        as the host sees it (for SSH hosts: a direct-tcpip channel of the master connection,
+        `ssh -W`), or None where there is none (the local host)."""
+        return None
+
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
         """The error for a local_argv / own_connection_argv process that exited `code`: the
         client's own failure, typed, where this transport can tell it (an unknown host key, a

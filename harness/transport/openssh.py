@@ -159,6 +159,14 @@ def argv_for(o: OpenSSHOptions, argv: Sequence[str]) -> list[str]:
     return command_argv(o, quote_argv(argv))
 
 
+def stdio_forward_argv(o: OpenSSHOptions, host: str, port: int) -> list[str]:
+    """`ssh -W host:port`: stdin/stdout are a TCP connection to host:port made by the host's sshd
+    (a direct-tcpip channel; over the master where o has a ControlPath). It fails at once where
+    the sshd forbids forwarding (AllowTcpForwarding no, DisableForwarding)."""
+    where = f"[{host}]" if ":" in host else host
+    return base_argv(o) + ["-W", f"{where}:{int(port)}", "--", o.target.host]
+
+
 def own_connection(o: OpenSSHOptions) -> OpenSSHOptions:
     """Options for a connection of its own: no master, whatever the user's ssh_config says."""
     return replace(o, control_path=None, extra=(*o.extra, "ControlMaster=no", "ControlPath=none"))

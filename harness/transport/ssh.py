@@ -329,6 +329,9 @@ class SSHTransport(Transport):
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.own_connection(self._openssh_options()), argv)
 
+    def stdio_forward_argv(self, host: str, port: int) -> list[str]:
+        return openssh.stdio_forward_argv(openssh.with_control_path(self._openssh_options()), host, port)
+
     def forward(self, forwards: Sequence[PortForward]) -> Forwarding:
         from harness.transport.openssh_forward import OpenSSHForwarding
 
