@@ -39,7 +39,7 @@ import sys
 
 FRAME = 1 << 20
 TOKEN_BYTES = 32
-TOKEN_TIMEOUT_S = 30  # a connection that sends no token in this time is dropped
+TOKEN_TIMEOUT_S = 10  # a connection that sends no token in this time is dropped (ours send it at once)
 
 
 class FdWriter:
