@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
 from common.acceptance import estimate_tau, still_learning, still_learning_warning  # noqa: E402
-from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, DataSize, size_recipe  # noqa: E402
+from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, TARGET_STEPS, DataSize, size_recipe  # noqa: E402
 
 TINY = DataSize(train_tokens=3_000, longest_row=120)
 SMALL = DataSize(train_tokens=57_000, longest_row=256)  # the demo: ~1000 short conversations
@@ -38,8 +38,11 @@ def test_small_data_gets_the_same_recipe_on_cpu_and_gpu(processes):
 
 def test_small_data_on_one_gpu_packs_like_the_cpu_default():
     r = size_recipe(SMALL, 1, "cuda")
-    assert r.tokens_per_step == DEFAULT_TOKENS_PER_STEP["cpu"] and r.epochs == 3
+    assert r.tokens_per_step == DEFAULT_TOKENS_PER_STEP["cpu"]  # 3 epochs of it reach MIN_STEPS: no smaller pack
     assert r.steps_per_epoch == -(-SMALL.train_tokens // 512)
+    # ... and the epochs are raised to reach TARGET_STEPS (small data learns from more passes)
+    assert r.epochs == -(-TARGET_STEPS // r.steps_per_epoch) > 3 and r.sized == ("tokens_per_step", "epochs")
+    assert size_recipe(SMALL, 1, "cuda", epochs=3).epochs == 3  # a user's epochs are kept
 
 
 def test_eight_processes_on_small_data_need_more_epochs_too():

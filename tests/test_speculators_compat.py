@@ -59,6 +59,7 @@ def _changed(monkeypatch, owner, name: str):
         ("metrics-bridge", ("speculators.train.trainer", "Trainer", "val_epoch")),
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
         ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
+        ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
     ],
 )
 def test_a_changed_speculators_fails_loudly_naming_the_shim(monkeypatch, shim, where):
@@ -168,3 +169,22 @@ def test_mask_token_without_a_tokenizer_is_harmless_and_said(tmp_path):
     (verifier / "config.json").write_text(json.dumps(cfg))
     token_id, source = compat.mask_token_id(str(verifier), 10)
     assert token_id == compat.HARMLESS_MASK_TOKEN_ID and "EAGLE-3 never reads it" in source
+
+
+def test_every_position_widens_the_training_rows_mask_only(prepared_data, hidden_states):
+    """train's default --loss-on all: the training split's rows count at every position; their
+    hidden states and the validation split's replies-only mask are unchanged."""
+    from speculators.train.data import ArrowDataset, FileTransfer
+
+    def split(name):
+        return ArrowDataset(max_len=512, datapath=str(prepared_data), transfer=FileTransfer(hidden_states), on_missing="raise", train_ratio=0.75, split=name)
+
+    train, val = split("train"), split("val")
+    before = [train[i] for i in range(len(train))]
+    val_before = [val[i]["loss_mask"].sum().item() for i in range(len(val))]
+    compat.supervise_every_position(train)
+    after = [train[i] for i in range(len(train))]
+    assert all(0 < b["loss_mask"].sum() < len(b["loss_mask"]) for b in before)  # replies only: some, not all
+    assert all(a["loss_mask"].dtype == b["loss_mask"].dtype and a["loss_mask"].tolist() == [1] * len(b["loss_mask"]) for a, b in zip(after, before))
+    assert all(torch.equal(a["hidden_states"], b["hidden_states"]) and torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(after, before))
+    assert [split("val")[i]["loss_mask"].sum().item() for i in range(len(val))] == val_before

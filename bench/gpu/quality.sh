@@ -66,7 +66,7 @@ cpu)
   ;;
 gpu)
   # The workdir is under the repo (git-ignored), so a second call on a warm machine reuses the verifier.
-  bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-430}" "${MEASURE_MAX_S:-60}" --size gpu
+  bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-430}" "${MEASURE_MAX_S:-60}" --size gpu ${RECIPES:+--recipes "$RECIPES"}
   ;;
 *) echo "usage: bench/gpu/quality.sh cpu|gpu" >&2; exit 2 ;;
 esac

@@ -37,6 +37,10 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    alone (or a harmless id), and train passes it explicitly. Not a patch: the
                    check makes sure the explicit id still short-cuts the processor and that
                    EAGLE-3 still ignores it (the fallback id is harmless only then).
+  every-position   ArrowDataset._get_raw_data hands the loss each row's `loss_mask` (prepare's:
+                   the replies' tokens). supervise_every_position() gives the TRAINING split a
+                   mask of ones: the loss is a KL to the verifier's own logits at each position,
+                   a target on prompt tokens too; validation keeps the replies' mask.
 
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
@@ -180,6 +184,24 @@ def _check_mask_token():
     return utils_mod
 
 
+def _check_every_position():
+    from speculators.models.eagle3 import core as eagle3_core
+    from speculators.train import data as data_mod
+
+    _require("every-position", data_mod.ArrowDataset._get_raw_data, '"loss_mask": self.data[index]["loss_mask"]')
+    _require("every-position", data_mod.ArrowDataset.__init__, "self.data = self.data.select(range(start, stop))")
+    _require("every-position", eagle3_core.Eagle3DraftModel.forward, "targets = self.verifier_lm_head(")
+    return data_mod
+
+
+def supervise_every_position(dataset) -> None:
+    """Every position of `dataset`'s rows (speculators' ArrowDataset) counts in the loss."""
+    data_mod = _check_every_position()
+    if not isinstance(dataset, data_mod.ArrowDataset):
+        raise ShimOutdated("every-position", f"the training loader's dataset is a {type(dataset).__name__}, not an ArrowDataset")
+    dataset.data = dataset.data.map(lambda row: {"loss_mask": [1] * len(row["loss_mask"])}, keep_in_memory=True)
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
@@ -189,6 +211,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "flex-kernel-options": _check_flex_kernel_options,
     "tau-probe": _check_tau_probe,
     "mask-token": _check_mask_token,
+    "every-position": _check_every_position,
 }
 
 
