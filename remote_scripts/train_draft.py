@@ -19,6 +19,8 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
 * preflight guards before the first step: hidden-state files match the verifier (shape
   [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
   config.
+* the loss on every token by default (`--loss-on all`, common/every_position.py; validation keeps
+  the replies' mask).
 * a recipe sized to the data (common/recipe.py): tokens per step and epochs, unless given, so the
   run gets enough optimizer steps; a run that will not gets one warning line before it starts.
 * acceptance while it trains (common/acceptance.py): after each validation, tau estimated from the

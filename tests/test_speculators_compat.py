@@ -187,4 +187,9 @@ def test_every_position_widens_the_training_rows_mask_only(prepared_data, hidden
     assert all(0 < b["loss_mask"].sum() < len(b["loss_mask"]) for b in before)  # replies only: some, not all
     assert all(a["loss_mask"].dtype == b["loss_mask"].dtype and a["loss_mask"].tolist() == [1] * len(b["loss_mask"]) for a, b in zip(after, before))
     assert all(torch.equal(a["hidden_states"], b["hidden_states"]) and torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(after, before))
-    assert [split("val")[i]["loss_mask"].sum().item() for i in range(len(val))] == val_before
+    assert [val[i]["loss_mask"].sum().item() for i in range(len(val))] == val_before
+    # DataLoader workers started by spawn get a pickled copy: it must keep every position
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(train))
+    assert all(copy[i]["loss_mask"].tolist() == a["loss_mask"].tolist() for i, a in enumerate(after))

@@ -38,9 +38,10 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    check makes sure the explicit id still short-cuts the processor and that
                    EAGLE-3 still ignores it (the fallback id is harmless only then).
   every-position   ArrowDataset._get_raw_data hands the loss each row's `loss_mask` (prepare's:
-                   the replies' tokens). supervise_every_position() gives the TRAINING split a
-                   mask of ones: the loss is a KL to the verifier's own logits at each position,
-                   a target on prompt tokens too; validation keeps the replies' mask.
+                   the replies' tokens). supervise_every_position() makes the TRAINING split a
+                   common/every_position.py dataset, whose rows have a mask of ones: the loss is a
+                   KL to the verifier's own logits at each position, a target on prompt tokens
+                   too; validation keeps the replies' mask.
 
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
@@ -197,9 +198,11 @@ def _check_every_position():
 def supervise_every_position(dataset) -> None:
     """Every position of `dataset`'s rows (speculators' ArrowDataset) counts in the loss."""
     data_mod = _check_every_position()
-    if not isinstance(dataset, data_mod.ArrowDataset):
+    if type(dataset) is not data_mod.ArrowDataset:
         raise ShimOutdated("every-position", f"the training loader's dataset is a {type(dataset).__name__}, not an ArrowDataset")
-    dataset.data = dataset.data.map(lambda row: {"loss_mask": [1] * len(row["loss_mask"])}, keep_in_memory=True)
+    from common.every_position import EveryPositionDataset
+
+    dataset.__class__ = EveryPositionDataset  # per row, nothing copied; pickles by name for spawned workers
 
 
 CHECKS: dict[str, Callable[[], Any]] = {
