@@ -52,6 +52,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Sequence
 
+from harness import host_helpers
 from harness.transport.remote_shell import sh_expand_home
 from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.transport.base import Transport
@@ -438,8 +439,6 @@ ProgressCallback = Callable[[int, int], None]  # (files sent so far, bytes sent 
 
 
 def _remote_source(name: str) -> str:
-    from harness import host_helpers
-
     return host_helpers.source(name)
 
 
@@ -474,10 +473,9 @@ class _Framer:
 def _session_argv(python: str, workdir: str) -> list[str]:
     """`cat` the manifest (then a NUL) at once, then become the apply helper: the laptop plans
     while the interpreter starts. `~` in workdir is expanded on the host (by `cd` and by the
-    helper). The helper needs only the standard library: with the default `python3` it runs on
-    /usr/bin/python3 where there is one, since a `python3` found first on PATH may be a version
-    manager's shim (pyenv's starts ~40 processes, 0.1-0.3 s, before Python does)."""
-    script = f'm=$1; {sh_expand_home("m")}; ' + 'if [ -f "$m" ]; then cat -- "$m" || exit 2; fi; printf "\\000"; py=$2; if [ "$py" = python3 ] && [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; fi; exec "$py" -S -c "$3" "$4"'
+    helper). The default `python3` runs as /usr/bin/python3 where there is one
+    (host_helpers.SYSTEM_PYTHON_SH)."""
+    script = f'm=$1; {sh_expand_home("m")}; ' + 'if [ -f "$m" ]; then cat -- "$m" || exit 2; fi; printf "\\000"; py=$2; ' + host_helpers.SYSTEM_PYTHON_SH + '; exec "$py" -S -c "$3" "$4"'
     return ["sh", "-c", script, "sh", _manifest_path(workdir), python, _remote_source("sync_apply.py"), workdir]
 
 

@@ -19,15 +19,12 @@ def _helper_source() -> str:
     return host_helpers.source("pull_helper.py")
 
 
-# The default `python3` runs as /usr/bin/python3 where there is one (sync's rule too): a
-# `python3` found first on PATH may be a version manager's shim (pyenv's starts ~40 processes,
-# 0.1-0.3 s, before Python does). The helper needs only the standard library.
-_SYSTEM_PYTHON = 'py=$1; shift; if [ "$py" = python3 ] && [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; fi; exec "$py" "$@"'
+_RUN_PYTHON = f'py=$1; shift; {host_helpers.SYSTEM_PYTHON_SH}; exec "$py" "$@"'
 
 
 def helper_argv(python: str, mode: str, root: str) -> list[str]:
     # -S: the helper is stdlib only; skipping site (and its .pth files) saves most of the start-up
-    return ["sh", "-c", _SYSTEM_PYTHON, "sh", python, "-S", "-c", _helper_source(), mode, root]
+    return ["sh", "-c", _RUN_PYTHON, "sh", python, "-S", "-c", _helper_source(), mode, root]
 
 
 def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
