@@ -4,7 +4,8 @@ Starts the OpenSSH test bed of the tests (tests/fixtures/sshd.py) and a 50 ms ro
 line in front of it (bench/delayline.py), then measures, end to end as a user runs them (each
 command a fresh process):
   pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
-      and through the delay line; every output is checked against the source SHA-256.
+      and through the delay line, --repeat times each, taking turns (medians); every output is
+      checked against the source SHA-256.
   sync of a 5,000-file tree: first sync (to an empty host directory, with no hash cache on the
       laptop), no-op re-sync, one changed file; `harness sync` vs `rsync -a --delete` (median of
       --repeat runs, the two tools taking turns; the load average is recorded beside them).
@@ -15,8 +16,10 @@ Prints one table with ratios and appends it, dated, to bench/RESULTS.md with --r
     python bench/transfer.py [--size-mib 1024] [--files 5000] [--rtt-ms 50] [--record]
 
 harness keeps an OpenSSH ControlMaster for ControlPersist seconds (that is how it runs); pulls
-are measured cold (a fresh control directory per run), syncs warm (the master of the previous
-harness command), and the baseline tools open their own connection each time, as users run them.
+are measured cold (the master stopped before each run; harness's one-time probe of the ssh
+client kept, as on a laptop that has run it before), first syncs cold from a new control
+directory, later syncs warm (the master of the previous harness command); the baseline tools
+open their own connection each time, as users run them.
 """
 
 from __future__ import annotations
@@ -128,21 +131,32 @@ class Bench:
             "ssh cat": ["sh", "-c", 'exec "$@" > "$0"', str(dest / src.name), *ssh, host, "cat", str(src)],
         }
 
-    def pull_row(self, host: str, src: Path, digest: str, jobs: int) -> dict[str, float]:
-        seconds: dict[str, float] = {}
-        for name, argv in self.pull_commands(host, src, self.work / "dest", jobs).items():
-            dest = self.work / "dest"
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir()
-            if name == "harness pull":
-                self.fresh_control()
-                argv = self.pull_commands(host, src, dest, jobs)[name]
-            seconds[name] = self.timed(argv)
-            got = sha256(dest / src.name)
-            if got != digest:
-                raise RuntimeError(f"{name}: wrong content")
-            print(f"  pull via {host:5s} {name:13s} {seconds[name]:7.2f} s", flush=True)
-        shutil.rmtree(self.work / "dest", ignore_errors=True)
+    def stop_masters(self) -> None:
+        """End harness's master connections, so the next command connects anew. The control
+        directory stays, with what harness probed of the ssh client once, as on any laptop that
+        has run harness before."""
+        for sock in self.control.iterdir():
+            if sock.is_socket():
+                subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
+
+    def pull_row(self, host: str, src: Path, digest: str, jobs: int, repeat: int) -> dict[str, list[float]]:
+        """Every tool `repeat` times, taking turns (a different one first each round), each from a
+        cold connection into an empty directory, the previous copy's write-back done."""
+        dest = self.work / "dest"
+        commands = self.pull_commands(host, src, dest, jobs)
+        tools = list(commands)
+        seconds: dict[str, list[float]] = {name: [] for name in tools}
+        for k in range(repeat):
+            for name in tools[k % len(tools):] + tools[:k % len(tools)]:
+                shutil.rmtree(dest, ignore_errors=True)
+                dest.mkdir()
+                self.stop_masters()
+                os.sync()
+                seconds[name].append(self.timed(commands[name]))
+                if sha256(dest / src.name) != digest:
+                    raise RuntimeError(f"{name}: wrong content")
+            print(f"  pull via {host:5s} round {k + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in seconds.items()), flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
         return seconds
 
     def resume_row(self, src: Path, digest: str, jobs: int) -> dict[str, float]:
@@ -244,13 +258,15 @@ def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syn
     if pulls:
         with open("/proc/loadavg") as f:
             load = " ".join(f.read().split()[:3])
-        lines += ["", f"Pull of one {size_mib} MiB file (seconds, MiB/s; ratio = harness throughput / other's; load average at the end: {load}; "
+        lines += ["", f"Pull of one {size_mib} MiB file, each tool {repeat} times taking turns (median seconds, the fastest and slowest "
+                  f"run, MiB/s of the median; ratio = the other's median / harness's; load average at the end: {load}; "
                   "targets: >= 3x scp at 50 ms RTT for 256 MiB, >= 1x scp on loopback for 512 MiB):", "",
-                  "| link | tool | seconds | MiB/s | harness vs this |", "| --- | --- | ---: | ---: | ---: |"]
-        for link, seconds in pulls.items():
-            ours = seconds["harness pull"]
-            for tool, s in seconds.items():
-                lines.append(f"| {link} | {tool} | {s:.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
+                  "| link | tool | seconds | range | MiB/s | harness vs this |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+        for link, runs in pulls.items():
+            ours = statistics.median(runs["harness pull"])
+            for tool, times in runs.items():
+                s = statistics.median(times)
+                lines.append(f"| {link} | {tool} | {s:.2f} | {min(times):.2f}-{max(times):.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
     if syncs:
         load = f" Load average (1 min) {sync_load[0]:.2f} before, {sync_load[-1]:.2f} after." if sync_load else ""
         lines += ["", f"Sync of a {files}-file tree (median seconds; ratio = harness time / rsync time, target <= 1.5 for the first sync, <= 1.0 for no-op and one file).{load}", "",
@@ -290,9 +306,9 @@ def main() -> None:
         os.sync()  # no write-back of the fresh file competing with the first measurement
         pulls: dict[str, dict[str, float]] = {}
         if "pull" not in args.skip:
-            pulls["loopback"] = bench.pull_row("box", src, digest, args.jobs)
+            pulls["loopback"] = bench.pull_row("box", src, digest, args.jobs, args.repeat)
         if "slow" not in args.skip:
-            pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs)
+            pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs, args.repeat)
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
         resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
         table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat)

@@ -47,6 +47,7 @@ class FdWriter:
 
     def __init__(self, fd):
         self.fd = fd
+        self.sendfile = hasattr(os, "sendfile")
 
     def fileno(self):
         return self.fd
@@ -55,6 +56,22 @@ class FdWriter:
         view = memoryview(data)
         while view:
             view = view[os.write(self.fd, view):]
+
+    def write_from_file(self, data, src_fd, position):
+        """Write data, just read from src_fd at position: through sendfile (the kernel moves the
+        file's pages; no copy through this process) while it can, the rest from data (the file
+        shrank, or no sendfile here). Bytes that changed since the read fail the piece's hash."""
+        done = 0
+        while self.sendfile and done < len(data):
+            try:
+                n = os.sendfile(self.fd, src_fd, position + done, len(data) - done)
+            except OSError:
+                self.sendfile = False  # e.g. EINVAL where the kernel cannot; a broken pipe fails the write below
+                break
+            if n == 0:
+                break
+            done += n
+        self.write(memoryview(data)[done:])
 
     def flush(self):
         pass
@@ -157,9 +174,10 @@ def do_send(root, segments, out):
                     break
                 h.update(data)
                 if position + len(data) > offset:
-                    sent = memoryview(data)[max(0, offset - position):]
+                    skip = max(0, offset - position)
+                    sent = memoryview(data)[skip:]
                     write_all(header.pack(0, len(sent)))
-                    write_all(sent)
+                    out.write_from_file(sent, fd, position + skip)
                 position += len(data)
             after = os.fstat(fd)
             if short or (after.st_size, after.st_mtime_ns) != (size, mtime_ns):

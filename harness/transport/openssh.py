@@ -215,10 +215,7 @@ def safety_config(o: OpenSSHOptions) -> str:
     text = "\n".join(lines) + "\n"
     path = os.path.join(control_dir(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
     if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        _write_whole(path, text)
     return path
 
 
@@ -239,7 +236,7 @@ def _reads_prepend_syntax() -> bool:
             return f.read() == "yes"
     except OSError:
         pass
-    probe = f"{marker}.{os.getpid()}.conf"
+    probe = f"{marker}.{_writer_id()}.conf"
     with open(probe, "w") as f:
         f.write(f"Ciphers {CIPHERS_PREFERRED}\n")
     try:
@@ -248,11 +245,23 @@ def _reads_prepend_syntax() -> bool:
         ok = False
     finally:
         os.unlink(probe)
-    tmp = f"{marker}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write("yes" if ok else "no")
-    os.replace(tmp, marker)
+    _write_whole(marker, "yes" if ok else "no")
     return ok
+
+
+def _writer_id() -> str:
+    """Unique to this process and thread: the name of a file only this writer touches."""
+    import threading
+
+    return f"{os.getpid()}-{threading.get_ident()}"
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Readers of path (other commands, other threads) see no file or the whole of it."""
+    tmp = f"{path}.{_writer_id()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _ssh_quote_path(path: str) -> str:
