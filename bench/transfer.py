@@ -6,6 +6,8 @@ command a fresh process):
   pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
       and through the delay line, --repeat times each, taking turns (medians); every output is
       checked against the source SHA-256.
+  pull of a run: `harness pull HOST last` of a finished run's 10 small files against one rsync
+      command of the same paths, on loopback and through the delay line.
   sync of a 5,000-file tree: first sync (to an empty host directory, with no hash cache on the
       laptop), no-op re-sync, one changed file; `harness sync` vs `rsync -a --delete` (median of
       --repeat runs, the two tools taking turns; the load average is recorded beside them).
@@ -59,7 +61,7 @@ def sha256(path: Path) -> str:
 
 class Bench:
     def __init__(self, work: Path, rtt_ms: float):
-        self.work = work
+        self.work, self.rtt_ms = work, rtt_ms
         self.testbed = start_testbed(work / "sshd")
         self.line = DelayLine(("127.0.0.1", self.testbed.port), rtt_ms=rtt_ms).start()
         tb = self.testbed
@@ -159,6 +161,36 @@ class Bench:
         shutil.rmtree(dest, ignore_errors=True)
         return seconds
 
+    def run_rows(self, repeat: int) -> dict[str, dict[str, float]]:
+        """`harness pull HOST last` of a finished run's records, report, plots, export and train's
+        small files (10 files, tests/test_pull.py's fake_run) against one rsync command of the
+        same remote paths, on loopback and through the delay line; medians of `repeat` cold runs."""
+        from tests.test_pull import fake_run
+
+        run_dir = fake_run(self.host_dir / "workdir")
+        work = run_dir.parents[1]
+        paths = [run_dir, work / "reports" / "k3", work / "out" / "export", *(work / "out" / "checkpoints" / n for n in ("metrics.jsonl", "best.json", "logs"))]
+        dest = self.work / "run-dest"
+        rows: dict[str, dict[str, float]] = {}
+        for host, link in (("box", "loopback"), ("slow", f"{self.rtt_ms:.0f} ms RTT")):
+            tools = {
+                "harness pull HOST last": self.harness("pull", host, "last", str(dest)),
+                "rsync -a (one command)": ["rsync", "-a", "-e", f"ssh -F {self.ssh_config}", *(f"{host}:{p}" for p in paths), f"{dest}/"],
+            }
+            times: dict[str, list[float]] = {name: [] for name in tools}
+            for k in range(repeat):
+                for name in list(tools)[k % 2:] + list(tools)[:k % 2]:
+                    shutil.rmtree(dest, ignore_errors=True)
+                    dest.mkdir()
+                    self.stop_masters()
+                    times[name].append(self.timed(tools[name]))
+                    if sum(1 for f in dest.rglob("*") if f.is_file()) != 10:
+                        raise RuntimeError(f"{name}: not the run's 10 files")
+            rows[link] = {name: statistics.median(t) for name, t in times.items()}
+            print(f"  run pull via {host:5s}: " + ", ".join(f"{n} {t:.2f} s" for n, t in rows[link].items()), flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
+        return rows
+
     def resume_row(self, src: Path, digest: str, jobs: int) -> dict[str, float]:
         """Kill a pull through the delay line at 50%, resume it; compare host->client bytes."""
         size = src.stat().st_size
@@ -247,7 +279,8 @@ class Bench:
         return rows
 
 
-def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3) -> str:
+def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3,
+           runs: dict | None = None) -> str:
     """The dated section for RESULTS.md; parts that were skipped are named, not shown as zeros."""
     command = f"python bench/transfer.py --size-mib {size_mib} --files {files}" + (f" --repeat {repeat}" if repeat != 3 else "") + "".join(f" --skip {s}" for s in skipped)
     lines = [
@@ -262,11 +295,18 @@ def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syn
                   f"run, MiB/s of the median; ratio = the other's median / harness's; load average at the end: {load}; "
                   "targets: >= 3x scp at 50 ms RTT for 256 MiB, >= 1x scp on loopback for 512 MiB):", "",
                   "| link | tool | seconds | range | MiB/s | harness vs this |", "| --- | --- | ---: | ---: | ---: | ---: |"]
-        for link, runs in pulls.items():
-            ours = statistics.median(runs["harness pull"])
-            for tool, times in runs.items():
+        for link, row in pulls.items():
+            ours = statistics.median(row["harness pull"])
+            for tool, times in row.items():
                 s = statistics.median(times)
                 lines.append(f"| {link} | {tool} | {s:.2f} | {min(times):.2f}-{max(times):.2f} | {size_mib / s:.0f} | {s / ours:.2f}x |")
+    if runs:
+        lines += ["", f"Pull of a finished run's 10 small files (records, report, plots, export, train's metrics; median seconds of {repeat} cold runs, "
+                  "taking turns; ratio = rsync's time / harness's):", "",
+                  "| link | harness pull HOST last | rsync -a, the same paths in one command | ratio |", "| --- | ---: | ---: | ---: |"]
+        for link, r in runs.items():
+            ours, theirs = r["harness pull HOST last"], r["rsync -a (one command)"]
+            lines.append(f"| {link} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}x |")
     if syncs:
         load = f" Load average (1 min) {sync_load[0]:.2f} before, {sync_load[-1]:.2f} after." if sync_load else ""
         lines += ["", f"Sync of a {files}-file tree (median seconds; ratio = harness time / rsync time, target <= 1.5 for the first sync, <= 1.0 for no-op and one file).{load}", "",
@@ -288,7 +328,7 @@ def main() -> None:
     parser.add_argument("--rtt-ms", type=float, default=50.0)
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip", action="append", default=[], choices=["pull", "slow", "sync", "resume"])
+    parser.add_argument("--skip", action="append", default=[], choices=["pull", "slow", "run", "sync", "resume"])
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()
 
@@ -309,9 +349,10 @@ def main() -> None:
             pulls["loopback"] = bench.pull_row("box", src, digest, args.jobs, args.repeat)
         if "slow" not in args.skip:
             pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs, args.repeat)
+        runs = bench.run_rows(args.repeat) if "run" not in args.skip else {}
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
         resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
-        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat)
+        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat, runs)
         print()
         print(table)
         if args.record:

@@ -204,9 +204,15 @@ class Jobs:
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_dir}/{run_id}"
 
-    def locate(self, what: str) -> RemoteTarget:
+    def locate(self, what: str, newest_run: Callable[[str], str | None] | None = None) -> RemoteTarget:
         """A run id (or 'last') or a path, relative to the workdir unless absolute -> where it
-        is on the host, and the local directory it lands in by default (`harness pull`)."""
+        is on the host, and the local directory it lands in by default (`harness pull`).
+        newest_run(runs_dir): the run 'last' names, asked another way than the supervisor's status."""
+        if what == "last" and newest_run is not None:
+            run_id = newest_run(self.runs_dir)
+            if run_id is None:
+                raise UsageError(f"{self.host.name}: no runs yet")
+            return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
         if what == "last" or RUN_ID_RE.match(what):
             run_id = self.resolve_run_id(what)
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)

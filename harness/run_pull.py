@@ -18,7 +18,8 @@ stages' command lines). Into LOCAL_DIR (default ./runs/<id>):
 
 Outputs the run has not made (a failed or partial run) are skipped and listed. Checkpoints
 belong to the output directory, not to one run: a later run with the same output_dir replaces
-them. Each part is one verified, resumable harness.pull pull.
+them. All parts are one verified, resumable pull over one connection (harness.pull.PullConnection:
+the run's record, which outputs exist and their bytes, one remote start).
 """
 
 from __future__ import annotations
@@ -27,15 +28,12 @@ import dataclasses
 import json
 import posixpath
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.config import PipelineConfig
 from harness.errors import UsageError
 from harness.pipeline import default_args
-from harness.pull import PullOptions, PullProgress, PullReport, clean_rel, pull
-
-if TYPE_CHECKING:
-    from harness.transport.base import Transport
+from harness.pull import PullConnection, PullProgress, PullReport, Source, clean_rel
 
 BEST_FILE = "best.json"
 TRAIN_FILES = ("metrics.jsonl", BEST_FILE)  # small files next to the checkpoints
@@ -82,10 +80,10 @@ def recorded_pipeline(record: dict[str, Any]) -> PipelineConfig:
     return PipelineConfig(**{k: v for k, v in data.items() if k in known})
 
 
-def plan(transport: "Transport", host: str, run_dir: str, request: RunPullRequest) -> RunPullPlan:
+def plan(host_files: PullConnection, host: str, run_dir: str, request: RunPullRequest) -> RunPullPlan:
     """The parts of a run worth pulling, from its record and what exists on the host."""
     try:
-        record = json.loads(transport.get_bytes(f"{run_dir}/run.json"))
+        record = json.loads(host_files.read(f"{run_dir}/run.json"))
     except FileNotFoundError:
         raise UsageError(f"{host}: no run record {run_dir}/run.json") from None
     workdir = str(record.get("workdir") or posixpath.dirname(posixpath.dirname(run_dir)))
@@ -99,29 +97,22 @@ def plan(transport: "Transport", host: str, run_dir: str, request: RunPullReques
     ]
     if request.latest_checkpoint:
         wanted.append(Part(checkpoints, f"{LOCAL_OUTPUTS}/checkpoints", latest_checkpoint=True))
-    found = existing(transport, [p.remote for p in wanted])
+    found = host_files.existing([p.remote for p in wanted])
     parts = [Part(run_dir, ".")] + [p for p in wanted if p.remote in found]
     # best.json (train writes it when it measured one; --best-checkpoint needs it) and logs/ (only
     # with loggers) are optional
     missing = [p.shown for p in wanted if p.remote not in found and posixpath.basename(p.remote) not in OPTIONAL]
     if request.best_checkpoint:
-        name = best_checkpoint_name(transport, host, checkpoints)
+        name = best_checkpoint_name(host_files, host, checkpoints)
         parts.append(Part(f"{checkpoints}/{name}", f"{LOCAL_OUTPUTS}/checkpoints/{name}"))
     return RunPullPlan(parts, missing)
 
 
-def existing(transport: "Transport", paths: list[str]) -> set[str]:
-    """Which of `paths` exist on the host (one round trip)."""
-    script = 'for p; do [ -e "$p" ] && printf "%s\\n" "$p"; done; true'
-    result = transport.run(["sh", "-c", script, "sh", *paths])
-    return set(result.text.splitlines()) & set(paths)
-
-
-def best_checkpoint_name(transport: "Transport", host: str, checkpoints: str) -> str:
+def best_checkpoint_name(host_files: PullConnection, host: str, checkpoints: str) -> str:
     """The checkpoint directory <checkpoints>/best.json names (a name directly under it)."""
     path = f"{checkpoints}/{BEST_FILE}"
     try:
-        raw = transport.get_bytes(path)
+        raw = host_files.read(path)
     except FileNotFoundError:
         raise UsageError(f"{host}: the run recorded no best checkpoint ({path} not found)") from None
     try:
@@ -130,29 +121,12 @@ def best_checkpoint_name(transport: "Transport", host: str, checkpoints: str) ->
         raise UsageError(f"{host}: {path} is not a best-checkpoint record (expected {{\"checkpoint\": \"<dir>\", ...}})") from None
     if not isinstance(name, str) or clean_rel(name) != name or "/" in name:
         raise UsageError(f"{host}: {path} names {name!r}, not a directory directly under {checkpoints}")
-    if not existing(transport, [f"{checkpoints}/{name}"]):
+    if not host_files.existing([f"{checkpoints}/{name}"]):
         raise UsageError(f"{host}: {path} names checkpoint {name!r}, which is not in {checkpoints}")
     return name
 
 
-def pull_run(transport: "Transport", run_plan: RunPullPlan, local_dir: str, options: PullOptions, progress: PullProgress | None = None) -> PullReport:
-    """Pull every part of the plan into local_dir; one report, names relative to local_dir."""
-    total = PullReport(local_dir=local_dir, remote_root=run_plan.parts[0].remote)
-    for part in run_plan.parts:
-        target = local_dir if part.local == "." else posixpath.join(local_dir, part.local)
-        report = pull(transport, part.remote, target, dataclasses.replace(options, latest_checkpoint=part.latest_checkpoint), progress)
-
-        def named(rel: str, _part=part) -> str:
-            return rel if _part.local == "." else f"{_part.local}/{rel}"
-
-        total.fetched += [named(r) for r in report.fetched]
-        total.identical += [named(r) for r in report.identical]
-        total.links += [named(r) for r in report.links]
-        total.planned += [named(r) for r in report.planned]
-        total.refused += [(named(r), why) for r, why in report.refused]
-        total.failed += [(named(r), why) for r, why in report.failed]
-        total.bytes_received += report.bytes_received
-        total.bytes_resumed += report.bytes_resumed
-        total.streams = max(total.streams, report.streams)
-        total.seconds += report.seconds
-    return total
+def pull_run(connection: PullConnection, run_plan: RunPullPlan, local_dir: str, progress: PullProgress | None = None) -> PullReport:
+    """Pull every part of the plan into local_dir over the plan's connection; one report, names
+    relative to local_dir."""
+    return connection.pull([Source(p.remote, p.local, p.latest_checkpoint) for p in run_plan.parts], local_dir, progress)

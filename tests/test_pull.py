@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.pull import PART_SUFFIX, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
+from harness.pull import PART_SUFFIX, PullConnection, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
 from harness.transport.local import LocalTransport
 
 MiB = 1 << 20
@@ -93,11 +93,7 @@ def hostile(doc):
         doc["entries"].append([name, "file", 3, 0o644, 0, ""])
     return doc
 """
-INJECT = HOSTILE_NAMES + """
-import json, subprocess, sys
-print(json.dumps(hostile(json.loads(subprocess.run(sys.argv[1:], capture_output=True, check=True).stdout))))
-"""
-# the same names in the listing a stream brings (its status-4 frame); every other frame as sent
+# the names in the listing the first stream brings (its status-4 frame); every other frame as sent
 INJECT_STREAM = HOSTILE_NAMES + """
 import json, struct, subprocess, sys, threading
 helper = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
@@ -119,8 +115,8 @@ def read(n):
 while len(header := read(frame.size)) == frame.size:
     status, length = frame.unpack(header)
     data = read(length)
-    if status == 4:
-        data = json.dumps(hostile(json.loads(data))).encode()
+    if status == 4 and data.startswith(b"[{"):  # the answer to the `list` question
+        data = json.dumps([hostile(doc) for doc in json.loads(data)]).encode()
     out.write(frame.pack(status, len(data)) + data)
     out.flush()
 """
@@ -130,9 +126,7 @@ class HostileHost(LocalTransport):
     """A host whose listing names paths outside the destination (a compromised or buggy box)."""
 
     def local_argv(self, argv):
-        if argv[-2] == "list":  # helper_argv: ..., MODE, ROOT
-            return [sys.executable, "-c", INJECT, *argv]
-        if argv[-2] == "send":
+        if argv[-2] == "send":  # helper_argv: ..., MODE, ROOT
             return [sys.executable, "-c", INJECT_STREAM, *argv]
         return super().local_argv(argv)
 
@@ -186,12 +180,11 @@ def test_bytes_left_by_an_earlier_pull_count_only_once_checked_against_the_host(
     """A part file whose recorded bytes were damaged since (a disk error, an edit): each piece is
     checked against the host's digest before it counts, so the damaged piece comes again."""
     from harness.pull.partfile import PartFile
-    from harness.pull.host import list_remote
 
     dest = tmp_path / "dest"
     dest.mkdir()
-    _, _, entries = list_remote(LocalTransport(), str(remote_tree))
-    entry = next(e for e in entries if e.rel == "big.bin")
+    st = (remote_tree / "big.bin").stat()
+    entry = RemoteEntry("big.bin", "file", st.st_size, st.st_mode & 0o7777, st.st_mtime_ns)  # as the host lists it
     part = PartFile(dest / "big.bin", entry, MiB)  # as an interrupted pull leaves it: all bytes in
     data = bytearray((remote_tree / "big.bin").read_bytes())
     data[3 * MiB + 7] ^= 0xFF  # one damaged byte, in the fourth piece
@@ -430,16 +423,52 @@ def test_a_run_brings_records_report_plots_export_and_the_checkpoint_asked_for(t
     from harness.run_pull import RunPullRequest, plan, pull_run
 
     run_dir = fake_run(tmp_path / "work")
-    t = LocalTransport()
-    report = pull_run(t, plan(t, "box", str(run_dir), RunPullRequest()), str(tmp_path / "plain"), PullOptions())
+
+    def pull_the_run(request: RunPullRequest, dest: Path):
+        with PullConnection(LocalTransport()) as c:  # its record, what exists and the bytes over one stream
+            return pull_run(c, plan(c, "box", str(run_dir), request), str(dest))
+
+    report = pull_the_run(RunPullRequest(), tmp_path / "plain")
     assert report.ok and pulled(tmp_path / "plain") == RUN_FILES == sorted(report.fetched)
     latest = tmp_path / "latest"
-    pull_run(t, plan(t, "box", str(run_dir), RunPullRequest(latest_checkpoint=True)), str(latest), PullOptions())
+    pull_the_run(RunPullRequest(latest_checkpoint=True), latest)
     assert pulled(latest) == sorted(RUN_FILES + ["outputs/checkpoints/1/model.safetensors"])
     best = tmp_path / "best"
-    pull_run(t, plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True)), str(best), PullOptions())
+    pull_the_run(RunPullRequest(best_checkpoint=True), best)
     assert pulled(best) == sorted(RUN_FILES + ["outputs/checkpoints/0/model.safetensors"])
     assert (best / "outputs/checkpoints/0/model.safetensors").read_bytes() == (tmp_path / "work/out/checkpoints/0/model.safetensors").read_bytes()
+
+
+class CountingHost(LocalTransport):
+    """Logs each helper started on the host (a remote start: a login shell and a Python) by its mode."""
+
+    LOG_AND_EXEC = "import os, sys; open(sys.argv[1], 'a').write(sys.argv[-2] + '\\n'); os.execvp(sys.argv[2], sys.argv[2:])"
+
+    def __init__(self, log: Path):
+        super().__init__()
+        self.log = log
+
+    def local_argv(self, argv):
+        return [sys.executable, "-c", self.LOG_AND_EXEC, str(self.log), *super().local_argv(argv)]
+
+    def starts(self) -> list[str]:
+        return self.log.read_text().split() if self.log.exists() else []
+
+
+def test_a_run_pull_is_one_remote_start_whatever_the_run_made(tmp_path):
+    from harness.run_pull import RunPullRequest, plan, pull_run
+
+    run_dir = fake_run(tmp_path / "work")
+    host = CountingHost(tmp_path / "starts")
+    with PullConnection(host) as c:  # the record, which outputs exist, six parts' listings and bytes
+        report = pull_run(c, plan(c, "box", str(run_dir), RunPullRequest(latest_checkpoint=True)), str(tmp_path / "dest"))
+    # metrics.jsonl is both a part of its own and a record beside the newest checkpoint: fetched once
+    assert report.ok and sorted(report.fetched) == sorted(RUN_FILES + ["outputs/checkpoints/1/model.safetensors"]), report
+    assert host.starts() == ["send"]
+    with PullConnection(host) as c:  # again: all there, so the host hashes them (one more start)
+        again = pull_run(c, plan(c, "box", str(run_dir), RunPullRequest()), str(tmp_path / "dest"))
+    assert again.ok and sorted(again.identical) == RUN_FILES and again.fetched == []
+    assert host.starts() == ["send", "send", "hash"]
 
 
 def test_a_run_without_a_best_checkpoint_is_one_error_and_a_bad_record_is_refused(tmp_path):
@@ -447,17 +476,17 @@ def test_a_run_without_a_best_checkpoint_is_one_error_and_a_bad_record_is_refuse
     from harness.run_pull import RunPullRequest, plan
 
     run_dir = fake_run(tmp_path / "work", best=None)
-    t = LocalTransport()
-    ckpts = tmp_path / "work" / "out" / "checkpoints"
-    with pytest.raises(UsageError, match=f"^box: the run recorded no best checkpoint \\({ckpts}/best.json not found\\)$"):
-        plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
-    for bad in ("../../etc", "0/model.safetensors", ""):
-        (ckpts / "best.json").write_text(json.dumps({"checkpoint": bad}))
-        with pytest.raises(UsageError, match="not a directory directly under"):
+    with PullConnection(LocalTransport()) as t:
+        ckpts = tmp_path / "work" / "out" / "checkpoints"
+        with pytest.raises(UsageError, match=f"^box: the run recorded no best checkpoint \\({ckpts}/best.json not found\\)$"):
             plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
-    (ckpts / "best.json").write_text(json.dumps({"checkpoint": "7"}))
-    with pytest.raises(UsageError, match="names checkpoint '7', which is not in"):
-        plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
+        for bad in ("../../etc", "0/model.safetensors", ""):
+            (ckpts / "best.json").write_text(json.dumps({"checkpoint": bad}))
+            with pytest.raises(UsageError, match="not a directory directly under"):
+                plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
+        (ckpts / "best.json").write_text(json.dumps({"checkpoint": "7"}))
+        with pytest.raises(UsageError, match="names checkpoint '7', which is not in"):
+            plan(t, "box", str(run_dir), RunPullRequest(best_checkpoint=True))
 
 
 @pytest.mark.ssh

@@ -21,7 +21,7 @@ import pytest
 
 from harness.pull import PART_SUFFIX, PullOptions, pull
 from harness.pull.host import helper_argv
-from harness.pull.streams import Connecting
+from harness.pull.streams import FirstStream
 
 MiB = 1 << 20
 LONG_RTT_MS = 30  # above the pull's short-link threshold (15 ms): it opens several streams at once
@@ -125,8 +125,9 @@ def test_the_listener_serves_only_with_its_token_and_ends_with_its_helper(ssh_ho
     st = src.stat()
     request = (json.dumps(str(src.parent)) + "\n" + json.dumps([src.name, 0, 0, st.st_size, st.st_size, st.st_mtime_ns]) + "\n").encode()
     with ssh_transport(ssh_host, monkeypatch) as t:
-        first = Connecting(t.local_argv(helper_argv("python3", "send", "-")), listen=True)
-        first.join(60)
+        first = FirstStream(t.local_argv(helper_argv("python3", "send", "-")), listen=True)
+        first.probe(short_s=1.0)
+        first.join()
         assert first.ok and first.listener is not None
         listener = first.listener
         assert listener.token.hex() not in repr(listener)

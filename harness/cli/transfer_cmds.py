@@ -137,28 +137,32 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     """
     from harness.cli.render import print_json, pull_report_json
     from harness.jobs import Jobs
+    from harness.pull import PullConnection, PullOptions, PullProgress
     from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
-    from harness.pull import PullOptions, PullProgress
 
     app = ctx.obj
     code = 0
+    connection = None
     try:
         transport = app.transport(host)
-        target = Jobs(app.config, app.host(host), transport).locate(remote)
+        options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
+        # one connection answers every question (the newest run, its record, what exists) and
+        # then carries the bytes: one remote start in all
+        connection = PullConnection(transport, options)
+        target = Jobs(app.config, app.host(host), transport).locate(remote, newest_run=connection.newest_run)
         remote_path = target.path
         destination = local_dir or target.local_name
-        options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
         if target.run_id:
-            what = plan(transport, host, remote_path, RunPullRequest(latest_checkpoint, best_checkpoint))
+            what = plan(connection, host, remote_path, RunPullRequest(latest_checkpoint, best_checkpoint))
             for name in what.missing:
                 click.echo(f"absent  {name}: the run has not made it", err=True)
         elif best_checkpoint:  # PATH is a checkpoints directory
-            name = best_checkpoint_name(transport, host, remote_path)
+            name = best_checkpoint_name(connection, host, remote_path)
             what = RunPullPlan([Part(f"{remote_path}/{BEST_FILE}", "."), Part(f"{remote_path}/{name}", name)], [])
         else:
             what = RunPullPlan([Part(remote_path, ".", latest_checkpoint=latest_checkpoint)], [])
         if dry_run:
-            report = pull_run(transport, what, destination, options)
+            report = pull_run(connection, what, destination)
             for p in report.planned if not as_json else []:
                 click.echo(f"fetch   {p}")
         else:
@@ -185,7 +189,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
                     self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
 
             try:
-                report = pull_run(transport, what, destination, options, Bar())
+                report = pull_run(connection, what, destination, Bar())
             finally:
                 shown.close()
         for name, why in report.refused:
@@ -209,6 +213,8 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
         click.echo("\ninterrupted: run the same command again to resume", err=True)
         code = 130
     finally:
+        if connection is not None:
+            connection.close()
         app.close()
     ctx.exit(code)
 

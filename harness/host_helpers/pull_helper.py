@@ -2,32 +2,26 @@
 
 Names travel as JSON (never parsed from shell output); symlinks are reported, never followed.
 
-  list ROOT   stdout: one JSON document {"root": realpath, "is_dir": bool, "entries":
-              [[rel, type, size, mode, mtime_ns, link_target], ...]}; type is file|link|dir|other.
-              When ROOT is a file, root is its directory and the one entry is its name.
   hash ROOT   stdin: JSON list of rel paths. stdout: one JSON line per file as it is done,
               [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
               checked after hashing (a file being written while hashed reports an error).
-  send -      stdin: first line ROOT (JSON string: the stream can start before the listing is
-              back), then one JSON segment per line, [rel, piece_start, offset, end, size,
-              mtime_ns], read as they come (the laptop keeps a couple in flight). stdout: framed
-              bytes, for each segment: frames of (status byte, 8-byte big-endian length, data);
-              status 0 = data (the bytes offset..end), 2 = segment complete, its data the SHA-256
-              of the whole piece piece_start..end (hashed while sending: no second pass), 1 = file
-              changed/missing (segment aborted: its (size, mtime_ns) do not match the listing,
-              before or after); one status-3 frame first, as
-              soon as the helper runs, and one more for each `null` line before ROOT (a ping: the
-              laptop times it, the link's round trip). A {"list": PATH} line before ROOT is
-              answered with one frame: status 4 and `list`'s JSON document, or status 5 and the
-              error (what `list` exits 3 for): the listing and the first bytes over one connection.
-              A {"listen": true} line before ROOT starts a listener on the host's loopback (a
-              random port) behind a random 32-byte token, answered with one status-6 frame:
-              {"port": N, "token": HEX}, or {} where it cannot listen. Each TCP connection to it
-              that first sends the token is served like a `send` stream of its own (ready frame,
-              ROOT line, segments) by a forked process: the laptop's extra streams are
-              direct-tcpip channels of its master connection (`ssh -W`), with no remote shell or
-              Python to start. A connection with a wrong token is closed unanswered. The listener
-              ends when this helper does (its stdin closed: the pull is over).
+  send -      stdout: frames of (status byte, 8-byte big-endian length, data); one status-3 frame
+              ("ready") as soon as the helper runs. stdin: first questions, one JSON line each,
+              each answered by one frame, in order (`answer`): a listing, a small file, which paths
+              exist, the newest run, a listener for more streams, a ping (`null`: a status-3 frame,
+              the laptop times it). Then the line ROOT (a JSON string) and one JSON segment per
+              line, [rel, piece_start, offset, end, size, mtime_ns], read as they come (the laptop
+              keeps a couple in flight); for each: status-0 frames of data (the bytes offset..end),
+              then status 2, its data the SHA-256 of the whole piece piece_start..end (hashed while
+              sending: no second pass), or status 1: the file changed or went missing (its
+              (size, mtime_ns) do not match the listing, before or after).
+              A {"listen": true} question starts a listener on the host's loopback (a random port)
+              behind a random 32-byte token, answered {"port": N, "token": HEX} (status 6), or {}
+              where it cannot listen. Each TCP connection to it that first sends the token is served
+              like a `send` stream of its own (ready frame, ROOT line, segments) by a forked process:
+              the laptop's extra streams are direct-tcpip channels of its master connection
+              (`ssh -W`), with no remote shell or Python to start. A connection with a wrong token
+              is closed unanswered. The listener ends when this helper does (the pull is over).
 """
 
 import hashlib
@@ -259,20 +253,58 @@ def serve_connection(conn, token):
     serve_send(conn.makefile("rb"), FdWriter(conn.fileno()), listen=False)
 
 
+READ_MAX = 16 << 20  # a `read` answer: a run record, not a checkpoint
+
+
+def answer(request, listen):
+    """One question before ROOT -> (status, data): 4 an answer (JSON, or a file's bytes), 5 an
+    error ({"error": why, "missing": bool}), 6 the listener."""
+    try:
+        if "list" in request:  # [PATH, ...]: each PATH's entries, or why not
+            docs = []
+            for path in request["list"]:
+                try:
+                    docs.append(do_list(path))
+                except OSError as e:
+                    docs.append({"error": e.strerror or str(e)})
+            return 4, json.dumps(docs).encode()
+        if "read" in request:
+            with open(os.path.expanduser(request["read"]), "rb") as f:
+                data = f.read(READ_MAX + 1)
+            if len(data) > READ_MAX:
+                raise OSError("larger than %d bytes" % READ_MAX)
+            return 4, data
+        if "exists" in request:  # [PATH, ...] -> those that exist (links followed, as `test -e`)
+            return 4, json.dumps([p for p in request["exists"] if os.path.exists(os.path.expanduser(p))]).encode()
+        if "newest_run" in request:
+            return 4, json.dumps(newest_run(os.path.expanduser(request["newest_run"]))).encode()
+        return 6, json.dumps(start_listener() if listen and request.get("listen") else {}).encode()
+    except OSError as e:
+        return 5, json.dumps({"error": e.strerror or str(e), "missing": isinstance(e, FileNotFoundError)}).encode()
+
+
+def newest_run(runs_dir):
+    """`harness pull HOST last`: the run id of the last name, sorted, whose run.json holds a
+    record (as the supervisor's status orders runs), or None."""
+    names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
+    for name in reversed(names):
+        try:
+            with open(os.path.join(runs_dir, name, "run.json")) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record:
+            return record.get("run_id") or name
+    return None
+
+
 def serve_send(stdin, out, listen):
-    """The `send` protocol over stdin/out: the ready frame, listing/listen/ping lines, ROOT, segments."""
+    """The `send` protocol over stdin/out: the ready frame, questions and pings, ROOT, segments."""
     out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
     first = stdin.readline()
     while first.strip() == b"null" or first.startswith(b"{"):
         if first.startswith(b"{"):
-            request = json.loads(first)
-            if "list" in request:  # the listing over this stream (one connection, no extra command)
-                try:
-                    status, data = 4, json.dumps(do_list(request["list"])).encode()
-                except OSError as e:
-                    status, data = 5, (e.strerror or str(e)).encode()
-            else:  # {"listen": true}: more streams without a remote start each
-                status, data = 6, json.dumps(start_listener() if listen else {}).encode()
+            status, data = answer(json.loads(first), listen)
             out.write(struct.pack(">BQ", status, len(data)) + data)
         else:  # a ping: answer at once
             out.write(struct.pack(">BQ", 3, 0))
@@ -284,14 +316,7 @@ def serve_send(stdin, out, listen):
 def main():
     mode, root = sys.argv[1], sys.argv[2]
     out = sys.stdout.buffer
-    if mode == "list":
-        try:
-            doc = do_list(root)
-        except OSError as e:
-            sys.stderr.write("%s\n" % (e.strerror or e))
-            sys.exit(3)
-        out.write(json.dumps(doc).encode())
-    elif mode == "hash":
+    if mode == "hash":
         do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
     elif mode == "send":
         try:  # Linux: a 1 MiB pipe to sshd takes a whole frame per write (fewer switches between us and sshd)

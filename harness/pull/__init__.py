@@ -1,12 +1,11 @@
 """`harness pull`: fetch files from a host: selective, resumable, verified, atomic, parallel.
 
-One pull, step by step
-  1. list   the first byte stream (below), started at once over the shared ControlMaster, is
-            asked for the listing before it even runs (pull_helper.py `send` answers a
-            {"list": PATH} line with `list`'s document): every entry under REMOTE_PATH as JSON
-            (names never parsed from shell output; links reported, not followed), then the
-            stream's first bytes, all over one handshake. The `list` command where that stream
-            failed (its error says why).
+One pull, step by step (PullConnection: the first byte stream, started at once over the shared
+ControlMaster, answers questions first: a run's record, which paths exist, which run `last` is)
+  1. list   the first stream is asked for the listing of every source (a remote path and where
+            it lands locally) in one question (pull_helper.py `send`): every entry under each as
+            JSON (names never parsed from shell output; links reported, not followed). Then it
+            carries the first bytes: one handshake and one remote start for the whole pull.
   2. select --include/--exclude (gitignore-style patterns on the path relative to REMOTE_PATH),
             --latest-checkpoint (only the newest speculators epoch directory `<ckpt root>/<N>/` of
             each checkpoint root, plus run records and logs).
@@ -40,14 +39,14 @@ Resuming: a killed pull (Ctrl-C, kill -9, dropped link) leaves the part files; t
 continues each piece from the bytes recorded, as long as the host file's (size, mtime_ns) still
 match; pieces an earlier process completed are checked against the host's digest too.
 
-Where files land: a remote directory's entries go to LOCAL_DIR/<path relative to REMOTE_PATH>; a
-remote file goes to LOCAL_DIR/<its name>.
+Where files land: a remote directory's entries go to LOCAL_DIR/<its local>/<path relative to it>;
+a remote file goes to LOCAL_DIR/<its local>/<its name> (`pull()`: one source, local ".").
 """
 
 from harness.pull.options import PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, received_bytes
 from harness.pull.paths import clean_rel
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.session import pull
+from harness.pull.session import PullConnection, Source, pull
 
-__all__ = ["PART_SUFFIX", "PullOptions", "PullProgress", "PullReport", "RemoteEntry", "clean_rel", "pull", "received_bytes", "select"]
+__all__ = ["PART_SUFFIX", "PullConnection", "PullOptions", "PullProgress", "PullReport", "RemoteEntry", "Source", "clean_rel", "pull", "received_bytes", "select"]

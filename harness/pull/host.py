@@ -1,5 +1,5 @@
-"""Calls of the helper shipped to the host (harness/host_helpers/pull_helper.py): the listing, the
-host-side SHA-256 of the selected files, and the command line of a byte stream."""
+"""Calls of the helper shipped to the host (harness/host_helpers/pull_helper.py): the host-side
+SHA-256 of the selected files, a listing's parsing, and the command line of a byte stream."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import subprocess
 import threading
 
 from harness import host_helpers
-from harness.errors import UsageError
 from harness.pull.selection import RemoteEntry
 from harness.transport.base import Transport
 
@@ -48,19 +47,8 @@ def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=N
     return code, b"".join(out), b"".join(err)
 
 
-def list_remote(transport: Transport, remote_path: str, python: str = "python3") -> tuple[str, bool, list[RemoteEntry]]:
-    """(resolved root, is_dir, entries) of remote_path on the host (`~` is expanded there)."""
-    code, out, err = run_bulk(transport, helper_argv(python, "list", remote_path))
-    if code == 3:
-        raise UsageError(f"{transport.name}:{remote_path}: {err.decode('utf-8', 'replace').strip()}")
-    if code != 0:
-        raise transport.argv_failure(f"pull listing on {transport.name}", code, err.decode("utf-8", "replace"))
-    return parse_listing(out)
-
-
-def parse_listing(out: bytes) -> tuple[str, bool, list[RemoteEntry]]:
-    """The helper's `list` document (from the `list` command or a stream's listing frame)."""
-    doc = json.loads(out)
+def parse_listing(doc: dict) -> tuple[str, bool, list[RemoteEntry]]:
+    """One listing of the helper's (pull_helper.py `do_list`): (resolved root, is_dir, entries)."""
     entries = [RemoteEntry(str(e[0]), str(e[1]), int(e[2]), int(e[3]), int(e[4]), str(e[5])) for e in doc["entries"]]
     return doc["root"], bool(doc["is_dir"]), entries
 

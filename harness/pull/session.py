@@ -1,22 +1,27 @@
-"""One pull from start to report: `pull()` makes a PullSession, which holds everything the pull
-knows (where from and to, its options, progress and report, the host's listing root, the
-streams it runs and the bytes they moved) and walks it through listing, selection, fetching and
-verification, with retries of the files that failed."""
+"""One pull from start to report: a PullConnection starts the pull's first stream at once; it
+answers questions (a run's record, which outputs exist) and then pulls one or more Sources, all
+over one remote start. A PullSession holds everything the pull knows (where from and to, its
+options, progress and report, the streams it runs and the bytes they moved) and walks it through
+listing, selection, fetching and verification, with retries of the files that failed."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import posixpath
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError, UsageError
-from harness.pull.host import HostHashes, helper_argv, list_remote, parse_listing
+from harness.pull.host import HostHashes, helper_argv, parse_listing
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.streams import Connecting, Listener, Segment, Stream, WorkQueue
+from harness.pull.streams import FirstStream, Listener, Segment, Stream, StreamFailed, WorkQueue
 from harness.sync import sha256_file
 from harness.transport.base import Transport
 
@@ -26,6 +31,7 @@ FIRST_STEP_STREAMS = 4
 BIG_PULL_BYTES = 256 * MiB
 LONG_LINK_RTT_S = 0.015  # below: loopback/LAN, one stream (CPU-bound); above: window-bound streams
 WINDOW_BYTES = 2 * MiB  # the SSH channel window: what one stream moves per round trip, at most
+ONE_STREAM_BYTES = 4 * WINDOW_BYTES  # below, streams_for() is 1 whatever the round trip (it tends to remaining / 2 windows)
 
 
 def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
@@ -39,6 +45,15 @@ def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
     return max(1, min(jobs, int(remaining // (per_stream_rate * setup_s))))
 
 
+@dataclass(frozen=True)
+class Source:
+    """A path on the host (absolute, or from `~`) and where its entries land: LOCAL_DIR/local."""
+
+    remote: str
+    local: str = "."
+    latest_checkpoint: bool = False  # only its newest epoch directory (and records and logs)
+
+
 def pull(
     transport: Transport,
     remote_path: str,
@@ -48,19 +63,90 @@ def pull(
 ) -> PullReport:
     """Fetch remote_path into local_dir; see the package docstring. Never raises for per-file
     problems: they are in the report (`report.ok`)."""
-    return PullSession(transport, remote_path, Path(local_dir), options, progress or PullProgress()).run()
+    with PullConnection(transport, options) as connection:
+        return connection.pull([Source(remote_path, ".", options.latest_checkpoint)], local_dir, progress)
+
+
+class PullConnection:
+    """The pull's first stream, started at once over the shared master: it answers questions
+    about the host's files and then carries the pull's first bytes (`pull`), one remote start
+    for all of it. Errors of the connection itself (unknown host key, unreachable) are typed."""
+
+    def __init__(self, transport: Transport, options: PullOptions = PullOptions()):
+        self.transport, self.options = transport, options
+        self.first: FirstStream | None = start_first_stream(transport, options)
+
+    def __enter__(self) -> "PullConnection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.first is not None:
+            self.first.stop()
+            self.first = None
+
+    def _ask(self, request: dict) -> tuple[int, bytes]:
+        if self.first is None:
+            raise RuntimeError("this connection's stream already pulled")
+        try:
+            return self.first.ask(request)[0]
+        except StreamFailed as e:
+            raise self.transport.argv_failure(f"pull on {self.transport.name}", e.code, e.stderr) from None
+
+    def read(self, path: str) -> bytes:
+        """A small file of the host's (at most 16 MiB). FileNotFoundError where there is none."""
+        status, data = self._ask({"read": path})
+        if status != 4:
+            error = json.loads(data)
+            raise (FileNotFoundError if error["missing"] else OSError)(f"{self.transport.name}:{path}: {error['error']}")
+        return data
+
+    def existing(self, paths: list[str]) -> set[str]:
+        """Which of paths exist on the host (links followed)."""
+        return set(json.loads(self._ask({"exists": paths})[1])) & set(paths)
+
+    def newest_run(self, runs_dir: str) -> str | None:
+        """The run `last` names in runs_dir (the supervisor's order), or None."""
+        status, data = self._ask({"newest_run": runs_dir})
+        return json.loads(data) if status == 4 else None
+
+    def pull(self, sources: list[Source], local_dir: str | os.PathLike[str], progress: PullProgress | None = None) -> PullReport:
+        """Fetch every source into local_dir (each to its `local`); names in the report are
+        relative to local_dir. Uses up this connection's stream."""
+        first, self.first = self.first, None
+        return PullSession(self.transport, sources, Path(local_dir), self.options, progress or PullProgress(), first).run()
+
+
+def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
+    # it also asks for a listener for the pull's further streams where they can reach it
+    listen = options.jobs > 1 and not options.dry_run and transport.stdio_forward_argv("127.0.0.1", 1) is not None
+    return FirstStream(transport.local_argv(helper_argv(options.python, "send", "-")), listen=listen)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One source as the host listed it."""
+
+    source: Source
+    root: str  # the resolved directory its entries are relative to
+    entries: list[RemoteEntry]
 
 
 class PullSession:
-    """The state of one pull."""
+    """The state of one pull. Names: `rel` is what the host opens, relative to `root` (the
+    sources' common directory); `names[rel]` where it lands, relative to LOCAL_DIR (the report's names)."""
 
-    def __init__(self, transport: Transport, remote_path: str, local_root: Path, options: PullOptions, progress: PullProgress):
-        self.transport, self.remote_path, self.local_root = transport, remote_path, local_root
+    def __init__(self, transport: Transport, sources: list[Source], local_root: Path, options: PullOptions, progress: PullProgress,
+                 first: FirstStream | None = None):
+        self.transport, self.sources, self.local_root = transport, sources, local_root
         self.options, self.progress = options, progress
         self.report = PullReport(local_dir=str(local_root))
-        self.root = ""  # the host's resolved REMOTE_PATH directory (from the listing)
+        self.root = ""  # the sources' common directory on the host (from the listing)
+        self.names: dict[str, str] = {}
         self.send_argv = helper_argv(options.python, "send", "-")
-        self.first: Connecting | None = None  # the first stream, started with the attempt (it brings the listing)
+        self.first = first  # the first stream, started ahead (it brings the listing)
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
 
@@ -73,12 +159,12 @@ class PullSession:
             except HarnessError as e:
                 if only is None:
                     raise  # nothing done yet: the caller reports the one error
-                self.report.failed.extend((rel, f"{why}; retry failed: {e}") for rel, why in sorted(only.items()))
+                self.report.failed.extend((self.names[rel], f"{why}; retry failed: {e}") for rel, why in sorted(only.items()))
                 break
             if not retry:
                 break
             if attempt == self.options.retries:
-                self.report.failed.extend(retry.items())
+                self.report.failed.extend((self.names[rel], why) for rel, why in retry.items())
                 break
             only = retry
         self.report.seconds = time.monotonic() - started
@@ -88,51 +174,73 @@ class PullSession:
 
     def _attempt(self, only: dict[str, str] | None) -> dict[str, str]:
         """One listing/hash/fetch/verify pass. Returns {rel: why} of files worth another attempt."""
-        # The first stream starts at once, over the shared master (one handshake, which every
-        # later stream and command reuses), and brings the listing before its first piece.
-        if not self.options.dry_run:
-            # it also opens a listener for the pull's further streams where they can reach it
-            listen = self.options.jobs > 1 and self.transport.stdio_forward_argv("127.0.0.1", 1) is not None
-            self.first = Connecting(self.transport.local_argv(self.send_argv), list_path=self.remote_path, short_s=LONG_LINK_RTT_S, listen=listen)
+        if self.first is None:  # a retry: a fresh stream, a fresh listing
+            self.first = start_first_stream(self.transport, self.options)
         try:
             return self._list_fetch_verify(only)
         finally:
-            if self.first is not None:  # not consumed (an error on the way)
+            if self.first is not None:  # not consumed (an error on the way, a dry run)
                 self.first.stop()
                 self.first = None
 
-    def _listing(self) -> tuple[str, bool, list[RemoteEntry]]:
-        """The first stream's listing; the `list` command where it brought none (its connection
-        failed: the command's error says why, typed)."""
-        first = self.first
-        if first is not None:
-            first.listed.wait()
-            if first.list_error is not None:
-                raise UsageError(f"{self.transport.name}:{self.remote_path}: {first.list_error.strip()}")
-            if first.listing is not None:
-                return parse_listing(first.listing)
-        return list_remote(self.transport, self.remote_path, self.options.python)
+    def _listing(self) -> list[Listed]:
+        """Every source's listing, in one question to the first stream."""
+        assert self.first is not None
+        try:
+            status, data = self.first.ask({"list": [s.remote for s in self.sources]})[0]
+        except StreamFailed as e:
+            raise self.transport.argv_failure(f"pull listing on {self.transport.name}", e.code, e.stderr) from None
+        listed = []
+        for source, doc in zip(self.sources, json.loads(data), strict=True):
+            if "error" in doc:
+                raise UsageError(f"{self.transport.name}:{source.remote}: {doc['error']}")
+            root, _, entries = parse_listing(doc)
+            listed.append(Listed(source, root, entries))
+        return listed
+
+    def _chosen(self, listed: list[Listed], report_refused: bool) -> list[RemoteEntry]:
+        """The selected entries of every source, safe to land where they go, renamed to `rel`
+        (below self.root); names[rel] is where each lands."""
+        self.root = posixpath.commonpath([item.root for item in listed])
+        chosen: list[RemoteEntry] = []
+        taken: set[str] = set()
+        for item in listed:
+            options = dataclasses.replace(self.options, latest_checkpoint=item.source.latest_checkpoint)
+            files, links = self._safe_names(select(item.entries, options), report_refused, item.source.local)
+            for e in files + links:
+                rel = posixpath.relpath(posixpath.join(item.root, e.rel), self.root)
+                if rel in taken:
+                    continue  # a file two sources list (a run's metrics.jsonl, also beside its checkpoints): once, where the first puts it
+                taken.add(rel)
+                self.names[rel] = _landing(item.source.local, e.rel)
+                chosen.append(dataclasses.replace(e, rel=rel))
+        return chosen
 
     def _list_fetch_verify(self, only: dict[str, str] | None) -> dict[str, str]:
         first = only is None
-        self.root, _, entries = self._listing()
-        self.report.remote_root = self.root
-        chosen = select(entries, self.options)
+        listed = self._listing()
+        chosen = self._chosen(listed, report_refused=first)
+        self.report.remote_root = listed[0].root
         if only is not None:
             chosen = [e for e in chosen if e.rel in only]
-        files, links = self._safe_names(chosen, report_refused=first)
         if self.options.dry_run:
-            self.report.planned = [e.rel for e in files + links]
+            self.report.planned = [self.names[e.rel] for e in chosen]
             return {}
+        # the link's round trip, timed while the files are opened here, decides how many streams
+        # start; a pull that one stream carries whatever the round trip does not wait for it
+        assert self.first is not None
+        big = sum(e.size for e in chosen if e.kind == "file") >= ONE_STREAM_BYTES
+        self.first.probe(LONG_LINK_RTT_S, FirstStream.PINGS if big else 0)
         self.local_root.mkdir(parents=True, exist_ok=True)
         targets: dict[str, Path] = {}
-        for e in files + links:
+        for e in chosen:
             try:
-                targets[e.rel] = safe_parent(self.local_root, e.rel) / os.path.basename(e.rel)
+                name = self.names[e.rel]
+                targets[e.rel] = safe_parent(self.local_root, name) / os.path.basename(name)
             except Unsafe as why:
-                self.report.refused.append((e.rel, str(why)))
-        files = [e for e in files if e.rel in targets]
-        links = [e for e in links if e.rel in targets]
+                self.report.refused.append((self.names[e.rel], str(why)))
+        files = [e for e in chosen if e.rel in targets and e.kind == "file"]
+        links = [e for e in chosen if e.rel in targets and e.kind == "link"]
         # Files already here with the right size may be identical: compare whole-file hashes (the
         # host's in one command) before fetching. Fetched pieces come with their own.
         maybe_same = [e for e in files if targets[e.rel].is_file() and not targets[e.rel].is_symlink() and targets[e.rel].stat().st_size == e.size]
@@ -151,8 +259,8 @@ class PullSession:
         for e in maybe_same:
             digest, _, _, err = hashes.get(e.rel)
             if err is None and digest == sha256_file(targets[e.rel]):
-                self.report.identical.append(e.rel)
-                self.progress.file_done(e.rel)
+                self.report.identical.append(self.names[e.rel])
+                self.progress.file_done(self.names[e.rel])
             else:
                 differing.append(e)
         fetcher.join()
@@ -167,9 +275,9 @@ class PullSession:
         self._place_links(links, targets)
         return retry
 
-    def _safe_names(self, chosen: list[RemoteEntry], report_refused: bool) -> tuple[list[RemoteEntry], list[RemoteEntry]]:
-        """(files, links) whose names may land under LOCAL_DIR; the others refused (reported on
-        the first attempt only)."""
+    def _safe_names(self, chosen: list[RemoteEntry], report_refused: bool, local: str) -> tuple[list[RemoteEntry], list[RemoteEntry]]:
+        """(files, links) of one source whose names may land under LOCAL_DIR/local; the others
+        refused (reported on the first attempt only)."""
         files: list[RemoteEntry] = []
         links: list[RemoteEntry] = []
         refused: list[tuple[str, str]] = []
@@ -186,7 +294,7 @@ class PullSession:
             else:
                 refused.append((e.rel, "not a regular file or symlink"))
         if report_refused:
-            self.report.refused.extend(refused)
+            self.report.refused.extend((_landing(local, rel), why) for rel, why in refused)
         return files, links
 
     def _verify(self, part: PartFile) -> str | None:
@@ -194,8 +302,8 @@ class PullSession:
         not; keep bytes that may be good for a later attempt to resume, discard the others."""
         if part.failed is None and part.verified_all:
             part.finish(part.entry.mode)
-            self.report.fetched.append(part.entry.rel)
-            self.progress.file_done(part.entry.rel)
+            self.report.fetched.append(self.names[part.entry.rel])
+            self.progress.file_done(self.names[part.entry.rel])
             return None
         why = part.failed or "incomplete (run the same pull again to resume)"
         if why.startswith("changed"):
@@ -212,7 +320,7 @@ class PullSession:
                 os.unlink(tmp)
             os.symlink(e.target, tmp)
             os.replace(tmp, target)
-            self.report.links.append(e.rel)
+            self.report.links.append(self.names[e.rel])
 
     # -- streams ------------------------------------------------------------------------------------
 
@@ -221,7 +329,7 @@ class PullSession:
             self.received += k
         self.progress.advance(k)
 
-    def _stream(self, argv: list[str], work: WorkQueue, connecting: Connecting | None = None, listener: Listener | None = None) -> Stream:
+    def _stream(self, argv: list[str], work: WorkQueue, connecting: FirstStream | None = None, listener: Listener | None = None) -> Stream:
         if listener is not None:
             forward = self.transport.stdio_forward_argv("127.0.0.1", listener.port)
             stream = Stream(forward, self.root, work, self.options, self._on_bytes, listener=listener, fallback_argv=argv)
@@ -301,3 +409,8 @@ class PullSession:
         for seg in work.drain():
             if seg.pending:
                 seg.part.failed = f"{why} (run the same pull again to resume)"
+
+
+def _landing(local: str, rel: str) -> str:
+    """Where a source's entry lands, relative to LOCAL_DIR."""
+    return rel if local == "." else posixpath.join(local, rel)

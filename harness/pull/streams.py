@@ -87,8 +87,8 @@ def _read_exact(stream, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def start_send_helper(argv: list[str]) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+def start_send_helper(argv: list[str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
     _widen_pipe(proc.stdout.fileno())
     return proc
 
@@ -129,79 +129,99 @@ class Listener:
     token: bytes = field(repr=False)
 
 
-class Connecting(threading.Thread):
-    """A send helper started ahead of its work: it brings the listing of list_path (asked for
-    before the helper even runs, so the listing costs no round trip of its own) and, with
-    listen, the address of a listener for more streams, then times pings (requests the helper
-    answers at once), so the link's round trip is known when the fetch starts and it can open
-    all the streams it calls for. Over the shared master: one handshake for the listing and the
-    bytes."""
+class StreamFailed(Exception):
+    """The helper's stream ended before it answered: ssh's or the helper's exit code and stderr."""
 
-    PINGS = 3  # the shortest counts: on a loaded machine one may wait for a CPU (and the first waits for the listing)
+    def __init__(self, code: int, stderr: str):
+        super().__init__(f"exit {code}: {stderr.strip()[-300:]}")
+        self.code, self.stderr = code, stderr
 
-    def __init__(self, argv: list[str], list_path: str | None = None, short_s: float = 0.0, listen: bool = False):
-        super().__init__(daemon=True)
-        self.proc = start_send_helper(argv)
+
+class FirstStream:
+    """A pull's first send helper, started at once over the shared master (one handshake and one
+    remote start for everything): it answers questions before its first segment (`ask`: the
+    listing, a small file, which paths exist; pull_helper.py), then `probe` times pings in the
+    background, so the link's round trip is known when the fetch starts and it can open all the
+    streams it calls for. Asked at its start, with listen, for a listener for more streams."""
+
+    PINGS = 2  # the shortest counts: on a loaded machine one may wait for a CPU
+
+    def __init__(self, argv: list[str], listen: bool = False):
+        self.proc = start_send_helper(argv, stderr=subprocess.PIPE)
+        self._stderr: list[bytes] = []
+        self._stderr_reader = threading.Thread(target=lambda: self._stderr.append(self.proc.stderr.read()), daemon=True)
+        self._stderr_reader.start()
+        self._ready = False
         self.round_trip_s: float | None = None
-        self.listing: bytes | None = None  # the `list` document
-        self.list_error: str | None = None  # list_path does not exist (what `list` exits 3 for)
         self.listener: Listener | None = None  # where more streams of this pull can connect
-        self.listed = threading.Event()  # the listing frame is in, or never will be
-        self.ok = False
-        self._list_path = list_path
+        self.ok = False  # ready for segments: answered every question and the pings
+        self._probe: threading.Thread | None = None
         self._listen = listen
-        self._short_s = short_s  # a round trip below this settles it: no more pings
-        self.start()
+        if listen:  # asked before the helper even runs; its answer is read with the first question's
+            self._write([{"listen": True}])
 
-    def run(self) -> None:
+    def ask(self, *requests: dict | None) -> list[tuple[int, bytes]]:
+        """One frame per request (None: a ping), in order. Raises StreamFailed."""
+        self._write(list(requests))
+        if not self._ready:
+            self._expect_ready()
+        frames = [_read_frame(self.proc) for _ in requests]
+        if any(f is None for f in frames):
+            raise self._failed()
+        return frames  # type: ignore[return-value]
+
+    def _write(self, requests: list) -> None:
         try:
-            asks = [{"list": self._list_path}] if self._list_path is not None else []
-            asks += [{"listen": True}] if self._listen else []
-            self.proc.stdin.write(b"".join(json.dumps(a).encode() + b"\n" for a in asks))
-            if not _ready(self.proc):
-                return
-            asked = time.monotonic()
-            self.proc.stdin.write(b"null\n")  # a ping, answered after the listing
-            if self._list_path is not None and not self._read_listing():
-                return
-            if self._listen and not self._read_listener():
-                return
-            for k in range(self.PINGS):
-                if k:
-                    asked = time.monotonic()
-                    self.proc.stdin.write(b"null\n")
-                if not _ready(self.proc):  # (the pong is the same frame)
-                    return
+            self.proc.stdin.write(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        except (OSError, ValueError):
+            raise self._failed() from None
+
+    def _expect_ready(self) -> None:
+        if not _ready(self.proc):
+            raise self._failed()
+        self._ready = True
+        if self._listen:
+            frame = _read_frame(self.proc)
+            if frame is None or frame[0] != 6:
+                raise self._failed()
+            doc = json.loads(frame[1])
+            if "port" in doc:  # else the host could not listen: more streams start helpers of their own
+                self.listener = Listener(int(doc["port"]), bytes.fromhex(doc["token"]))
+
+    def _failed(self) -> StreamFailed:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._stderr_reader.join(5)
+        return StreamFailed(code, b"".join(self._stderr).decode("utf-8", "replace"))
+
+    def probe(self, short_s: float, pings: int = PINGS) -> None:
+        """Time up to `pings` pings in the background (until one is below short_s); `join` waits
+        for them. pings=0: ready for segments, the round trip unknown."""
+        self._probe = threading.Thread(target=self._ping, args=(short_s, pings), daemon=True)
+        self._probe.start()
+
+    def _ping(self, short_s: float, pings: int) -> None:
+        try:
+            if not self._ready:
+                self._write([])
+                self._expect_ready()
+            for _ in range(pings):
+                asked = time.monotonic()
+                self.ask(None)
                 rtt = time.monotonic() - asked
                 self.round_trip_s = rtt if self.round_trip_s is None else min(self.round_trip_s, rtt)
-                if self.round_trip_s < self._short_s:
+                if rtt < short_s:
                     break
             self.ok = True
-        except (OSError, ValueError):
+        except (StreamFailed, OSError, ValueError):
             pass
-        finally:
-            self.listed.set()
 
-    def _read_listing(self) -> bool:
-        frame = _read_frame(self.proc)
-        if frame is None or frame[0] not in (4, 5):
-            return False
-        status, data = frame
-        if status == 4:
-            self.listing = data
-        else:
-            self.list_error = data.decode("utf-8", "replace")
-        self.listed.set()
-        return True
-
-    def _read_listener(self) -> bool:
-        frame = _read_frame(self.proc)
-        if frame is None or frame[0] != 6:
-            return False
-        doc = json.loads(frame[1])
-        if "port" in doc:  # else the host could not listen: more streams start helpers of their own
-            self.listener = Listener(int(doc["port"]), bytes.fromhex(doc["token"]))
-        return True
+    def join(self) -> None:
+        if self._probe is not None:
+            self._probe.join()
 
     def stop(self) -> None:
         stop(self.proc)
@@ -217,10 +237,12 @@ class Stream(threading.Thread):
     first; where that fails (the sshd forbids forwarding, the listener has ended), the stream
     goes on as a helper of its own (fallback_argv), at once and for good."""
 
-    REQUESTS_IN_FLIGHT = 2
+    REQUESTS_IN_FLIGHT = 2  # at least; more while they are small, up to IN_FLIGHT_BYTES: a run's small files in one round trip
+    IN_FLIGHT_BYTES = 2 * MiB
+    MOST_IN_FLIGHT = 64
 
     def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, on_bytes: Callable[[int], None],
-                 connecting: Connecting | None = None, listener: Listener | None = None, fallback_argv: list[str] | None = None):
+                 connecting: FirstStream | None = None, listener: Listener | None = None, fallback_argv: list[str] | None = None):
         super().__init__(daemon=True)
         self.argv, self.root, self.work, self.options, self.on_bytes = argv, root, work, options, on_bytes
         self.connecting = connecting  # already started (its connection set up while the listing ran)
@@ -265,10 +287,18 @@ class Stream(threading.Thread):
             proc = start_send_helper(self.argv)
         in_flight: collections.deque[Segment] = collections.deque()
 
+        def wants_more() -> bool:
+            if len(in_flight) < self.REQUESTS_IN_FLIGHT:
+                return True
+            return len(in_flight) < self.MOST_IN_FLIGHT and sum(s.remaining for s in in_flight) < self.IN_FLIGHT_BYTES
+
         def refill() -> None:
-            while len(in_flight) < self.REQUESTS_IN_FLIGHT and (seg := self.work.take()) is not None:
+            asked = []
+            while wants_more() and (seg := self.work.take()) is not None:
                 in_flight.append(seg)
-                proc.stdin.write(json.dumps(seg.request()).encode() + b"\n")
+                asked.append(json.dumps(seg.request()).encode() + b"\n")
+            if asked:
+                proc.stdin.write(b"".join(asked))
             if not in_flight:
                 proc.stdin.close()  # nothing more to ask: the helper exits
 
