@@ -8,8 +8,9 @@ mirrored into a local folder an editor's language server reads (pyright/pylance/
            read, so the same script copies them to <workdir>/.harness/sources/<name> on the
            mounted workdir (incremental: unchanged files are not rewritten; owned by the
            workdir's owner, not the container's root). Runtime host: pulled where installed.
-3. pull    harness.pull.pull with include patterns (.py, .pyi, py.typed; no binaries): a
-           file already mirrored with the host's SHA-256 moves nothing, only changed ones move.
+3. pull    one harness.pull pull of every package's roots, with include patterns (.py, .pyi,
+           py.typed; no binaries): a file already mirrored with the host's SHA-256 moves
+           nothing, only changed ones move.
 4. prune   mirrored source files the package no longer has are deleted, only inside
            DEST/<package>/ (the mirror's own folder).
 
@@ -58,7 +59,7 @@ class Mirrored:
     identical: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
-    bytes_received: int = 0
+    bytes_received: int = 0  # the fetched files' bytes
 
 
 @lru_cache(maxsize=1)
@@ -98,25 +99,32 @@ def _parse(stdout: bytes) -> dict | None:
 
 
 def mirror(transport: Transport, runtime: Runtime, packages: list[str], dest: str | os.PathLike[str], *, host_python: str = "python3") -> list[Mirrored]:
-    """Mirror the packages' Python sources into dest (see the module docstring)."""
-    from harness.pull import PullOptions, pull
+    """Mirror the packages' Python sources into dest (see the module docstring): every package's
+    roots in one pull (one remote start)."""
+    from harness.pull import PullConnection, PullOptions, Source
 
     dest = Path(dest)
-    options = PullOptions(include=SOURCE_PATTERNS, python=host_python)
-    out = []
-    for located in locate(transport, runtime, packages):
-        result = Mirrored(located, dest / located.name if located.kind == "package" else dest / f"{located.name}.py")
-        kept: set[str] = set()
-        for root in located.roots:
-            report = pull(transport, root, result.local_path if located.kind == "package" else dest, options)
-            result.fetched += report.fetched
-            result.identical += report.identical
-            result.failed += report.failed + report.refused
-            result.bytes_received += report.bytes_received
-            kept.update(report.fetched + report.identical + report.links + [rel for rel, _ in report.failed])
-        if located.kind == "package" and not result.failed:
+    found = locate(transport, runtime, packages)
+    out = [Mirrored(p, dest / p.name if p.kind == "package" else dest / f"{p.name}.py") for p in found]
+    sources = [Source(root, p.name if p.kind == "package" else ".") for p in found for root in p.roots]
+    with PullConnection(transport, PullOptions(include=SOURCE_PATTERNS, python=host_python)) as connection:
+        report = connection.pull(sources, dest)
+    for result in out:
+        # report names are relative to dest: <package>/<rel>, or <module>.py
+        prefix = f"{result.package.name}/" if result.package.kind == "package" else ""
+
+        def mine(name: str, _prefix=prefix, _result=result) -> str | None:
+            if _prefix:
+                return name[len(_prefix):] if name.startswith(_prefix) else None
+            return name if name == _result.local_path.name else None
+
+        result.fetched = [r for n in report.fetched if (r := mine(n)) is not None]
+        result.identical = [r for n in report.identical if (r := mine(n)) is not None]
+        result.failed = [(r, why) for n, why in report.failed + report.refused if (r := mine(n)) is not None]
+        result.bytes_received = sum((result.local_path / r if prefix else result.local_path).stat().st_size for r in result.fetched)
+        kept = set(result.fetched + result.identical + [r for n in report.links if (r := mine(n)) is not None] + [r for r, _ in result.failed])
+        if result.package.kind == "package" and not result.failed:
             result.removed = _prune(result.local_path, kept)
-        out.append(result)
     return out
 
 
