@@ -5,7 +5,9 @@ line in front of it (bench/delayline.py), then measures, end to end as a user ru
 command a fresh process):
   pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
       and through the delay line, --repeat times each, taking turns (medians); every output is
-      checked against the source SHA-256.
+      checked against the source SHA-256. On loopback scp twice: against the test bed's sshd
+      (SFTP inside sshd: no login shell) and against one configured as Debian ships it (SFTP by
+      a program the login shell starts, as for every command harness runs).
   pull of a run: `harness pull HOST last` of a finished run's 10 small files against one rsync
       command of the same paths, on loopback and through the delay line.
   sync of a 5,000-file tree: first sync (to an empty host directory, with no hash cache on the
@@ -46,9 +48,10 @@ sys.path.insert(0, str(ROOT))
 from bench.delayline import DelayLine  # noqa: E402
 from bench.results_file import record  # noqa: E402
 from harness.pull import received_bytes  # noqa: E402
-from tests.fixtures.sshd import start_testbed, stop_testbed  # noqa: E402
+from tests.fixtures.sshd import start_sshd, start_testbed, stop_testbed  # noqa: E402
 
 MiB = 1 << 20
+STOCK_SFTP = "/usr/lib/openssh/sftp-server"  # Debian's and Ubuntu's sshd_config: `Subsystem sftp` this
 
 
 def sha256(path: Path) -> str:
@@ -65,11 +68,16 @@ class Bench:
         self.testbed = start_testbed(work / "sshd")
         self.line = DelayLine(("127.0.0.1", self.testbed.port), rtt_ms=rtt_ms).start()
         tb = self.testbed
+        # scp's SFTP as a stock Debian/Ubuntu sshd serves it: a program started through the login
+        # shell (the test bed serves internal-sftp, which starts no shell; harness's commands do)
+        self.stock = start_sshd(work / "sshd", "stock", "127.0.0.1", work / "sshd" / "authorized_keys", sftp=STOCK_SFTP) if os.path.exists(STOCK_SFTP) else None
         self.known_hosts = work / "known_hosts"
-        self.known_hosts.write_text(tb.known_hosts_lines() + f"[127.0.0.1]:{self.line.port} {tb.box.host_pub_line}\n")
+        self.known_hosts.write_text(tb.known_hosts_lines() + f"[127.0.0.1]:{self.line.port} {tb.box.host_pub_line}\n"
+                                    + (f"[127.0.0.1]:{self.stock.port} {self.stock.host_pub_line}\n" if self.stock else ""))
         self.ssh_config = work / "ssh_config"
         common = f"  User {tb.user}\n  IdentityFile {tb.key_path}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n  BatchMode yes\n  StrictHostKeyChecking yes\n"
-        self.ssh_config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {tb.port}\n{common}\nHost slow\n  HostName 127.0.0.1\n  Port {self.line.port}\n{common}")
+        stock = f"\nHost stock\n  HostName 127.0.0.1\n  Port {self.stock.port}\n{common}" if self.stock else ""
+        self.ssh_config.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {tb.port}\n{common}\nHost slow\n  HostName 127.0.0.1\n  Port {self.line.port}\n{common}{stock}")
         self.host_dir = work / "host"
         self.host_dir.mkdir()
         self.config = work / "project" / "harness.toml"
@@ -120,15 +128,19 @@ class Bench:
                 subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
             shutil.rmtree(d, ignore_errors=True)
         self.line.stop()
+        if self.stock:
+            self.stock.stop()
         stop_testbed(self.testbed)
 
     # -- pull -------------------------------------------------------------------------------------
 
     def pull_commands(self, host: str, src: Path, dest: Path, jobs: int) -> dict[str, list[str]]:
         ssh = ["ssh", "-F", str(self.ssh_config)]
+        stock = {"scp, stock sshd": ["scp", "-q", "-F", str(self.ssh_config), f"stock:{src}", str(dest / src.name)]} if self.stock and host == "box" else {}
         return {
             "harness pull": self.harness("pull", host, str(src), str(dest), "--jobs", str(jobs)),
             "scp": ["scp", "-q", "-F", str(self.ssh_config), f"{host}:{src}", str(dest / src.name)],
+            **stock,
             "rsync": ["rsync", "-a", "-e", " ".join(ssh), f"{host}:{src}", str(dest / src.name)],
             "ssh cat": ["sh", "-c", 'exec "$@" > "$0"', str(dest / src.name), *ssh, host, "cat", str(src)],
         }
