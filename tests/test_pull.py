@@ -201,6 +201,28 @@ def test_bytes_left_by_an_earlier_pull_count_only_once_checked_against_the_host(
     assert leftovers(dest) == []
 
 
+def test_a_piece_is_kept_only_with_the_hosts_crc_and_a_mismatch_starts_it_over(tmp_path):
+    """The check the host's status-2 frame carries: the CRC-32 of the whole piece, which the
+    laptop computes over the bytes as they arrive, from the piece's start."""
+    import zlib
+
+    from harness.pull.partfile import CHECK, PartFile
+
+    data = os.urandom(2 * MiB)
+    stream = tmp_path / "stream"
+    stream.write_bytes(data)
+    part = PartFile(tmp_path / "dest.bin", RemoteEntry("dest.bin", "file", len(data), 0o644, 1), MiB)
+    with open(stream, "rb") as f:
+        for piece, host_crc in ((0, zlib.crc32(data[:MiB])), (1, zlib.crc32(data[MiB:]) ^ 1)):
+            assert part.begin(piece) == piece * MiB
+            assert part.receive(piece, f.fileno(), MiB, lambda n: None) == MiB
+            part.check(piece, CHECK.pack(host_crc))
+    assert part.verified == [True, False]
+    assert part.done == [MiB, 0] and part.failed == "checksum mismatch"
+    part.discard()
+    assert leftovers(tmp_path) == []
+
+
 def test_include_exclude_and_latest_checkpoint_selection():
     def e(rel, kind="file", target=""):
         return RemoteEntry(rel, kind, 1, 0o644, 0, target)

@@ -131,14 +131,11 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     metrics (under LOCAL_DIR/outputs/); checkpoints only with --latest-checkpoint or
     --best-checkpoint.
 
-    Every file is checked against its SHA-256 computed on the host and renamed into place only
-    once verified; an interrupted pull resumes from the bytes already received; names that would
+    Every piece of every file is checked against its CRC-32 computed on the host (files already
+    here by whole-file SHA-256) and a file is renamed into place only once verified; an interrupted pull resumes from the bytes already received; names that would
     land outside LOCAL_DIR are refused.
     """
-    from harness.cli.render import print_json, pull_report_json
-    from harness.jobs import Jobs
     from harness.pull import PullConnection, PullOptions, PullProgress
-    from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
 
     app = ctx.obj
     code = 0
@@ -147,8 +144,13 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
         transport = app.transport(host)
         options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
         # one connection answers every question (the newest run, its record, what exists) and
-        # then carries the bytes: one remote start in all
+        # then carries the bytes: one remote start in all. Started before the imports below,
+        # which run while it connects.
         connection = PullConnection(transport, options)
+        from harness.cli.render import print_json, pull_report_json
+        from harness.jobs import Jobs
+        from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
+
         target = Jobs(app.config, app.host(host), transport).locate(remote, newest_run=connection.newest_run)
         remote_path = target.path
         destination = local_dir or target.local_name
@@ -165,6 +167,8 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
             report = pull_run(connection, what, destination)
             for p in report.planned if not as_json else []:
                 click.echo(f"fetch   {p}")
+        elif not click.get_text_stream("stderr").isatty():
+            report = pull_run(connection, what, destination)  # no one watching: no bar (and no rich import), as sync
         else:
             shown = _BarInBackground()
 

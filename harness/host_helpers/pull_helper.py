@@ -12,9 +12,9 @@ Names travel as JSON (never parsed from shell output); symlinks are reported, ne
               the laptop times it). Then the line ROOT (a JSON string) and one JSON segment per
               line, [rel, piece_start, offset, end, size, mtime_ns], read as they come (the laptop
               keeps a couple in flight); for each: status-0 frames of data (the bytes offset..end),
-              then status 2, its data the SHA-256 of the whole piece piece_start..end (hashed while
-              sending: no second pass), or status 1: the file changed or went missing (its
-              (size, mtime_ns) do not match the listing, before or after).
+              then status 2, its data the CRC-32 of the whole piece piece_start..end (4 bytes, big
+              endian; computed while sending: no second pass), or status 1: the file changed or went
+              missing (its (size, mtime_ns) do not match the listing, before or after).
               A {"listen": true} question starts a listener on the host's loopback (a random port)
               behind a random 32-byte token, answered {"port": N, "token": HEX} (status 6), or {}
               where it cannot listen. Each TCP connection to it that first sends the token is served
@@ -30,6 +30,7 @@ import os
 import stat
 import struct
 import sys
+import zlib
 
 FRAME = 1 << 20
 TOKEN_BYTES = 32
@@ -159,14 +160,14 @@ def do_send(root, segments, out):
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
                 write_all(header.pack(1, 0))
                 continue
-            h = hashlib.sha256()
+            crc = 0  # CRC-32, not SHA-256: SSH authenticates the bytes in flight; this catches a bad piece (see partfile.py)
             position, short = piece_start, False
             while position < end:
                 data = os.pread(fd, min(FRAME, end - position), position)
                 if not data:  # the file shrank under us
                     short = True
                     break
-                h.update(data)
+                crc = zlib.crc32(data, crc)
                 if position + len(data) > offset:
                     skip = max(0, offset - position)
                     sent = memoryview(data)[skip:]
@@ -177,7 +178,7 @@ def do_send(root, segments, out):
             if short or (after.st_size, after.st_mtime_ns) != (size, mtime_ns):
                 write_all(header.pack(1, 0))
             else:
-                write_all(header.pack(2, 32) + h.digest())
+                write_all(header.pack(2, 4) + struct.pack(">I", crc))
         finally:
             os.close(fd)
 

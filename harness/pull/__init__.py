@@ -26,9 +26,10 @@ ControlMaster, answers questions first: a run's record, which paths exist, which
             Bytes land in `.NAME.harness-part` next to the target; `.NAME.harness-part.json`
             records the remote (size, mtime_ns) they copy and `.NAME.harness-part.done` how many
             bytes of each piece are in (after every write).
-  5. verify one pass over the data on each side: the host hashes each piece (SHA-256) as it
-            sends it and ends it with the digest; the laptop hashes it as it arrives (after
-            reading back what an earlier process received of it) and compares. The host checks
+  5. verify one pass over the data on each side: the host computes each piece's CRC-32 as it
+            sends it and ends the piece with it; the laptop computes it as the bytes arrive (after
+            reading back what an earlier process received of it) and compares (why a CRC:
+            partfile.py). The host checks
             the file's (size, mtime_ns) against the listing before and after each piece. A file
             is renamed to its final name only when every piece matched; a mismatched piece starts
             over, a file changed on the host is discarded; both are retried (fresh listing), then
@@ -37,7 +38,7 @@ ControlMaster, answers questions first: a run's record, which paths exist, which
 
 Resuming: a killed pull (Ctrl-C, kill -9, dropped link) leaves the part files; the next pull
 continues each piece from the bytes recorded, as long as the host file's (size, mtime_ns) still
-match; pieces an earlier process completed are checked against the host's digest too.
+match; pieces an earlier process completed are checked against the host's CRC too.
 
 Where files land: a remote directory's entries go to LOCAL_DIR/<its local>/<path relative to it>;
 a remote file goes to LOCAL_DIR/<its local>/<its name> (`pull()`: one source, local ".").

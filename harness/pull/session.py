@@ -298,7 +298,7 @@ class PullSession:
         return files, links
 
     def _verify(self, part: PartFile) -> str | None:
-        """Rename a part whose every piece has the host's digest into place (None), or say why
+        """Rename a part whose every piece has the host's CRC into place (None), or say why
         not; keep bytes that may be good for a later attempt to resume, discard the others."""
         if part.failed is None and part.verified_all:
             part.finish(part.entry.mode)

@@ -1,5 +1,5 @@
 """Byte streams: long-lived `send` helpers on the host, each fed piece requests from one queue;
-each piece comes with the host's SHA-256 of it, computed while sending (partfile.py checks it)."""
+each piece comes with the host's CRC-32 of it, computed while sending (partfile.py checks it)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.pull.options import MiB, PullOptions
-from harness.pull.partfile import PartFile
+from harness.pull.partfile import CHECK, PartFile
 
 FRAME_HEADER = struct.Struct(">BQ")
-DIGEST_SIZE = 32  # SHA-256: the data of a piece's status-2 frame
 
 
 @dataclass
@@ -326,10 +325,10 @@ class Stream(threading.Thread):
                         return False
                     continue
                 if status == 2:
-                    digest = _read_exact(proc.stdout, length)
-                    if length != DIGEST_SIZE or len(digest) < length:
+                    crc = _read_exact(proc.stdout, length)
+                    if length != CHECK.size or len(crc) < length:
                         return False
-                    seg.part.check(seg.piece, digest)
+                    seg.part.check(seg.piece, crc)
                 else:
                     seg.part.failed = "changed on the host during the pull"
                 in_flight.popleft()
