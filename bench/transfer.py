@@ -5,7 +5,8 @@ line in front of it (bench/delayline.py), then measures, end to end as a user ru
 command a fresh process):
   pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
       and through the delay line, --repeat times each, taking turns (medians); every output is
-      checked against the source SHA-256. On loopback scp twice: against the test bed's sshd
+      checked against the source SHA-256. With --base-tree, another checkout's harness pull
+      takes its turn beside this one (an A/B in the same minutes). On loopback scp twice: against the test bed's sshd
       (SFTP inside sshd: no login shell) and against one configured as Debian ships it (SFTP by
       a program the login shell starts, as for every command harness runs).
   pull of a run: `harness pull HOST last` of a finished run's 10 small files against one rsync
@@ -51,6 +52,7 @@ from harness.pull import received_bytes  # noqa: E402
 from tests.fixtures.sshd import start_sshd, start_testbed, stop_testbed  # noqa: E402
 
 MiB = 1 << 20
+BASE_PULL = "harness pull, --base-tree"
 STOCK_SFTP = "/usr/lib/openssh/sftp-server"  # Debian's and Ubuntu's sshd_config: `Subsystem sftp` this
 
 
@@ -63,8 +65,8 @@ def sha256(path: Path) -> str:
 
 
 class Bench:
-    def __init__(self, work: Path, rtt_ms: float):
-        self.work, self.rtt_ms = work, rtt_ms
+    def __init__(self, work: Path, rtt_ms: float, base_tree: Path | None = None):
+        self.work, self.rtt_ms, self.base_tree = work, rtt_ms, base_tree
         self.testbed = start_testbed(work / "sshd")
         self.line = DelayLine(("127.0.0.1", self.testbed.port), rtt_ms=rtt_ms).start()
         tb = self.testbed
@@ -104,19 +106,21 @@ class Bench:
         self.control_dirs.append(d)
         self.control = d
 
-    def env(self) -> dict[str, str]:
+    def env(self, tree: Path = ROOT) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("SSH_AUTH_SOCK", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)  # harness runs from bytecode, as installed (see main)
-        env.update(HARNESS_SSH_CONFIG=str(self.ssh_config), HARNESS_KNOWN_HOSTS=str(self.known_hosts), HARNESS_CONTROL_DIR=str(self.control), PYTHONPATH=str(ROOT))
+        env.update(HARNESS_SSH_CONFIG=str(self.ssh_config), HARNESS_KNOWN_HOSTS=str(self.known_hosts), HARNESS_CONTROL_DIR=str(self.control), PYTHONPATH=str(tree))
         return env
 
     def harness(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "harness", "--config", str(self.config), *args]
 
-    def timed(self, argv: list[str], **kw) -> float:
+    def timed(self, argv: list[str], tree: Path = ROOT, **kw) -> float:
+        """Seconds argv takes, as a whole command. `python -m harness` imports harness from its
+        working directory first: run from `tree`, it is that tree's."""
         start = time.perf_counter()
-        r = subprocess.run(argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+        r = subprocess.run(argv, env=self.env(tree), cwd=tree, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
         elapsed = time.perf_counter() - start
         if r.returncode != 0:
             raise RuntimeError(f"{argv[:6]}... failed ({r.returncode}): {r.stderr.decode()[-800:]}")
@@ -137,8 +141,11 @@ class Bench:
     def pull_commands(self, host: str, src: Path, dest: Path, jobs: int) -> dict[str, list[str]]:
         ssh = ["ssh", "-F", str(self.ssh_config)]
         stock = {"scp, stock sshd": ["scp", "-q", "-F", str(self.ssh_config), f"stock:{src}", str(dest / src.name)]} if self.stock and host == "box" else {}
+        pull = self.harness("pull", host, str(src), str(dest), "--jobs", str(jobs))
+        base = {BASE_PULL: pull} if self.base_tree else {}
         return {
-            "harness pull": self.harness("pull", host, str(src), str(dest), "--jobs", str(jobs)),
+            "harness pull": pull,
+            **base,
             "scp": ["scp", "-q", "-F", str(self.ssh_config), f"{host}:{src}", str(dest / src.name)],
             **stock,
             "rsync": ["rsync", "-a", "-e", " ".join(ssh), f"{host}:{src}", str(dest / src.name)],
@@ -166,7 +173,7 @@ class Bench:
                 dest.mkdir()
                 self.stop_masters()
                 os.sync()
-                seconds[name].append(self.timed(commands[name]))
+                seconds[name].append(self.timed(commands[name], self.base_tree if name == BASE_PULL else ROOT))
                 if sha256(dest / src.name) != digest:
                     raise RuntimeError(f"{name}: wrong content")
             print(f"  pull via {host:5s} round {k + 1}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in seconds.items()), flush=True)
@@ -291,14 +298,22 @@ class Bench:
         return rows
 
 
+def tree_label(tree: Path) -> str:
+    """A checkout's commit (and whether it has changes), for the record; else its path."""
+    head = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return f"{tree} at {head.stdout.strip()}" if head.returncode == 0 else str(tree)
+
+
 def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3,
-           runs: dict | None = None) -> str:
+           runs: dict | None = None, base_tree: Path | None = None) -> str:
     """The dated section for RESULTS.md; parts that were skipped are named, not shown as zeros."""
-    command = f"python bench/transfer.py --size-mib {size_mib} --files {files}" + (f" --repeat {repeat}" if repeat != 3 else "") + "".join(f" --skip {s}" for s in skipped)
+    command = (f"python bench/transfer.py --size-mib {size_mib} --files {files}" + (f" --repeat {repeat}" if repeat != 3 else "") + "".join(f" --skip {s}" for s in skipped)
+               + (f" --base-tree {base_tree}" if base_tree else ""))
     lines = [
         f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}.",
+        f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}."
+        + (f" This tree: {tree_label(ROOT)}; --base-tree: {tree_label(base_tree)}." if base_tree else ""),
     ]
     if pulls:
         with open("/proc/loadavg") as f:
@@ -341,13 +356,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], choices=["pull", "slow", "run", "sync", "resume"])
+    parser.add_argument("--base-tree", type=Path, help="another harness checkout (e.g. `git worktree add /tmp/base HEAD~1`) pulled beside this one")
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     args = parser.parse_args()
 
     # An installed harness runs from bytecode; without it every command compiles ~0.3 s of source.
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "harness")], check=True, stdout=subprocess.DEVNULL)
+    for tree in (ROOT, args.base_tree) if args.base_tree else (ROOT,):
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "harness")], check=True, stdout=subprocess.DEVNULL)
+        found = subprocess.run([sys.executable, "-c", "import harness; print(harness.__file__)"], cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True, check=True)
+        if not Path(found.stdout.strip()).resolve().is_relative_to(tree.resolve()):
+            sys.exit(f"{tree}: python imports harness from {found.stdout.strip()}, not from this tree")
     work = Path(tempfile.mkdtemp(prefix="harness-bench-transfer-"))
-    bench = Bench(work, args.rtt_ms)
+    bench = Bench(work, args.rtt_ms, args.base_tree)
     try:
         src = bench.host_dir / "outputs" / "model.safetensors"
         src.parent.mkdir(parents=True)
@@ -364,7 +384,7 @@ def main() -> None:
         runs = bench.run_rows(args.repeat) if "run" not in args.skip else {}
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
         resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
-        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat, runs)
+        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat, runs, args.base_tree)
         print()
         print(table)
         if args.record:

@@ -132,8 +132,9 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     --best-checkpoint.
 
     Every piece of every file is checked against its CRC-32 computed on the host (files already
-    here by whole-file SHA-256) and a file is renamed into place only once verified; an interrupted pull resumes from the bytes already received; names that would
-    land outside LOCAL_DIR are refused.
+    here by whole-file SHA-256) and a file is renamed into place only once verified; an
+    interrupted pull resumes from the bytes already received; names that would land outside
+    LOCAL_DIR are refused.
     """
     from harness.pull import PullConnection, PullOptions, PullProgress
 
