@@ -19,6 +19,7 @@ import pytest
 
 from harness.pull import PART_SUFFIX, PullConnection, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
 from harness.transport.local import LocalTransport
+from tests.fixtures.job_project import run_in_pty
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
@@ -523,6 +524,12 @@ def test_cli_pull_of_a_run_id_and_exit_code_on_refusal(harness_config, ssh_host,
     r = harness("pull", "box", run_id, str(out_dir), "--latest-checkpoint")
     assert r.returncode == 0, r.stderr
     assert pulled(out_dir) == sorted(RUN_FILES + ["outputs/checkpoints/1/model.safetensors"])
+    # a progress bar on a terminal; none where no one watches (stderr a pipe), as sync
+    assert "━" not in r.stderr and f"{len(RUN_FILES) + 1} fetched" in r.stderr
+    code, screen = run_in_pty([sys.executable, "-m", "harness", "--config", str(harness_config), "pull", "box", run_id, str(tmp_path / "on-a-tty")], b"", env=ssh_host.env())
+    assert code == 0, screen
+    assert "━" in screen and f"{len(RUN_FILES)}/{len(RUN_FILES)} files" in screen, screen
+    assert pulled(tmp_path / "on-a-tty") == RUN_FILES
     default = harness("pull", "box", run_id, "--include", "log")
     assert default.returncode == 0, default.stderr
     assert pulled(tmp_path / "runs" / run_id) == ["train/log"]
