@@ -121,7 +121,7 @@ class PullConnection:
 
 def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
     # it also asks for a listener for the pull's further streams where they can reach it
-    listen = options.jobs > 1 and not options.dry_run and transport.stdio_forward_argv("127.0.0.1", 1) is not None
+    listen = options.jobs > 1 and not options.dry_run and transport.forwards_tcp
     return FirstStream(transport.local_argv(helper_argv(options.python, "send", "-")), listen=listen)
 
 

@@ -95,6 +95,8 @@ class Transport(abc.ABC):
 
     #: the configured host name, for messages
     name: str
+    #: stdio_forward_argv gives a command line (the host's ports are reachable from here)
+    forwards_tcp: bool = False
 
     # -- commands -------------------------------------------------------------------------------
 

@@ -84,6 +84,8 @@ def _jump_hosts(ssh_config: Mapping[str, object]) -> list[str]:
 
 
 class SSHTransport(Transport):
+    forwards_tcp = True
+
     def __init__(self, spec: "ConnectionSpec", options: "ConnectOptions"):
         self.name = spec.name
         self.spec = spec
