@@ -6,9 +6,10 @@ command a fresh process):
   pull of one file (default 1 GiB): `harness pull` vs scp, rsync and `ssh host cat`, on loopback
       and through the delay line, --repeat times each, taking turns (medians); every output is
       checked against the source SHA-256. With --base-tree, another checkout's harness pull
-      takes its turn beside this one (an A/B in the same minutes). On loopback scp twice: against the test bed's sshd
-      (SFTP inside sshd: no login shell) and against one configured as Debian ships it (SFTP by
-      a program the login shell starts, as for every command harness runs).
+      takes its turn beside this one (an A/B in the same minutes). On loopback scp twice:
+      against the test bed's sshd (SFTP inside sshd: no login shell) and against one configured
+      as Debian ships it (SFTP by a program the login shell starts, as for every command harness
+      runs).
   pull of a run: `harness pull HOST last` of a finished run's 10 small files against one rsync
       command of the same paths, on loopback and through the delay line.
   sync of a 5,000-file tree: first sync (to an empty host directory, with no hash cache on the
