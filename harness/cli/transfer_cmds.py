@@ -164,12 +164,10 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
             what = RunPullPlan([Part(f"{remote_path}/{BEST_FILE}", "."), Part(f"{remote_path}/{name}", name)], [])
         else:
             what = RunPullPlan([Part(remote_path, ".", latest_checkpoint=latest_checkpoint)], [])
-        if dry_run:
-            report = pull_run(connection, what, destination)
+        if dry_run or not click.get_text_stream("stderr").isatty():
+            report = pull_run(connection, what, destination)  # nothing moves, or no one watches: no bar (and no rich import), as sync
             for p in report.planned if not as_json else []:
                 click.echo(f"fetch   {p}")
-        elif not click.get_text_stream("stderr").isatty():
-            report = pull_run(connection, what, destination)  # no one watching: no bar (and no rich import), as sync
         else:
             shown = _BarInBackground()
 

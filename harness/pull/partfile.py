@@ -118,12 +118,13 @@ class PartFile:
             data = os.read(pipe_fd, min(length - moved, MiB))
             if not data:
                 break
-            crc = self._crcs[piece] = zlib.crc32(data, crc)
+            crc = zlib.crc32(data, crc)
             os.pwrite(self.fd, data, start + self.done[piece])
             moved += len(data)
             self.done[piece] += len(data)  # each piece is written by one stream at a time
             self._record(piece)
             on_bytes(len(data))
+        self._crcs[piece] = crc
         return moved
 
     def check(self, piece: int, host_crc: bytes) -> None:
