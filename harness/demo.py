@@ -37,6 +37,10 @@ DEMO_STAGE_ARGS: dict[str, dict[str, Any]] = {
 # architecture our users train for (Kimi-K2.5: multimodal wrapper, DeepSeek-V3 MoE text model).
 DEMO_VERIFIERS = ("llama", "kimi-k2.5")
 
+# What `harness demo --json` prints, also kept in the workdir: a script (or a test) reads it
+# after the plain command, without running the demo again.
+SUMMARY_FILE = "summary.json"
+
 
 @dataclass(frozen=True)
 class DemoOptions:
@@ -130,7 +134,15 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
         if failed:
             raise HarnessError(f"demo run {run_id}: stage {failed.stage} exited with code {failed.exit_code}; its log: {host.workdir}/runs/{run_id}/{failed.stage}/log")
         raise HarnessError(f"demo run {run_id} ended {status.state}; logs under {host.workdir}/runs/{run_id}/")
-    return _summary(run_id, config, time.monotonic() - started)
+    summary = _summary(run_id, config, time.monotonic() - started)
+    _write_atomically(Path(host.workdir) / SUMMARY_FILE, json.dumps(summary.to_json(), indent=2) + "\n")
+    return summary
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:

@@ -26,17 +26,17 @@ case "${1:-}" in
 esac
 venv="${HARNESS_VENV:-.venv}"
 
-as_root() {  # run an OS package command as root, or say in one line what the user must run
-  if [ "$(id -u)" = 0 ]; then "$@"
-  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"
-  else echo "setup: needs root for: $*  (run it with sudo, then scripts/setup.sh again)" >&2; exit 1
+apt_install() {  # Debian/Ubuntu packages as root (or with password-less sudo); else one line saying what to run
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo"
+    else echo "setup: $* is missing: run 'sudo apt-get install $*', then scripts/setup.sh again" >&2; exit 1
+    fi
   fi
-}
-apt_install() {
-  command -v apt-get >/dev/null 2>&1 || { echo "setup: $1 is missing and this is not a Debian/Ubuntu system: install it, then scripts/setup.sh again" >&2; exit 1; }
+  command -v apt-get >/dev/null 2>&1 || { echo "setup: $* is missing and this is not a Debian/Ubuntu system: install it, then scripts/setup.sh again" >&2; exit 1; }
   echo "== apt-get install $*"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >/dev/null
 }
 
 python="${PYTHON:-python3}"

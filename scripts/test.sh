@@ -4,11 +4,19 @@
 # Installs: openssh-server (the tests start their own sshd on loopback), docker.io (dockerd is
 # started here if not running), debootstrap (the offline base image for container tests),
 # rsync (a comparison in benches), iproute2 (network-namespace test hosts); then the Python
-# packages (scripts/setup.sh --dev). Then ruff (a finding fails the run), then pytest; pytest's
-# exit code 5 ("no tests collected") is a failure. Under CI=true (.ci/run) a test bed that cannot
-# start fails its tests; otherwise they are skipped and listed in a block at the end.
+# packages into .venv (scripts/setup.sh --dev: the pipeline, the test tools, a real vLLM). Then
+# ruff (a finding fails the run), then pytest in parallel lanes (pytest-xdist; HARNESS_TEST_LANES,
+# default 3: the stages are single-threaded and many tests wait on sshd, dockerd or vLLM, so a
+# third lane fills the 2 cores that two leave half idle). pytest's exit code 5 ("no tests
+# collected") is a failure. Under CI=true (.ci/run) a test bed that cannot start, or a module a
+# test needs, fails its tests; otherwise they are skipped and listed in a block at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh: needs root (apt, dockerd, network namespaces): run sudo scripts/test.sh" >&2
+  exit 1
+fi
 
 need_apt=()
 for pair in sshd:openssh-server ssh:openssh-client dockerd:docker.io debootstrap:debootstrap rsync:rsync ip:iproute2; do
@@ -22,7 +30,11 @@ fi
 mkdir -p /run/sshd
 
 echo "== python packages"
+started=$SECONDS
 scripts/setup.sh --dev
+echo "(set-up of the python packages: $((SECONDS - started)) s)"
+# The project's environment first on PATH: the tests' `python3`, `harness` and `ruff` are its own.
+export PATH="$PWD/.venv/bin:$PATH" VIRTUAL_ENV="$PWD/.venv"
 
 echo "== docker engine"
 scripts/start-dockerd.sh
@@ -35,7 +47,7 @@ python3 -m ruff check .
 
 echo "== pytest"
 set +e
-python3 -m pytest -q -rs "$@"
+python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

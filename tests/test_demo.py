@@ -1,31 +1,103 @@
-"""The README's main command, end to end: `harness demo` builds and trains the tiny verifier,
-then prepare -> extract -> train -> evaluate -> export run as one detached run on the local
-transport. The draft must really learn: tau >= 3.5 at k = 3 within the 10-minute budget."""
+"""The README's first command, as a newcomer types it, on a pristine Debian 12.
+
+A fresh container of the project's debootstrap base (Debian 12 minbase with its system python3,
+no python3-venv, no pyenv, no virtualenv) gets a copy of this checkout and runs the first command
+of the README's first code block exactly as written: `scripts/setup.sh` must make its own
+environment where Debian refuses pip (PEP 668), installing python3.11-venv from apt as root, and
+`harness demo` must then build and train the tiny verifier and run regenerate -> prepare ->
+extract -> train -> evaluate -> export as one detached run on the local transport. The draft must
+really learn: tau >= 3.5 at k = 3.
+
+The container sees this machine's package sources as any machine sees its own: its pip
+configuration (the PIP_* variables, /etc/pip.conf, the find-links and CA bundle they name) is
+passed through read-only; nothing else of the host is. Without it pip would fetch PyPI's CUDA
+build of torch (~4 GB) where this machine serves the CPU build.
+
+A user without root and without sudo gets one line saying what to run (second test)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
+from tests.fixtures.lanes import lane
 
-HANG_S = 1800  # a guard against a hang, not a speed claim (the demo's time is in the README)
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.docker]
+
+REPO = Path(__file__).resolve().parents[1]
+HANG_S = 3000  # a guard against a hang, not a speed claim (set-up and the demo's time are printed)
+MIN_TAU = 3.5
 
 
-def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
-    workdir = tmp_path / "demo"
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "demo", "--json", "--workdir", str(workdir)],
-        capture_output=True,
-        text=True,
-        timeout=HANG_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    summary = json.loads(proc.stdout)  # --json: stdout carries the summary alone
+def readme_first_command() -> str:
+    """The first command line of the README's first ```bash block (the main job)."""
+    block = (REPO / "README.md").read_text().split("```bash", 1)[1].split("```", 1)[0]
+    return next(line.strip() for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+
+
+def copy_checkout(dest: Path) -> None:
+    """The working tree as a clone would have it: tracked and untracked-not-ignored files."""
+    names = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, names):
+        source = REPO / os.fsdecode(name)
+        if source.is_file():
+            target = dest / os.fsdecode(name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def package_source_mounts() -> tuple[list[str], list[str]]:
+    """docker run arguments that give the container this machine's pip configuration, read-only."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    paths = {"/etc/pip.conf", "/etc/xdg/pip", "/etc/ssl/certs/ca-certificates.crt"}
+    for value in env.values():
+        paths.update(p for p in value.replace(",", " ").split() if p.startswith("/"))
+    mounts = [arg for p in sorted(paths) if os.path.exists(p) for arg in ("-v", f"{p}:{p}:ro")]
+    return mounts, [arg for k, v in sorted(env.items()) for arg in ("-e", f"{k}={v}")]
+
+
+def docker_run(checkout: Path, command: str, *, user: str = "root", timeout: float = HANG_S) -> subprocess.CompletedProcess:
+    from tests.fixtures.docker_engine import BASE_IMAGE
+
+    mounts, env = package_source_mounts()
+    name = f"harness-fresh-{lane()}-{os.getpid()}-{int(time.monotonic() * 1000)}"
+    argv = ["docker", "run", "--rm", "--name", name, "--label", "harness.test=fresh-machine",
+            "-v", f"{checkout}:{checkout}", "-w", str(checkout), "--user", user, *mounts, *env, BASE_IMAGE, "bash", "-c", command]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def fresh_demo(tmp_path_factory, docker_base_image) -> tuple[subprocess.CompletedProcess, Path]:
+    """The README's first command in a pristine container; (its result, the checkout)."""
+    checkout = tmp_path_factory.mktemp("fresh-debian") / "harness"
+    copy_checkout(checkout)
+    command = readme_first_command()
+    assert command.startswith("scripts/setup.sh") and "harness demo" in command, command
+    started = time.monotonic()
+    proc = docker_run(checkout, command)
+    print(f"README's first command on pristine Debian 12: {time.monotonic() - started:.0f} s (exit {proc.returncode})")
+    return proc, checkout
+
+
+def test_the_readme_first_command_on_pristine_debian_reaches_the_demos_tau(fresh_demo):
+    proc, checkout = fresh_demo
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    output = proc.stdout + proc.stderr
+    assert "apt-get install python3.11-venv" in output  # Debian refused pip; the set-up made its own environment
+    assert "setup ok:" in output
+    workdir = checkout / "demo-output"  # the demo's default
+    summary = json.loads((workdir / "summary.json").read_text())
+    assert f"{summary['tau']:.2f}  (k = {summary['k']}" in output  # the table the newcomer sees
 
     assert summary["k"] == 3
     assert len(summary["acceptance_per_position"]) == 3
@@ -79,6 +151,17 @@ def test_demo_trains_a_draft_that_the_verifier_accepts(tmp_path: Path):
     assert chosen["name"] == best["checkpoint"] and chosen["chosen_by"] == "best.json"
     assert chosen["training_tau"] == best["tau"] and chosen["tau"] == round(summary["tau"], 4)
     assert json.loads((Path(summary["export"]) / "export.json").read_text())["source_checkpoint"] == summary["draft"]
+
+
+def test_without_root_or_sudo_the_set_up_says_in_one_line_what_to_run(tmp_path, docker_base_image):
+    checkout = tmp_path / "harness"
+    copy_checkout(checkout)
+    subprocess.run(["chown", "-R", "65534:65534", str(checkout)], check=True)
+    proc = docker_run(checkout, "scripts/setup.sh", user="65534:65534", timeout=300)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("setup:")]
+    assert errors == ["setup: python3.11-venv is missing: run 'sudo apt-get install python3.11-venv', then scripts/setup.sh again"], proc.stderr
+    assert not (checkout / ".venv").exists()  # nothing half-made left behind
 
 
 def test_the_kimi_verifier_changes_only_the_verifier_stage():

