@@ -19,6 +19,29 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The longest tests, longest first (CI's --durations on the 2-core machine): they start first, in
+# parallel lanes, and the short ones fill in around them, so the run is not left waiting on one
+# long test at its end.
+LONGEST_FIRST = (
+    "tests/test_demo.py",  # the README's first command in a pristine container: set-up + demo
+    "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
+    "tests/test_quality.py",
+    "tests/test_kimi_k25.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Order: LONGEST_FIRST's files, then other `slow` tests, then the rest (stable otherwise)."""
+
+    def rank(item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        if path in LONGEST_FIRST:
+            return 0, LONGEST_FIRST.index(path)
+        return (1, 0) if item.get_closest_marker("slow") else (2, 0)
+
+    items.sort(key=rank)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Say loudly which real test beds did not start (their tests were skipped, not passed)."""
     from tests.fixtures.beds import NOT_STARTED
