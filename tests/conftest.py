@@ -21,7 +21,8 @@ def pytest_configure(config):
 
 # The longest tests, longest first (CI's --durations on the 2-core machine): they start first, in
 # parallel lanes, and the short ones fill in around them, so the run is not left waiting on one
-# long test at its end.
+# long test at its end. (scripts/test.sh passes --no-loadscope-reorder: xdist would otherwise put
+# the groups with the most tests first.)
 LONGEST_FIRST = (
     "tests/test_demo.py",  # the README's first command in a pristine container: set-up + demo
     "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
