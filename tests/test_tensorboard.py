@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.requires import require_module
 from tests.fixtures.sshd import free_port, listening
 
 pytestmark = pytest.mark.ssh
@@ -49,7 +50,7 @@ def get_json(url: str):
 
 
 def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_harness(ssh_host, tmp_path):
-    pytest.importorskip("tensorboard")
+    require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
     serve_and_stop(config, workdir, ssh_host)
 
@@ -59,7 +60,7 @@ def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_
     """runtime docker: TensorBoard runs in a container like the stages' (docker's bridge network,
     no port published), found there by the forward. The test image has no ML stack: this
     interpreter (with tensorboard) is mounted into it read-only and named as the container's python."""
-    pytest.importorskip("tensorboard")
+    require_module("tensorboard")
     from tests.fixtures.docker_engine import container_table
 
     prefix = Path(sys.prefix).resolve()
@@ -112,9 +113,11 @@ def test_no_logs_is_one_error_line(ssh_host, tmp_path):
 
 
 def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tmp_path):
-    python = "/usr/bin/python3"  # the system interpreter, without tensorboard
-    if subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode == 0:
-        pytest.skip(f"{python} has tensorboard")
+    # this interpreter without its site-packages (-S): the standard library only, no tensorboard
+    python = tmp_path / "python-without-site-packages"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    assert subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode != 0
     workdir = tmp_path / "work"
     write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
     config = tmp_path / "harness.toml"
