@@ -103,6 +103,94 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool
         time.sleep(0.5)
 
 
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process on this machine (the box)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace"))
+            except (OSError, IndexError, ValueError):
+                pass  # it ended meanwhile
+    return found
+
+
+def tensorboards_on(port: int) -> list[int]:
+    return [pid for pid, (_, cmd) in processes().items() if "tensorboard.main" in cmd and f"--port {port} " in cmd + " "]
+
+
+def start_board(config: Path, ssh_host, *run: str) -> tuple[subprocess.Popen, int, int]:
+    """`harness tensorboard box [RUN]` in a session of its own (so that the test can end whatever
+    it left); returns it once it printed its URL, with the box's and the local port."""
+    remote, local = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", *run,
+                             "--port", str(remote), "--local-port", str(local)], start_new_session=True,
+                            env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
+    assert tensorboards_on(remote), "no TensorBoard process on the box"
+    return proc, remote, local
+
+
+def assert_stopped_on_the_box(remote: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while tensorboards_on(remote) or listening(remote):
+        assert time.monotonic() < deadline, f"TensorBoard still runs on the box: {tensorboards_on(remote)}"
+        time.sleep(0.5)
+
+
+def end_session(proc: subprocess.Popen) -> None:
+    import os
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of this harness is left (its ssh clients)
+    except ProcessLookupError:
+        pass
+    proc.wait(DEADLINE_S)
+
+
+def test_without_run_every_run_there_is_served_and_a_killed_harness_stops_it(ssh_host, tmp_path):
+    """No RUN: the configured pipeline's logger directory, one TensorBoard run per run that trained
+    there. kill -9 of harness (no handler runs) still stops TensorBoard on the box."""
+    require_module("tensorboard")
+    config, workdir = write_config(tmp_path, ssh_host)
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "first", [2.0, 1.5])
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "second", [4.0, 3.0, 2.0])
+    proc, remote, local = start_board(config, ssh_host)
+    try:
+        assert sorted(get_json(f"http://127.0.0.1:{local}/data/runs")) == ["first", "second"]
+        scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=second&tag=train%2Floss")
+        assert [(step, value) for _, step, value in scalars] == [(0, 4.0), (1, 3.0), (2, 2.0)]
+        proc.kill()
+        proc.wait(DEADLINE_S)
+        assert_stopped_on_the_box(remote)
+    finally:
+        end_session(proc)
+
+
+def test_a_dropped_link_stops_tensorboard_on_the_box(ssh_host, tmp_path):
+    """The connection TensorBoard runs on goes away (its ssh client killed: the box sees the
+    connection close, as when a laptop's link goes down and TCP says so): it stops on the box."""
+    require_module("tensorboard")
+    config, workdir = write_config(tmp_path, ssh_host)
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "only", [1.0])
+    proc, remote, _ = start_board(config, ssh_host)
+    try:
+        table = processes()
+        ours = {proc.pid}
+        for _ in range(4):  # harness's descendants
+            ours |= {pid for pid, (ppid, _) in table.items() if ppid in ours}
+        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and "tensorboard.main" in table[pid][1]]
+        assert len(links) == 1, [table[pid][1] for pid in ours]
+        import os
+
+        os.kill(links[0], signal.SIGKILL)
+        assert_stopped_on_the_box(remote)
+    finally:
+        end_session(proc)
+
 def test_no_logs_is_one_error_line(ssh_host, tmp_path):
     config, workdir = write_config(tmp_path, ssh_host)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],
