@@ -63,8 +63,11 @@ def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_
     require_module("tensorboard")
     from tests.fixtures.docker_engine import container_table
 
-    prefix = Path(sys.prefix).resolve()
-    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=[f"{prefix}:{prefix}:ro"], python=sys.executable))
+    # this environment (a virtualenv: its site-packages) and the interpreter it links to, unless
+    # that is the system's /usr (the test image's own Python 3.11 then stands in for it)
+    prefixes = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()} - {Path("/usr")})
+    mounts = [f"{prefix}:{prefix}:ro" for prefix in prefixes]
+    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=mounts, python=sys.executable))
     containers_before = set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split())
     serve_and_stop(config, workdir, ssh_host, expect_container=True)
     deadline = time.monotonic() + DEADLINE_S
@@ -87,7 +90,7 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool
                             env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert line.split()[0] == f"http://127.0.0.1:{local}", (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
         assert ("(container " in line) == expect_container, line
         runs = get_json(f"http://127.0.0.1:{local}/data/runs")
         assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
