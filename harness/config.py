@@ -157,6 +157,8 @@ class Config:
     def host(self, name: str) -> HostConfig:
         if name in self.hosts:
             return self.hosts[name]
+        if name in self.groups:  # a command of one host (exec, shell, inspect, pull, ...) given a group
+            raise UsageError(f"{name} is a group ({', '.join(self.groups[name].hosts)}): this command takes one host; name one of them")
         known = ", ".join(sorted(self.hosts)) or "none"
         raise ConfigError(str(self.path), f"hosts.{name}", f"unknown host (configured: {known})")
 

@@ -59,6 +59,19 @@ def test_unknown_host_names_the_key_and_the_configured_hosts(tmp_path):
     assert r.stderr.strip().splitlines() == [f"harness: error: {tmp_path / 'harness.toml'}: hosts.gpu2: unknown host (configured: gpu, local)"]
 
 
+
+@pytest.mark.parametrize("argv", [
+    ["exec", "pair", "--", "true"], ["shell", "pair"], ["inspect", "pair", "json.dumps"], ["pull", "pair", "last"],
+    ["sources", "pair", "json"], ["forward", "pair", "8000"], ["tensorboard", "pair"],
+])
+def test_a_group_is_refused_by_the_commands_of_one_host(tmp_path, argv):
+    # the hosts are unreachable (a closed port): the refusal comes before any connection (exit 255)
+    write(tmp_path, '[hosts.a]\nssh = "u@127.0.0.1:1"\n[hosts.b]\nssh = "u@127.0.0.1:1"\n[groups.pair]\nhosts = ["a", "b"]\n')
+    r = cli(*argv, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["harness: error: pair is a group (a, b): this command takes one host; name one of them"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["harness.toml"]  # nothing pulled, nothing written
+
 def test_missing_config_and_bad_toml(tmp_path):
     r = cli("hosts", cwd=tmp_path)
     assert r.returncode == 2 and "no harness.toml" in r.stderr and "harness init" in r.stderr

@@ -15,8 +15,9 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("evaluate-drafts")] 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
+from tests.fixtures.requires import require_module  # noqa: E402
+torch = require_module("torch")
+require_module("speculators")
 
 import evaluate as ev  # noqa: E402
 

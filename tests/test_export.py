@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("export-checkpoint")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-pytest.importorskip("torch")
-pytest.importorskip("speculators")
+from tests.fixtures.requires import require_module  # noqa: E402
+require_module("torch")
+require_module("speculators")
 
 import export as ex  # noqa: E402
 

@@ -201,6 +201,36 @@ def nested_verifier(tiny_verifier, tmp_path_factory) -> Path:
     return path
 
 
+
+def test_check_extract_command_reports_ok_then_the_gap_with_exit_1(prepared_data, hidden_states, tmp_path):
+    """`harness check-extract HOST` (the CLI over harness.extraction_check, which the multinode
+    test drives across hosts): a local host holding every sample, then one file missing."""
+    import subprocess
+
+    workdir = tmp_path / "work"
+    (workdir / "outputs").mkdir(parents=True)
+    (workdir / "remote_scripts").symlink_to(SCRIPTS_DIR)
+    (workdir / "outputs" / "prepared").symlink_to(prepared_data)
+    shutil.copytree(hidden_states, workdir / "outputs" / "hidden_states")
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nlocal = true\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
+
+    def check(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "check-extract", "box", *flags],
+                              capture_output=True, text=True, timeout=300)
+
+    n = len(list(hidden_states.glob("hs_*.safetensors")))
+    r = check("--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["ok"], report["num_samples"], report["valid_per_host"], report["gaps"]) == (True, n, {"box": n}, "")
+    (workdir / "outputs" / "hidden_states" / "hs_1.safetensors").unlink()
+    r = check()
+    assert r.returncode == 1, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"{n} samples, box: {n - 1} valid"
+    assert "GAPS: 1 sample(s) have no valid file on any host: 1" in lines and lines[-1] == "NOT OK"
+
 def test_nested_text_config_verifier(nested_verifier, prepared_data, tmp_path):
     import torch
     from safetensors.torch import load_file

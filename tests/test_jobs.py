@@ -73,6 +73,23 @@ def test_chain_runs_detached_with_complete_logs_and_record(tmp_path):
     assert spec["command"][1] == "remote_scripts/prepare_data.py" and "--events" in spec["command"]
 
 
+
+def test_cli_run_all_runs_the_default_chain_in_order(tmp_path):
+    """`harness run HOST all`: regenerate -> prepare -> extract -> train -> evaluate -> export (the
+    job tests' fake stages; the real stages run as this chain behind `verifier` in `harness run
+    HOST demo`: tests/test_kimi_k25.py, tests/test_container_ml.py)."""
+    from harness.pipeline import DEFAULT_CHAIN
+
+    config = write_project(tmp_path / "project", tmp_path / "work", {stage: {"lines": 1} for stage in DEFAULT_CHAIN})
+    r = harness_cli(config, "run", "box", "all")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.split()[0]
+    status = json.loads(harness_cli(config, "status", "box", run_id, "--json").stdout)
+    assert [(s["stage"], s["state"]) for s in status["stages"]] == [(stage, "ok") for stage in DEFAULT_CHAIN]
+    assert DEFAULT_CHAIN == ["regenerate", "prepare", "extract", "train", "evaluate", "export"]  # the README's chain
+    finished = [s["finished"] for s in status["stages"]]
+    assert all(b["started"] >= a for b, a in zip(status["stages"][1:], finished))  # one after another
+
 def test_failed_stage_stops_chain_and_keeps_exit_code(tmp_path):
     jobs, _ = make_jobs(tmp_path, {"prepare": {"lines": 2, "exit_code": 7}})
     run_id = jobs.start(["prepare", "train", "evaluate"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.pull import PART_SUFFIX, PullConnection, PullOptions, PullProgress, RemoteEntry, clean_rel, pull, received_bytes, select
+from harness.pull.session import LONG_LINK_RTT_S, ONE_STREAM_BYTES, streams_for
 from harness.transport.local import LocalTransport
 from tests.fixtures.job_project import run_in_pty
 
@@ -343,8 +344,20 @@ def test_large_pull_interrupted_many_times_resumes_to_an_identical_file(ssh_host
     assert line.bytes_to_client - forwarded_before < (size - final["resumed"]) * 1.05 + 2 * MiB
 
 
+def test_streams_for_a_round_trip():
+    """How many streams a pull opens at once, from the round trip it measured (the end-to-end
+    throughput of more streams on a long link: bench/transfer.py)."""
+    big = 96 * MiB
+    assert streams_for(big, None, 8) == 1  # not measured: one
+    assert streams_for(big, LONG_LINK_RTT_S * 0.9, 8) == 1  # loopback or LAN: CPU-bound, one
+    assert streams_for(big, 0.030, 4) == 4  # a long link: as many as allowed ...
+    assert streams_for(big, 0.030, 2) == 2
+    assert 1 < streams_for(40 * MiB, 0.030, 8) < 8  # ... or as the bytes pay for
+    assert streams_for(ONE_STREAM_BYTES - 1, 0.5, 8) == 1  # too little to pay for a second
+
+
 @pytest.mark.ssh
-@pytest.mark.parametrize("rtt_ms, jobs", [(10, 2), (30, 4)], ids=["one-stream", "forwarded-streams"])
+@pytest.mark.parametrize("rtt_ms, jobs", [(10, 2), (30, 4)], ids=["short-link", "forwarded-streams"])
 def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_host, tmp_path, rtt_ms, jobs):
     """Ctrl-C (SIGINT to the terminal's whole process group: harness and its ssh streams) in the
     middle of `harness pull` on a slow link: no file at its final name, the pieces received kept
@@ -385,7 +398,11 @@ def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_ho
         assert r.returncode == 0, r.stderr[-2000:]
         moved = line.bytes_to_client - before
     assert "resumed" in r.stdout + r.stderr
-    assert (interrupted_streams > 0) == (rtt_ms > 15), interrupted_streams
+    if rtt_ms > LONG_LINK_RTT_S * 1000:
+        # the pull measures a round trip no shorter than the line's delay, so it opens further
+        # streams from the start (streams_for). The 10 ms line may read above the threshold on a
+        # loaded machine: its stream count is not asserted (test_streams_for_a_round_trip).
+        assert interrupted_streams > 0, interrupted_streams
     assert moved < size - piece, (moved, size)  # at least one whole piece was not fetched again
     assert sha(target) == sha(src / "model.safetensors") and leftovers(dest) == []
 

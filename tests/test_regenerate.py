@@ -114,6 +114,26 @@ def test_batched_greedy_replies_equal_one_by_one_decoding(tiny_verifier, tmp_pat
     assert read_events(events)[-1]["already_done"] is True  # a rerun on the same data and settings does nothing
 
 
+
+def test_sampling_follows_the_seed_and_top_p(tiny_verifier, tmp_path):
+    """--temperature > 0 samples: the same seed gives the same replies, another seed others, and a
+    top-p that keeps only the likeliest token gives the greedy replies back. (--temperature 0,
+    the default, is greedy: test_batched_greedy_replies_equal_one_by_one_decoding.)"""
+    rows = _prompt_rows(tiny_verifier, 6)
+    data = _write(tmp_path / "chat.jsonl", rows)
+
+    def replies(name: str, *flags) -> list[str]:
+        out = tmp_path / f"{name}.jsonl"
+        run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 3, *flags))
+        return [json.loads(line)["messages"][-1]["content"] for line in out.read_text().splitlines()]
+
+    seed1 = replies("seed1", "--temperature", 2.0, "--seed", 1)
+    assert replies("seed1-again", "--temperature", 2.0, "--seed", 1) == seed1
+    assert replies("seed2", "--temperature", 2.0, "--seed", 2) != seed1
+    greedy = _greedy_replies(tiny_verifier.verifier, rows)
+    assert seed1 != greedy  # it sampled
+    assert replies("top-p", "--temperature", 2.0, "--top-p", 1e-6, "--seed", 1) == greedy
+
 def test_killed_regenerate_resumes_and_shards_merge(tiny_verifier, tmp_path):
     rows = _prompt_rows(tiny_verifier, 12)
     data = _write(tmp_path / "chat.jsonl", rows)

@@ -17,6 +17,7 @@ from harness.config import PipelineConfig
 from harness.doctor.verifier_checks import verdict_remote_code
 from harness.pipeline import REMOTE_CODE_STAGES, STAGES, stage_argv
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, run_script
+from tests.fixtures.requires import require_module
 from tests.fixtures.tiktoken_tokenizer import CLASS_NAME, write_tiktoken_tokenizer
 
 sys.path.insert(0, str(SCRIPTS_DIR))
@@ -63,7 +64,7 @@ def test_doctor_verdict_on_auto_map(auto_map, trust, status):
 def tiktoken_verifier(tiny_verifier, tmp_path_factory) -> Path:
     """The tiny verifier with its tokenizer replaced by the toy tiktoken one (same words, same
     special tokens and chat template, other ids)."""
-    pytest.importorskip("tiktoken")
+    require_module("tiktoken")
     import make_tiny_verifier as tiny
 
     out = tmp_path_factory.mktemp("tiktoken") / "verifier"

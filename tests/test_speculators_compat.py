@@ -14,8 +14,9 @@ pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
+from tests.fixtures.requires import platform_skip, require_module  # noqa: E402
+torch = require_module("torch")
+require_module("speculators")
 
 from common import speculators_compat as compat  # noqa: E402
 
@@ -31,8 +32,9 @@ def test_checks_still_pass_after_the_shims_are_applied():
     assert compat.apply_cpu_shims() == ([] if torch.accelerator.is_available() else ["trainer-device", "step-timer-sync", "resume-device"])
 
 
-@pytest.mark.skipif(torch.accelerator.is_available(), reason="the CPU shims only apply without an accelerator")
 def test_cpu_shims_make_the_trainer_pieces_work_without_an_accelerator():
+    if torch.accelerator.is_available():
+        platform_skip("the CPU shims apply only without an accelerator (with one, test_checks_still_pass_after_the_shims_are_applied asserts none applies)")
     compat.apply_cpu_shims()
     from speculators.train import checkpointer, trainer
 

@@ -81,6 +81,31 @@ def test_first_sync_sends_everything_with_modes_links_and_odd_names(host, projec
     assert digest == result.manifest_digest == host_manifest_digest(transport, workdir)
 
 
+
+def test_the_helper_runs_on_usr_bin_python3_before_a_python3_on_path(project, tmp_path, monkeypatch):
+    """The default `python3` runs the helper as /usr/bin/python3 where there is one, not a
+    `python3` first on PATH (a version manager's shim); a configured path is used as it is."""
+    import sys
+
+    from harness.transport.local import LocalTransport
+
+    calls = tmp_path / "shim-calls"
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    shim = shims / "python3"
+    shim.write_text(f'#!/bin/sh\necho called >> {calls}\nexec {sys.executable} "$@"\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    transport = LocalTransport("local")
+    assert do_sync(transport, project, str(tmp_path / "w1")).files_sent == 7
+    if Path("/usr/bin/python3").exists():
+        assert not calls.exists()  # the shim never ran
+    else:  # no system interpreter: the one on PATH it is
+        assert calls.read_text() == "called\n"
+        calls.unlink()
+    assert do_sync(transport, project, str(tmp_path / "w2"), python=str(shim)).files_sent == 7
+    assert calls.read_text() == "called\n"  # a configured interpreter is used as it is
+
 def test_noop_sync_sends_nothing_and_rehashes_nothing(host, project):
     transport, workdir = host
     do_sync(transport, project, workdir)

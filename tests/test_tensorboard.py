@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.requires import require_module
 from tests.fixtures.sshd import free_port, listening
 
 pytestmark = pytest.mark.ssh
@@ -49,7 +50,7 @@ def get_json(url: str):
 
 
 def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_harness(ssh_host, tmp_path):
-    pytest.importorskip("tensorboard")
+    require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
     serve_and_stop(config, workdir, ssh_host)
 
@@ -59,11 +60,14 @@ def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_
     """runtime docker: TensorBoard runs in a container like the stages' (docker's bridge network,
     no port published), found there by the forward. The test image has no ML stack: this
     interpreter (with tensorboard) is mounted into it read-only and named as the container's python."""
-    pytest.importorskip("tensorboard")
+    require_module("tensorboard")
     from tests.fixtures.docker_engine import container_table
 
-    prefix = Path(sys.prefix).resolve()
-    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=[f"{prefix}:{prefix}:ro"], python=sys.executable))
+    # this environment (a virtualenv: its site-packages) and the interpreter it links to, unless
+    # that is the system's /usr (the test image's own Python 3.11 then stands in for it)
+    prefixes = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()} - {Path("/usr")})
+    mounts = [f"{prefix}:{prefix}:ro" for prefix in prefixes]
+    config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=mounts, python=sys.executable))
     containers_before = set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split())
     serve_and_stop(config, workdir, ssh_host, expect_container=True)
     deadline = time.monotonic() + DEADLINE_S
@@ -86,7 +90,7 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool
                             env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        assert line.split()[0] == f"http://127.0.0.1:{local}", (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
         assert ("(container " in line) == expect_container, line
         runs = get_json(f"http://127.0.0.1:{local}/data/runs")
         assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
@@ -102,6 +106,94 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool
         time.sleep(0.5)
 
 
+
+def processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process on this machine (the box)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                found[int(entry.name)] = (ppid, (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace"))
+            except (OSError, IndexError, ValueError):
+                pass  # it ended meanwhile
+    return found
+
+
+def tensorboards_on(port: int) -> list[int]:
+    return [pid for pid, (_, cmd) in processes().items() if "tensorboard.main" in cmd and f"--port {port} " in cmd + " "]
+
+
+def start_board(config: Path, ssh_host, *run: str) -> tuple[subprocess.Popen, int, int]:
+    """`harness tensorboard box [RUN]` in a session of its own (so that the test can end whatever
+    it left); returns it once it printed its URL, with the box's and the local port."""
+    remote, local = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", *run,
+                             "--port", str(remote), "--local-port", str(local)], start_new_session=True,
+                            env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
+    assert tensorboards_on(remote), "no TensorBoard process on the box"
+    return proc, remote, local
+
+
+def assert_stopped_on_the_box(remote: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while tensorboards_on(remote) or listening(remote):
+        assert time.monotonic() < deadline, f"TensorBoard still runs on the box: {tensorboards_on(remote)}"
+        time.sleep(0.5)
+
+
+def end_session(proc: subprocess.Popen) -> None:
+    import os
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of this harness is left (its ssh clients)
+    except ProcessLookupError:
+        pass
+    proc.wait(DEADLINE_S)
+
+
+def test_without_run_every_run_there_is_served_and_a_killed_harness_stops_it(ssh_host, tmp_path):
+    """No RUN: the configured pipeline's logger directory, one TensorBoard run per run that trained
+    there. kill -9 of harness (no handler runs) still stops TensorBoard on the box."""
+    require_module("tensorboard")
+    config, workdir = write_config(tmp_path, ssh_host)
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "first", [2.0, 1.5])
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "second", [4.0, 3.0, 2.0])
+    proc, remote, local = start_board(config, ssh_host)
+    try:
+        assert sorted(get_json(f"http://127.0.0.1:{local}/data/runs")) == ["first", "second"]
+        scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=second&tag=train%2Floss")
+        assert [(step, value) for _, step, value in scalars] == [(0, 4.0), (1, 3.0), (2, 2.0)]
+        proc.kill()
+        proc.wait(DEADLINE_S)
+        assert_stopped_on_the_box(remote)
+    finally:
+        end_session(proc)
+
+
+def test_a_dropped_link_stops_tensorboard_on_the_box(ssh_host, tmp_path):
+    """The connection TensorBoard runs on goes away (its ssh client killed: the box sees the
+    connection close, as when a laptop's link goes down and TCP says so): it stops on the box."""
+    require_module("tensorboard")
+    config, workdir = write_config(tmp_path, ssh_host)
+    write_events(workdir / "outputs" / "checkpoints" / "logs", "only", [1.0])
+    proc, remote, _ = start_board(config, ssh_host)
+    try:
+        table = processes()
+        ours = {proc.pid}
+        for _ in range(4):  # harness's descendants
+            ours |= {pid for pid, (ppid, _) in table.items() if ppid in ours}
+        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and "tensorboard.main" in table[pid][1]]
+        assert len(links) == 1, [table[pid][1] for pid in ours]
+        import os
+
+        os.kill(links[0], signal.SIGKILL)
+        assert_stopped_on_the_box(remote)
+    finally:
+        end_session(proc)
+
 def test_no_logs_is_one_error_line(ssh_host, tmp_path):
     config, workdir = write_config(tmp_path, ssh_host)
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],
@@ -112,9 +204,11 @@ def test_no_logs_is_one_error_line(ssh_host, tmp_path):
 
 
 def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tmp_path):
-    python = "/usr/bin/python3"  # the system interpreter, without tensorboard
-    if subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode == 0:
-        pytest.skip(f"{python} has tensorboard")
+    # this interpreter without its site-packages (-S): the standard library only, no tensorboard
+    python = tmp_path / "python-without-site-packages"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    assert subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode != 0
     workdir = tmp_path / "work"
     write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
     config = tmp_path / "harness.toml"

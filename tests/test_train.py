@@ -14,8 +14,9 @@ pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
+from tests.fixtures.requires import platform_skip, require_module  # noqa: E402
+torch = require_module("torch")
+require_module("speculators")
 
 import train_draft  # noqa: E402
 from common import draft_attention as da  # noqa: E402
@@ -251,7 +252,7 @@ def test_missing_inputs_fail_with_one_line(tiny_verifier, prepared_data, tmp_pat
 
 def test_flex_attention_is_refused_on_cpu_before_training(tiny_verifier, prepared_data, hidden_states, tmp_path):
     if torch.cuda.is_available():
-        pytest.skip("CPU-only check")
+        platform_skip("flex_attention is refused on CPU only")
     proc = _train(tiny_verifier.verifier, prepared_data, hidden_states, tmp_path / "ck", tmp_path / "e.jsonl", "--attn-impl", "simple_flex_attention", "--max-steps", "1", check=False)
     assert proc.returncode != 0
     finished = read_events(tmp_path / "e.jsonl")[-1]

@@ -23,7 +23,8 @@ from harness.pipeline import stage_argv
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 from common import loggers  # noqa: E402
 from tests.fixtures import logger_stores  # noqa: E402
-from tests.fixtures.beds import bed_unavailable, under_ci  # noqa: E402
+from tests.fixtures import requires  # noqa: E402
+from tests.fixtures.beds import bed_unavailable  # noqa: E402
 from tests.fixtures.pipeline_data import REPO_ROOT, offline_env, read_events, run_script  # noqa: E402
 from tests.test_jobs import assert_secret_absent  # noqa: E402
 
@@ -125,10 +126,7 @@ def test_a_logger_without_its_package_fails_before_training(tiny_verifier, prepa
 def require_logger_packages() -> None:
     missing = [p for p in loggers.PACKAGES.values() if importlib.util.find_spec(p) is None]
     if missing:
-        message = f"logger packages not installed: {' '.join(missing)} (scripts/setup.sh --dev installs them)"
-        if under_ci():
-            pytest.fail(message + " (CI=true: the README claims these loggers)", pytrace=False)
-        pytest.skip(message)
+        requires.missing(f"logger packages not installed: {' '.join(missing)}")
 
 
 def no_network_prefix() -> list[str]:
