@@ -13,7 +13,6 @@ values travel on stdin and never on a command line.
 from __future__ import annotations
 
 import os
-import socket
 from typing import Callable, Mapping, Sequence
 
 from harness.transport import openssh
@@ -38,11 +37,17 @@ def _master_listening(control_path: str | None) -> bool:
     """A master answers on the socket (a socket file whose master is gone refuses)."""
     if not control_path:
         return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(control_path)
-        except OSError:
-            return False
+    # _socket, the C module under socket.py: importing socket.py (it builds four enum classes)
+    # costs 14 M instructions, 4% of a whole warm exec (callgrind; bench/RESULTS.md, issue 31).
+    import _socket
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(control_path)
+    except OSError:
+        return False
+    finally:
+        s.close()
     return True
 
 

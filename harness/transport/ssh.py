@@ -14,11 +14,8 @@ pays for any of it (~0.3 s of imports alone).
 from __future__ import annotations
 
 import os
-import socket
 import stat as st
 import sys
-import threading
-import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -190,6 +187,8 @@ class SSHTransport(Transport):
         return self
 
     def _open_one(self, conn: Connection, previous: Connection | None) -> None:
+        import socket
+
         import paramiko
 
         where, timeout = self._where(conn), self.spec.connect_timeout
@@ -264,6 +263,8 @@ class SSHTransport(Transport):
         stderr: OutputSink | None = None,
         timeout: float | None = None,
     ) -> RunResult:
+        import threading
+
         command, prefix = remote_command(argv, cwd=cwd, env=env)
         chan = self._session()
         chan.exec_command(command)
@@ -350,6 +351,8 @@ class SSHTransport(Transport):
         return self._home
 
     def put_bytes(self, data: bytes, path: str, mode: int | None = None) -> None:
+        import uuid
+
         path = self.expand(path)
         directory = os.path.dirname(path) or "."
         self._makedirs(directory)
