@@ -68,10 +68,12 @@ def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_
     prefixes = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()} - {Path("/usr")})
     mounts = [f"{prefix}:{prefix}:ro" for prefix in prefixes]
     config, workdir = write_config(tmp_path, ssh_host, container_table(docker_base_image, mounts=mounts, python=sys.executable))
-    containers_before = set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split())
+    # Containers that mount this test's workdir: TensorBoard's, never another lane's (tests/fixtures/lanes.py).
+    ours = ["docker", "ps", "-q", "--filter", f"volume={workdir}"]
+    assert subprocess.run(ours, capture_output=True, text=True).stdout.split() == []
     serve_and_stop(config, workdir, ssh_host, expect_container=True)
     deadline = time.monotonic() + DEADLINE_S
-    while set(subprocess.run(["docker", "ps", "-q"], capture_output=True, text=True).stdout.split()) - containers_before:
+    while subprocess.run(ours, capture_output=True, text=True).stdout.split():
         assert time.monotonic() < deadline, "TensorBoard's container outlived harness"
         time.sleep(0.5)
 
