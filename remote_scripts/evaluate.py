@@ -405,25 +405,15 @@ class HFVerifier:
     def batch_size(self, prompts: list[list[int]], max_new_tokens: int) -> int:
         """Prompts decoded at once by default: on CPU 8 (a decode step of one sequence is
         mostly per-step overhead: bench/evaluate_speed.py measured 2.6 s for 16 prompts alone,
-        1.3 s by 8); on a GPU as many as a third of its free memory holds, counting each
-        sequence's KV cache and its logits (at most 64: past that a step is no longer
-        launch-bound)."""
-        import torch
-
+        1.3 s by 8); on a GPU as many as a third of its free memory holds
+        (common/batch_memory.py)."""
         if not prompts:
             return 1
         if self.device.type != "cuda":
             return min(8, len(prompts))
-        from common.verifier import text_config
+        from common.batch_memory import gpu_batch_size
 
-        cfg = text_config(self.model.config)
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        width = max(len(p) for p in prompts) + max_new_tokens
-        element = self.parts.embed_tokens.weight.element_size()
-        per_sequence = 2 * cfg.num_hidden_layers * heads * head_dim * width * element + 2 * cfg.vocab_size * 4 + width * cfg.hidden_size * 4 * element
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return max(1, min(64, len(prompts), int(free / 3 // per_sequence)))
+        return gpu_batch_size(self.model, self.device, max(len(p) for p in prompts) + max_new_tokens, len(prompts))
 
 
 def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
