@@ -17,6 +17,18 @@ tau = generated tokens / verifier rounds (between 1 and k+1). Per position i: th
 whose i-th proposal was accepted. The speculative output must equal plain greedy decoding of the
 verifier (checked per prompt: `greedy_match`).
 
+Two methods, one result (tests hold them to identical rounds and acceptances, prompt by prompt):
+`--method chain` runs the rounds above one by one (two forwards per round, no KV cache: the
+reference); `--method fast` (the default) gets every round's outcome from a few forwards per
+prompt (`measure_fast`): greedy decoding with a KV cache, batched over prompts; one verifier
+forward over prompt + reply (the draft's view, and the check that it agrees with the cached
+decode); one draft forward whose free-running chain holds the proposal of every possible round.
+bench/evaluate_speed.py times both (bench/RESULTS.md).
+
+Loops: a reply that runs to the token budget repeating a span (`is_looping`) is easy to predict
+and inflates tau. tau counts such replies (a server speculates on them too); the report gives
+their number and tau without them (`looping_prompts`, `tau_without_loops`).
+
 Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier writes the last
 --heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
 conversation is one prompt: the conversation up to that turn, with the generation prompt; a
@@ -81,6 +93,7 @@ class PromptResult:
     accepted: list[int]  # accepted draft tokens per round (0..k)
     trials: list[int]  # draft positions whose verdict mattered per round (k, fewer when the reply ended)
     greedy_match: bool | None = None
+    looping: bool | None = None  # the reply is stuck in a repetition loop (`is_looping`)
 
 
 @dataclass
@@ -93,6 +106,11 @@ class Report:
     rounds: int
     generated_tokens: int
     greedy_match: float | None
+    # Replies stuck in a repetition loop (`is_looping`) are speculated on as a server would,
+    # so they stay in tau; they inflate it (a loop is easy to predict), hence their count and
+    # tau over the other prompts next to it.
+    looping_prompts: int = 0
+    tau_without_loops: float | None = None
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -177,7 +195,38 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
     return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)  # greedy by construction: nothing to check
 
 
+# A loop: the reply ran to the token budget without ending its turn, and over its last
+# LOOP_WINDOW tokens at least LOOP_MATCH of them equal the token one period earlier, for some
+# period of 1..LOOP_WINDOW/2 tokens (`1.1.1.1.`, a sentence said again and again; a numbered
+# list whose items of four tokens or more repeat but for the number matches 75% or more).
+LOOP_WINDOW = 32
+LOOP_MATCH = 0.75
+
+
+def is_looping(generated: list[int], eos: set[int], window: int = LOOP_WINDOW, min_match: float = LOOP_MATCH) -> bool:
+    """Whether a reply is stuck in a repetition loop (the rule above)."""
+    if not generated or generated[-1] in eos:
+        return False
+    for period in range(1, window // 2 + 1):
+        if len(generated) < window + period:
+            break
+        tail = generated[-window - period :]
+        same = sum(tail[i + period] == tail[i] for i in range(window))
+        if same >= min_match * window:
+            return True
+    return False
+
+
 def summarize(results: list[PromptResult], k: int) -> Report:
+    report = _summarize(results, k)
+    loops = [r for r in results if r.looping]
+    report.looping_prompts = len(loops)
+    if loops:
+        report.tau_without_loops = round(_summarize([r for r in results if not r.looping], k).tau, 4)
+    return report
+
+
+def _summarize(results: list[PromptResult], k: int) -> Report:
     rounds = sum(r.rounds for r in results)
     # Tokens after the prefill token, i.e. those the rounds produced.
     produced = sum(len(r.generated) - 1 for r in results)
@@ -200,6 +249,84 @@ def summarize(results: list[PromptResult], k: int) -> Report:
         generated_tokens=sum(len(r.generated) for r in results),
         greedy_match=(sum(checked) / len(checked)) if checked else None,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast measurement: every round's outcome from a few forwards per prompt
+
+
+class TableProposer:
+    """Proposals looked up in a table computed beforehand: `table[i]` is the draft's chain for a
+    round whose last verified token is sequence[i + 1] (what `propose` would return for
+    sequence[: i + 2]). `sequence` is the prompt + the verifier's greedy continuation."""
+
+    def __init__(self, sequence: list[int], table: list[list[int]]):
+        self.sequence, self.table = sequence, table
+
+    def propose(self, tokens, verifier_view, k):
+        n = len(tokens)
+        if tokens[-1] != self.sequence[n - 1] or len(self.table[n - 2]) < k:
+            raise EvalError("the table proposer was asked about a sequence it was not built for")
+        return self.table[n - 2][:k]
+
+
+def chain_table(proposer: "Eagle3Proposer", sequence: list[int], view, k: int) -> list[list[int]]:
+    """The draft's k-token chain at every position of `sequence`, in ONE draft forward.
+
+    A free-running TTT chain (`Eagle3Proposer.run(..., teacher_forcing=False)`) computes, for
+    every position i, exactly what `propose` computes for the last position of sequence[: i + 2]:
+    step 1 attends causally to the verified positions 0..i, and steps 2..k attend to those and
+    to position i's own earlier steps only (speculators' draft-token masks). So one run over the
+    whole sequence answers every round that replay can ask about."""
+    import torch
+
+    n = len(sequence) - 1
+    ids = torch.tensor([sequence[1 : n + 1]], device=view.device)
+    steps = proposer.run(view[:, :n], ids, k, teacher_forcing=False)
+    return torch.stack([s[0] for s in steps], dim=1).tolist()  # [n, k]
+
+
+def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], batch_size: int, progress=None) -> list[PromptResult]:
+    """`speculate` + the greedy check on every prompt, with a handful of forwards per prompt
+    instead of two per round (the round-by-round algorithm stays as `--method chain`; tests hold
+    the two to identical results):
+
+    1. greedy continuations (max_new_tokens + k + 1 tokens, or to eos) for `batch_size` prompts
+       at once, with a KV cache (`HFVerifier.greedy_batch`);
+    2. per prompt, one verifier forward over prompt + continuation, without a cache like
+       `speculate`'s: it gives the draft's view of every position and the verifier's own greedy
+       choices. Where they disagree with the cached decode (a near tie that the batch's other
+       numerics broke the other way), the prompt is decoded again alone; `greedy_match` says
+       whether the forward then agrees with the decode at every position, as the chain's check
+       does;
+    3. one draft forward gives its chain at every position (`chain_table`), and `replay` plays
+       the rounds against the continuation: under greedy verification the rounds and their
+       acceptances are a function of the continuation and the proposals alone.
+    """
+    results: list[PromptResult] = []
+    budget = max_new_tokens + k + 1
+    for start in range(0, len(prompts), max(1, batch_size)):
+        batch = prompts[start : start + max(1, batch_size)]
+        references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
+        for prompt, reference in zip(batch, references):
+            greedy, view = verifier.forward(prompt + reference)
+            match = _agrees(greedy, prompt, reference)
+            if not match and len(batch) > 1:
+                reference = verifier.greedy(prompt, budget, eos)
+                greedy, view = verifier.forward(prompt + reference)
+                match = _agrees(greedy, prompt, reference)
+            table = chain_table(proposer, prompt + reference, view, k)
+            r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens, eos)
+            r.greedy_match = match
+            results.append(r)
+            if progress:
+                progress(len(results))
+    return results
+
+
+def _agrees(greedy: list[int], prompt: list[int], reference: list[int]) -> bool:
+    """The verifier's own choice after prompt + reference[:i] is reference[i], for every i."""
+    return greedy[len(prompt) - 1 : len(prompt) - 1 + len(reference)] == reference
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,11 +384,43 @@ class HFVerifier:
                 torch.tensor([prompt], device=self.device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
                 max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad,
             )
-        tokens = out[0, len(prompt):].tolist()
-        for i, t in enumerate(tokens):
-            if t in eos:
-                return tokens[: i + 1]
-        return tokens
+        return _cut_after_eos(out[0, len(prompt):].tolist(), eos)
+
+    def greedy_batch(self, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[list[int]]:
+        """`greedy` for several prompts in one generate call (left-padded, masked)."""
+        import torch
+
+        pad = self._pad_id(eos)
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        with torch.no_grad():
+            out = self.model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad)
+        return [_cut_after_eos(row[width:].tolist(), eos) for row in out]
+
+    def _pad_id(self, eos: set[int]) -> int:
+        pad = getattr(self.model.config, "pad_token_id", None)
+        return pad if isinstance(pad, int) else (min(eos) if eos else 0)
+
+    def batch_size(self, prompts: list[list[int]], max_new_tokens: int) -> int:
+        """Prompts decoded at once by default: on CPU 8 (a decode step of one sequence is
+        mostly per-step overhead: bench/evaluate_speed.py measured 2.6 s for 16 prompts alone,
+        1.3 s by 8); on a GPU as many as a third of its free memory holds
+        (common/batch_memory.py)."""
+        if not prompts:
+            return 1
+        if self.device.type != "cuda":
+            return min(8, len(prompts))
+        from common.batch_memory import gpu_batch_size
+
+        return gpu_batch_size(self.model, self.device, max(len(p) for p in prompts) + max_new_tokens, len(prompts))
+
+
+def _cut_after_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
 
 
 class Eagle3Proposer:
@@ -577,7 +736,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-prompts", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: sdpa; inference needs no flex)")
-    p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="also decode each prompt greedily and check the speculative output equals it")
+    p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="--method chain: also decode each prompt greedily and check the speculative output equals it (--method fast always checks)")
+    p.add_argument("--method", choices=["fast", "chain"], default="fast", help="fast: a few forwards per prompt (batched greedy decoding with a KV cache, one verifier and one draft forward); chain: the reference, two forwards per round without a cache (same results, many times slower)")
+    p.add_argument("--batch-size", type=int, default=0, help="--method fast: prompts decoded at once (0: 8 on CPU, sized to free memory on a GPU)")
     p.add_argument("--train-metrics", default=None, help="train metrics/events JSONL for the curves (default: DRAFT/metrics.jsonl, then the train stage's events.jsonl)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); the tiny models gain nothing from more")
@@ -589,7 +750,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     def evaluate(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
         report = run(args, events)
-        return {"tau": round(report.tau, 4), "acceptance_per_position": report.acceptance_per_position, "report": report.extra.get("report")}
+        return {"tau": round(report.tau, 4), "acceptance_per_position": report.acceptance_per_position, "looping_prompts": report.looping_prompts,
+                "tau_without_loops": report.tau_without_loops, "prompts": report.prompts, "seconds": report.seconds, "report": report.extra.get("report")}
 
     return run_stage(STAGE, parse_args(argv), evaluate)
 
@@ -627,17 +789,26 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     chosen = f", the best while training (estimated tau {best['tau']:.2f} at step {best['step']})" if best else ""
     events.message(f"draft {ckpt}{chosen} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
 
-    results = []
-    for i, prompt in enumerate(prompts, 1):
-        r = speculate(verifier, proposer, prompt, args.speculative_tokens, args.max_new_tokens, eos)
-        if args.check_greedy:
-            r.greedy_match = greedy_decode(verifier, prompt, args.max_new_tokens, eos) == r.generated
-        results.append(r)
-        events.progress(i, len(prompts), unit="prompts")
+    batch_size = 0
+    if args.method == "chain":
+        results = []
+        for i, prompt in enumerate(prompts, 1):
+            r = speculate(verifier, proposer, prompt, args.speculative_tokens, args.max_new_tokens, eos)
+            if args.check_greedy:
+                r.greedy_match = greedy_decode(verifier, prompt, args.max_new_tokens, eos) == r.generated
+            results.append(r)
+            events.progress(i, len(prompts), unit="prompts")
+    else:
+        batch_size = args.batch_size or verifier.batch_size(prompts, args.max_new_tokens + args.speculative_tokens + 1)
+        results = measure_fast(verifier, proposer, prompts, args.speculative_tokens, args.max_new_tokens, eos, batch_size, progress=lambda i: events.progress(i, len(prompts), unit="prompts"))
+    for r in results:
+        r.looping = is_looping(r.generated, eos)
     report = summarize(results, args.speculative_tokens)
     report.seconds = round(time.monotonic() - started, 1)
     if report.greedy_match is not None and report.greedy_match < 1.0:
         events.message(f"warning: speculative output differs from greedy decoding on {1 - report.greedy_match:.0%} of prompts")
+    if report.looping_prompts:
+        events.message(f"{report.looping_prompts} of {report.prompts} replies loop (a repeated span to the token budget): tau {report.tau:.2f} counts them, {report.tau_without_loops:.2f} without them")
     events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
 
     plot_acceptance(report, out / "acceptance.png")
@@ -661,6 +832,9 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         "target_layers": layers,
         "split": args.split,
         "max_new_tokens": args.max_new_tokens,
+        "method": args.method,
+        **({"batch_size": batch_size} if args.method == "fast" else {}),
+        "looping": [i for i, r in enumerate(results) if r.looping],  # which prompts (in --data order)
         "plots": {"acceptance": str((out / "acceptance.png").resolve()), **({"training": str((out / "training.png").resolve())} if has_curves else {})},
         "report": str((out / "report.json").resolve()),
     }

@@ -18,8 +18,9 @@ seconds and (c) has learned something a draft can learn in turn. This script mak
   briefly on the assistant tokens only (150 steps at lr 1e-2 reach ~99% held-out token accuracy;
   hidden 64 rather than 128 because the draft inherits the verifier's hidden size and both must
   train within the demo's 10 minutes on 2 cores), saved in float32 (config `dtype`/`torch_dtype` float32,
-  `attn_implementation` sdpa) with untied embeddings (speculators reads `lm_head.weight` from the
-  checkpoint).
+  `attn_implementation` sdpa) with untied embeddings, or tied ones with `--tie-word-embeddings`
+  (then the checkpoint has no `lm_head.weight`; speculators 0.9.0 takes the draft's lm_head from
+  the embeddings, as for SmolLM2: tests/test_tied_verifier.py).
 * `--arch kimi-k2.5`: a toy Kimi-K2.5 (tiny_kimi_k25.py: Kimi_K25ForConditionalGeneration around a
   DeepSeek-V3 MoE text model, hidden 128), trained 300 steps by default, written in the
   save_pretrained or the released checkpoint layout (`--layout`).
@@ -80,6 +81,7 @@ class ModelSpec:
     num_heads: int = 4
     intermediate_size: int = 128
     max_positions: int = 512
+    tie_word_embeddings: bool = False
 
 
 KIMI_TRAIN_STEPS = 300  # the toy Kimi-K2.5 learns the language more slowly than the small Llama
@@ -188,7 +190,9 @@ def build_model(spec: ModelSpec, tokenizer, seed: int):
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,  # speculators loads lm_head.weight from the checkpoint
+        # Untied by default; --tie-word-embeddings ties them as SmolLM2 and other small models do
+        # (the checkpoint then holds no lm_head.weight: speculators 0.9.0 takes the embeddings).
+        tie_word_embeddings=spec.tie_word_embeddings,
         dtype="float32",
     )
     # sdpa: exact, fast on CPU, and it takes the padding masks the extractor builds.
@@ -311,6 +315,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-layers", type=int, default=ModelSpec.num_layers)
     p.add_argument("--num-heads", type=int, default=ModelSpec.num_heads)
     p.add_argument("--intermediate-size", type=int, default=ModelSpec.intermediate_size)
+    p.add_argument("--tie-word-embeddings", action="store_true", help="llama only: tie lm_head to the input embeddings (as SmolLM2 does)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; see run())")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
     return p.parse_args(argv)
@@ -328,6 +333,8 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
     # thread, 8.0 s/step with 2 while another stage ran).
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tie_word_embeddings and args.arch != "llama":
+        raise ValueError("--tie-word-embeddings is for --arch llama")
     if args.layout != "save_pretrained" and args.arch != tiny_kimi_k25.ARCH:
         raise ValueError(f"--layout {args.layout} is for --arch {tiny_kimi_k25.ARCH}")
     if args.num_layers < 7:
@@ -352,7 +359,7 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
         spec = tiny_kimi_k25.KimiSpec(num_layers=args.num_layers)
         model = tiny_kimi_k25.build_model(replace(spec, hidden_size=args.hidden_size or spec.hidden_size), tokenizer, args.seed)
     else:
-        model = build_model(ModelSpec(args.hidden_size or ModelSpec.hidden_size, args.num_layers, args.num_heads, args.intermediate_size), tokenizer, args.seed)
+        model = build_model(ModelSpec(args.hidden_size or ModelSpec.hidden_size, args.num_layers, args.num_heads, args.intermediate_size, tie_word_embeddings=args.tie_word_embeddings), tokenizer, args.seed)
     train_steps = args.train_steps if args.train_steps is not None else (KIMI_TRAIN_STEPS if args.arch == tiny_kimi_k25.ARCH else TrainSpec.steps)
     n_params = sum(p.numel() for p in model.parameters())
     events.message(f"verifier: {type(model).__name__}, {n_params / 1e6:.2f}M parameters, {args.num_layers} layers, hidden {model.get_output_embeddings().in_features}")

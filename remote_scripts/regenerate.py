@@ -52,6 +52,7 @@ from extract_hidden_states import plan_batches, resolve_rank, shard_range  # noq
 from prepare_data import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
 
 STAGE = "regenerate"
+CPU_BATCH_SIZE = 16  # --batch-size 0: transformers on CPU, and the vllm backend's progress step
 
 
 @dataclass
@@ -265,7 +266,7 @@ class TransformersBackend:
     def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
         torch, args = self.torch, self.args
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else sorted(self.eos)[0]
-        for batch in plan_batches({i: len(p) for i, p in prompts.items()}, args.batch_size, args.max_batch_tokens):
+        for batch in plan_batches({i: len(p) for i, p in prompts.items()}, self.batch_size(prompts), args.max_batch_tokens):
             width = max(len(prompts[i]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -287,6 +288,17 @@ class TransformersBackend:
                 kept = tokens[:stop] if stop is not None else tokens
                 replies[i] = Reply(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept) + (stop is not None), "stop" if stop is not None else "length")
             on_batch(replies)
+
+    def batch_size(self, prompts: dict[int, list[int]]) -> int:
+        """--batch-size, else 16 on CPU and, on a GPU, what a third of its free memory holds
+        (common/batch_memory.py) for the longest prompt plus --max-new-tokens."""
+        if self.args.batch_size:
+            return self.args.batch_size
+        if not self.device.startswith("cuda") or not prompts:
+            return CPU_BATCH_SIZE
+        from common.batch_memory import gpu_batch_size
+
+        return gpu_batch_size(self.model, self.device, max(map(len, prompts.values())) + self.args.max_new_tokens, len(prompts), cap=256)
 
     def close(self) -> None:
         pass
@@ -352,8 +364,9 @@ class VllmBackend:
 
         order = sorted(prompts)
         with ThreadPoolExecutor(max_workers=self.args.concurrency) as pool:
-            for start in range(0, len(order), self.args.batch_size):
-                chunk = order[start : start + self.args.batch_size]
+            step = self.args.batch_size or CPU_BATCH_SIZE
+            for start in range(0, len(order), step):
+                chunk = order[start : start + step]
                 if not self.server.alive():
                     raise ServerFailed(f"vllm serve died; log {self.log}")
                 on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
@@ -391,7 +404,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call (vllm: per progress step)")
+    p.add_argument("--batch-size", type=int, default=0, help=f"prompts per generate call (vllm: per progress step; 0: {CPU_BATCH_SIZE}, and for transformers on a GPU what a third of its free memory holds)")
     p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded prompt tokens per generate call")
     p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
     p.add_argument("--rank", type=int, default=None)
@@ -407,8 +420,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT.vllm_server.rank<r>.log)")
     p.add_argument("--events", default=None)
     args = p.parse_args(argv)
-    if args.max_new_tokens < 1 or args.batch_size < 1 or args.concurrency < 1:
-        p.error("--max-new-tokens, --batch-size and --concurrency must be at least 1")
+    if args.max_new_tokens < 1 or args.batch_size < 0 or args.concurrency < 1:
+        p.error("--max-new-tokens and --concurrency must be at least 1, --batch-size at least 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     return args

@@ -132,6 +132,31 @@ def test_summary_of_nothing():
     assert report.tau == 0.0 and report.acceptance_per_position == [0.0, 0.0, 0.0]
 
 
+def test_loops_are_replies_that_repeat_a_span_to_the_budget():
+    eos = {EOS}
+    prose = list(range(1, 60))  # no repetition
+    assert not ev.is_looping(prose, eos)
+    assert ev.is_looping(prose[:20] + [7, 8] * 20, eos)  # "1.1.1.1." : period 2
+    assert ev.is_looping(prose[:10] + list(range(30, 45)) * 3, eos)  # a 15-token sentence again and again
+    # A numbered list whose items repeat but for the number: 4 of 5 tokens match at period 5.
+    numbered = [t for n in range(100, 112) for t in (n, 1, 2, 3, 4)]
+    assert ev.is_looping(numbered, eos)
+    assert not ev.is_looping(prose[:20] + [7, 8] * 20 + [EOS], eos)  # it ended its turn: no loop
+    assert not ev.is_looping([7, 8] * 10, eos)  # too short to tell
+    assert not ev.is_looping(prose[:20] + list(range(60, 80)) * 2, eos)  # a 20-token span twice: period above 16
+
+
+def test_the_summary_counts_loops_and_gives_tau_without_them():
+    def result(rounds, tokens, looping):
+        return ev.PromptResult(5, [1] * (tokens + 1), rounds, [1] * rounds, [3] * rounds, looping=looping)
+
+    report = ev.summarize([result(10, 20, False), result(10, 40, True)], 3)
+    assert report.tau == pytest.approx(60 / 20) and report.looping_prompts == 1
+    assert report.tau_without_loops == pytest.approx(20 / 10)
+    clean = ev.summarize([result(10, 20, False)], 3)
+    assert clean.looping_prompts == 0 and clean.tau_without_loops is None
+
+
 # ---------------------------------------------------------------------------------------------
 # The EAGLE-3 proposer mirrors speculators' forward
 
@@ -247,6 +272,8 @@ def test_evaluate_stage_end_to_end(tiny_verifier, briefly_trained_draft, tmp_pat
     assert report["acceptance_per_position"] == sorted(report["acceptance_per_position"], reverse=True)
     assert report["greedy_match"] == 1.0  # speculation never changes the verifier's output
     assert report["prompts"] == 8
+    assert report["extra"]["method"] == "fast" and report["extra"]["batch_size"] == 8
+    assert report["looping_prompts"] == len(report["extra"]["looping"])
     for png in ("acceptance.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finished = read_events(events_path)[-1]
@@ -316,3 +343,30 @@ def test_a_trained_draft_beats_a_random_one_on_the_same_prompts(tiny_verifier, b
     assert trained["prompts"] == random_["prompts"] == 8
     assert trained["tau"] > random_["tau"] + 0.05, (trained["tau"], random_["tau"])  # measured here: 1.146 against 1.000
     assert trained["acceptance_per_position"][0] > random_["acceptance_per_position"][0]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_the_fast_measurement_equals_the_chain_on_the_real_models(tiny_verifier, briefly_trained_draft, batch_size):
+    """--method fast (batched cached decoding, one verifier and one draft forward per prompt)
+    against the reference round-by-round chain: the same rounds, acceptances and outputs, prompt
+    by prompt, with the briefly trained draft (it accepts some proposals and rejects others)."""
+    from transformers import AutoTokenizer
+
+    from common.checkpoints import resolve_draft
+    from common.verifier import load_verifier, locate_decoder
+
+    model = load_verifier(str(tiny_verifier.verifier), device="cpu")
+    draft = ev.load_draft(resolve_draft(briefly_trained_draft)[0], str(tiny_verifier.verifier), "sdpa")
+    verifier = ev.HFVerifier(model, ev.draft_layers(draft, locate_decoder(model).num_layers), torch.bfloat16)
+    proposer = ev.Eagle3Proposer(draft)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_verifier.verifier))
+    prompts = ev.load_prompts(tokenizer, tiny_verifier.data, "heldout", 8)
+    eos = ev._eos_ids(tokenizer, model)
+    k, max_new = 3, 48
+    fast = ev.measure_fast(verifier, proposer, prompts, k, max_new, eos, batch_size)
+    chain = [ev.speculate(verifier, proposer, p, k, max_new, eos) for p in prompts]
+    for i, (f, c) in enumerate(zip(fast, chain)):
+        assert (f.generated, f.rounds, f.accepted, f.trials) == (c.generated, c.rounds, c.accepted, c.trials), f"prompt {i}"
+        assert f.greedy_match is True
+    assert sum(sum(c.accepted) for c in chain) > 0 and any(a < k for c in chain for a in c.accepted)  # both verdicts occur
+    assert ev.summarize(fast, k).tau == ev.summarize(chain, k).tau

@@ -8,7 +8,10 @@ Run in the stage environment (torch, transformers, speculators). For each held-o
 verifier decodes greedily once and reads prompt + continuation once; every proposer (vLLM's ngram
 lookup, and each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay:
 the same rounds and acceptances as the evaluate stage's chain speculation, without a verifier
-forward per round). Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}.
+forward per round; an EAGLE-3 draft's proposals for every round come from one draft forward,
+evaluate.chain_table). Each report counts the replies stuck in a repetition loop
+(`looping_prompts`, evaluate.is_looping) and gives tau without them (`tau_without_loops`).
+Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}.
 """
 
 from __future__ import annotations
@@ -76,8 +79,13 @@ def main() -> None:
         reference = any_verifier.greedy(prompt, args.max_new_tokens + max(args.ks) + 1, eos)
         views = {layers: v.forward(prompt + reference)[1] for layers, v in verifiers.items()}
         for name, (proposer, layers) in proposers.items():
+            view = views.get(tuple(layers)) if layers else None
+            if isinstance(proposer, evaluate.Eagle3Proposer):  # every round's proposal from one draft forward (evaluate --method fast)
+                proposer = evaluate.TableProposer(prompt + reference, evaluate.chain_table(proposer, prompt + reference, view, max(args.ks)))
             for k in args.ks:
-                results[name][k].append(evaluate.replay(proposer, prompt, reference, views.get(tuple(layers)) if layers else None, k, args.max_new_tokens, eos))
+                r = evaluate.replay(proposer, prompt, reference, view, k, args.max_new_tokens, eos)
+                r.looping = evaluate.is_looping(r.generated, eos)
+                results[name][k].append(r)
         measured = i
         print(f"prompt {i}/{len(prompts)}", file=sys.stderr, flush=True)
 
@@ -85,6 +93,8 @@ def main() -> None:
     out = {"prompts": measured, "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
     Path(args.output).write_text(json.dumps(out, indent=1))
     print(json.dumps({name: {k: round(r["tau"], 3) for k, r in by_k.items()} for name, by_k in taus.items()}))
+    loops = {name: by_k[str(args.ks[0])]["looping_prompts"] for name, by_k in taus.items()}
+    print(f"replies stuck in a loop (of {measured}): {loops[next(iter(loops))]}" if len(set(loops.values())) == 1 else f"replies stuck in a loop: {loops}")
 
 
 if __name__ == "__main__":

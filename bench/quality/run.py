@@ -506,6 +506,10 @@ def bench() -> None:
         "k5": {"tau_draft": tau["ours"][5], "tau_ngram": tau["ngram"][5], "tau_speculators": tau["speculators"][5]},
         "size": args.size,
         "prompts": taus.get("prompts", 0),
+        # Replies stuck in a repetition loop (evaluate.is_looping; the same replies for every
+        # proposer, as the continuation is the verifier's) and our tau without them.
+        "looping_prompts": (taus["taus"].get("ours") or {}).get("3", {}).get("looping_prompts"),
+        "tau_draft_without_loops": (taus["taus"].get("ours") or {}).get("3", {}).get("tau_without_loops"),
         "verifier_args": spec.verifier_args,
         "verifier_heldout_loss_per_token": summary["heldout_loss_per_token"],
         "verifier_parameters": summary["parameters"],
@@ -557,7 +561,7 @@ def record(r: dict, args) -> None:
         f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}`\n\n"
         f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all ({', '.join(f'{k} {v:.0f} s' for k, v in r['phase_seconds'].items())}). "
         f"Verifier: {r['verifier_parameters'] / 1e6:.1f}M parameters, held-out loss {r['verifier_heldout_loss_per_token']} nats/token. "
-        f"{r['prompts']} held-out prompts, greedy; our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
+        f"{r['prompts']} held-out prompts, greedy ({r.get('looping_prompts')} replies stuck in a loop; our tau without them: {r.get('tau_draft_without_loops')}); our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
         f"{table(r)}\n\ntau_draft / tau_ngram = {ratio:.2f} at k = 3 (goal >= 1.3); tau_draft - tau_speculators = {_fmt(r['tau_draft'] - r['tau_speculators']) if None not in (r['tau_draft'], r['tau_speculators']) else 'not measured'} (goal >= 0).\n"
     )
     write_section(HEADING, section)
