@@ -117,3 +117,26 @@ def test_a_verifier_the_cpu_build_cannot_serve_is_named_and_skipped(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert events[-1]["status"] == "ok" and "the verifier's is 16" in events[-1]["skipped"]
     assert [e["text"] for e in events if e["event"] == "warning"] == [f"vLLM cannot serve this verifier here: {events[-1]['skipped']}; served acceptance not measured"]
+
+
+def test_serve_draft_speaks_the_contract_on_stdout_and_fails_in_one_line_without_vllm(tmp_path):
+    """harness serve's remote side: events as JSON lines on stdout, a failure as one line."""
+    python = "/usr/bin/python3"
+    if not Path(python).exists() or subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
+        pytest.skip("needs a python3 without vllm at /usr/bin/python3")
+    proc = subprocess.run([python, str(SCRIPTS_DIR / "serve_draft.py"), "--export", str(_fake_export(tmp_path, heads=2))],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 1 and [e["event"] for e in events] == ["started", "finished"], proc.stdout + proc.stderr
+    assert events[-1]["status"] == "failed" and "vLLM is not installed where the stages run" in events[-1]["error"]
+    assert all(not problems(e) for e in events), [problems(e) for e in events]
+
+
+def test_served_lines_of_harness_serve():
+    from harness.events import parse
+    from harness.serve import served_line
+
+    metric = parse({"event": "metric", "t": 1.0, "stage": "serve", "step": 12,
+                    "metrics": {"served_tau": 2.5, "drafts": 12, "served_acceptance_2": 0.5, "served_acceptance_1": 0.75}})
+    assert served_line(metric) == "served tau 2.50 over 12 drafts; acceptance per position 0.75 0.50"
+    assert served_line(parse({"event": "metric", "t": 1.0, "stage": "serve", "step": 1, "metrics": {"loss": 1.0}})) is None
