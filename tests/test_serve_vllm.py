@@ -60,9 +60,9 @@ def head32_draft(tmp_path_factory) -> Path:
     return build_once(tmp_path_factory, "head32_draft", build)
 
 
-def _harness(config: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+def _harness(config: Path, *args: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True,
-                          timeout=timeout, env=offline_env(**VLLM_ENV), cwd=config.parent)
+                          timeout=timeout, env=offline_env(**VLLM_ENV, **env), cwd=config.parent)
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +103,10 @@ def test_served_acceptance_equals_evaluates_and_replies_equal_the_verifiers(serv
     events = read_events(workdir / "runs" / run_id / "serve_check" / "events.jsonl")
     assert all(not problems(e) for e in events), [problems(e) for e in events]
     assert events[-1]["served_tau"] == s["tau"]
-    status = _harness(config, "status", "local", run_id, timeout=60)
-    assert status.returncode == 0 and f"served tau {s['tau']:.2f}" in status.stdout, status.stdout
+    status = _harness(config, "status", "local", run_id, "--json", timeout=60)
+    assert status.returncode == 0 and json.loads(status.stdout)["stages"][-1]["last_event"]["served_tau"] == s["tau"], status.stdout
+    status = _harness(config, "status", "local", run_id, timeout=60, COLUMNS="250")  # the table, wide enough for one line a cell
+    assert status.returncode == 0 and f"served tau {s['tau']:.2f}, evaluate {report['tau']:.2f}" in status.stdout, status.stdout
     assert (workdir / "outputs" / "eval" / "acceptance.png").stat().st_size > 0
 
 

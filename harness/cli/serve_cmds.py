@@ -45,6 +45,8 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
             click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
             return
         with server:
+            while not server.events.empty():  # what it said while vLLM loaded, before the URL
+                show(server.events.get())
             forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
             try:
                 for f in shown:
