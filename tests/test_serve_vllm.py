@@ -170,3 +170,50 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     assert not listening(port), "vLLM outlived harness serve"
     log = (workdir / "scrambled" / "serve" / f"vllm-{port}.log").read_text()
     assert "[harness] vllm serve stopped" in log
+
+
+@pytest.mark.ssh
+def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path):
+    """The same through the test sshd: `ssh -L` to the box's port, vLLM stopped there on Ctrl-C.
+    Environment names do not reach a served process over SSH (its stdin is the lifeline), so
+    the KV cache is sized with vLLM's own flag."""
+    from transformers import AutoTokenizer
+
+    from evaluate import load_prompts
+
+    _, workdir, run_id = served_run
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
+    remote, local = free_port(), free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "box", run_id, "--port", str(remote),
+                                 "--local-port", str(local), "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}",
+                                 f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}"],
+                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 600
+        while f"http://127.0.0.1:{local}" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        tokenizer = AutoTokenizer.from_pretrained(str(head32_draft / "verifier"))
+        for prompt in load_prompts(tokenizer, head32_draft / "chat.jsonl", "heldout", 2):
+            body = {"model": str(head32_draft / "verifier"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+            request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as r:
+                assert json.loads(r.read())["choices"][0]["text"]
+        while "served tau" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        shown = [line for line in out.read_text().splitlines() if line.startswith("served tau")][-1]
+        assert float(shown.split()[2]) > 1.3, shown  # the trained draft is accepted
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 0, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 120
+    while listening(remote):  # vLLM on the box ends with harness
+        assert time.monotonic() < deadline, "vLLM still listens on the box"
+        time.sleep(0.5)
+    assert not listening(local)
