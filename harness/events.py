@@ -133,8 +133,26 @@ def describe(raw: Any) -> str:
     if isinstance(event, Warning_):
         return "warning: " + event.text[:120]
     if isinstance(event, Finished):
-        return f"finished: {event.status}"
+        return f"finished: {event.status}" + _headline(event.summary)
     return "started"
+
+
+def _headline(summary: dict[str, Any]) -> str:
+    """A finished stage's figure worth a status cell: a skip's reason, the served acceptance
+    (serve_check: beside evaluate's and tokens/s), or a measured tau (evaluate)."""
+    number = lambda key: isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool)  # noqa: E731
+    if isinstance(summary.get("skipped"), str):
+        return f" (skipped: {summary['skipped'][:100]})"
+    if number("served_tau"):
+        parts = [f"served tau {summary['served_tau']:.2f}"]
+        if number("evaluate_tau"):
+            parts.append(f"evaluate {summary['evaluate_tau']:.2f}")
+        if number("tokens_per_s"):
+            parts.append(f"{summary['tokens_per_s']:.1f} tok/s" + (f" vs {summary['tokens_per_s_without_draft']:.1f} without the draft" if number("tokens_per_s_without_draft") else ""))
+        return " (" + ", ".join(parts) + ")"
+    if number("tau"):
+        return f" (tau {summary['tau']:.2f})"
+    return ""
 
 
 def format_metrics(metrics: dict[str, Any], limit: int | None = None) -> str:

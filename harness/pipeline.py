@@ -36,18 +36,23 @@ STAGES: dict[str, Stage] = {
         Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True),
         Stage("evaluate", "evaluate.py", "acceptance length of the draft against the verifier"),
         Stage("export", "export.py", "a checkpoint vLLM can serve, and its vllm serve command"),
+        Stage("serve_check", "serve_check.py", "the export served by vLLM: served acceptance from its counters, tokens/s with and without the draft"),
         # Not in any chain: the multi-node smoke test (real DDP steps that check their results).
         Stage("dist_check", "dist_check.py", "torch.distributed smoke test: all_reduce + DDP steps, checked", distributed=True),
     ]
 }
-# The full chain on a real verifier; the demo prepends "verifier".
-# regenerate answers only rows without a reply (unless [pipeline.stages.regenerate] replace =
-# true): on data that has replies it copies them, without loading the verifier.
-DEFAULT_CHAIN = ["regenerate", "prepare", "extract", "train", "evaluate", "export"]
-DEMO_CHAIN = ["verifier", *DEFAULT_CHAIN]
+# The full chain on a real verifier: the training chain, then the draft as vLLM serves it
+# (serve_check says in one line where vLLM is not installed, or cannot serve the verifier, and
+# ends ok). regenerate answers only rows without a reply (unless [pipeline.stages.regenerate]
+# replace = true): on data that has replies it copies them, without loading the verifier.
+TRAINING_CHAIN = ["regenerate", "prepare", "extract", "train", "evaluate", "export"]
+DEFAULT_CHAIN = [*TRAINING_CHAIN, "serve_check"]
+# The demo: "verifier", then the training chain; no vLLM servers (two engine starts would add
+# minutes on 2 CPU cores): `harness run local serve_check` measures the demo's draft served.
+DEMO_CHAIN = ["verifier", *TRAINING_CHAIN]
 # The stages that load the verifier, its tokenizer or its config: `[pipeline] trust_remote_code`
 # reaches each of them as --trust-remote-code.
-REMOTE_CODE_STAGES = ("regenerate", "prepare", "extract", "train", "evaluate")  # export reads only weights
+REMOTE_CODE_STAGES = ("regenerate", "prepare", "extract", "train", "evaluate", "serve_check")  # export reads only weights
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
             "speculative_tokens": p.speculative_tokens,
         },
         "export": {"draft": paths.checkpoints, "verifier": paths.verifier, "output": paths.export},
+        # evaluate's output: its report.json says which prompts it measured; served.json lands beside it
+        "serve_check": {"export": paths.export, "data": paths.data, "output": paths.evaluation},
         "dist_check": {},
     }
     if stage in REMOTE_CODE_STAGES:

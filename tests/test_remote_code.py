@@ -30,7 +30,7 @@ def test_the_option_reaches_every_stage_that_loads_the_verifier_and_only_when_on
     for stage in STAGES:
         assert "--trust-remote-code" not in stage_argv(stage, off)
         assert ("--trust-remote-code" in stage_argv(stage, on)) == (stage in REMOTE_CODE_STAGES), stage
-    assert set(REMOTE_CODE_STAGES) == {"regenerate", "prepare", "extract", "train", "evaluate"}
+    assert set(REMOTE_CODE_STAGES) == {"regenerate", "prepare", "extract", "train", "evaluate", "serve_check"}
     for stage in REMOTE_CODE_STAGES:  # each script takes the flag as the harness gives it
         module = importlib.import_module(STAGES[stage].script.removesuffix(".py"))
         assert module.parse_args(stage_argv(stage, on)[2:]).trust_remote_code is True, stage

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "demo": "harness.cli.demo_cmds:demo",
     "forward": "harness.cli.forward_cmds:forward",
     "tensorboard": "harness.cli.forward_cmds:tensorboard",
+    "serve": "harness.cli.serve_cmds:serve",
 }
 
 HELP = {
@@ -54,6 +55,7 @@ HELP = {
     "demo": "Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.",
     "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
     "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
+    "serve": "Serve a run's exported draft with vLLM on a host, forward it, show the served acceptance.",
 }
 
 

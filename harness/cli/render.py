@@ -114,12 +114,14 @@ def describe_event(ev: dict | None) -> str:
 
 def describe_tau(tau: dict | None, last_event: dict | None) -> str:
     """The draft's latest estimated tau, unless the last event already shows it."""
-    from harness.events import Metric, parse
+    from harness.events import Finished, Metric, parse
 
     if not tau or not isinstance(tau.get("tau"), (int, float)):
         return ""
     shown = parse(last_event)
     if isinstance(shown, Metric) and "tau" in shown.metrics:
+        return ""
+    if isinstance(shown, Finished) and isinstance(shown.summary.get("tau"), (int, float)):  # evaluate's measured tau, shown by describe
         return ""
     return f"  (tau {tau['tau']:.2f} at step {tau.get('step')})"
 

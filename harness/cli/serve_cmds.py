@@ -1,0 +1,68 @@
+"""`harness serve HOST [RUN]` (the logic lives in harness.serve)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("serve")
+@click.argument("host")
+@click.argument("run", required=False, default="last")
+@click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host.")
+@click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
+@click.option("--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for vLLM to load and listen.")
+@click.option("--vllm-arg", "vllm_args", multiple=True, help="One more `vllm serve` argument, e.g. --vllm-arg=--max-model-len=8192 (repeatable).")
+@click.pass_context
+def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | None, start_timeout: float, vllm_args: tuple[str, ...]) -> None:
+    """Serve RUN's exported draft (a run id or `last`, the default) with vLLM on HOST, where the
+    stages run, forward its port here, show the served acceptance as it changes, and stop it on
+    Ctrl-C."""
+    import queue
+
+    from harness.events import Finished, Message, Metric
+    from harness.jobs import Jobs
+    from harness.port_forward import PortSpec, open_forwards
+    from harness.serve import ServeRequest, served_line, start
+
+    def show(event) -> None:
+        if isinstance(event, Message):
+            click.echo(f"{host}: {event.text}", err=True)
+        elif isinstance(event, Metric):
+            line = served_line(event)
+            if line:
+                click.echo(line)
+        elif isinstance(event, Finished) and event.failed:
+            click.echo(f"harness: error: {host}: {event.error}", err=True)
+
+    app = ctx.obj
+    spec = PortSpec.parse(f"{port}:{local_port or port}")
+    try:
+        transport = app.transport(host)
+        run_id = Jobs(app.config, app.host(host), transport).resolve_run_id(run)
+        try:
+            server, export = start(app.config, app.host(host), transport, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
+        except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
+            click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
+            return
+        with server:
+            while not server.events.empty():  # what it said while vLLM loaded, before the URL
+                show(server.events.get())
+            forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
+            try:
+                for f in shown:
+                    click.echo(f"{f.url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
+                               + f": run {run_id}'s draft {export}")
+                click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
+                while server.alive():
+                    try:
+                        show(server.events.get(timeout=1.0))
+                    except queue.Empty:
+                        continue
+                click.echo(f"harness: error: {host}: vllm serve ended: {server.failure()}", err=True)
+                raise SystemExit(1)
+            except KeyboardInterrupt:
+                click.echo(f"harness: stopping vllm serve on {host}", err=True)
+            finally:
+                forwarding.close()
+    finally:
+        app.close()

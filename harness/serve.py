@@ -1,0 +1,161 @@
+"""`harness serve HOST [RUN]`: a run's exported draft served by vLLM on the host, in the runtime
+where the stages run (the ML container on docker hosts), forwarded here (harness.port_forward),
+with vLLM's served acceptance shown as it changes.
+
+The host runs remote_scripts/serve_draft.py (`vllm serve VERIFIER --speculative-config
+'{"method": "eagle3", "model": EXPORT, ...}'`, its /metrics read every few seconds, stage events
+on stdout) in the foreground of a connection of its own, the way harness.tensorboard runs
+TensorBoard: when harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
+the host sends the script SIGTERM and it stops vLLM (its whole process group: SIGTERM, grace,
+SIGKILL), so nothing is left behind on the box.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness.errors import RemoteCommandError, UsageError
+from harness.events import Finished, Message, Metric, parse
+from harness.pipeline import SCRIPTS_DIR
+from harness.port_forward import locate
+from harness.run_pull import recorded_pipeline, stage_output
+from harness.tensorboard import _UNTIL_STDIN_CLOSES
+from harness.transport.base import end_by_stdin
+
+if TYPE_CHECKING:
+    from harness.config import Config, HostConfig
+    from harness.runtime.base import Runtime
+    from harness.transport.base import Transport
+
+DEFAULT_PORT = 8000
+SCRIPT = f"{SCRIPTS_DIR}/serve_draft.py"
+STOP_GRACE_S = 30.0  # serve_draft's --stop-grace: SIGTERM to vLLM's group, then SIGKILL
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    run_id: str
+    port: int = DEFAULT_PORT  # on the host (inside the container on docker hosts)
+    start_timeout_s: float = 1800.0  # a large verifier loads for many minutes
+    vllm_args: tuple[str, ...] = field(default_factory=tuple)  # more `vllm serve` flags
+
+
+def export_dir(transport: "Transport", workdir: str, run_id: str) -> str:
+    """Where the run's export stage wrote the draft (from its record), checked to exist."""
+    path = f"{workdir}/runs/{run_id}/run.json"
+    try:
+        record = json.loads(transport.get_bytes(path))
+    except FileNotFoundError:
+        raise UsageError(f"no run record {path}") from None
+    export = stage_output(recorded_pipeline(record), "export", workdir)
+    if transport.stat(posixpath.join(export, "config.json")) is None:
+        raise UsageError(f"run {run_id} has no export at {export}: run the export stage first (harness run HOST export)")
+    return export
+
+
+def served_line(metric: Metric) -> str | None:
+    """A metric event of serve_draft.py as one line, or None when it is not one."""
+    m = metric.metrics
+    if not isinstance(m.get("served_tau"), (int, float)):
+        return None
+    positions = [m[k] for k in sorted((k for k in m if k.startswith("served_acceptance_")), key=lambda k: int(k.rsplit("_", 1)[1]))]
+    return (f"served tau {m['served_tau']:.2f} over {m.get('drafts')} drafts; acceptance per position "
+            + " ".join(f"{a:.2f}" for a in positions))
+
+
+class RemoteServer:
+    """serve_draft.py on the host for as long as this object is open; its events in a queue."""
+
+    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest):
+        self.port = request.port
+        argv = [runtime.python, SCRIPT, "--export", export, "--port", str(request.port), "--host", runtime.server_bind_address,
+                "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
+                *(f"--vllm-arg={a}" for a in request.vllm_args)]
+        command = runtime.wrap(["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv])
+        local = transport.own_connection_argv(command) or transport.local_argv(command)
+        self.events: "queue.Queue[object]" = queue.Queue()
+        self._tail: list[str] = []
+        self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        threading.Thread(target=self._read_events, daemon=True).start()
+        threading.Thread(target=self._keep_tail, daemon=True).start()
+
+    def _read_events(self) -> None:
+        for raw in self._proc.stdout:
+            try:
+                event = parse(json.loads(raw))
+            except ValueError:
+                continue
+            if event is not None:
+                self.events.put(event)
+
+    def _keep_tail(self) -> None:
+        for raw in self._proc.stderr:
+            self._tail = (self._tail + [raw.decode("utf-8", "replace").strip()])[-20:]
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def failure(self) -> str:
+        """Why it ended: the script's failed event, else its stderr's last line."""
+        time.sleep(0.2)
+        last = ""
+        while not self.events.empty():
+            event = self.events.get()
+            if isinstance(event, Finished) and event.failed:
+                return event.error or "failed"
+        for line in reversed(self._tail):
+            if line:
+                last = line
+                break
+        return last or f"exit status {self._proc.returncode}"
+
+    def wait_ready(self, transport: "Transport", python: str, timeout: float, on_event=None) -> None:
+        """Until vLLM listens on the port (it binds once the engine is up); the script's events
+        (its messages) go to on_event meanwhile. Its own last words if it ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            while not self.events.empty() and on_event is not None:
+                on_event(self.events.get())
+            if not self.alive():
+                raise RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
+            if locate(transport, python, [self.port]).get(self.port):
+                return
+            time.sleep(2)
+        raise RemoteCommandError(f"vllm serve (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
+
+    def close(self) -> None:
+        end_by_stdin(self._proc, STOP_GRACE_S + 30)  # the host stops the script, which stops vLLM
+
+    def __enter__(self) -> "RemoteServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start(config: "Config", host: "HostConfig", transport: "Transport", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
+    """The draft of request.run_id served on the host and listening; returns it (close it) and the export."""
+    from harness.runtime import runtime_for
+
+    runtime = runtime_for(host, transport)
+    export = export_dir(transport, runtime.workdir, request.run_id)
+    taken = locate(transport, host.python, [request.port]).get(request.port)
+    if taken:
+        raise UsageError(f"{host.name}: port {request.port} is taken already ({taken['where']}: another vllm serve?): pass --port")
+    server = RemoteServer(transport, runtime, export, request)
+    try:
+        server.wait_ready(transport, host.python, request.start_timeout_s, on_event)
+    except BaseException:
+        server.close()
+        raise
+    return server, export
+
+
+__all__ = ["DEFAULT_PORT", "Finished", "Message", "Metric", "RemoteServer", "ServeRequest", "served_line", "start"]

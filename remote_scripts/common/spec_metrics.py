@@ -1,0 +1,120 @@
+"""vLLM's speculative-decoding counters, read from its Prometheus /metrics: how a served draft does.
+
+The names, as vLLM 0.32/0.33 defines them (vllm/v1/spec_decode/metrics.py, SpecDecodingProm;
+vllm/v1/metrics/loggers.py), each a Counter that prometheus_client exposes with `_total`, one
+series per engine (label `engine`), summed here:
+
+    vllm:spec_decode_num_drafts_total                       verify steps that carried drafts
+    vllm:spec_decode_num_draft_tokens_total                 draft tokens proposed
+    vllm:spec_decode_num_accepted_tokens_total              draft tokens the verifier accepted
+    vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   accepted at position i (0-based)
+    vllm:generation_tokens_total                            tokens returned to clients
+
+Two acceptance lengths come out of them, and evaluate.py has the same two:
+  - `tau` = 1 + accepted / drafts: vLLM's "mean acceptance length" (its log line). vLLM counts a
+    draft token accepted when the verifier agreed with it, also where the reply then stopped
+    (end of sequence, max_tokens) before the token was used; evaluate's analogue is
+    1 + sum of its acceptance per position (rounds a reply's end cut short are not counted there).
+  - `delivered_tau` = (generated tokens - requests) / drafts: the tokens the verify steps
+    returned, per step (the first token of each request comes from the prefill, not a draft
+    round); exactly evaluate's tau (generated tokens after the prefill token / verifier rounds).
+Counters only grow: take them before and after the requests and subtract (`SpecCounters.minus`).
+Pure: no vLLM import (the CLI and tests read a /metrics text).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from dataclasses import dataclass, field
+
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+
+_SAMPLE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text exposition -> (name, labels, value) per sample line."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m["value"])
+        except ValueError:
+            continue
+        samples.append((m["name"], dict(_LABEL.findall(m["labels"] or "")), value))
+    return samples
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    generation_tokens: int = 0
+    speculating: bool = False  # the server exposes the spec-decode counters (a draft is configured)
+
+    @classmethod
+    def parse(cls, text: str) -> "SpecCounters":
+        sums: dict[str, float] = {}
+        positions: dict[int, float] = {}
+        for name, labels, value in parse_samples(text):
+            if name == ACCEPTED_PER_POSITION:
+                pos = int(labels.get("position", "0"))
+                positions[pos] = positions.get(pos, 0.0) + value
+            elif name in (DRAFTS, DRAFT_TOKENS, ACCEPTED, GENERATION_TOKENS):
+                sums[name] = sums.get(name, 0.0) + value
+        per_position = [int(positions.get(i, 0)) for i in range(max(positions) + 1)] if positions else []
+        return cls(int(sums.get(DRAFTS, 0)), int(sums.get(DRAFT_TOKENS, 0)), int(sums.get(ACCEPTED, 0)), per_position,
+                   int(sums.get(GENERATION_TOKENS, 0)), speculating=DRAFTS in sums)
+
+    def minus(self, before: "SpecCounters") -> "SpecCounters":
+        n = max(len(self.accepted_per_position), len(before.accepted_per_position))
+        pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
+        return SpecCounters(
+            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
+            [a - b for a, b in zip(pad(self.accepted_per_position), pad(before.accepted_per_position))],
+            self.generation_tokens - before.generation_tokens, self.speculating,
+        )
+
+    @property
+    def tau(self) -> float | None:
+        """vLLM's mean acceptance length: 1 + accepted / drafts."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+    def delivered_tau(self, requests: int) -> float | None:
+        """Tokens per verify step, after each request's prefill token (evaluate's tau)."""
+        return (self.generation_tokens - requests) / self.drafts if self.drafts else None
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """Fraction of drafts whose proposal i was accepted (vLLM accepts a prefix: i implies i-1)."""
+        return [round(a / self.drafts, 4) if self.drafts else 0.0 for a in self.accepted_per_position]
+
+    def summary(self, requests: int | None = None) -> dict:
+        out = {
+            "tau": round(self.tau, 4) if self.tau is not None else None,
+            "acceptance_per_position": self.acceptance_per_position,
+            "drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted,
+            "accepted_per_position": list(self.accepted_per_position), "generation_tokens": self.generation_tokens,
+        }
+        if requests is not None:
+            delivered = self.delivered_tau(requests)
+            out["delivered_tau"] = round(delivered, 4) if delivered is not None else None
+        return out
+
+
+def read_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
+    """GET BASE_URL/metrics and parse it."""
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as response:
+        return SpecCounters.parse(response.read().decode("utf-8", "replace"))

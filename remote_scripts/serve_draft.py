@@ -1,0 +1,106 @@
+"""Serve an exported draft with vLLM until stopped, reporting its served acceptance as it goes.
+
+    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port 8000] [--interval 5] [vllm serve flags]
+
+`vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
+verifier and K from the export; common/draft_serving.py), in its own process group, log kept at
+--log. Stage events go to STDOUT as JSON lines (docs/events.json; stage "serve"): a message when
+the server is healthy, then a metric event whenever vLLM's spec-decode counters in /metrics moved
+(`served_tau`, `served_acceptance_<i>`, `drafts`: since the server started). `harness serve`
+runs it in the stage runtime, forwards the port and prints those. SIGTERM (or SIGINT) stops the
+server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the server's death.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.draft_serving import ServeCheckError, cannot_serve, read_export  # noqa: E402
+from common.events import EventLog  # noqa: E402
+from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, ServerFailed, StageCancelled, add_serve_arguments, log_tail, sigterm_raises  # noqa: E402
+
+STAGE = "serve"
+
+
+class StdoutEvents(EventLog):
+    """The events as JSON lines on stdout (the caller's pipe), not in a file."""
+
+    def __init__(self):
+        super().__init__(STAGE, path=None, echo=False)
+
+    def emit(self, event: str, **fields) -> None:
+        record = {"t": round(time.time(), 3), "stage": self.stage, "event": event, **fields}
+        print(json.dumps(record, default=str), flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--export", required=True, help="the export stage's directory")
+    p.add_argument("--speculative-tokens", type=int, default=None, help="K (default: the export's)")
+    p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log)")
+    p.add_argument("--interval", type=float, default=5.0, help="seconds between reads of /metrics")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_serve_arguments(p.add_argument_group("vllm serve"))
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    events = StdoutEvents()
+    events.started(**vars(args))
+    try:
+        serve(args, events)
+    except (StageCancelled, KeyboardInterrupt) as e:  # SIGTERM, or Ctrl-C on a terminal: the server was stopped on the way out
+        events.finished("ok", stopped="SIGTERM" if isinstance(e, StageCancelled) else "SIGINT")
+        return 0
+    except (ServeCheckError, ServerFailed) as e:
+        events.finished("failed", error=str(e))
+        return 1
+    except Exception as e:  # noqa: BLE001 -- one line for the laptop, the traceback on stderr
+        return events.failed(e)
+    return 0
+
+
+def serve(args: argparse.Namespace, events: EventLog) -> None:
+    from common.vllm_compat import default_vllm_command, installed_distribution
+
+    export = read_export(args.export)
+    installed = installed_distribution()
+    if args.vllm_command == default_vllm_command() and installed is None:
+        raise ServeCheckError("vLLM is not installed where the stages run (docker hosts: the ML image has it; harness build)")
+    why = cannot_serve(export, installed[0] if installed else None)
+    if why:
+        raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
+    extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
+    opts = ServeOptions(model=export.verifier, host=args.host, port=args.port, tensor_parallel_size=args.tensor_parallel_size,
+                        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                        vllm_command=args.vllm_command, extra_args=extra)
+    log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{args.port}.log"
+    with sigterm_raises(), ManagedServer(opts, log, stop_grace=args.stop_grace) as server:
+        events.message(f"starting vllm serve {export.verifier} with the eagle3 draft {export.directory} (k={args.speculative_tokens or export.speculative_tokens}); log {log}")
+        seconds = server.wait_healthy(args.health_timeout)
+        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at port {args.port} (/v1/completions, /v1/chat/completions, /metrics)")
+        last = SpecCounters()
+        while True:
+            time.sleep(args.interval)
+            if not server.alive():
+                raise ServerFailed(f"vllm serve exited (status {server.proc.poll()}); log {log}: {log_tail(log)}")
+            try:
+                now = read_counters(opts.base_url)
+            except OSError:
+                continue  # a busy server: the next read
+            if now.drafts != last.drafts:
+                events.metric(now.drafts, served_tau=round(now.tau, 4), drafts=now.drafts, accepted_tokens=now.accepted,
+                              **{f"served_acceptance_{i + 1}": a for i, a in enumerate(now.acceptance_per_position)})
+                last = now
+
+
+if __name__ == "__main__":
+    sys.exit(main())

