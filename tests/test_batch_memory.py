@@ -6,12 +6,12 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-import pytest
 
 from tests.fixtures.pipeline_data import SCRIPTS_DIR
+from tests.fixtures.requires import require_module
 
 sys.path.insert(0, str(SCRIPTS_DIR))
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 from common import batch_memory  # noqa: E402
 

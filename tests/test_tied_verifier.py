@@ -11,12 +11,13 @@ import sys
 import pytest
 
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
+from tests.fixtures.requires import require_module
 
-pytestmark = pytest.mark.pipeline
+pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tied-verifier")]  # one lane: tied_verifier is built once
 
 sys.path.insert(0, str(SCRIPTS_DIR))
-torch = pytest.importorskip("torch")
-pytest.importorskip("speculators")
+torch = require_module("torch")
+require_module("speculators")
 
 
 @pytest.fixture(scope="module")
