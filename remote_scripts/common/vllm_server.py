@@ -38,8 +38,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
-
 
 class ServerFailed(RuntimeError):
     """vllm serve exited or never became healthy; the message carries the log's last lines."""
@@ -61,6 +59,8 @@ class ServeOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     vllm_command: str = "vllm"  # may be several words; the stages pass vllm_compat.default_vllm_command()
+    hidden_states_connector: str = "vllm"  # extraction only, resolved: vllm (CUDA) or cpu (vllm_compat's CpuHiddenStatesConnector)
+    dtype: str | None = None  # vllm serve --dtype (extraction passes bfloat16: the files are bf16)
     extra_args: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +91,31 @@ def add_serve_arguments(group) -> None:
     group.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
 
 
+def vllm_arg_value(vllm_args: list[str], flag: str) -> str | None:
+    """The value the user gave `flag` through --vllm-arg (`--dtype X` or `--dtype=X`; the last wins, as in vLLM)."""
+    value = None
+    for i, arg in enumerate(vllm_args):
+        if arg == flag and i + 1 < len(vllm_args):
+            value = vllm_args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def refuse_unservable(verifier_config, vllm_command: str) -> None:
+    """Before a server starts: a verifier the installed vLLM cannot serve is one line (ValueError).
+
+    Judged only when vLLM is started through vllm_compat.py (the default --vllm-command), which
+    runs this interpreter's vLLM; another command may run another installation."""
+    from common.vllm_compat import unservable_reason
+
+    if "vllm_compat.py" not in vllm_command:
+        return
+    reason = unservable_reason(verifier_config)
+    if reason:
+        raise ValueError(reason)
+
+
 def rank_env(local_rank: int, tensor_parallel_size: int) -> dict[str, str]:
     """The server's environment: under torchrun with tensor parallel 1, this rank's GPU only."""
     env = dict(os.environ)
@@ -108,12 +133,11 @@ def speculative_config(layer_ids: list[int], num_layers: int) -> dict:
     }
 
 
-def kv_transfer_config(staging_dir: str) -> dict:
-    return {
-        "kv_connector": HIDDEN_STATES_CONNECTOR,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": os.path.abspath(staging_dir)},
-    }
+def kv_transfer_config(staging_dir: str, connector: str = "vllm") -> dict:
+    """The one --kv-transfer-config (connector resolved: vllm or cpu; see vllm_compat)."""
+    from common.vllm_compat import hidden_states_kv_transfer_config
+
+    return hidden_states_kv_transfer_config(connector, staging_dir)
 
 
 def serve_argv(o: ServeOptions) -> list[str]:
@@ -124,11 +148,13 @@ def serve_argv(o: ServeOptions) -> list[str]:
         argv += ["--max-model-len", str(o.max_model_len)]
     if o.gpu_memory_utilization:
         argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
+    if o.dtype:
+        argv += ["--dtype", o.dtype]
     if o.layer_ids is not None:
         if not o.staging_dir or o.num_layers is None:
             raise ValueError("hidden-state extraction needs the verifier's layer count and a staging directory for the connector")
         argv += ["--speculative-config", json.dumps(speculative_config(o.layer_ids, o.num_layers))]
-        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir))]
+        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config(o.staging_dir, o.hidden_states_connector))]
     return argv + list(o.extra_args)
 
 
@@ -184,7 +210,9 @@ def log_tail(path: Path, lines: int = 15) -> str:
         text = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return "(no log)"
-    return " | ".join(line.strip() for line in text[-lines:] if line.strip())[-1500:] or "(empty log)"
+    # Each line capped: vLLM's errors can be one huge line (e.g. the list of every architecture it
+    # supports) that would push the line saying what went wrong out of the tail.
+    return " | ".join(line.strip()[:300] for line in text[-lines:] if line.strip())[-1500:] or "(empty log)"
 
 
 class ManagedServer:
