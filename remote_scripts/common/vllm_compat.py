@@ -254,8 +254,9 @@ def cpu_attention_head_sizes() -> list[int]:
     return list(sizes)
 
 
-def unservable_reason(config: Any, distribution: str | None = None) -> str | None:
-    """Why the installed vLLM cannot serve a verifier with this (transformers) config, or None.
+def unservable_reason(config: Any, distribution: str | None = None, what: str = "verifier") -> str | None:
+    """Why the installed vLLM cannot serve a model with this (transformers) config, or None
+    (`what`: the verifier, or the draft being served beside it).
 
     Only the CPU build is checked (its attention serves a fixed list of head sizes); GPU attention
     backends are left to vLLM."""
@@ -270,7 +271,7 @@ def unservable_reason(config: Any, distribution: str | None = None) -> str | Non
     sizes = cpu_attention_head_sizes()
     if head in sizes:
         return None
-    return (f"vLLM's CPU attention cannot serve this verifier: attention head size {head} "
+    return (f"vLLM's CPU attention cannot serve this {what}: attention head size {head} "
             f"(hidden_size / num_attention_heads) is not one it supports ({', '.join(map(str, sizes))})")
 
 
