@@ -74,7 +74,7 @@ def served_run(head32_draft, tmp_path_factory) -> tuple[Path, Path, str]:
     config.write_text(
         f'[hosts.local]\nlocal = true\nworkdir = "{workdir}"\nruntime = "host"\npython = "{sys.executable}"\nenv = ["VLLM_CPU_KVCACHE_SPACE"]\n\n'
         '[sync]\npaths = ["remote_scripts"]\n\n'
-        f'[pipeline]\nverifier = "{head32_draft / "verifier"}"\ndata = "{head32_draft / "chat.jsonl"}"\noutput_dir = "outputs"\nmax_seq_len = 256\n\n'
+        f'[pipeline]\nverifier = "{(head32_draft / "verifier").resolve()}"\ndata = "{(head32_draft / "chat.jsonl").resolve()}"\noutput_dir = "outputs"\nmax_seq_len = 256\n\n'
         f"[pipeline.stages.evaluate]\nmax_prompts = {PROMPTS}\nmax_new_tokens = {NEW_TOKENS}\n\n"
         f"[pipeline.stages.serve_check]\nmax_model_len = {MAX_MODEL_LEN}\nenforce_eager = true\n"
     )
@@ -145,10 +145,10 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
         while f"http://127.0.0.1:{port}" not in out.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
             time.sleep(1)
-        tokenizer = AutoTokenizer.from_pretrained(str(head32_draft / "verifier"))
+        tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
         base = f"http://127.0.0.1:{port}"
-        for prompt in load_prompts(tokenizer, head32_draft / "chat.jsonl", "heldout", PROMPTS):
-            body = {"model": str(head32_draft / "verifier"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+        for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", PROMPTS):
+            body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
             request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
@@ -194,9 +194,9 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
         while f"http://127.0.0.1:{local}" not in out.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
             time.sleep(1)
-        tokenizer = AutoTokenizer.from_pretrained(str(head32_draft / "verifier"))
-        for prompt in load_prompts(tokenizer, head32_draft / "chat.jsonl", "heldout", 2):
-            body = {"model": str(head32_draft / "verifier"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
+        tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
+        for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", 2):
+            body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
             request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
