@@ -26,8 +26,10 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "tests/test_demo.py",  # the README's first command in a pristine container: set-up + demo
     "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
+    "tests/test_serve_vllm.py",  # a draft trained, then four vLLM engine starts
     "tests/test_quality.py",
     "tests/test_kimi_k25.py",
+    "tests/test_vllm.py",  # three vLLM engine starts
 )
 
 
