@@ -26,8 +26,7 @@ from harness.events import Finished, Message, Metric, parse
 from harness.pipeline import SCRIPTS_DIR
 from harness.port_forward import locate
 from harness.run_pull import recorded_pipeline, stage_output
-from harness.tensorboard import _UNTIL_STDIN_CLOSES
-from harness.transport.base import end_by_stdin
+from harness.transport.base import end_by_stdin, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.config import Config, HostConfig
@@ -78,7 +77,7 @@ class RemoteServer:
         argv = [runtime.python, SCRIPT, "--export", export, "--port", str(request.port), "--host", runtime.server_bind_address,
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
-        command = runtime.wrap(["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv])
+        command = runtime.wrap(until_stdin_closes(argv))
         local = transport.own_connection_argv(command) or transport.local_argv(command)
         self.events: "queue.Queue[object]" = queue.Queue()
         self._tail: list[str] = []

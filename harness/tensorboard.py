@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from harness.errors import RemoteCommandError, UsageError
 from harness.port_forward import locate
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
-from harness.transport.base import end_by_stdin
+from harness.transport.base import end_by_stdin, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.config import Config, HostConfig
@@ -28,11 +28,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 6006
 START_TIMEOUT_S = 180.0
-# Run "$@" (TensorBoard) until it exits or stdin closes, whichever comes first: a watcher reads
-# stdin (fd 3: a background job's own stdin would be /dev/null) and stops it at the end. SIGINT is
-# ignored: Ctrl-C on this terminal must not end the shell before it has stopped its child.
-_UNTIL_STDIN_CLOSES = ('trap "" INT; exec 3<&0; "$@" </dev/null & pid=$!; '
-                       '{ cat <&3 >/dev/null; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
 
 
 @dataclass(frozen=True)
@@ -61,7 +56,7 @@ class RemoteTensorBoard:
     def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str, port: int):
         self.port = port
         argv = [runtime.python, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", runtime.server_bind_address]
-        command = runtime.wrap(["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv])
+        command = runtime.wrap(until_stdin_closes(argv))
         local = transport.own_connection_argv(command) or transport.local_argv(command)
         self._tail: list[str] = []
         self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -218,6 +218,19 @@ class Transport(abc.ABC):
         self.close()
 
 
+# Run "$@" until it exits or stdin closes, whichever comes first: a watcher reads stdin (fd 3: a
+# background job's own stdin would be /dev/null) and stops it at the end. SIGINT is ignored: Ctrl-C
+# on this terminal must not end the shell before it has stopped its child.
+_UNTIL_STDIN_CLOSES = ('trap "" INT; exec 3<&0; "$@" </dev/null & pid=$!; '
+                       '{ cat <&3 >/dev/null; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
+
+
+def until_stdin_closes(argv: list[str]) -> list[str]:
+    """`argv` wrapped to live only while its connection's stdin is open (a served TensorBoard or
+    vLLM: a dropped link or a killed harness stops it on the host); `end_by_stdin` ends it."""
+    return ["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv]
+
+
 def end_by_stdin(proc: "subprocess.Popen", timeout_s: float) -> None:
     """End a process whose remote side lives while its stdin is open (a forward, a served
     TensorBoard): close stdin, wait, terminate if it lingers."""
