@@ -47,7 +47,7 @@ python3 -m ruff check .
 
 echo "== pytest"
 set +e
-python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --dist loadgroup --no-loadscope-reorder --durations=30 "$@"
+python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

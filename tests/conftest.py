@@ -21,8 +21,8 @@ def pytest_configure(config):
 
 # The longest tests, longest first (CI's --durations on the 2-core machine): they start first, in
 # parallel lanes, and the short ones fill in around them, so the run is not left waiting on one
-# long test at its end. (scripts/test.sh passes --no-loadscope-reorder: xdist would otherwise put
-# the groups with the most tests first.)
+# long test at its end. scripts/test.sh hands xdist whole files (--dist loadfile), in this order
+# (--no-loadscope-reorder: xdist would otherwise put the files with the most tests first).
 LONGEST_FIRST = (
     "tests/test_demo.py",  # the README's first command in a pristine container: set-up + demo
     "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
@@ -30,6 +30,7 @@ LONGEST_FIRST = (
     "tests/test_quality.py",
     "tests/test_kimi_k25.py",
     "tests/test_vllm.py",  # three vLLM engine starts
+    "tests/test_multinode.py",  # many short cluster runs: the longest file of short tests
 )
 
 

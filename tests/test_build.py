@@ -20,7 +20,6 @@ from tests.fixtures.job_project import write_build_context, write_project
 from tests.fixtures.tls_proxy import PROBE, PROBE_VERSION, WHEEL, TlsInspectingProxy
 
 BUILD_TEST_IMAGE = "harness-build-test"  # not the job tests' image: these tests retag :latest
-pytestmark = pytest.mark.xdist_group("build-test-image")  # ... so they share one lane (tests/fixtures/lanes.py)
 
 
 def project(tmp_path: Path, base_image: str, **container) -> Path:

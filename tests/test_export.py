@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("export-checkpoint")]  # one lane: its module-scoped fixture is built once
+pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 

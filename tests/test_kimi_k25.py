@@ -17,7 +17,7 @@ import pytest
 from harness.pipeline import DEMO_CHAIN
 from tests.fixtures.pipeline_data import REPO_ROOT, SCRIPTS_DIR, offline_env, read_events
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.slow, pytest.mark.xdist_group("kimi-run")]  # one lane: its module-scoped fixture is built once
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 

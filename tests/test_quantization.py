@@ -29,7 +29,7 @@ from tests.fixtures.beds import bed_unavailable
 from tests.fixtures.int4_verifier import COMPRESSED_INT4, quantize_int4
 from tests.fixtures.pipeline_data import REPO_ROOT, SCRIPTS_DIR, offline_env, read_events, run_script
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("int4-verifier")]  # one lane: its module-scoped fixture is built once
+pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 

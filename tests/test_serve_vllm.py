@@ -32,7 +32,7 @@ from tests.fixtures.shared import build_once
 from tests.fixtures.sshd import free_port, listening
 from tests.test_events_contract import problems
 
-pytestmark = [pytest.mark.vllm, pytest.mark.pipeline, pytest.mark.slow, pytest.mark.xdist_group("vllm-serve")]  # one lane: served_run is built once
+pytestmark = [pytest.mark.vllm, pytest.mark.pipeline, pytest.mark.slow]
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 

@@ -13,7 +13,7 @@ import pytest
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
 from tests.fixtures.requires import require_module
 
-pytestmark = [pytest.mark.pipeline, pytest.mark.xdist_group("tied-verifier")]  # one lane: tied_verifier is built once
+pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 torch = require_module("torch")
