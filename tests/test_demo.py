@@ -89,6 +89,7 @@ def fresh_demo(tmp_path_factory, docker_base_image) -> tuple[subprocess.Complete
     return proc, checkout
 
 
+@pytest.mark.timeout(HANG_S)  # the set-up downloads from PyPI, then the demo trains: past pytest's default 900 s on a slow day
 def test_the_readme_first_command_on_pristine_debian_reaches_the_demos_tau(fresh_demo):
     proc, checkout = fresh_demo
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
