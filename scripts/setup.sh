@@ -45,8 +45,12 @@ command -v "$python" >/dev/null 2>&1 || apt_install python3 python3-venv
 "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
   || { echo "setup: $("$python" --version 2>&1) is too old: harness needs Python >= 3.10 (PYTHON=python3.X scripts/setup.sh)" >&2; exit 1; }
 
-# A venv without pip (a creation that failed half-way) is made again.
+# A venv without pip (a creation that failed half-way) is made again; a directory that is not a
+# virtualenv (HARNESS_VENV pointed elsewhere by mistake) is never removed.
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+  if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then
+    echo "setup: $venv exists and is not a virtualenv: move it, or set HARNESS_VENV to another directory" >&2; exit 1
+  fi
   rm -rf "$venv"
   if ! "$python" -m venv "$venv" >/dev/null 2>&1; then
     rm -rf "$venv"
