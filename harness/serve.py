@@ -4,8 +4,8 @@ with vLLM's served acceptance shown as it changes.
 
 The host runs remote_scripts/serve_draft.py (`vllm serve VERIFIER --speculative-config
 '{"method": "eagle3", "model": EXPORT, ...}'`, its /metrics read every few seconds, stage events
-on stdout) in the foreground of a connection of its own, the way harness.tensorboard runs
-TensorBoard: when harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
+on stdout) as a harness.host_server.HostServer, as harness.tensorboard runs TensorBoard: when
+harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
 the host sends the script SIGTERM and it stops vLLM (its whole process group: SIGTERM, grace,
 SIGKILL), so nothing is left behind on the box.
 """
@@ -17,16 +17,15 @@ import posixpath
 import queue
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
-from harness.events import Finished, Message, Metric, parse
+from harness.events import Finished, Metric, parse
+from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.port_forward import locate
 from harness.run_pull import recorded_pipeline, stage_output
-from harness.transport.base import end_by_stdin, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.config import Config, HostConfig
@@ -69,21 +68,20 @@ def served_line(metric: Metric) -> str | None:
             + " ".join(f"{a:.2f}" for a in positions))
 
 
-class RemoteServer:
+class RemoteServer(HostServer):
     """serve_draft.py on the host for as long as this object is open; its events in a queue."""
 
+    name = "vllm serve"
+    poll_s = 2.0
+    stop_timeout_s = STOP_GRACE_S + 30  # the host stops the script, which stops vLLM
+
     def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest):
-        self.port = request.port
         argv = [runtime.python, SCRIPT, "--export", export, "--port", str(request.port), "--host", runtime.server_bind_address,
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
-        command = runtime.wrap(until_stdin_closes(argv))
-        local = transport.own_connection_argv(command) or transport.local_argv(command)
         self.events: "queue.Queue[object]" = queue.Queue()
-        self._tail: list[str] = []
-        self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        super().__init__(transport, runtime, argv, request.port, stdout=subprocess.PIPE)
         threading.Thread(target=self._read_events, daemon=True).start()
-        threading.Thread(target=self._keep_tail, daemon=True).start()
 
     def _read_events(self) -> None:
         for raw in self._proc.stdout:
@@ -94,49 +92,22 @@ class RemoteServer:
             if event is not None:
                 self.events.put(event)
 
-    def _keep_tail(self) -> None:
-        for raw in self._proc.stderr:
-            self._tail = (self._tail + [raw.decode("utf-8", "replace").strip()])[-20:]
-
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
     def failure(self) -> str:
         """Why it ended: the script's failed event, else its stderr's last line."""
-        time.sleep(0.2)
-        last = ""
+        said = self.last_words()
         while not self.events.empty():
             event = self.events.get()
             if isinstance(event, Finished) and event.failed:
                 return event.error or "failed"
-        for line in reversed(self._tail):
-            if line:
-                last = line
-                break
-        return last or f"exit status {self._proc.returncode}"
+        return said or f"exit status {self._proc.returncode}"
 
-    def wait_ready(self, transport: "Transport", python: str, timeout: float, on_event=None) -> None:
-        """Until vLLM listens on the port (it binds once the engine is up); the script's events
-        (its messages) go to on_event meanwhile. Its own last words if it ends first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            while not self.events.empty() and on_event is not None:
-                on_event(self.events.get())
-            if not self.alive():
-                raise RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
-            if locate(transport, python, [self.port]).get(self.port):
-                return
-            time.sleep(2)
-        raise RemoteCommandError(f"vllm serve (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
+    def ended(self) -> Exception:
+        return RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
 
-    def close(self) -> None:
-        end_by_stdin(self._proc, STOP_GRACE_S + 30)  # the host stops the script, which stops vLLM
-
-    def __enter__(self) -> "RemoteServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def hand_on(self, on_event) -> None:
+        """What the script said so far, to `on_event`."""
+        while not self.events.empty():
+            on_event(self.events.get())
 
 
 def start(config: "Config", host: "HostConfig", transport: "Transport", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
@@ -150,11 +121,8 @@ def start(config: "Config", host: "HostConfig", transport: "Transport", request:
         raise UsageError(f"{host.name}: port {request.port} is taken already ({taken['where']}: another vllm serve?): pass --port")
     server = RemoteServer(transport, runtime, export, request)
     try:
-        server.wait_ready(transport, host.python, request.start_timeout_s, on_event)
+        server.wait_listening(transport, host.python, request.start_timeout_s, each_poll=(lambda: server.hand_on(on_event)) if on_event else None)
     except BaseException:
         server.close()
         raise
     return server, export
-
-
-__all__ = ["DEFAULT_PORT", "Finished", "Message", "Metric", "RemoteServer", "ServeRequest", "served_line", "start"]

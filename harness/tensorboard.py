@@ -10,16 +10,13 @@ so nothing is left behind on the box.
 from __future__ import annotations
 
 import posixpath
-import subprocess
-import threading
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
+from harness.host_server import HostServer
 from harness.port_forward import locate
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
-from harness.transport.base import end_by_stdin, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.config import Config, HostConfig
@@ -50,47 +47,21 @@ def logs_dir(config: "Config", transport: "Transport", workdir: str, run_id: str
     return posixpath.join(stage_output(pipeline, "train", workdir), LOGGERS_DIR)
 
 
-class RemoteTensorBoard:
+class RemoteTensorBoard(HostServer):
     """TensorBoard on the host for as long as this object is open."""
 
+    name = "tensorboard"
+
     def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str, port: int):
-        self.port = port
         argv = [runtime.python, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", runtime.server_bind_address]
-        command = runtime.wrap(until_stdin_closes(argv))
-        local = transport.own_connection_argv(command) or transport.local_argv(command)
-        self._tail: list[str] = []
-        self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        threading.Thread(target=self._keep_tail, daemon=True).start()
+        super().__init__(transport, runtime, argv, port)
 
-    def _keep_tail(self) -> None:
-        for raw in self._proc.stderr:
-            self._tail = (self._tail + [raw.decode("utf-8", "replace").strip()])[-20:]
-
-    def wait_listening(self, transport: "Transport", python: str, timeout: float = START_TIMEOUT_S) -> None:
-        """Until the port answers on the host (or in a container there); TensorBoard's own last
-        words if it exits first."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                time.sleep(0.2)  # the last stderr lines
-                said = next((line for line in reversed(self._tail) if line), "")
-                if "No module named 'tensorboard'" in said:
-                    raise UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
-                                     "harness build, the ML image carries it)")
-                raise RemoteCommandError("tensorboard", self._proc.returncode, said)
-            if locate(transport, python, [self.port]).get(self.port):
-                return
-            time.sleep(1)
-        raise RemoteCommandError(f"tensorboard (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
-
-    def close(self) -> None:
-        end_by_stdin(self._proc, 15)  # the host stops TensorBoard
-
-    def __enter__(self) -> "RemoteTensorBoard":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def ended(self) -> Exception:
+        said = self.last_words()
+        if "No module named 'tensorboard'" in said:
+            return UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
+                              "harness build, the ML image carries it)")
+        return RemoteCommandError(self.name, self._proc.returncode, said)
 
 
 def check_logs(transport: "Transport", logdir: str) -> None:
@@ -110,7 +81,7 @@ def start(config: "Config", host: "HostConfig", transport: "Transport", options:
         raise UsageError(f"{host.name}: port {options.port} is taken already ({taken['where']}: another TensorBoard?): pass --port")
     board = RemoteTensorBoard(transport, runtime, logdir, options.port)
     try:
-        board.wait_listening(transport, host.python)
+        board.wait_listening(transport, host.python, START_TIMEOUT_S)
     except BaseException:
         board.close()
         raise
