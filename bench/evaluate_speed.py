@@ -93,12 +93,7 @@ def main() -> int:
     batch = args.batch_size or verifier.batch_size(prompts, max_new + k + 1)
 
     def chain_method(prompts):  # what --method chain does, greedy check included
-        out = []
-        for prompt in prompts:
-            r = ev.speculate(verifier, proposer, prompt, k, max_new, eos)
-            r.greedy_match = ev.greedy_decode(verifier, prompt, max_new, eos) == r.generated
-            out.append(r)
-        return out
+        return ev.measure_chain(verifier, proposer, prompts, k, max_new, eos)
 
     # Warm-up (first calls allocate and pick kernels), then each method timed on every prompt.
     ev.measure_fast(verifier, proposer, prompts[:batch], k, max_new, eos, batch)

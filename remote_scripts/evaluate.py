@@ -324,6 +324,20 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     return results
 
 
+def measure_chain(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], check_greedy: bool = True, progress=None) -> list[PromptResult]:
+    """The reference (`--method chain`): `speculate` round by round on every prompt, and, with
+    `check_greedy`, plain greedy decoding beside it (`greedy_match`)."""
+    results: list[PromptResult] = []
+    for prompt in prompts:
+        r = speculate(verifier, proposer, prompt, k, max_new_tokens, eos)
+        if check_greedy:
+            r.greedy_match = greedy_decode(verifier, prompt, max_new_tokens, eos) == r.generated
+        results.append(r)
+        if progress:
+            progress(len(results))
+    return results
+
+
 def _agrees(greedy: list[int], prompt: list[int], reference: list[int]) -> bool:
     """The verifier's own choice after prompt + reference[:i] is reference[i], for every i."""
     return greedy[len(prompt) - 1 : len(prompt) - 1 + len(reference)] == reference
@@ -791,13 +805,8 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
 
     batch_size = 0
     if args.method == "chain":
-        results = []
-        for i, prompt in enumerate(prompts, 1):
-            r = speculate(verifier, proposer, prompt, args.speculative_tokens, args.max_new_tokens, eos)
-            if args.check_greedy:
-                r.greedy_match = greedy_decode(verifier, prompt, args.max_new_tokens, eos) == r.generated
-            results.append(r)
-            events.progress(i, len(prompts), unit="prompts")
+        results = measure_chain(verifier, proposer, prompts, args.speculative_tokens, args.max_new_tokens, eos, args.check_greedy,
+                                progress=lambda i: events.progress(i, len(prompts), unit="prompts"))
     else:
         batch_size = args.batch_size or verifier.batch_size(prompts, args.max_new_tokens + args.speculative_tokens + 1)
         results = measure_fast(verifier, proposer, prompts, args.speculative_tokens, args.max_new_tokens, eos, batch_size, progress=lambda i: events.progress(i, len(prompts), unit="prompts"))

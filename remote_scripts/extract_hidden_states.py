@@ -439,7 +439,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_compat import resolve_hidden_states_connector
+    from common.vllm_compat import resolve_hidden_states_connector, started_through_here
     from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, rank_env, refuse_unservable, run_supervised, sigterm_raises, vllm_arg_value
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
@@ -448,7 +448,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     if dtype is not None and dtype not in VLLM_BF16:
         raise ValueError(f"extract --backend vllm writes bf16 files (what train reads): vLLM must run in bfloat16, not --dtype {dtype} (drop --vllm-arg --dtype)")
     connector = resolve_hidden_states_connector(args.hidden_states_connector)
-    if connector == "cpu" and "vllm_compat.py" not in args.vllm_command:
+    if connector == "cpu" and not started_through_here(args.vllm_command):
         raise ValueError("--hidden-states-connector cpu needs vLLM started through common/vllm_compat.py (the default --vllm-command): its engine imports the connector from there")
     n, hidden = num_hidden_layers(config), hidden_size(config)
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)

@@ -407,7 +407,7 @@ class VllmBackend:
             for start in range(0, len(order), step):
                 chunk = order[start : start + step]
                 if not self.alive():
-                    raise ServerFailed(f"vllm serve died; log {self.log}")
+                    raise ServerFailed(f"vllm serve died; {self.where()}")
                 on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
 
     def close(self) -> None:

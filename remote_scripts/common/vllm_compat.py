@@ -84,6 +84,12 @@ def default_vllm_command() -> str:
     return f"{shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))}"
 
 
+def started_through_here(vllm_command: str) -> bool:
+    """Whether a --vllm-command starts vLLM through this file (the default does): only then do the
+    shims above run in the server, and is the vLLM it serves with this interpreter's to judge."""
+    return os.path.basename(__file__) in vllm_command
+
+
 def patch_cli_version() -> None:
     """The cli-version shim (see the module docstring); a no-op where the distribution `vllm` exists."""
     found = installed_distribution()

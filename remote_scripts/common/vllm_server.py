@@ -107,9 +107,9 @@ def refuse_unservable(verifier_config, vllm_command: str) -> None:
 
     Judged only when vLLM is started through vllm_compat.py (the default --vllm-command), which
     runs this interpreter's vLLM; another command may run another installation."""
-    from common.vllm_compat import unservable_reason
+    from common.vllm_compat import started_through_here, unservable_reason
 
-    if "vllm_compat.py" not in vllm_command:
+    if not started_through_here(vllm_command):
         return
     reason = unservable_reason(verifier_config)
     if reason:
