@@ -23,8 +23,9 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   the replies' mask).
 * a recipe sized to the data (common/recipe.py): tokens per step and epochs, unless given, so the
   run gets enough optimizer steps; a run that will not gets one warning line before it starts.
-* acceptance while it trains (common/acceptance.py): after each validation, tau estimated from the
-  validation accuracies (metric `tau`); OUTPUT/best.json names the latest checkpoint whose estimate
+* acceptance while it trains (common/acceptance.py): after each validation, tau estimated by
+  walking speculation rounds over the validation rows (metric `tau`; `tau_per_position`, the
+  per-position sum of the TTT accuracies, reads high beside it); OUTPUT/best.json names the latest checkpoint whose estimate
   is within 5% of the highest (common/checkpoints.py), which evaluate and export then use. A run
   that ends while the draft is still learning gets one warning line.
 * loggers (`--loggers tensorboard wandb trackio mlflow`, common/loggers.py): a missing package
@@ -50,7 +51,7 @@ from typing import Any
 # torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.acceptance import estimate_tau, still_learning_warning  # noqa: E402
+from common.acceptance import ROUND_TAU, estimate_tau, per_position_tau, still_learning_warning  # noqa: E402
 from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
 from common.events import EventLog  # noqa: E402
 from common import loggers  # noqa: E402
@@ -309,6 +310,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         metrics = speculators_compat.partial_validation(trainer, TAU_PROBE_BATCHES)
         reporter.on_tau_probe(trainer.global_step, metrics)
 
+    speculators_compat.walk_rounds_in_validation()  # the honest tau estimate (common/acceptance.py)
     tau_every = args.tau_every or recipe.tau_every
     speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None)
 
@@ -431,8 +433,11 @@ class Reporter:
             self._tau(step, metrics)
 
     def _tau(self, step: int, metrics: dict, **extra: Any) -> float | None:
-        tau = estimate_tau(metrics)
+        tau = estimate_tau(metrics)  # rounds walked (common/acceptance.py); the per-position figure beside it reads high
         if tau is not None:
+            per_position = per_position_tau(metrics)
+            if per_position is not None:
+                extra["tau_per_position"] = per_position
             self.taus.append(tau)
             self.events.metric(step, tau=tau, **extra)
             self.curves.metric(step, tau=tau, **extra)
@@ -446,8 +451,9 @@ class Reporter:
 
 
 def _is_step_metric(key: str) -> bool:
-    # loss, loss_<t>, full_acc_<t> (accuracy of TTT step t), cond_acc_<t> (given steps < t right)
-    return key == "loss" or key.startswith(("loss_", "full_acc_", "cond_acc_"))
+    # loss, loss_<t>, full_acc_<t> (accuracy of TTT step t), cond_acc_<t> (given steps < t right),
+    # round_tau (validation's rounds walked: common/acceptance.py)
+    return key in ("loss", ROUND_TAU) or key.startswith(("loss_", "full_acc_", "cond_acc_"))
 
 
 def _round(v: Any) -> float:

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-from common.acceptance import estimate_tau, still_learning, still_learning_warning  # noqa: E402
+from common.acceptance import estimate_tau, per_position_tau, still_learning, still_learning_warning, walk_rounds  # noqa: E402
 from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, TARGET_STEPS, DataSize, size_recipe  # noqa: E402
 
 TINY = DataSize(train_tokens=3_000, longest_row=120)
@@ -106,3 +106,20 @@ def test_the_guard_names_a_run_that_was_still_learning():
     assert still_learning([8.0, 6.5], [1.00, 1.01], k=3) is not None  # learned nothing yet, loss still falling
     warning = still_learning_warning([2.0, 1.0], [1.2, 1.6], k=3, epochs=3, steps=21)
     assert "\n" not in warning and "after 21 optimizer steps in 3 epochs" in warning and "--epochs 6" in warning
+
+
+def test_walking_rounds_reads_what_speculation_delivers_not_the_per_position_mean():
+    # Half the reply accepts every proposal (k = 3), half none: per position 1 + 1.5 = 2.5 tokens,
+    # but the easy half takes 2 rounds of 4 tokens and the hard half 8 rounds of 1: 16 / 10 = 1.6.
+    accepted, in_reply = [3] * 8 + [0] * 8, [True] * 16
+    assert walk_rounds(accepted, in_reply) == (16, 10)
+    assert per_position_tau({"full_acc_0": 0.5, "full_acc_1": 0.5, "full_acc_2": 0.5}) == 2.5
+    # Prompt positions separate replies, and no round runs past its reply's end.
+    assert walk_rounds([3, 3, 3, 3, 3, 3], [False, True, True, False, True, True]) == (4, 2)
+    assert walk_rounds([], []) == (0, 0)
+
+
+def test_the_estimate_prefers_the_walked_rounds():
+    assert estimate_tau({"round_tau": 1.6, "full_acc_0": 0.5}) == 1.6
+    assert estimate_tau({"full_acc_0": 0.5, "full_acc_1": 0.25}) == 1.75  # older runs: the per-position sum
+    assert estimate_tau({}) is None

@@ -62,6 +62,7 @@ def _changed(monkeypatch, owner, name: str):
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
         ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
         ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
+        ("round-walk", ("speculators.models.eagle3.core", "Eagle3DraftModel", "forward")),
     ],
 )
 def test_a_changed_speculators_fails_loudly_naming_the_shim(monkeypatch, shim, where):
@@ -195,3 +196,38 @@ def test_every_position_widens_the_training_rows_mask_only(prepared_data, hidden
 
     copy = pickle.loads(pickle.dumps(train))
     assert all(copy[i]["loss_mask"].tolist() == a["loss_mask"].tolist() for i, a in enumerate(after))
+
+
+def test_round_walk_counts_the_rounds_speculators_own_correctness_flags_imply():
+    """The shim walks rounds over the flags speculators' compute_metrics leaves in prev_correct:
+    fed draft logits whose argmax is right at chosen (position, step) pairs, the walked tokens and
+    rounds equal a walk over the accepted chain lengths computed here by hand."""
+    compat.walk_rounds_in_validation()
+    compat.walk_rounds_in_validation()  # idempotent: wraps speculators' function once
+    from speculators.losses import eager
+    from speculators.models.eagle3 import core
+
+    from common.acceptance import walk_rounds
+
+    vocab, length, steps = 5, 10, 3
+    right = {0: {0, 1, 2, 4, 5, 6, 7}, 1: {0, 1, 4, 5, 6}, 2: {0, 4, 5}}  # step -> draft starts it gets right
+    loss_mask = torch.tensor([[False] + [True] * 8 + [False]])
+    targets = torch.nn.functional.one_hot(torch.arange(length) % vocab, vocab).float()[None]
+    prev_correct = loss_mask.clone()
+    metrics = {}
+    with torch.no_grad():
+        for step in range(steps):
+            # logits[p] is step `step`'s proposal from start p, scored against targets[p + step]
+            logits = torch.zeros(1, length, vocab)
+            for p in range(length - step):
+                want = (p + step) % vocab
+                logits[0, p, want if p in right[step] else (want + 1) % vocab] = 1.0
+            _, m = core.compute_metrics(logits, targets, loss_mask, prev_correct, step, 1.0, loss_config={"kl_div": (eager.kl_div_loss, 1.0)})
+            metrics.update(m)
+    accepted = [0] * length
+    for p in range(length):
+        while accepted[p] < steps and p in right[accepted[p]] and loss_mask[0, p]:
+            accepted[p] += 1
+    tokens, rounds = walk_rounds(accepted, loss_mask[0].tolist())
+    assert (metrics["round_tau_sum"].item(), metrics["round_tau_total"].item()) == (tokens, rounds)
+    assert (tokens, rounds) == (8, 3)  # by hand: rounds start at 1 (a = 2), 4 (a = 3), 8 (a = 0)

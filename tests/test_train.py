@@ -178,6 +178,10 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
     # best.json names the epoch's checkpoint (the mid-epoch estimate has none).
     taus = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
     assert [s for s, _ in taus] == [2, 3] and all(1.0 <= t <= 4.0 for _, t in taus), taus
+    # The reported tau walks rounds (common/acceptance.py); the per-position figure rides beside it.
+    assert all(1.0 <= e["metrics"]["tau_per_position"] <= 4.0 for e in events if e["event"] == "metric" and "tau" in e["metrics"])
+    val = [e["metrics"] for e in events if e["event"] == "metric" and "val_round_tau" in e["metrics"]]
+    assert val and val[-1]["val_round_tau"] == pytest.approx(taus[-1][1], abs=1e-4), val
     assert json.loads((out / "best.json").read_text()) == {"checkpoint": "0", "step": 3, "tau": taus[-1][1]}
     m = steps[-1]["metrics"]
     assert {"loss_0", "full_acc_0", "loss_2", "full_acc_2", "tokens_per_s"} <= set(m), m  # per TTT step

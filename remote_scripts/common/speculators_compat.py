@@ -195,6 +195,44 @@ def _check_every_position():
     return data_mod
 
 
+def walk_rounds_in_validation() -> None:
+    """Make each validation forward of the EAGLE-3 draft also report `round_tau_sum` /
+    `round_tau_total` (tokens and rounds of chain speculation walked along its rows,
+    common/acceptance.py), which speculators reduces to the metric `round_tau` as it does its own.
+
+    speculators' forward calls compute_metrics once per TTT step with one `prev_correct` tensor,
+    which compute_accuracy_single_step ANDs in place with that step's correctness (through
+    align_for_step's view): after step t it holds "proposals 1..t+1 right" per start position, so
+    the sum over the steps so far is each position's accepted chain length. Training forwards (grad
+    enabled) are left alone: the walk is for the estimate only. Idempotent."""
+    core = _check_round_walk()
+    original = _unwrapped(core.compute_metrics)
+    import torch
+
+    from common.acceptance import ROUND_TAU, walk_rounds
+
+    accepted: dict[str, Any] = {}  # this forward's running sum of chain-correct flags
+
+    def compute_metrics(logits, targets, loss_mask, prev_correct, ttt_step, *args, **kwargs):
+        loss, metrics = original(logits, targets, loss_mask, prev_correct, ttt_step, *args, **kwargs)
+        if prev_correct is None or torch.is_grad_enabled():
+            return loss, metrics
+        flags = prev_correct.to(torch.int32)
+        accepted["sum"] = flags if ttt_step == 0 or "sum" not in accepted else accepted["sum"] + flags
+        in_reply = loss_mask if loss_mask is not None else torch.ones_like(prev_correct)
+        tokens = rounds = 0
+        for row_accepted, row_reply in zip(accepted["sum"].tolist(), in_reply.to(torch.bool).tolist()):
+            t, r = walk_rounds(row_accepted, row_reply)
+            tokens, rounds = tokens + t, rounds + r
+        device = loss.device
+        metrics[f"{ROUND_TAU}_sum"] = torch.tensor(float(tokens), device=device)
+        metrics[f"{ROUND_TAU}_total"] = torch.tensor(float(rounds), device=device)
+        return loss, metrics
+
+    compute_metrics._speculators_compat_original = original  # type: ignore[attr-defined]
+    core.compute_metrics = compute_metrics
+
+
 def supervise_every_position(dataset) -> None:
     """Every position of `dataset`'s rows (speculators' ArrowDataset) counts in the loss."""
     data_mod = _check_every_position()
@@ -203,6 +241,19 @@ def supervise_every_position(dataset) -> None:
     from common.every_position import EveryPositionDataset
 
     dataset.__class__ = EveryPositionDataset  # per row, nothing copied; pickles by name for spawned workers
+
+
+def _check_round_walk():
+    from speculators.models import metrics as shared_metrics
+    from speculators.models.eagle3 import core as eagle3_core
+    from speculators.models.eagle3 import metrics as eagle3_metrics
+
+    _require("round-walk", eagle3_core.Eagle3DraftModel.forward, "s_loss, s_metrics = compute_metrics(", "prev_correct,", "ttt_step,", "metrics.update(s_metrics)")
+    _require("round-walk", eagle3_metrics.align_for_step, "prev_correct = prev_correct[:, :-ttt_step] if ttt_step > 0 else prev_correct")
+    _require("round-walk", shared_metrics.compute_accuracy_single_step, "torch.logical_and(prev_correct, correct, out=prev_correct)")
+    if not callable(getattr(eagle3_core, "compute_metrics", None)):
+        raise ShimOutdated("round-walk", "speculators.models.eagle3.core no longer imports compute_metrics")
+    return eagle3_core
 
 
 CHECKS: dict[str, Callable[[], Any]] = {
@@ -215,6 +266,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "tau-probe": _check_tau_probe,
     "mask-token": _check_mask_token,
     "every-position": _check_every_position,
+    "round-walk": _check_round_walk,
 }
 
 
