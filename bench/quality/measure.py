@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--split", default="heldout")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dtype", default="auto", help="the verifier's compute dtype (auto: bf16 on GPU, float32 on CPU; the extract stage's, for the same hidden states)")
     p.add_argument("--max-seconds", type=float, default=0.0, help="stop measuring after the prompt that passes this long (from the models' loading; at least one prompt; 0: every prompt); the output says how many were measured")
     p.add_argument("--output", required=True)
     args = p.parse_args()
@@ -56,7 +57,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     verifier_path = str(Path(args.verifier).resolve())
     tokenizer = AutoTokenizer.from_pretrained(verifier_path)
-    model = load_verifier(verifier_path, device=device)
+    model = load_verifier(verifier_path, device=device, dtype=args.dtype)
     num_layers = locate_decoder(model).num_layers
     eos = evaluate._eos_ids(tokenizer, model)
     prompts = evaluate.load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)

