@@ -15,6 +15,7 @@ from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, TARGET
 
 TINY = DataSize(train_tokens=3_000, longest_row=120)
 SMALL = DataSize(train_tokens=57_000, longest_row=256)  # the demo: ~1000 short conversations
+MEDIUM = DataSize(train_tokens=2_000_000, longest_row=1024)
 LARGE = DataSize(train_tokens=200_000_000, longest_row=4096)
 
 
@@ -28,9 +29,11 @@ def test_large_data_keeps_the_device_default(device, processes):
 
 
 @pytest.mark.parametrize("processes", [1, 8])
-def test_small_data_gets_the_same_recipe_on_cpu_and_gpu(processes):
+def test_small_data_gets_the_same_pack_on_cpu_and_gpu_and_the_gpu_more_steps(processes):
     cpu, gpu = size_recipe(SMALL, processes, "cpu"), size_recipe(SMALL, processes, "cuda")
-    assert (cpu.tokens_per_step, cpu.epochs, cpu.total_steps) == (gpu.tokens_per_step, gpu.epochs, gpu.total_steps)
+    assert (cpu.tokens_per_step, cpu.steps_per_epoch) == (gpu.tokens_per_step, gpu.steps_per_epoch)
+    assert cpu.epochs == min(MAX_EPOCHS, -(-TARGET_STEPS["cpu"] // cpu.steps_per_epoch))
+    assert gpu.epochs == min(MAX_EPOCHS, -(-TARGET_STEPS["cuda"] // gpu.steps_per_epoch)) >= cpu.epochs  # GPU steps are cheap
     assert gpu.tokens_per_step < DEFAULT_TOKENS_PER_STEP["cuda"] and "tokens_per_step" in gpu.sized
     assert gpu.total_steps >= MIN_STEPS and gpu.warning is None
     assert gpu.tau_every is None  # short epochs: one estimate per epoch
@@ -40,15 +43,22 @@ def test_small_data_on_one_gpu_packs_like_the_cpu_default():
     r = size_recipe(SMALL, 1, "cuda")
     assert r.tokens_per_step == DEFAULT_TOKENS_PER_STEP["cpu"]  # 3 epochs of it reach MIN_STEPS: no smaller pack
     assert r.steps_per_epoch == -(-SMALL.train_tokens // 512)
-    # ... and the epochs are raised to reach TARGET_STEPS (small data learns from more passes)
-    assert r.epochs == -(-TARGET_STEPS // r.steps_per_epoch) > 3 and r.sized == ("tokens_per_step", "epochs")
+    # ... and the epochs are raised towards the GPU's TARGET_STEPS (small data learns from more passes)
+    assert r.epochs == min(MAX_EPOCHS, -(-TARGET_STEPS["cuda"] // r.steps_per_epoch)) > 3 and r.sized == ("tokens_per_step", "epochs")
     assert size_recipe(SMALL, 1, "cuda", epochs=3).epochs == 3  # a user's epochs are kept
 
 
+def test_the_gpu_size_of_the_smollm2_bench_gets_its_measured_steps():
+    # bench/quality's gpu size on SmolLM2 (bench/RESULTS.md 2026-12-02): ~2.33M training tokens on
+    # one H200 got 4 epochs (1,144 steps, tau 2.71) under the old target; 16 epochs gave 2.93.
+    r = size_recipe(DataSize(train_tokens=2_330_000, longest_row=700), 1, "cuda")
+    assert r.tokens_per_step == 8192 and r.steps_per_epoch == 285 and r.epochs == 15 and r.total_steps >= 4000
+
+
 def test_eight_processes_on_small_data_need_more_epochs_too():
-    one, eight = size_recipe(SMALL, 1, "cuda"), size_recipe(SMALL, 8, "cuda")
+    one, eight = size_recipe(MEDIUM, 1, "cuda"), size_recipe(MEDIUM, 8, "cuda")
     assert eight.tokens_per_step <= one.tokens_per_step
-    assert eight.tokens_per_step >= SMALL.longest_row  # never below a row: speculators would truncate it
+    assert eight.tokens_per_step >= MEDIUM.longest_row  # never below a row: speculators would truncate it
     assert eight.epochs > one.epochs and "epochs" in eight.sized and eight.total_steps >= MIN_STEPS
 
 

@@ -10,13 +10,16 @@ gave 109 per epoch and tau 3.64. The rule, for values the user did not set:
   tokens per step  = the device default (8192 GPU, 512 CPU), halved while the run would get fewer
                      than MIN_STEPS steps, down to a floor: the longest row rounded up to a power
                      of two (speculators truncates longer rows), at least 256
-  epochs           = 3; raised (at most to 20) while the run gets fewer than TARGET_STEPS: small
-                     data learns from more passes (stdlib bench: tau 2.08 at 3 epochs, 2.27 at 5)
+  epochs           = 3; raised (at most to 20) while the run gets fewer than the device's
+                     TARGET_STEPS: small data learns from more passes (stdlib bench on a CPU:
+                     tau 2.08 at 3 epochs, 2.27 at 5; SmolLM2 on an H200: 2.71 at 1,144 steps,
+                     2.93 at 4,576)
   warm-up          = speculators' own (1 % of the steps): it follows the sized step count
 
 A value the user set is kept; a run that will still get fewer than MIN_STEPS steps gets one
-warning line naming the numbers and the fix. Large data keeps the device default. The same data
-therefore gets the same recipe on a CPU and a GPU whenever the rule has to size it.
+warning line naming the numbers and the fix. Large data keeps the device default. The pack is
+sized the same on a CPU and a GPU; the step target is not (a GPU step is cheap: 4,576 steps of
+8192 tokens took 350 s on an H200, where 1,000 steps of 512 take ~12 minutes on 2 CPU cores).
 
 Pure (no torch): tests/test_recipe.py checks it on tiny, small and large data.
 """
@@ -27,9 +30,11 @@ import math
 from dataclasses import dataclass
 
 MIN_STEPS = 300  # optimizer steps a run needs (fewer: a smaller pack, else a warning); the CPU demo reached tau 3.64 at 327
-# Steps the epochs are raised to (the pack stays): bench/quality's cpu size, 512 tokens per step,
-# tau 2.08 at 579 steps (3 epochs), 2.27 at 968 (5), 2.25 at 1936 (10) (bench/RESULTS.md).
-TARGET_STEPS = 1000
+# Steps the epochs are raised to (the pack stays), per device (bench/RESULTS.md): on a CPU,
+# bench/quality's cpu size at 512 tokens per step: tau 2.08 at 579 steps (3 epochs), 2.27 at 968
+# (5), 2.25 at 1936 (10); on an H200, SmolLM2 with 20,480 prompts at 8192 tokens per step: 2.71 at
+# 1,144 steps (4 epochs), 2.93 at 4,576 (16), its estimate flat over the last 3 epochs.
+TARGET_STEPS = {"cpu": 1000, "cuda": 4000}
 DEFAULT_TOKENS_PER_STEP = {"cpu": 512, "cuda": 8192}
 MIN_TOKENS_PER_STEP = 256
 DEFAULT_EPOCHS = 3
@@ -84,13 +89,15 @@ def size_recipe(
     epochs: int | None = None,
     max_steps: int | None = None,
     min_steps: int = MIN_STEPS,
-    target_steps: int = TARGET_STEPS,
+    target_steps: int | None = None,
 ) -> Recipe:
     """The recipe for `data` on `processes` processes of `device_type` ("cpu" or "cuda");
     `tokens_per_step`, `epochs` and `max_steps` are the user's values (None: unset)."""
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
-    default = DEFAULT_TOKENS_PER_STEP["cpu" if device_type == "cpu" else "cuda"]
+    device = "cpu" if device_type == "cpu" else "cuda"
+    default = DEFAULT_TOKENS_PER_STEP[device]
+    target_steps = TARGET_STEPS[device] if target_steps is None else target_steps
     floor = floor_tokens_per_step(data.longest_row, default)
     planned_epochs = epochs or DEFAULT_EPOCHS
     sized: list[str] = []
