@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
+from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
 from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
@@ -380,6 +380,7 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
         r"Connection refused|Connection timed out|timed out|No route to host|Could not resolve hostname|"
         r"Network is unreachable|Connection closed by .* port|kex_exchange_identification|Connection reset"
     )
+    forward = re.compile(r"open failed: (?:connect failed|administratively prohibited): ?(.*)|stdio forwarding failed")
     lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
     last = lines[-1] if lines else "ssh exited with status 255"
     where = host_name if o is None else f"{host_name} ({o.target.host})"
@@ -388,8 +389,14 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
                             "if the host was really reinstalled, remove its old line from your known_hosts file")
     m = unknown.search(text)
     if m:
-        return HostKeyError(f"{where}: unknown host key; refusing to connect",
+        of = f" for {m.group(2)}" if m.group(2) else ""  # the jump host's name, where a hop refused
+        return HostKeyError(f"{where}: unknown host key{of}; refusing to connect",
                             f"check its fingerprint, then pass {ACCEPT_FLAG} once to record it")
+    m = forward.search(text)
+    if m:
+        why = (m.group(1) or "").strip() or "open failed"
+        return ForwardRefusedError(f"{where}: the host's sshd refused a forwarded connection ({why})",
+                                   "AllowTcpForwarding / DisableForwarding in its sshd_config, or nothing listens there")
     if auth.search(text):
         return AuthError(f"{where}: authentication failed: the server refused every key offered ({last})",
                          "check identity_file / IdentityFile, or load the key with ssh-add")
@@ -398,15 +405,40 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     return TransportError(f"{where}: ssh failed: {last}")
 
 
-def bulk_failure(host_name: str, what: str, code: int, stderr: str) -> HarnessError:
-    """A helper run through `ssh` (sync, pull) that failed: ssh's own failure (exit 255 with a
-    diagnostic recognised above: unknown key, auth, unreachable) is that typed error, anything
-    else is the remote command's failure."""
+# What ssh prints when the connection it made through a ProxyJump/ProxyCommand pipe closed. A
+# master (ControlPersist) sends what the hop's ssh printed to /dev/null, so an unknown or changed
+# jump host key reads only this: `diagnose` asks a connection of its own, whose hop keeps stderr.
+PROXY_CLOSED = "UNKNOWN port 65535"
+
+
+def bulk_failure(host_name: str, what: str, code: int, stderr: str, o: OpenSSHOptions | None = None) -> HarnessError:
+    """A command run through `ssh` (sync, pull, a server) that failed: ssh's own failure (exit
+    255 with a diagnostic recognised above: unknown or changed key, auth, unreachable, a refused
+    forward) is that typed error, anything else is the remote command's failure. With o, a
+    connection closed by a jump hop is diagnosed (`diagnose`) to say why."""
     if code == 255:
-        error = map_stderr(stderr, host_name)
+        error = map_stderr(stderr, host_name, o)
+        if o is not None and PROXY_CLOSED in stderr and isinstance(error, ConnectError):
+            error = diagnose(o, host_name) or error
         if type(error) is not TransportError:
             return error
     return RemoteCommandError(what, code, stderr)
+
+
+def diagnose(o: OpenSSHOptions, host_name: str) -> TransportError | None:
+    """Why o's host cannot be reached, as a connection of its own (no master: every hop's
+    stderr is kept) says it: its typed error, or None where it connects (or fails unrecognised)."""
+    import subprocess
+
+    argv = base_argv(own_connection(o)) + ["-T", "--", o.target.host, "exit 0"]
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=o.connect_timeout * 3 + 30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 255:
+        return None
+    error = map_stderr(proc.stderr.decode("utf-8", "replace"), host_name, o)
+    return None if type(error) is TransportError else error
 
 
 # ---------------------------------------------------------------------------------------------

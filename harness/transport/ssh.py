@@ -327,7 +327,7 @@ class SSHTransport(Transport):
         return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)
 
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
-        return openssh.bulk_failure(self.name, what, code, stderr)
+        return openssh.bulk_failure(self.name, what, code, stderr, self._openssh_options())
 
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.own_connection(self._openssh_options()), argv)
