@@ -311,11 +311,21 @@ KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
 def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
     """`ssh -G`: the client's own reading of ssh_config for these options (Match, Include and
     tokens included), as {key: values}. One `ssh` process per distinct options and CLI call."""
-    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host)
+    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
+
+
+def _stamp(path: str | None) -> tuple:
+    """What changes when a file is edited (the cache below must not outlive an edit: a repointed
+    alias would ride the old host's master)."""
+    try:
+        st = os.stat(os.path.expanduser(path)) if path else None
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else ()
 
 
 @functools.lru_cache(maxsize=16)
-def _ssh_dash_g(argv: tuple[str, ...], host: str) -> dict[str, tuple[str, ...]]:
+def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> dict[str, tuple[str, ...]]:
     import subprocess
 
     try:
