@@ -167,6 +167,21 @@ def stdio_forward_argv(o: OpenSSHOptions, host: str, port: int) -> list[str]:
     return base_argv(o) + ["-W", f"{where}:{int(port)}", "--", o.target.host]
 
 
+def client_log() -> str:
+    """A new, empty file in control_dir for one client's own diagnostics (`ssh -E`): apart from
+    the remote command's stderr, so an exit 255 that ssh did not log is the command's own."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="log-", dir=control_dir())
+    os.close(fd)
+    return path
+
+
+def logging_to(argv: list[str], log: str) -> list[str]:
+    """argv (an `ssh ...` command line) with its diagnostics appended to log."""
+    return [argv[0], "-E", log, *argv[1:]]
+
+
 def own_connection(o: OpenSSHOptions) -> OpenSSHOptions:
     """Options for a connection of its own: no master, whatever the user's ssh_config says."""
     return replace(o, control_path=None, extra=(*o.extra, "ControlMaster=no", "ControlPath=none"))
@@ -390,7 +405,8 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
         r"Connection refused|Connection timed out|timed out|No route to host|Could not resolve hostname|"
         r"Network is unreachable|Connection closed by .* port|kex_exchange_identification|Connection reset"
     )
-    forward = re.compile(r"open failed: (?:connect failed|administratively prohibited): ?(.*)|stdio forwarding failed")
+    # (a channel of the master says less: "Stdio forwarding request failed: Session open refused by peer")
+    forward = re.compile(r"open failed: ((?:connect failed|administratively prohibited).*)|[Ss]tdio forwarding (?:request )?failed:? ?(.*)")
     lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
     last = lines[-1] if lines else "ssh exited with status 255"
     where = host_name if o is None else f"{host_name} ({o.target.host})"
@@ -404,7 +420,7 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
                             f"check its fingerprint, then pass {ACCEPT_FLAG} once to record it")
     m = forward.search(text)
     if m:
-        why = (m.group(1) or "").strip() or "open failed"
+        why = (m.group(1) or m.group(2) or "").strip() or "open failed"
         return ForwardRefusedError(f"{where}: the host's sshd refused a forwarded connection ({why})",
                                    "AllowTcpForwarding / DisableForwarding in its sshd_config, or nothing listens there")
     if auth.search(text):

@@ -13,11 +13,13 @@ services/ssh/tunnel.py, one class that builds the command, runs it and maps its 
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import threading
+import weakref
 from typing import Callable, Iterator, Sequence
 
-from harness.errors import HarnessError, TransportError
+from harness.errors import HarnessError, RemoteCommandError, TransportError
 
 # (what, exit code, stderr text) -> the typed error: Transport.argv_failure
 Classify = Callable[[str, int, str], HarnessError]
@@ -31,9 +33,15 @@ class RemoteProcess:
     kept (the last TAIL_LINES lines) and handed line by line to on_stderr_line when given."""
 
     def __init__(self, argv: Sequence[str], classify: Classify, host_name: str, *, stdin: bool = True, stdout: bool = True,
-                 on_stderr_line: StderrLine | None = None):
+                 on_stderr_line: StderrLine | None = None, client_log: str | None = None):
+        """client_log: a file the client writes its own diagnostics to (`ssh -E`), apart from the
+        command's stderr: an exit without them is the command's, whatever its code. It is
+        removed once read, or when this object goes."""
         self.host_name = host_name
         self._classify = classify
+        self._client_log = client_log
+        if client_log is not None:
+            weakref.finalize(self, _unlink, client_log)
         self._on_line = on_stderr_line
         self._stderr: list[bytes] = []
         try:
@@ -97,7 +105,23 @@ class RemoteProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             code = self._proc.wait()
-        return self._classify(what, code, self.stderr_text())
+        stderr = self.stderr_text()
+        if self._client_log is None:
+            return self._classify(what, code, stderr)
+        said = self.client_said()
+        if code == 255 and said.strip():
+            return self._classify(what, code, said + stderr)  # (+ stderr: what the ssh of a ProxyJump hop printed)
+        return RemoteCommandError(what, code, stderr)
+
+    def client_said(self) -> str:
+        """What the client process itself logged (client_log), "" where it has none."""
+        if self._client_log is None:
+            return ""
+        try:
+            with open(self._client_log, encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
 
     def communicate(self, data: bytes = b"") -> tuple[int, bytes]:
         """Send data, close stdin, read stdout to the end: (exit code, stdout)."""
@@ -157,3 +181,10 @@ class RemoteProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, TransportError
 from harness.transport import openssh
-from harness.transport.base import Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
+from harness.transport.base import OWN, SHARED, Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fabric import Connection
 
     from harness.transport import ConnectionSpec, ConnectOptions
+    from harness.transport.process import RemoteProcess, StderrLine
 
 KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -328,6 +329,23 @@ class SSHTransport(Transport):
 
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
         return openssh.bulk_failure(self.name, what, code, stderr, self._openssh_options())
+
+    def stream(self, argv: Sequence[str], *, channel: str = SHARED, stdin: bool = True, stdout: bool = True,
+               on_stderr_line: StderrLine | None = None) -> RemoteProcess:
+        from harness.transport.process import RemoteProcess
+
+        if channel not in (SHARED, OWN):
+            raise ValueError(f"unknown channel {channel!r}")
+        local = self.own_connection_argv(argv) if channel == OWN else self.local_argv(argv)
+        log = openssh.client_log()  # ssh's own words apart from the command's stderr
+        return RemoteProcess(openssh.logging_to(local, log), self.argv_failure, self.name, stdin=stdin, stdout=stdout,
+                             on_stderr_line=on_stderr_line, client_log=log)
+
+    def stream_to(self, host: str, port: int) -> RemoteProcess:
+        from harness.transport.process import RemoteProcess
+
+        log = openssh.client_log()
+        return RemoteProcess(openssh.logging_to(self.stdio_forward_argv(host, port), log), self.argv_failure, self.name, client_log=log)
 
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.own_connection(self._openssh_options()), argv)
