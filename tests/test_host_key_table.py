@@ -141,6 +141,12 @@ def strict_checking_off_in_the_users_config(f: Files):
     return "box", f.bed.box, UNKNOWN
 
 
+def changed_key_of_a_proxyjump_hop(f: Files):
+    f.config(f.bed.box)
+    f.know(f.bed.behind, wrong=f.bed.box)
+    return "behind", f.bed.behind, CHANGED
+
+
 def repointed_alias(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.box)
@@ -150,7 +156,7 @@ def repointed_alias(f: Files):
 
 
 CASES = [known_key, unknown_key, changed_key, removed_key_with_a_live_master, proxyjump_hop_with_an_unknown_key,
-         strict_checking_off_in_the_users_config, repointed_alias]
+         changed_key_of_a_proxyjump_hop, strict_checking_off_in_the_users_config, repointed_alias]
 
 
 @pytest.fixture
@@ -178,3 +184,35 @@ def test_every_client_path_gives_the_same_verdict(case, path, files, capfd):
     finally:
         t.close()
     assert files.known_hosts.read_text() == recorded  # nothing refused was recorded, nothing rewritten
+
+
+# The two readers of ssh_config (paramiko's for the paramiko path, `ssh -G` for every OpenSSH
+# path) must agree on where an alias leads: user, host name, port, jump hosts.
+READER_CONFIGS = {
+    "alias": "Host box\n  HostName 127.0.0.1\n  Port 2201\n  User alice\n",
+    "defaults from Host *": "Host box\n  HostName 127.0.0.1\nHost *\n  Port 2202\n  User bob\n",
+    "first value wins": "Host box\n  Port 2203\nHost b*\n  Port 2299\n  HostName 127.0.0.3\n",
+    "Match host": "Host box\n  HostName 127.0.0.4\nMatch host 127.0.0.4\n  User carol\n  Port 2204\n",
+    "ProxyJump": "Host box\n  HostName 127.0.0.5\n  ProxyJump jump1,jump2\nHost jump*\n  User dave\n",
+    "%h token": "Host box\n  HostName %h.internal\n",
+}
+
+
+@pytest.mark.parametrize("text", READER_CONFIGS.values(), ids=list(READER_CONFIGS))
+def test_both_ssh_config_readers_resolve_an_alias_alike(text, tmp_path, monkeypatch):
+    from harness.transport import openssh
+
+    monkeypatch.setenv("HARNESS_CONTROL_DIR", tempfile.mkdtemp(prefix="hkt-"))
+    config = tmp_path / "ssh_config"
+    config.write_text(text)
+    t = connect(HostConfig(name="box", ssh="box"), ConnectOptions(known_hosts=str(tmp_path / "kh"), ssh_config=str(config)))
+    resolved = openssh.resolve_config(t._openssh_options())
+    conn = t.connection  # (not opened)
+    jumps = [f"{c.user}@{c.host}:{c.port}" for c in t._hops()[:-1]]
+    dash_g_jumps = [h for h in resolved.get("proxyjump", ("none",))[0].split(",") if h != "none"]
+    resolved_jumps = []
+    for hop in dash_g_jumps:
+        hop_options = openssh.OpenSSHOptions(target=openssh.SSHTarget.parse(hop), ssh_config=str(config))
+        hop_resolved = openssh.resolve_config(hop_options)
+        resolved_jumps.append(f"{hop_resolved['user'][0]}@{hop_resolved['hostname'][0]}:{hop_resolved['port'][0]}")
+    assert (conn.user, conn.host, str(conn.port), jumps) == (resolved["user"][0], resolved["hostname"][0], resolved["port"][0], resolved_jumps)

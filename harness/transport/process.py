@@ -49,7 +49,7 @@ class RemoteProcess:
                                           stdout=subprocess.PIPE if stdout else subprocess.DEVNULL, stderr=subprocess.PIPE, bufsize=0)
         except OSError as e:  # no ssh binary, an unreadable file
             raise TransportError(f"{host_name}: cannot start {argv[0]}: {e.strerror or e}") from None
-        self.stdin = self._proc.stdin
+        self.stdin = _WholeWrites(self._proc.stdin) if self._proc.stdin is not None else None
         self.stdout = self._proc.stdout
         self._reader = threading.Thread(target=self._read_stderr, daemon=True)
         self._reader.start()
@@ -188,3 +188,34 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+class _WholeWrites:
+    """An unbuffered pipe whose write() writes all it is given: a raw pipe may take part of a
+    write (a signal in the middle), and nothing waits in a buffer (a request is on its way at
+    once: pull's streams wait for the answer)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        while view:
+            n = self.raw.write(view)
+            if not n:
+                raise BrokenPipeError("the pipe took nothing")
+            view = view[n:]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
