@@ -183,7 +183,8 @@ class Transport(abc.ABC):
         command's exit). channel: SHARED (for SSH hosts a channel of the persistent master: no
         handshake) or OWN (a connection of its own: its own TCP flow and ssh process, for parallel
         bulk streams and servers that outlive other commands; SHARED where that means nothing).
-        on_stderr_line: called with each line the command (or the client) prints on stderr."""
+        on_stderr_line: called with each line the command prints on stderr (SSH hosts: ssh's
+        own words go apart, to the handle's client log)."""
         from harness.transport.process import RemoteProcess
 
         if channel not in (SHARED, OWN):

@@ -7,8 +7,8 @@ harness adds what fabric leaves open: strict host keys on every hop (an unknown 
 with its fingerprint and the flag that accepts it once; a changed key is always refused), the
 hops in OpenSSH's order, IdentitiesOnly, timeouts, and errors that say which hop failed.
 fabric is imported and the connection opened on the first operation that needs them, so a
-command that only needs `local_argv` (sync, pull, exec: bulk streams through OpenSSH) never
-pays for any of it (~0.3 s of imports alone).
+command that only needs `stream` (sync, pull: bulk streams through OpenSSH) or the warm exec
+path never pays for any of it (~0.3 s of imports alone).
 """
 
 from __future__ import annotations
