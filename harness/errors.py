@@ -51,6 +51,11 @@ class AuthError(TransportError):
     """The server refused every key / the agent."""
 
 
+class ForwardRefusedError(TransportError):
+    """The host's sshd refused to open a forwarded TCP connection (AllowTcpForwarding no,
+    DisableForwarding, nothing listening)."""
+
+
 class RemoteCommandError(HarnessError):
     """A remote command we needed (not a user command) failed."""
 

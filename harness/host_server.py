@@ -10,15 +10,13 @@ harness.tensorboard and harness.serve subclass it.
 
 from __future__ import annotations
 
-import subprocess
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harness.errors import RemoteCommandError
+from harness.errors import HarnessError, RemoteCommandError
 from harness.port_forward import locate
-from harness.transport.base import end_by_stdin, until_stdin_closes
+from harness.transport.base import OWN, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.runtime.base import Runtime
@@ -32,17 +30,14 @@ class HostServer:
     poll_s = 1.0  # between checks of its port while it starts
     stop_timeout_s = 15.0  # for the host to stop it once stdin closes
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], port: int, stdout: int = subprocess.DEVNULL):
+    def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], port: int, stdout: bool = False):
         self.port = port
-        command = runtime.wrap(until_stdin_closes(argv))
-        local = transport.own_connection_argv(command) or transport.local_argv(command)
         self._tail: list[str] = []
-        self._proc = subprocess.Popen(local, stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE)
-        threading.Thread(target=self._keep_tail, daemon=True).start()
+        # a connection of its own: the server outlives the other commands of this CLI call
+        self._proc = transport.stream(runtime.wrap(until_stdin_closes(argv)), channel=OWN, stdout=stdout, on_stderr_line=self._keep)
 
-    def _keep_tail(self) -> None:
-        for raw in self._proc.stderr:
-            self._tail = (self._tail + [raw.decode("utf-8", "replace").strip()])[-20:]
+    def _keep(self, line: str) -> None:
+        self._tail = (self._tail + [line.strip()])[-20:]
 
     def alive(self) -> bool:
         return self._proc.poll() is None
@@ -52,9 +47,10 @@ class HostServer:
         time.sleep(0.2)
         return next((line for line in reversed(self._tail) if line), "")
 
-    def ended(self) -> Exception:
-        """The error for a server that ended before it listened."""
-        return RemoteCommandError(self.name, self._proc.returncode, self.last_words())
+    def ended(self) -> HarnessError:
+        """The error for a server that ended before it listened: the connection's own failure
+        (typed by the transport: host key, auth, unreachable), else its exit and last words."""
+        return self._proc.error(self.name)
 
     def wait_listening(self, transport: "Transport", python: str, timeout: float, each_poll: Callable[[], None] | None = None) -> None:
         """Until the port answers on the host (or in a container there); `ended()` if it exits
@@ -71,7 +67,7 @@ class HostServer:
         raise RemoteCommandError(f"{self.name} (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))
 
     def close(self) -> None:
-        end_by_stdin(self._proc, self.stop_timeout_s)
+        self._proc.end_by_stdin(self.stop_timeout_s)
 
     def __enter__(self) -> "HostServer":
         return self

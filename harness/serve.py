@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import posixpath
 import queue
-import subprocess
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -80,11 +79,11 @@ class RemoteServer(HostServer):
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
-        super().__init__(transport, runtime, argv, request.port, stdout=subprocess.PIPE)
+        super().__init__(transport, runtime, argv, request.port, stdout=True)
         threading.Thread(target=self._read_events, daemon=True).start()
 
     def _read_events(self) -> None:
-        for raw in self._proc.stdout:
+        for raw in self._proc.stdout_lines():
             try:
                 event = parse(json.loads(raw))
             except ValueError:
@@ -102,6 +101,9 @@ class RemoteServer(HostServer):
         return said or f"exit status {self._proc.returncode}"
 
     def ended(self) -> Exception:
+        error = super().ended()
+        if not isinstance(error, RemoteCommandError):
+            return error  # the connection's own failure, typed by the transport
         return RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
 
     def hand_on(self, on_event) -> None:

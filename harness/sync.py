@@ -4,7 +4,7 @@ How it decides what moves
   The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
   {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
   entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
-  the host (harness/host_helpers/sync_apply.py, through transport.local_argv: for SSH hosts a persistent
+  the host (harness/host_helpers/sync_apply.py, through transport.stream: for SSH hosts a persistent
   ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
   (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
   re-read; a file the cache does not know is read only when the host holds an entry of its size
@@ -44,7 +44,6 @@ import json
 import os
 import stat
 import struct
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ from typing import Callable, Iterable, Sequence
 
 from harness import host_helpers
 from harness.transport.remote_shell import sh_expand_home
-from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.errors import HarnessError, UsageError
 from harness.transport.base import Transport
 
 MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
@@ -396,15 +395,16 @@ def parse_manifest(raw: bytes) -> tuple[dict[str, Entry], str | None]:
 def read_host_manifest(transport: Transport, workdir: str) -> tuple[dict[str, Entry], str | None]:
     """(files, digest) of the host manifest; ({}, None) when the host was never synced.
 
-    Read through transport.local_argv (for SSH hosts over the persistent master connection): a no-op
+    Read through transport.stream (for SSH hosts over the persistent master connection): a no-op
     sync costs one multiplexed exec, no new SSH handshake. `~` in workdir is expanded by the host's shell."""
     argv = ["sh", "-c", f'm=$1; {sh_expand_home("m")}; [ -e "$m" ] || exit 3; exec cat -- "$m"', "sh", _manifest_path(workdir)]
-    proc = subprocess.run(transport.local_argv(argv), stdin=subprocess.DEVNULL, capture_output=True)
-    if proc.returncode == 3:
+    proc = transport.stream(argv, stdin=False)
+    code, out = proc.communicate()
+    if code == 3:
         return {}, None
-    if proc.returncode != 0:
-        raise RemoteCommandError(f"read {MANIFEST_PATH} on {transport.name}", proc.returncode, proc.stderr.decode("utf-8", "replace"))
-    return parse_manifest(proc.stdout)
+    if code != 0:
+        raise proc.error(f"read {MANIFEST_PATH} on {transport.name}")
+    return parse_manifest(out)
 
 
 def host_manifest_digest(transport: Transport, workdir: str) -> str | None:
@@ -497,11 +497,8 @@ class PreparedSync:
     def __init__(self, transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None):
         self.transport, self.root, self.workdir = transport, Path(root), workdir
         roots = normalize_roots(paths)
-        self._proc = subprocess.Popen(transport.local_argv(_session_argv(python, workdir)), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self._proc = transport.stream(_session_argv(python, workdir))
         self._pending_out = b""
-        self._stderr: list[bytes] = []
-        self._stderr_reader = threading.Thread(target=lambda: self._stderr.append(self._proc.stderr.read()), daemon=True)
-        self._stderr_reader.start()
         self._done = False
         try:
             local = scan_local(self.root, roots, exclude, cache_file=cache_file if cache_file is not None else self.root / LOCAL_CACHE_PATH, hash_files=False)
@@ -531,9 +528,7 @@ class PreparedSync:
             self._proc.stdin.close()
         except OSError:
             pass
-        code = self._proc.wait()
-        self._stderr_reader.join()
-        raise self.transport.argv_failure(f"sync helper on {self.transport.name} ({what})", code, b"".join(self._stderr).decode("utf-8", "replace"))
+        raise self._proc.error(f"sync helper on {self.transport.name} ({what})")
 
     def dry_run(self) -> SyncResult:
         """The plan with every hash known (the digest the sync would record); changes nothing."""
@@ -626,10 +621,9 @@ class PreparedSync:
         plan.local.cache.save()
         out = self._pending_out + proc.stdout.read()
         code = proc.wait()
-        self._stderr_reader.join()
         self._done = True
         if code != 0 or not out.strip():
-            raise self.transport.argv_failure("sync helper on " + self.transport.name, code, b"".join(self._stderr).decode("utf-8", "replace"))
+            raise proc.error("sync helper on " + self.transport.name)
         report = json.loads(out.decode().strip().splitlines()[-1])
         result.files_sent = report["written"]
         result.bytes_sent = sent["bytes"]
@@ -652,9 +646,7 @@ class PreparedSync:
             pass
         # The helper changes nothing before it has a header, so there is nothing to wait for:
         # end our side now (the host side sees the channel close and exits).
-        self._proc.terminate()
-        self._proc.wait()
-        self._proc.stdout.close()
+        self._proc.stop()
 
     def __enter__(self) -> "PreparedSync":
         return self

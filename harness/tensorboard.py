@@ -57,11 +57,12 @@ class RemoteTensorBoard(HostServer):
         super().__init__(transport, runtime, argv, port)
 
     def ended(self) -> Exception:
-        said = self.last_words()
-        if "No module named 'tensorboard'" in said:
+        error = super().ended()
+        # TensorBoard's own last words (the remote command's stderr, not the client's)
+        if isinstance(error, RemoteCommandError) and "No module named 'tensorboard'" in self.last_words():
             return UsageError("tensorboard is not installed where the stages run: install it there (docker hosts: "
                               "harness build, the ML image carries it)")
-        return RemoteCommandError(self.name, self._proc.returncode, said)
+        return error
 
 
 def check_logs(transport: "Transport", logdir: str) -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from harness.config import HostConfig
-from harness.errors import AuthError, ConnectError, HostKeyError, UsageError
+from harness.errors import AuthError, ConnectError, ForwardRefusedError, HostKeyError, RemoteCommandError, UsageError
 from harness.transport import connect
+from harness.transport.base import OWN, SHARED
 from tests.fixtures.processes import processes_showing
 from tests.fixtures.sshd import free_port
 
@@ -298,3 +299,54 @@ def test_accepted_key_is_hashed_when_hashknownhosts_is_on(ssh_host, tmp_path):
     assert line.startswith("|1|") and "127.0.0.1" not in line
     found = subprocess.run(["ssh-keygen", "-F", f"[127.0.0.1]:{ssh_host.port}", "-f", str(known)], capture_output=True)
     assert found.returncode == 0  # OpenSSH finds the hashed entry
+
+
+# -- Transport.stream / stream_to: the handle types its own failures ----------------------------
+
+
+def test_a_stream_types_the_remote_exit_and_keeps_stderr_inside(box):
+    proc = box.stream(["sh", "-c", 'read x; echo "got $x"; echo "oops $x" >&2; exit 3'])
+    code, out = proc.communicate(b"it's\n")
+    assert (code, out) == (3, b"got it's\n")
+    error = proc.error("the test command")
+    assert type(error) is RemoteCommandError and error.remote_exit_code == 3 and "oops it's" in str(error)
+    # a remote command that exits 255 itself (ssh's own failure code) is still the command's exit
+    with pytest.raises(RemoteCommandError, match="exit code 255"):
+        box.stream(["sh", "-c", "echo 'Connection refused' >&2; exit 255"], stdin=False).check_output("exits 255")
+    assert box.stream(["printf", "%s|", "a b", "$x"], channel=OWN).check_output("printf") == b"a b|$x|"
+
+
+def test_a_stream_types_the_clients_own_failures(ssh_host, tmp_path):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host b\n  HostName 127.0.0.1\n  Port {ssh_host.port}\n  User {ssh_host.user}\n"
+                   f"  IdentityFile {ssh_host.wrong_key_path}\n  IdentitiesOnly yes\n")
+    for channel in (SHARED, OWN):
+        with connect(HostConfig(name="b", ssh="b"), ssh_host.connect_options(ssh_config=str(cfg))) as t:
+            with pytest.raises(AuthError, match="authentication failed"):
+                t.stream(["true"], channel=channel, stdin=False).check_output("true")
+        closed = HostConfig(name="c", ssh=f"root@127.0.0.1:{free_port()}", connect_timeout=5)
+        with connect(closed, ssh_host.connect_options()) as t:
+            with pytest.raises(ConnectError, match="Connection refused"):
+                t.stream(["true"], channel=channel, stdin=False).check_output("true")
+
+
+def test_a_refused_forward_is_typed(box, ssh_host, tmp_path):
+    """Nothing listens on the port, or the sshd forbids forwarding: ForwardRefusedError."""
+    from tests.fixtures.sshd import start_sshd
+
+    proc = box.stream_to("127.0.0.1", free_port())
+    assert proc.stdout.read() == b""
+    with pytest.raises(ForwardRefusedError, match="refused"):  # (a channel of the master: "Session open refused by peer")
+        raise proc.error("ssh -W")
+    server = start_sshd(tmp_path, "noforward", "127.0.0.1", ssh_host.root / "authorized_keys", tcp_forwarding="no")
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(f"{server.known_hosts_name} {server.host_pub_line}\n")
+        host = HostConfig(name="nf", ssh=f"{ssh_host.user}@127.0.0.1:{server.port}", identity_file=str(ssh_host.key_path))
+        with connect(host, ssh_host.connect_options(known_hosts=str(known))) as t:
+            proc = t.stream_to("127.0.0.1", server.port)
+            assert proc.stdout.read() == b""
+            with pytest.raises(ForwardRefusedError, match="administratively prohibited"):
+                raise proc.error("ssh -W")
+    finally:
+        server.stop()

@@ -13,7 +13,7 @@ ControlMaster, answers questions first: a run's record, which paths exist, which
             link leading out, a remote link whose target leads out: refused and reported, nothing
             written for them.
   4. fetch  each file is cut into pieces (PullOptions.piece_size), queued in file order; each
-            stream (a long-lived helper in `send` mode, through transport.local_argv) takes the next piece as
+            stream (a long-lived helper in `send` mode, through transport.stream) takes the next piece as
             it finishes one. The first stream, after the listing, times pings: the link's round
             trip. On a long one (where each stream is capped by its channel window) the fetch
             starts at once as many streams as the bytes and the round trip call for

@@ -4,7 +4,6 @@ SHA-256 of the selected files, a listing's parsing, and the command line of a by
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 
 from harness import host_helpers
@@ -26,25 +25,20 @@ def helper_argv(python: str, mode: str, root: str) -> list[str]:
     return ["sh", "-c", _RUN_PYTHON, "sh", python, "-S", "-c", _helper_source(), mode, root]
 
 
-def run_bulk(transport: Transport, argv: list[str], stdin: bytes = b"", stdout=None) -> tuple[int, bytes, bytes]:
-    """Run argv on the host through transport.local_argv (over the persistent master connection
-    for SSH hosts): no new handshake, and a dropped link is re-established by the next call.
-    stdout: None to capture, or a sink called with each chunk. Returns (exit code, stdout, stderr)."""
-    proc = subprocess.Popen(transport.local_argv(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-    err: list[bytes] = []
-    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
-    reader.start()
+def run_bulk(transport: Transport, argv: list[str], what: str, stdin: bytes = b"", stdout=None) -> None:
+    """Run argv on the host through transport.stream (over the persistent master connection for
+    SSH hosts): no new handshake, and a dropped link is re-established by the next call.
+    stdout: a sink called with each chunk. Raises the transport's typed error (`what` failed)."""
+    proc = transport.stream(argv)
     try:
         proc.stdin.write(stdin)
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    out: list[bytes] = []
     while chunk := proc.stdout.read(1 << 16):
-        (stdout or out.append)(chunk)
-    code = proc.wait()
-    reader.join()
-    return code, b"".join(out), b"".join(err)
+        stdout(chunk)
+    if proc.wait() != 0:
+        raise proc.error(what)
 
 
 def parse_listing(doc: dict) -> tuple[str, bool, list[RemoteEntry]]:
@@ -79,9 +73,7 @@ class HostHashes:
 
         try:
             if rels:
-                code, _, err = run_bulk(transport, helper_argv(python, "hash", root), json.dumps(rels).encode(), sink)
-                if code != 0:
-                    self.error = f"{HOST_HASHING_FAILED} ({code}): {err.decode('utf-8', 'replace').strip()[-300:]}"
+                run_bulk(transport, helper_argv(python, "hash", root), f"pull_helper.py hash on {transport.name}", json.dumps(rels).encode(), sink)
         except Exception as e:  # noqa: BLE001 - reported per file below
             self.error = f"{HOST_HASHING_FAILED}: {e}"
         finally:

@@ -21,9 +21,10 @@ from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
 from harness.pull.selection import RemoteEntry, select
-from harness.pull.streams import FirstStream, Listener, Segment, Stream, StreamFailed, WorkQueue
+from harness.pull.streams import FirstStream, Listener, Segment, StartStream, Stream, StreamFailed, WorkQueue
 from harness.sync import sha256_file
-from harness.transport.base import Transport
+from harness.transport.base import OWN, Transport
+from harness.transport.process import RemoteProcess
 
 ADD_INTERVAL_S = 0.5  # how often the fetch considers adding a stream
 ADD_GAIN = 1.25  # ... and the rate gain the previous doubling must have brought
@@ -93,7 +94,7 @@ class PullConnection:
         try:
             return self.first.ask(request)[0]
         except StreamFailed as e:
-            raise self.transport.argv_failure(f"pull on {self.transport.name}", e.code, e.stderr) from None
+            raise e.error(f"pull on {self.transport.name}") from None
 
     def read(self, path: str) -> bytes:
         """A small file of the host's (at most 16 MiB). FileNotFoundError where there is none."""
@@ -122,7 +123,8 @@ class PullConnection:
 def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
     # it also asks for a listener for the pull's further streams where they can reach it
     listen = options.jobs > 1 and not options.dry_run and transport.forwards_tcp
-    return FirstStream(transport.local_argv(helper_argv(options.python, "send", "-")), listen=listen)
+    argv = helper_argv(options.python, "send", "-")
+    return FirstStream(lambda: transport.stream(argv), listen=listen)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class PullSession:
         try:
             status, data = self.first.ask({"list": [s.remote for s in self.sources]})[0]
         except StreamFailed as e:
-            raise self.transport.argv_failure(f"pull listing on {self.transport.name}", e.code, e.stderr) from None
+            raise e.error(f"pull listing on {self.transport.name}") from None
         listed = []
         for source, doc in zip(self.sources, json.loads(data), strict=True):
             if "error" in doc:
@@ -329,12 +331,13 @@ class PullSession:
             self.received += k
         self.progress.advance(k)
 
-    def _stream(self, argv: list[str], work: WorkQueue, connecting: FirstStream | None = None, listener: Listener | None = None) -> Stream:
+    def _stream(self, start: StartStream, work: WorkQueue, connecting: FirstStream | None = None, listener: Listener | None = None) -> Stream:
         if listener is not None:
-            forward = self.transport.stdio_forward_argv("127.0.0.1", listener.port)
-            stream = Stream(forward, self.root, work, self.options, self._on_bytes, listener=listener, fallback_argv=argv)
+            port = listener.port
+            stream = Stream(lambda: self.transport.stream_to("127.0.0.1", port), self.root, work, self.options, self._on_bytes,
+                            listener=listener, fallback_start=start)
         else:
-            stream = Stream(argv, self.root, work, self.options, self._on_bytes, connecting)
+            stream = Stream(start, self.root, work, self.options, self._on_bytes, connecting)
         stream.start()
         return stream
 
@@ -355,8 +358,14 @@ class PullSession:
                 first.stop()
             return
         options = self.options
-        shared = self.transport.local_argv(self.send_argv)
-        own = self.transport.own_connection_argv(self.send_argv) or shared
+        send_argv = self.send_argv
+
+        def shared() -> RemoteProcess:
+            return self.transport.stream(send_argv)
+
+        def own() -> RemoteProcess:  # (the shared connection where there is no other: the local host)
+            return self.transport.stream(send_argv, channel=OWN)
+
         if first is not None:
             first.join()  # its round trip decides how many streams to open (the stream waits for it too)
         streams = [self._stream(shared, work, first)]

@@ -12,10 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from harness.errors import HarnessError
 from harness.pull.options import MiB, PullOptions
 from harness.pull.partfile import CHECK, PartFile
+from harness.transport.process import RemoteProcess
 
 FRAME_HEADER = struct.Struct(">BQ")
+StartStream = Callable[[], RemoteProcess]  # starts one stream's process on the host (Transport.stream)
 
 
 @dataclass
@@ -86,8 +89,8 @@ def _read_exact(stream, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def start_send_helper(argv: list[str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
+def start_send_helper(start: "StartStream") -> RemoteProcess:
+    proc = start()
     _widen_pipe(proc.stdout.fileno())
     return proc
 
@@ -103,13 +106,13 @@ def _widen_pipe(fd: int) -> None:
         pass
 
 
-def _ready(proc: subprocess.Popen) -> bool:
+def _ready(proc: RemoteProcess) -> bool:
     """The helper's first frame (status 3): it runs and reads requests."""
     header = _read_exact(proc.stdout, FRAME_HEADER.size)
     return len(header) == FRAME_HEADER.size and FRAME_HEADER.unpack(header)[0] == 3
 
 
-def _read_frame(proc: subprocess.Popen) -> tuple[int, bytes] | None:
+def _read_frame(proc: RemoteProcess) -> tuple[int, bytes] | None:
     header = _read_exact(proc.stdout, FRAME_HEADER.size)
     if len(header) < FRAME_HEADER.size:
         return None
@@ -129,11 +132,15 @@ class Listener:
 
 
 class StreamFailed(Exception):
-    """The helper's stream ended before it answered: ssh's or the helper's exit code and stderr."""
+    """The helper's stream ended before it answered; error(what) is the transport's typed error
+    for it (ssh's own failure, else the helper's exit)."""
 
-    def __init__(self, code: int, stderr: str):
-        super().__init__(f"exit {code}: {stderr.strip()[-300:]}")
-        self.code, self.stderr = code, stderr
+    def __init__(self, proc: RemoteProcess):
+        super().__init__(f"exit {proc.returncode}")
+        self.proc = proc
+
+    def error(self, what: str) -> HarnessError:
+        return self.proc.error(what)
 
 
 class FirstStream:
@@ -145,11 +152,8 @@ class FirstStream:
 
     PINGS = 2  # the shortest counts: on a loaded machine one may wait for a CPU
 
-    def __init__(self, argv: list[str], listen: bool = False):
-        self.proc = start_send_helper(argv, stderr=subprocess.PIPE)
-        self._stderr: list[bytes] = []
-        self._stderr_reader = threading.Thread(target=lambda: self._stderr.append(self.proc.stderr.read()), daemon=True)
-        self._stderr_reader.start()
+    def __init__(self, start: "StartStream", listen: bool = False):
+        self.proc = start_send_helper(start)
         self._ready = False
         self.round_trip_s: float | None = None
         self.listener: Listener | None = None  # where more streams of this pull can connect
@@ -189,12 +193,11 @@ class FirstStream:
 
     def _failed(self) -> StreamFailed:
         try:
-            code = self.proc.wait(timeout=10)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            code = self.proc.wait()
-        self._stderr_reader.join(5)
-        return StreamFailed(code, b"".join(self._stderr).decode("utf-8", "replace"))
+            self.proc.wait()
+        return StreamFailed(self.proc)
 
     def probe(self, short_s: float, pings: int = PINGS) -> None:
         """Time up to `pings` pings in the background (until one is below short_s); `join` waits
@@ -223,7 +226,7 @@ class FirstStream:
             self._probe.join()
 
     def stop(self) -> None:
-        stop(self.proc)
+        self.proc.stop()  # (it has been sent nothing where it was not needed: no effect)
 
 
 class Stream(threading.Thread):
@@ -231,21 +234,22 @@ class Stream(threading.Thread):
     (REQUESTS_IN_FLIGHT ahead, so there is no idle round trip between segments). A dropped
     stream returns its unfinished segments to the queue and reconnects, up to stream_retries.
 
-    With a listener, the stream is a connection to the first helper's listener (argv: `ssh -W`,
-    a channel of the master: no remote shell or Python to start) that sends listener's token
-    first; where that fails (the sshd forbids forwarding, the listener has ended), the stream
-    goes on as a helper of its own (fallback_argv), at once and for good."""
+    start() gives the stream's process (Transport.stream / stream_to). With a listener, it is a
+    connection to the first helper's listener (a TCP channel of the master: no remote shell or
+    Python to start) that sends listener's token first; where that fails (the sshd forbids
+    forwarding, the listener has ended), the stream goes on as a helper of its own
+    (fallback_start), at once and for good."""
 
     REQUESTS_IN_FLIGHT = 2  # at least; more while they are small, up to IN_FLIGHT_BYTES: a run's small files in one round trip
     IN_FLIGHT_BYTES = 2 * MiB
     MOST_IN_FLIGHT = 64
 
-    def __init__(self, argv: list[str], root: str, work: WorkQueue, options: PullOptions, on_bytes: Callable[[int], None],
-                 connecting: FirstStream | None = None, listener: Listener | None = None, fallback_argv: list[str] | None = None):
+    def __init__(self, start: "StartStream", root: str, work: WorkQueue, options: PullOptions, on_bytes: Callable[[int], None],
+                 connecting: FirstStream | None = None, listener: Listener | None = None, fallback_start: "StartStream | None" = None):
         super().__init__(daemon=True)
-        self.argv, self.root, self.work, self.options, self.on_bytes = argv, root, work, options, on_bytes
+        self.start_process, self.root, self.work, self.options, self.on_bytes = start, root, work, options, on_bytes
         self.connecting = connecting  # already started (its connection set up while the listing ran)
-        self.listener, self.fallback_argv = listener, fallback_argv
+        self.listener, self.fallback_start = listener, fallback_start
         self.gave_up: str | None = None
         self.receiving = threading.Event()  # set at the first byte
         self.round_trip_s: float | None = connecting.round_trip_s if connecting else None  # a request -> its answer
@@ -267,8 +271,8 @@ class Stream(threading.Thread):
                 why = "connection lost"
             if finished:
                 return
-            if self.listener is not None and self.fallback_argv is not None:
-                self.argv, self.listener = self.fallback_argv, None  # not counted: the link is not to blame
+            if self.listener is not None and self.fallback_start is not None:
+                self.start_process, self.listener = self.fallback_start, None  # not counted: the link is not to blame
                 continue
             attempts += 1
             if attempts > self.options.stream_retries:
@@ -283,7 +287,7 @@ class Stream(threading.Thread):
             connecting.join()
             proc = connecting.proc
         else:
-            proc = start_send_helper(self.argv)
+            proc = start_send_helper(self.start_process)
         in_flight: collections.deque[Segment] = collections.deque()
 
         def wants_more() -> bool:
@@ -338,24 +342,5 @@ class Stream(threading.Thread):
             return False
         finally:
             self.work.give_back([s for s in in_flight if s.pending])
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for f in (proc.stdin, proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    """End a prestarted stream that was not needed (it has been sent nothing: no effect)."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()  # do not wait for a handshake that may still be under way
-        proc.wait()
-    if proc is not None:
-        for f in (proc.stdin, proc.stdout):
-            try:
-                f.close()
-            except OSError:
-                pass
+            proc.kill()
+            proc.stop()

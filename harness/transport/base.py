@@ -15,12 +15,19 @@ import abc
 import shlex
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from harness.errors import HarnessError, RemoteCommandError
 
+if TYPE_CHECKING:
+    from harness.transport.process import RemoteProcess, StderrLine
+
 # A sink for streamed output: called with each chunk as it arrives.
 OutputSink = Callable[[bytes], None]
+
+# Transport.stream's channels: over the host's shared connection, or over one of its own.
+SHARED = "shared"
+OWN = "own"
 
 
 @dataclass(frozen=True)
@@ -163,8 +170,38 @@ class Transport(abc.ABC):
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
         """The error for a local_argv / own_connection_argv process that exited `code`: the
         client's own failure, typed, where this transport can tell it (an unknown host key, a
-        refused login, an unreachable host), else the remote command's."""
+        refused login, an unreachable host, a refused forward), else the remote command's.
+        RemoteProcess.error calls it: callers outside transport/ never see ssh's stderr."""
         return RemoteCommandError(what, code, stderr)
+
+    # -- processes this transport starts and owns -----------------------------------------------
+
+    def stream(self, argv: Sequence[str], *, channel: str = SHARED, stdin: bool = True, stdout: bool = True,
+               on_stderr_line: "StderrLine | None" = None) -> "RemoteProcess":
+        """Start argv on the host with its stdin/stdout as pipes here (bulk bytes, long-lived
+        helpers, servers); the handle's error(what) is the typed failure (ssh's own, else the
+        command's exit). channel: SHARED (for SSH hosts a channel of the persistent master: no
+        handshake) or OWN (a connection of its own: its own TCP flow and ssh process, for parallel
+        bulk streams and servers that outlive other commands; SHARED where that means nothing).
+        on_stderr_line: called with each line the command prints on stderr (SSH hosts: ssh's
+        own words go apart, to the handle's client log)."""
+        from harness.transport.process import RemoteProcess
+
+        if channel not in (SHARED, OWN):
+            raise ValueError(f"unknown channel {channel!r}")
+        local = (self.own_connection_argv(argv) if channel == OWN else None) or self.local_argv(argv)
+        return RemoteProcess(local, self.argv_failure, self.name, stdin=stdin, stdout=stdout, on_stderr_line=on_stderr_line)
+
+    def stream_to(self, host: str, port: int) -> "RemoteProcess | None":
+        """A stream whose stdin/stdout are a TCP connection to host:port as the host sees it (SSH
+        hosts: a direct-tcpip channel of the master; a forward the sshd refuses is a
+        ForwardRefusedError from error()), or None where there is none (forwards_tcp false)."""
+        from harness.transport.process import RemoteProcess
+
+        local = self.stdio_forward_argv(host, port)
+        if local is None:
+            return None
+        return RemoteProcess(local, self.argv_failure, self.name)
 
     @abc.abstractmethod
     def forward(self, forwards: Sequence[PortForward]) -> Forwarding:

@@ -25,7 +25,7 @@ import stat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
+from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
 from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
@@ -165,6 +165,21 @@ def stdio_forward_argv(o: OpenSSHOptions, host: str, port: int) -> list[str]:
     the sshd forbids forwarding (AllowTcpForwarding no, DisableForwarding)."""
     where = f"[{host}]" if ":" in host else host
     return base_argv(o) + ["-W", f"{where}:{int(port)}", "--", o.target.host]
+
+
+def client_log() -> str:
+    """A new, empty file in control_dir for one client's own diagnostics (`ssh -E`): apart from
+    the remote command's stderr, so an exit 255 that ssh did not log is the command's own."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="log-", dir=control_dir())
+    os.close(fd)
+    return path
+
+
+def logging_to(argv: list[str], log: str) -> list[str]:
+    """argv (an `ssh ...` command line) with its diagnostics appended to log."""
+    return [argv[0], "-E", log, *argv[1:]]
 
 
 def own_connection(o: OpenSSHOptions) -> OpenSSHOptions:
@@ -311,11 +326,21 @@ KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
 def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
     """`ssh -G`: the client's own reading of ssh_config for these options (Match, Include and
     tokens included), as {key: values}. One `ssh` process per distinct options and CLI call."""
-    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host)
+    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
+
+
+def _stamp(path: str | None) -> tuple:
+    """What changes when a file is edited (the cache below must not outlive an edit: a repointed
+    alias would ride the old host's master)."""
+    try:
+        st = os.stat(os.path.expanduser(path)) if path else None
+    except OSError:
+        return ()
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else ()
 
 
 @functools.lru_cache(maxsize=16)
-def _ssh_dash_g(argv: tuple[str, ...], host: str) -> dict[str, tuple[str, ...]]:
+def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> dict[str, tuple[str, ...]]:
     import subprocess
 
     try:
@@ -380,6 +405,8 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
         r"Connection refused|Connection timed out|timed out|No route to host|Could not resolve hostname|"
         r"Network is unreachable|Connection closed by .* port|kex_exchange_identification|Connection reset"
     )
+    # (a channel of the master says less: "Stdio forwarding request failed: Session open refused by peer")
+    forward = re.compile(r"open failed: ((?:connect failed|administratively prohibited).*)|[Ss]tdio forwarding (?:request )?failed:? ?(.*)")
     lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
     last = lines[-1] if lines else "ssh exited with status 255"
     where = host_name if o is None else f"{host_name} ({o.target.host})"
@@ -388,8 +415,14 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
                             "if the host was really reinstalled, remove its old line from your known_hosts file")
     m = unknown.search(text)
     if m:
-        return HostKeyError(f"{where}: unknown host key; refusing to connect",
+        of = f" for {m.group(2)}" if m.group(2) else ""  # the jump host's name, where a hop refused
+        return HostKeyError(f"{where}: unknown host key{of}; refusing to connect",
                             f"check its fingerprint, then pass {ACCEPT_FLAG} once to record it")
+    m = forward.search(text)
+    if m:
+        why = (m.group(1) or m.group(2) or "").strip() or "open failed"
+        return ForwardRefusedError(f"{where}: the host's sshd refused a forwarded connection ({why})",
+                                   "AllowTcpForwarding / DisableForwarding in its sshd_config, or nothing listens there")
     if auth.search(text):
         return AuthError(f"{where}: authentication failed: the server refused every key offered ({last})",
                          "check identity_file / IdentityFile, or load the key with ssh-add")
@@ -398,15 +431,40 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     return TransportError(f"{where}: ssh failed: {last}")
 
 
-def bulk_failure(host_name: str, what: str, code: int, stderr: str) -> HarnessError:
-    """A helper run through `ssh` (sync, pull) that failed: ssh's own failure (exit 255 with a
-    diagnostic recognised above: unknown key, auth, unreachable) is that typed error, anything
-    else is the remote command's failure."""
+# What ssh prints when the connection it made through a ProxyJump/ProxyCommand pipe closed. A
+# master (ControlPersist) sends what the hop's ssh printed to /dev/null, so an unknown or changed
+# jump host key reads only this: `diagnose` asks a connection of its own, whose hop keeps stderr.
+PROXY_CLOSED = "UNKNOWN port 65535"
+
+
+def bulk_failure(host_name: str, what: str, code: int, stderr: str, o: OpenSSHOptions | None = None) -> HarnessError:
+    """A command run through `ssh` (sync, pull, a server) that failed: ssh's own failure (exit
+    255 with a diagnostic recognised above: unknown or changed key, auth, unreachable, a refused
+    forward) is that typed error, anything else is the remote command's failure. With o, a
+    connection closed by a jump hop is diagnosed (`diagnose`) to say why."""
     if code == 255:
-        error = map_stderr(stderr, host_name)
+        error = map_stderr(stderr, host_name, o)
+        if o is not None and PROXY_CLOSED in stderr and isinstance(error, ConnectError):
+            error = diagnose(o, host_name) or error
         if type(error) is not TransportError:
             return error
     return RemoteCommandError(what, code, stderr)
+
+
+def diagnose(o: OpenSSHOptions, host_name: str) -> TransportError | None:
+    """Why o's host cannot be reached, as a connection of its own (no master: every hop's
+    stderr is kept) says it: its typed error, or None where it connects (or fails unrecognised)."""
+    import subprocess
+
+    argv = base_argv(own_connection(o)) + ["-T", "--", o.target.host, "exit 0"]
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=o.connect_timeout * 3 + 30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 255:
+        return None
+    error = map_stderr(proc.stderr.decode("utf-8", "replace"), host_name, o)
+    return None if type(error) is TransportError else error
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ harness adds what fabric leaves open: strict host keys on every hop (an unknown 
 with its fingerprint and the flag that accepts it once; a changed key is always refused), the
 hops in OpenSSH's order, IdentitiesOnly, timeouts, and errors that say which hop failed.
 fabric is imported and the connection opened on the first operation that needs them, so a
-command that only needs `local_argv` (sync, pull, exec: bulk streams through OpenSSH) never
-pays for any of it (~0.3 s of imports alone).
+command that only needs `stream` (sync, pull: bulk streams through OpenSSH) or the warm exec
+path never pays for any of it (~0.3 s of imports alone).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, TransportError
 from harness.transport import openssh
-from harness.transport.base import Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
+from harness.transport.base import OWN, SHARED, Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fabric import Connection
 
     from harness.transport import ConnectionSpec, ConnectOptions
+    from harness.transport.process import RemoteProcess, StderrLine
 
 KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
@@ -327,7 +328,24 @@ class SSHTransport(Transport):
         return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)
 
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
-        return openssh.bulk_failure(self.name, what, code, stderr)
+        return openssh.bulk_failure(self.name, what, code, stderr, self._openssh_options())
+
+    def stream(self, argv: Sequence[str], *, channel: str = SHARED, stdin: bool = True, stdout: bool = True,
+               on_stderr_line: StderrLine | None = None) -> RemoteProcess:
+        from harness.transport.process import RemoteProcess
+
+        if channel not in (SHARED, OWN):
+            raise ValueError(f"unknown channel {channel!r}")
+        local = self.own_connection_argv(argv) if channel == OWN else self.local_argv(argv)
+        log = openssh.client_log()  # ssh's own words apart from the command's stderr
+        return RemoteProcess(openssh.logging_to(local, log), self.argv_failure, self.name, stdin=stdin, stdout=stdout,
+                             on_stderr_line=on_stderr_line, client_log=log)
+
+    def stream_to(self, host: str, port: int) -> RemoteProcess:
+        from harness.transport.process import RemoteProcess
+
+        log = openssh.client_log()
+        return RemoteProcess(openssh.logging_to(self.stdio_forward_argv(host, port), log), self.argv_failure, self.name, client_log=log)
 
     def own_connection_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.own_connection(self._openssh_options()), argv)
