@@ -31,11 +31,12 @@ from harness import host_helpers
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
-from harness.runs import CancelOutcome, RunListing
+from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
+    from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
 RUNS_DIR = "runs"
@@ -167,17 +168,28 @@ class RunStatus:
 
 
 class Jobs:
-    """Runs on one host, through one transport."""
+    """Runs on one host, through one transport (`runtime`: the host's, when the caller made it
+    already: harness.host.Host, so the workdir is expanded once per command)."""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport"):
+    detach_note = ""
+
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None):
         self.config = config
         self.host = host
         self.name = host.name
         self.transport = transport
-        self.runtime = runtime_for(host, transport)
-        self.workdir = self.runtime.workdir
-        self.runs_dir = f"{self.workdir}/{RUNS_DIR}"
+        self.runtime = runtime or runtime_for(host, transport)
         self._supervisor_installed = False
+
+    @property
+    def workdir(self) -> str:
+        """Expanded on the host (asked once, where a caller needs it absolute)."""
+        return self.runtime.workdir
+
+    @property
+    def runs_dir(self) -> str:
+        """Where the runs are, as the host helpers take it (a leading ~ expands there)."""
+        return f"{self.runtime.workdir_as_given}/{RUNS_DIR}"
 
     # -- the supervisor on the host ---------------------------------------------------------------
 
@@ -216,7 +228,7 @@ class Jobs:
         if what == "last" or RUN_ID_RE.match(what):
             run_id = self.resolve_run_id(what)
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
-        path = what if what.startswith(("/", "~")) else f"{self.workdir}/{what}"
+        path = what if what.startswith(("/", "~")) else f"{self.runtime.workdir_as_given}/{what}"
         return RemoteTarget(path, posixpath.basename(path.rstrip("/")) or "pulled")
 
     # -- start ------------------------------------------------------------------------------------
@@ -247,6 +259,17 @@ class Jobs:
         if result.exit_code != 0:
             raise RemoteCommandError("supervisor start " + run_id, result.exit_code, result.stderr.decode("utf-8", "replace"))
         return run_id
+
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+        run_id = self.start(stages, grace_s=grace_s, now=now)
+        started = self.status(run_id)
+        if started.state == "queued":
+            return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
+        return Started(run_id, f"run {run_id} started on {self.name}")
+
+    def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "RunStatus":
+        self.follow(run_id, view.events, follow=True, as_json=True)
+        return self.status(run_id)
 
     # Hooks that harness.multinode.NodeJobs overrides to launch a stage across several hosts.
 

@@ -671,6 +671,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--follow", action="store_true")
     p.add_argument("--json", action="store_true")
     a = parser.parse_args(argv)
+    for key in ("run_dir", "runs_dir"):  # the laptop may send the workdir as configured: ~/...
+        if getattr(a, key, None):
+            setattr(a, key, os.path.expanduser(getattr(a, key)))
     if a.cmd == "start":
         return cmd_start(a.run_dir)
     if a.cmd == "cancel":

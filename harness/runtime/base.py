@@ -66,6 +66,12 @@ class Runtime(abc.ABC):
         return self._workdir
 
     @property
+    def workdir_as_given(self) -> str:
+        """The workdir expanded once known, else as configured: a leading ~ that the host
+        expands where the path is used (the host helpers expand it), so no round trip asks."""
+        return self._workdir if self._workdir is not None else self.host.workdir.rstrip("/") or "/"
+
+    @property
     @abc.abstractmethod
     def python(self) -> str:
         """The interpreter the stages use, as named inside the runtime."""
