@@ -327,7 +327,7 @@ class GroupRun:
 
     detach_note = " (each node's watchdog stops the rest if one fails)"
 
-    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"], install: bool = True):
+    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"]):
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
@@ -335,25 +335,13 @@ class GroupRun:
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
         self.transports = open_all(transport_for, self.hosts)
-        self._jobs: dict[str, Jobs] = {}
-        # One Jobs per host, its supervisor installed up front: later calls come from several
-        # threads at once (log streams, status polls) and must not race on the installation.
-        for host, jobs, error in parallel(self.hosts, self._make_jobs if install else lambda h: Jobs(config, config.host(h), self.transports[h])):
-            if error is not None:
-                raise error
-            self._jobs[host] = jobs
-
-    def _make_jobs(self, host: str) -> Jobs:
-        jobs = Jobs(self.config, self.config.host(host), self.transports[host])
-        jobs._install_supervisor()
-        return jobs
+        # One Jobs per host (nothing to install: each call ships the supervisor, harness.helpers).
+        self._jobs: dict[str, Jobs] = {h: Jobs(config, config.host(h), self.transports[h]) for h in self.hosts}
 
     def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
         if launch is None:
             return self._jobs[host]
-        node = NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
-        node._supervisor_installed = True
-        return node
+        return NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
 
     # -- start --------------------------------------------------------------------------------------
 
