@@ -1,12 +1,13 @@
 """One way to call a host helper (harness/host_helpers/*.py, standard library only).
 
-Shipped one way: the helper's source travels as the interpreter's `-c` argument, so nothing is
-installed on the host and a changed helper is used at once. Started one way: `python -S -c
-SOURCE` on the host (the default `python3` as /usr/bin/python3 where there is one:
-host_helpers.SYSTEM_PYTHON_SH), or `python -c SOURCE` in the stage environment
-(Runtime.foreground: the container, the workdir) when `where` is a runtime. One wire format: the
-request is one JSON document on the helper's stdin (so secret values in it never reach a command
-line), the reply is its stdout (one JSON document, or a byte stream for a streaming command
+Shipped one way: the helper's source travels on stdin ahead of the request, read by a one-line
+bootstrap (`python -c BOOT NAME SIZE`: SIZE bytes of source run as __main__), so nothing is
+installed on the host, a changed helper is used at once, and the host's `ps` shows a short line
+naming the helper. Started one way: `python -S -c BOOT ...` on the host (the default `python3` as
+/usr/bin/python3 where there is one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in
+the stage environment (Runtime.foreground: the container, the workdir) when `where` is a runtime.
+One wire format: the request is one JSON document on the helper's stdin after its source (so
+secret values in it never reach a command line), the reply is its stdout (one JSON document, or a byte stream for a streaming command
 handed to `stdout`), its exit code says how it went (0 done, 2 no such thing, else failed, with
 stderr saying why).
 
@@ -29,8 +30,12 @@ if TYPE_CHECKING:
     from harness.runtime.base import Runtime, WrapOptions
     from harness.transport.base import Transport
 
-# `python -S -c SOURCE` with the host's interpreter ($1), the source ($2).
-_ON_HOST = f'py=$1; shift; {host_helpers.SYSTEM_PYTHON_SH}; exec "$py" -S -c "$1"'
+# Reads the helper's source (argv: its name, its size in bytes) from stdin and runs it as
+# __main__; what follows on stdin is the request.
+BOOT = ("import sys; n = sys.argv[1]; s = sys.stdin.buffer.read(int(sys.argv[2])); sys.argv = [n]; "
+        "exec(compile(s, n, 'exec'), {'__name__': '__main__', '__file__': n})")
+# `python -S -c BOOT NAME SIZE` with the host's interpreter ($1).
+_ON_HOST = f'py=$1; shift; {host_helpers.SYSTEM_PYTHON_SH}; exec "$py" -S -c "$@"'
 
 
 @dataclass(frozen=True)
@@ -59,11 +64,21 @@ class HelperResult:
 
 def argv(name: str, *, python: str = "python3", where: "Runtime | None" = None, options: "WrapOptions | None" = None) -> list[str]:
     """The host argv that starts helper `name` (e.g. "supervisor.py") on the host's python, or
-    in the stage environment of runtime `where` (with its WrapOptions `options`)."""
-    source = host_helpers.source(name)
+    in the stage environment of runtime `where` (with its WrapOptions `options`). Its stdin:
+    payload(name, request)."""
+    boot = [BOOT, name, str(len(_source(name)))]
     if where is not None:
-        return where.foreground([where.python, "-c", source], *([options] if options is not None else []))
-    return ["sh", "-c", _ON_HOST, "sh", python, source]
+        return where.foreground([where.python, "-c", *boot], *([options] if options is not None else []))
+    return ["sh", "-c", _ON_HOST, "sh", python, *boot]
+
+
+def payload(name: str, request: dict[str, Any]) -> bytes:
+    """What the helper reads on stdin: its source, then the request."""
+    return _source(name) + json.dumps(request).encode()
+
+
+def _source(name: str) -> bytes:
+    return host_helpers.source(name).encode()
 
 
 def call(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
@@ -97,7 +112,7 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
     out: list[bytes] = []
     try:
         try:
-            proc.stdin.write(prefix + json.dumps(request).encode())
+            proc.stdin.write(prefix + payload(name, request))
             proc.stdin.close()
         except BrokenPipeError:
             pass  # it ended before reading: its exit code and stderr say why

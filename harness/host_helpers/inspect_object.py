@@ -321,7 +321,8 @@ def resolve_static(path, want_mro):
 
 def is_machinery(filename):
     """The import system's frames and this script's own say nothing about a failure."""
-    return filename == "<string>" or "importlib._bootstrap" in filename or filename.replace("\\", "/").endswith("/importlib/__init__.py")
+    # this script's own: "<string>" under `python -c`, its name as harness/helpers.py runs it
+    return filename in ("<string>", globals().get("__file__")) or "importlib._bootstrap" in filename or filename.replace("\\", "/").endswith("/importlib/__init__.py")
 
 
 def import_error(module, exc):
