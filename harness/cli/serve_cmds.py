@@ -38,7 +38,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
     transport = h.transport
     run_id = h.runs.resolve_run_id(run)
     try:
-        server, export = start(h.config, h.cfg, transport, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
+        server, export = start(h, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
     except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
         click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
         return
