@@ -90,6 +90,23 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
     transport/remote_shell.py does, never on a command line). After `timeout` seconds the
     call ends with exit code 124. The link's own failure (unknown host key, refused login,
     unreachable) is raised, typed; the helper's exit code is returned."""
+    from harness.errors import ConnectError, HostKeyError
+
+    received: list[bytes] = []
+    try:
+        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
+    except (HostKeyError, ConnectError):
+        if received:  # the link dropped mid-reply: no second reply
+            raise
+        # OpenSSH's message has no fingerprint, and what the ssh of a ProxyJump hop printed is
+        # lost ("Connection closed"): let the transport report (or, with --accept-new-host-key,
+        # record) the key precisely, as its warm exec path does; then try once more.
+        transport.open()
+        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
+
+
+def _call(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
+          env: dict[str, str] | None, stdout: Callable[[bytes], None] | None, timeout: float | None, received: list[bytes]) -> HelperResult:
     host_argv, prefix = argv(name, python=python, where=where, options=options), b""
     if env:
         from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
@@ -117,6 +134,7 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
         except BrokenPipeError:
             pass  # it ended before reading: its exit code and stderr say why
         while chunk := proc.stdout.read1(65536):
+            received.append(b"")
             (out.append if stdout is None else stdout)(chunk)
         code = proc.wait()
     except BaseException:  # Ctrl-C while a stream is followed: end the client, leave the host alone

@@ -40,6 +40,7 @@ class AppContext:
 
         if name in self.config.groups:
             return Group(self.config, name, self.transport)
+        self.config.targets(name)  # neither a host nor a group: one error naming both
         return self.host(name)
 
     def connect_options(self) -> "ConnectOptions":
