@@ -1,9 +1,9 @@
 """The source of a Python object as the remote stage interpreter sees it (library API of
 `harness inspect`).
 
-One round trip per question: the stdlib-only script harness/host_helpers/inspect_object.py travels as
-`python -c <script> <request JSON>`, wrapped by the host's runtime (so it runs with the stages'
-interpreter, image, mounts and working directory), and prints one JSON answer that becomes an
+One round trip per question: the stdlib-only script harness/host_helpers/inspect_object.py is
+called through harness.helpers (the request on stdin) in the host's runtime (so it runs with the
+stages' interpreter, image, mounts and working directory), and prints one JSON answer that becomes an
 `ObjectInfo` or a `GrepResult` here. Failures come back as typed errors: an unknown name is a
 UsageError naming the nearest existing names, a module that fails to import is a
 RemoteImportError with the exception and its last frames.
@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal
 
-from harness import host_helpers
+from harness import helpers
 from harness.errors import HarnessError, UsageError
 from harness.pipeline import SCRIPTS_DIR
 from harness.runtime.base import Runtime
 from harness.transport.base import Transport
 
-SCRIPT_PATH = host_helpers.path("inspect_object.py")
 MARKER = "@@harness-inspect@@ "
 DOTTED_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # Importing torch + transformers + speculators takes seconds on a fast box and a minute on a
@@ -131,8 +130,6 @@ class GrepResult:
 
 
 @lru_cache(maxsize=1)
-def script_source() -> str:
-    return SCRIPT_PATH.read_text(encoding="utf-8")
 
 
 def inspect_object(transport: Transport, runtime: Runtime, path: str, *, mode: Mode = "auto", mro: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> ObjectInfo:
@@ -209,11 +206,10 @@ def run_request(transport: Transport, runtime: Runtime, request: dict[str, Any],
     answer's fields or raise its typed error."""
     # The stages run as `python remote_scripts/<stage>.py`: their directory leads sys.path.
     request = {**request, "sys_path": [SCRIPTS_DIR]}
-    argv = runtime.foreground([runtime.python, "-c", script_source(), json.dumps(request)])
-    result = transport.run(argv, env=stage_env(runtime), timeout=timeout)
+    result = helpers.call(transport, "inspect_object.py", request, where=runtime, env=stage_env(runtime), timeout=timeout)
     answer = parse_answer(result.stdout)
     if answer is None:
-        stderr = result.stderr.decode("utf-8", "replace").strip()
+        stderr = result.error
         tail = stderr.splitlines()[-1] if stderr else "no output"
         raise InspectProtocolError(
             f"the inspect script on {transport.name} gave no answer (exit code {result.exit_code}): {tail}",

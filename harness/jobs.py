@@ -1,11 +1,13 @@
 """Detached runs: a chain of stages executed one after another ON THE HOST.
 
-The laptop writes the run's plan into files under <workdir>/runs/<run_id>/ (run.json, and a
-spec.json per stage), ships the supervisor (harness/host_helpers/supervisor.py, standard library only)
-to <workdir>/.harness/, and starts it detached (double fork + setsid). From then on the run
+The laptop makes the run's plan (run.json, and a spec.json per stage) and sends it in ONE call of
+the supervisor (harness/host_helpers/supervisor.py, standard library only, through
+harness.helpers.call), which writes it under <workdir>/runs/<run_id>/, adds the digest of the
+code last synced, starts itself detached (double fork + setsid) and answers with the run's
+status. A workdir configured under ~ is expanded there, in the same call. From then on the run
 needs neither the SSH link nor this process: closing the laptop does not stop the chain.
 
-Every later command (logs, status, runs, cancel) is one call of the same supervisor script on the
+Every later command (logs, status, runs, cancel) is one call of the same supervisor on the
 host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
 Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
 overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
@@ -18,7 +20,6 @@ stdin and are never written to the run's files; the record keeps names only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 import re
 import secrets
@@ -27,19 +28,21 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from harness import host_helpers
+from harness import helpers
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
 from harness.pipeline import STAGES, resolve_chain, stage_argv
-from harness.runs import CancelOutcome, RunListing
+from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
+    from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
 RUNS_DIR = "runs"
-SUPERVISOR_PATH = ".harness/supervisor.py"  # relative to the workdir
+SUPERVISOR = "supervisor.py"  # harness/host_helpers/
+HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
@@ -167,39 +170,32 @@ class RunStatus:
 
 
 class Jobs:
-    """Runs on one host, through one transport."""
+    """Runs on one host, through one transport (`runtime`: the host's, when the caller made it
+    already: harness.host.Host, so the workdir is expanded once per command)."""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport"):
+    detach_note = ""
+
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None):
         self.config = config
         self.host = host
         self.name = host.name
         self.transport = transport
-        self.runtime = runtime_for(host, transport)
-        self.workdir = self.runtime.workdir
-        self.runs_dir = f"{self.workdir}/{RUNS_DIR}"
-        self._supervisor_installed = False
+        self.runtime = runtime or runtime_for(host, transport)
+
+    @property
+    def workdir(self) -> str:
+        """Expanded on the host (asked once, where a caller needs it absolute)."""
+        return self.runtime.workdir
+
+    @property
+    def runs_dir(self) -> str:
+        """Where the runs are, as the host helpers take it (a leading ~ expands there)."""
+        return f"{self.runtime.workdir_as_given}/{RUNS_DIR}"
 
     # -- the supervisor on the host ---------------------------------------------------------------
 
-    @property
-    def supervisor(self) -> str:
-        return f"{self.workdir}/{SUPERVISOR_PATH}"
-
-    def _install_supervisor(self) -> None:
-        if self._supervisor_installed:
-            return
-        source = host_helpers.source("supervisor.py").encode()
-        try:
-            current = self.transport.get_bytes(self.supervisor)
-        except FileNotFoundError:
-            current = None
-        if current != source:
-            self.transport.put_bytes(source, self.supervisor, mode=0o755)
-        self._supervisor_installed = True
-
-    def _supervise(self, *args: str, stdin: bytes | None = None, stdout: Callable[[bytes], None] | None = None):
-        self._install_supervisor()
-        return self.transport.run([self.host.python, self.supervisor, *args], stdin=stdin, stdout=stdout)
+    def _supervise(self, request: dict[str, Any], stdout: Callable[[bytes], None] | None = None) -> helpers.HelperResult:
+        return helpers.call(self.transport, SUPERVISOR, request, python=self.host.python, stdout=stdout)
 
     def run_dir(self, run_id: str) -> str:
         return f"{self.runs_dir}/{run_id}"
@@ -216,7 +212,7 @@ class Jobs:
         if what == "last" or RUN_ID_RE.match(what):
             run_id = self.resolve_run_id(what)
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
-        path = what if what.startswith(("/", "~")) else f"{self.workdir}/{what}"
+        path = what if what.startswith(("/", "~")) else f"{self.runtime.workdir_as_given}/{what}"
         return RemoteTarget(path, posixpath.basename(path.rstrip("/")) or "pulled")
 
     # -- start ------------------------------------------------------------------------------------
@@ -229,24 +225,42 @@ class Jobs:
         """Write the run's plan and start its supervisor; return the run id (`run_id`: given by
         harness.multinode, which starts the same run on every host of a group). The run is
         `queued` while earlier runs hold its GPUs, unless `now`."""
+        return self._start(requested, grace_s, run_id, now).run_id
+
+    def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
+        """One supervisor call: the plan in, the started run's status out."""
+        from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
         stages = resolve_chain(list(requested))
         run_id = run_id or new_run_id()
-        run_dir = self.run_dir(run_id)
         image = self._image()
         nproc = self._gpu_count() if any(STAGES[s].distributed for s in stages) else 0
+        self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
+        run_dir = self.run_dir(run_id)
+        specs = {}
         for stage in stages:
             sd = f"{run_dir}/{stage}"
-            argv = self.stage_command(stage, f"{sd}/events.jsonl", nproc)
-            self.transport.put_bytes(_to_json(self._stage_spec(run_id, stage, sd, argv)), f"{sd}/spec.json")
+            specs[stage] = self._stage_spec(run_id, stage, sd, self.stage_command(stage, f"{sd}/events.jsonl", nproc))
         record = self._record(run_id, stages, grace_s, image)
         record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now}
-        self.transport.put_bytes(_to_json(record), f"{run_dir}/run.json")
-        # Secret values go on stdin: the supervisor keeps them in memory and passes them on.
-        payload = json.dumps({"env": self.stage_env()}).encode()
-        result = self._supervise("start", run_dir, stdin=payload)
+        # Secret values travel in the request (stdin): the supervisor keeps them in memory.
+        result = self._supervise({"cmd": "launch", "run_dir": run_dir, "specs": specs, "record": record,
+                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env()})
         if result.exit_code != 0:
-            raise RemoteCommandError("supervisor start " + run_id, result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return run_id
+            raise RemoteCommandError("supervisor launch " + run_id, result.exit_code, result.error)
+        reply = result.json()
+        self.runtime.home_is(reply["home"], HOME_TOKEN)
+        return RunStatus.from_json(reply["status"])
+
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+        started = self._start(stages, grace_s, None, now)
+        run_id = started.run_id
+        if started.state == "queued":
+            return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
+        return Started(run_id, f"run {run_id} started on {self.name}")
+
+    def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "RunStatus":
+        self.follow(run_id, view.events, follow=True, as_json=True)
+        return self.status(run_id)
 
     # Hooks that harness.multinode.NodeJobs overrides to launch a stage across several hosts.
 
@@ -277,7 +291,7 @@ class Jobs:
             "created": round(time.time(), 3),
             "grace_s": grace_s,
             "git": local_git_state(str(self.config.root)),
-            "manifest_hash": self._manifest_hash(),
+            "manifest_hash": None,  # the supervisor's launch reads it on the host
             "image": image,
             "env_names": list(self.host.env),  # names only; values never leave memory
             "config": {
@@ -292,13 +306,6 @@ class Jobs:
     def _image(self) -> dict[str, Any]:
         """The image the stages run, checked before anything is written (Runtime.image_record)."""
         return self.runtime.image_record(self.transport)
-
-    def _manifest_hash(self) -> str | None:
-        try:
-            from harness.sync import host_manifest_digest
-        except ImportError:
-            return None
-        return host_manifest_digest(self.transport, self.workdir)
 
     def _gpu_count(self) -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node)."""
@@ -318,13 +325,10 @@ class Jobs:
         return run_id
 
     def _status_json(self, run_id: str | None) -> list[dict[str, Any]]:
-        args = ["status", self.runs_dir] + ([run_id] if run_id else [])
-        result = self._supervise(*args)
+        result = self._supervise({"cmd": "status", "runs_dir": self.runs_dir, "run_id": run_id})
         if result.exit_code == 2 and run_id:
             raise UsageError(f"{self.host.name}: no run {run_id}")
-        if result.exit_code != 0:
-            raise RemoteCommandError("supervisor status", result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return json.loads(result.text)
+        return result.checked("supervisor status").json()
 
     def status(self, run_id: str) -> RunStatus:
         return RunStatus.from_json(self._status_json(self.resolve_run_id(run_id))[0])
@@ -334,38 +338,26 @@ class Jobs:
 
     def follow(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False, as_json: bool = False) -> int:
         """Stream stage logs from their first byte (JSON lines with events when as_json)."""
-        args = ["follow", self.run_dir(self.resolve_run_id(run_id))]
-        if stage:
-            args += ["--stage", stage]
-        if follow:
-            args.append("--follow")
-        if as_json:
-            args.append("--json")
-        result = self._supervise(*args, stdout=sink)
+        request = {"cmd": "follow", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "stage": stage, "follow": follow, "json": as_json}
+        result = self._supervise(request, stdout=sink)
         if result.exit_code == 2:
-            raise UsageError(result.stderr.decode("utf-8", "replace").strip() or f"no run {run_id}")
+            raise UsageError(result.error or f"no run {run_id}")
         return result.exit_code
 
     def cancel(self, run_id: str, grace_s: float | None = None) -> str:
         """SIGTERM, grace period, SIGKILL; returns the run's final state."""
-        args = ["cancel", self.run_dir(self.resolve_run_id(run_id))]
-        if grace_s is not None:
-            args += ["--grace", str(grace_s)]
-        result = self._supervise(*args)
+        result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "grace": grace_s})
         if result.exit_code == 2:
             raise UsageError(f"{self.host.name}: no run {run_id}")
-        if result.exit_code != 0:
-            raise RemoteCommandError("supervisor cancel", result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return result.text.strip()
+        return result.checked("supervisor cancel").text.strip()
 
     def mark_cancelling(self, run_id: str) -> None:
         """The first round of a group's cancel: from now on a stage of this run that fails (its
         peers were cancelled first) is recorded cancelled. Stops nothing."""
-        result = self._supervise("cancelling", self.run_dir(self.resolve_run_id(run_id)))
+        result = self._supervise({"cmd": "cancelling", "run_dir": self.run_dir(self.resolve_run_id(run_id))})
         if result.exit_code == 2:
             raise UsageError(f"{self.host.name}: no run {run_id}")
-        if result.exit_code != 0:
-            raise RemoteCommandError("supervisor cancelling", result.exit_code, result.stderr.decode("utf-8", "replace"))
+        result.checked("supervisor cancelling")
 
     # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
 
@@ -409,6 +401,3 @@ def local_git_state(path: str) -> dict[str, Any]:
     except (OSError, subprocess.TimeoutExpired):
         return {"commit": None, "dirty": None}
 
-
-def _to_json(data: Any) -> bytes:
-    return (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()

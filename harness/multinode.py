@@ -53,7 +53,7 @@ from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.events import Finished, finished_failure
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
-from harness.runs import CancelOutcome, RunListing
+from harness.runs import AttachView, CancelOutcome, RunListing, Started
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -325,7 +325,9 @@ class GroupStatus:
 class GroupRun:
     """A group and one transport per host: start, status, follow, cancel, watch."""
 
-    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"], install: bool = True):
+    detach_note = " (each node's watchdog stops the rest if one fails)"
+
+    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"]):
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
@@ -333,25 +335,13 @@ class GroupRun:
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
         self.transports = open_all(transport_for, self.hosts)
-        self._jobs: dict[str, Jobs] = {}
-        # One Jobs per host, its supervisor installed up front: later calls come from several
-        # threads at once (log streams, status polls) and must not race on the installation.
-        for host, jobs, error in parallel(self.hosts, self._make_jobs if install else lambda h: Jobs(config, config.host(h), self.transports[h])):
-            if error is not None:
-                raise error
-            self._jobs[host] = jobs
-
-    def _make_jobs(self, host: str) -> Jobs:
-        jobs = Jobs(self.config, self.config.host(host), self.transports[host])
-        jobs._install_supervisor()
-        return jobs
+        # One Jobs per host (nothing to install: each call ships the supervisor, harness.helpers).
+        self._jobs: dict[str, Jobs] = {h: Jobs(config, config.host(h), self.transports[h]) for h in self.hosts}
 
     def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
         if launch is None:
             return self._jobs[host]
-        node = NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
-        node._supervisor_installed = True
-        return node
+        return NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -390,6 +380,32 @@ class GroupRun:
             host, error = failed[0]
             raise HarnessError(f"{host}: could not start run {launch.run_id}: {error}; stopped it on {', '.join(started) or 'no other host'}")
         return launch
+
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+        """RunPlace.launch: every node starts at once (`now` changes nothing: nodes never queue)."""
+        launch = self.start(stages, grace_s=grace_s)
+        return Started(launch.run_id, f"run {launch.run_id} started on {self.name} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})")
+
+    def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "GroupStatus":
+        """Every node's log into view.node_line while watch() stops the others when one fails."""
+        run_id = self.resolve_run_id(run_id)
+        threads = self.follow(run_id, view.node_line, follow=True)
+        announced = False
+
+        def on_update(status: GroupStatus) -> None:
+            nonlocal announced
+            if status.first_failure and not announced:
+                announced = True
+                view.note(f"harness: node {status.first_failure}; stopping the other nodes")
+
+        status = self.watch(run_id, on_update=on_update, grace_s=grace_s)
+        for t in threads:
+            t.join(timeout=5)  # the tail of each log; a lost node's stream may never end
+        return status
+
+    def locate(self, what: str, newest_run: Callable[[str], str | None] | None = None):
+        """A run or path on host 0 (a pull takes one host: this is for its own messages)."""
+        return self.jobs(self.hosts[0]).locate(what, newest_run)
 
     # -- read back ----------------------------------------------------------------------------------
 

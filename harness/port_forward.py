@@ -9,15 +9,12 @@ server may start later) and said in one line.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from harness import host_helpers
-from harness.errors import RemoteCommandError, UsageError
+from harness.errors import UsageError
 from harness.transport.base import Forwarding, PortForward, Transport, port_number
 
-PROBE = host_helpers.path("port_probe.py")
 
 
 @dataclass(frozen=True)
@@ -53,10 +50,10 @@ class Forwarded:
 
 def locate(transport: Transport, python: str, ports: Sequence[int]) -> dict[int, dict | None]:
     """{port: {"address", "where"} or None (nothing listens)}, as the host sees it."""
-    result = transport.run([python, "-c", PROBE.read_text(encoding="utf-8"), *map(str, ports)], timeout=120)
-    if not result.ok:
-        raise RemoteCommandError(f"{python} port_probe.py", result.exit_code, result.stderr.decode("utf-8", "replace"))
-    return {int(k): v for k, v in json.loads(result.text).items()}
+    from harness import helpers
+
+    result = helpers.call(transport, "port_probe.py", {"ports": list(ports)}, python=python, timeout=120)
+    return {int(k): v for k, v in result.checked(f"{python} port_probe.py").json().items()}
 
 
 def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec]) -> tuple[Forwarding, list[Forwarded]]:

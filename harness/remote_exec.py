@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from harness.config import HostConfig
-from harness.runtime import WrapOptions, runtime_for
+from harness.runtime import Runtime, WrapOptions, runtime_for
 from harness.transport import Transport
 
 
-def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, transport: Transport) -> int:
+def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, transport: Transport, runtime: Runtime | None = None) -> int:
     """Run argv on the host; return its exit code."""
     env = host.env_values()
     # Env values travel through the transport; a container gets them by name.
-    full = runtime_for(host, transport).foreground(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
+    full = (runtime or runtime_for(host, transport)).foreground(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
     return transport.exec_foreground(full, env=env, pty=pty)

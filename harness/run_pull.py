@@ -28,12 +28,16 @@ import dataclasses
 import json
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness.config import PipelineConfig
 from harness.errors import UsageError
 from harness.pipeline import default_args
-from harness.pull import PullConnection, PullProgress, PullReport, Source, clean_rel
+from harness.pull import PullConnection, PullOptions, PullProgress, PullReport, Source, clean_rel
+
+if TYPE_CHECKING:
+    from harness.host import Host
+    from harness.jobs import RemoteTarget
 
 BEST_FILE = "best.json"
 TRAIN_FILES = ("metrics.jsonl", BEST_FILE)  # small files next to the checkpoints
@@ -130,3 +134,49 @@ def pull_run(connection: PullConnection, run_plan: RunPullPlan, local_dir: str, 
     """Pull every part of the plan into local_dir over the plan's connection; one report, names
     relative to local_dir."""
     return connection.pull([Source(p.remote, p.local, p.latest_checkpoint) for p in run_plan.parts], local_dir, progress)
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """`harness pull HOST REMOTE [LOCAL_DIR]`: what to bring, and how."""
+
+    remote: str  # a run id, 'last', or a path (relative to the workdir unless absolute)
+    local_dir: str | None = None  # default: ./runs/RUN_ID or ./NAME
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    latest_checkpoint: bool = False
+    best_checkpoint: bool = False
+    jobs: int = 8
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class PullOutcome:
+    target: "RemoteTarget"
+    destination: str
+    report: PullReport
+    missing: list[str]  # outputs the run has not made
+
+
+def pull(host: "Host", request: PullRequest, progress: Callable[[], PullProgress | None] = lambda: None,
+         on_missing: Callable[[str], None] = lambda name: None) -> PullOutcome:
+    """Pull a run (its records and outputs), a checkpoints directory's best checkpoint, or a path
+    from the host, over one PullConnection. `progress()` is asked once the plan stands (the CLI
+    builds its bar then); `on_missing(name)` hears of each output the run has not made."""
+    options = PullOptions(include=request.include, exclude=request.exclude, jobs=request.jobs, python=host.cfg.python, dry_run=request.dry_run)
+    # one connection answers every question (the newest run, its record, what exists) and then
+    # carries the bytes: one remote start in all. It starts first; the rest runs while it connects.
+    with PullConnection(host.transport, options) as connection:
+        target = host.runs.locate(request.remote, newest_run=connection.newest_run)
+        if target.run_id:
+            what = plan(connection, host.name, target.path, RunPullRequest(request.latest_checkpoint, request.best_checkpoint))
+            for name in what.missing:
+                on_missing(name)
+        elif request.best_checkpoint:  # REMOTE is a checkpoints directory
+            name = best_checkpoint_name(connection, host.name, target.path)
+            what = RunPullPlan([Part(f"{target.path}/{BEST_FILE}", "."), Part(f"{target.path}/{name}", name)], [])
+        else:
+            what = RunPullPlan([Part(target.path, ".", latest_checkpoint=request.latest_checkpoint)], [])
+        destination = request.local_dir or target.local_name
+        report = pull_run(connection, what, destination, progress())
+    return PullOutcome(target, destination, report, what.missing)

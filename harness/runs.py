@@ -1,4 +1,5 @@
-"""The run interface: what `status`, `logs`, `cancel` and `runs` need from the place a run lives.
+"""The run interface: what `run`, `status`, `logs`, `cancel`, `runs` and `pull` need from the place
+a run lives.
 
 A host (harness.jobs.Jobs) and a group (harness.multinode.GroupRun) both implement `RunPlace`, so
 the CLI has one code path for both and one renderer (harness/cli/render.py) that shows what they
@@ -78,10 +79,50 @@ class CancelOutcome:
         return 1 if any(s.startswith("error") for s in self.states.values()) else 0
 
 
+@dataclass(frozen=True)
+class Started:
+    """A run just started (`launch`): its id and the line that says where and how it started."""
+
+    run_id: str
+    line: str  # e.g. "run 20260101-120000-abcdef started on gpu1"
+
+
+class AttachView(Protocol):
+    """What `attach` feeds while a run goes on (harness/cli/render.py's AttachRenderer)."""
+
+    def events(self, chunk: bytes) -> None:
+        """A host's run: the supervisor's `follow --json` lines (logs, events, stage states)."""
+        ...
+
+    def node_line(self, host: str, line: bytes) -> None:
+        """A group's run: one line of one node's log. Called from several threads."""
+        ...
+
+    def note(self, text: str) -> None:
+        """One line for the user (a group: the first node that failed)."""
+        ...
+
+
 class RunPlace(Protocol):
     """Where runs live: one host, or every host of a group."""
 
     name: str
+    #: said after "it keeps running on NAME" when the user detaches (Ctrl-C)
+    detach_note: str
+
+    def launch(self, stages: list[str], grace_s: float, now: bool = False) -> Started:
+        """Start a run of these stages (names, `all` or `demo`); `now`: skip the host's queue."""
+        ...
+
+    def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> RunView:
+        """Follow the run until it ends, feeding `view`; its final state. A group's failed node
+        makes the others stop (bound: poll + grace_s)."""
+        ...
+
+    def locate(self, what: str, newest_run: Callable[[str], str | None] | None = None) -> Any:
+        """A run id ('last') or a workdir-relative path -> where it is on the host
+        (harness.jobs.RemoteTarget; `harness pull`)."""
+        ...
 
     def resolve_run_id(self, run_id: str) -> str:
         """A run id from the user, validated; "last" is the newest run."""

@@ -27,7 +27,7 @@ from harness.port_forward import locate
 from harness.run_pull import recorded_pipeline, stage_output
 
 if TYPE_CHECKING:
-    from harness.config import Config, HostConfig
+    from harness.host import Host
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
@@ -112,11 +112,9 @@ class RemoteServer(HostServer):
             on_event(self.events.get())
 
 
-def start(config: "Config", host: "HostConfig", transport: "Transport", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
+def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
     """The draft of request.run_id served on the host and listening; returns it (close it) and the export."""
-    from harness.runtime import runtime_for
-
-    runtime = runtime_for(host, transport)
+    host, transport, runtime = on.cfg, on.transport, on.runtime
     export = export_dir(transport, runtime.workdir, request.run_id)
     taken = locate(transport, host.python, [request.port]).get(request.port)
     if taken:

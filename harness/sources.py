@@ -23,15 +23,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
-from harness import host_helpers
+from harness import helpers
 from harness.errors import HarnessError, UsageError
 from harness.runtime.base import Runtime, WrapOptions
 from harness.transport.base import Transport
 
-SCRIPT_PATH = host_helpers.path("locate_sources.py")
 MARKER = "@@harness-sources@@ "
 SOURCE_PATTERNS = ("*.py", "*.pyi", "py.typed")
 CACHE_DIR = ".harness/sources"  # on docker hosts, relative to the workdir
@@ -62,11 +60,6 @@ class Mirrored:
     bytes_received: int = 0  # the fetched files' bytes
 
 
-@lru_cache(maxsize=1)
-def _script() -> str:
-    return SCRIPT_PATH.read_text(encoding="utf-8")
-
-
 def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout: float = LOCATE_TIMEOUT_S) -> list[Located]:
     """Find the packages where the stages run (copied to the workdir's cache on docker hosts).
     An unknown name is one UsageError naming every missing package, before anything moves."""
@@ -74,13 +67,12 @@ def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout:
     if bad:
         raise UsageError(f"expected top-level package names like torch or transformers, got {', '.join(map(repr, bad))}")
     cache = f"{runtime.workdir}/{CACHE_DIR}" if runtime.uses_image else None  # files in an image: copied out first
-    request = json.dumps({"packages": list(dict.fromkeys(packages)), "cache": cache})
+    request = {"packages": list(dict.fromkeys(packages)), "cache": cache}
     # Reading files needs no GPU: the container asks for none (it starts on a busy or GPU-less box).
-    argv = runtime.foreground([runtime.python, "-c", _script(), request], WrapOptions(gpus=False))
-    result = transport.run(argv, env=runtime.host.env_values(), timeout=timeout)
+    result = helpers.call(transport, "locate_sources.py", request, where=runtime, options=WrapOptions(gpus=False), env=runtime.host.env_values(), timeout=timeout)
     answer = _parse(result.stdout)
     if answer is None:
-        stderr = result.stderr.decode("utf-8", "replace").strip()
+        stderr = result.error
         raise HarnessError(f"{transport.name}: locating packages failed (exit code {result.exit_code}): {stderr.splitlines()[-1] if stderr else 'no output'}")
     if not answer["ok"]:
         parts = []

@@ -239,9 +239,9 @@ def test_torch_compile_style_wrapper_is_unwrapped(env, workdir):
 
 def test_several_paths_in_one_round_trip(env, workdir):
     transport, runtime = env
-    runs = []
-    original = transport.run
-    transport.run = lambda argv, **kw: runs.append(argv) or original(argv, **kw)
+    runs = []  # every host helper call starts one process through local_argv (harness.helpers)
+    original = transport.local_argv
+    transport.local_argv = lambda argv: runs.append(argv) or original(argv)
     infos = inspect_objects(transport, runtime, ["inspectee.noisy.quiet", "len", "inspectee.deco.Child"], mode="import")
     assert [i.kind for i in infos] == ["function", "builtin", "class"] and len(runs) == 1
     with pytest.raises(UnknownNameError):  # the first bad path's error, in order

@@ -86,6 +86,7 @@ def cli(ctx: click.Context, config_path: str | None, accept_new_host_key: bool) 
     from harness.cli.context import AppContext
 
     ctx.obj = AppContext(config_path=config_path, accept_new_host_key=accept_new_host_key)
+    ctx.call_on_close(ctx.obj.close)  # the one close: every connection a command opened
 
 
 def main() -> None:

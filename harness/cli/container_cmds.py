@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from harness.cli.group_cmds import build_group, dispatch_if_group
+from harness.cli.group_cmds import build_group
 
 # bash when the image has it, sh otherwise (minimal base images)
 LOGIN_SHELL = ["sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"]
@@ -22,23 +22,19 @@ def build(ctx: click.Context, host: str, force: bool) -> None:
     An unchanged image is not rebuilt. Prints the image ID.
     """
     from harness.errors import UsageError
-    from harness.runtime import runtime_for
     from harness.runtime.image import build as build_image
 
-    app = ctx.obj
-    dispatch_if_group(ctx, host, build_group, force)  # a group: build on every host at once
-    host_cfg = app.host(host)
-    if not runtime_for(host_cfg).uses_image:
-        raise UsageError(f"host {host} has runtime = \"{host_cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")
+    place = ctx.obj.place(host)
+    if place.is_group:  # build on every host at once
+        ctx.exit(build_group(place, force))
+    if not place.uses_image:
+        raise UsageError(f"host {host} has runtime = \"{place.cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")
 
     def out(chunk: bytes) -> None:
         sys.stderr.buffer.write(chunk)
         sys.stderr.buffer.flush()
 
-    try:
-        result = build_image(app.transport(host), app.config, host_cfg, output=out, force=force)
-    finally:
-        app.close()
+    result = build_image(place.transport, place.config, place.cfg, output=out, force=force)
     click.echo(f"{'built' if result.built else 'unchanged, not rebuilt'}: {result.ref}", err=True)
     click.echo(result.image_id)
 
@@ -51,16 +47,8 @@ def shell(ctx: click.Context, host: str) -> None:
 
     Same mounts, working directory and environment as the stages; exits with the shell's code.
     """
-    from harness.runtime import runtime_for
     from harness.runtime.base import WrapOptions
 
-    app = ctx.obj
-    host_cfg = app.host(host)
-    try:
-        transport = app.transport(host)
-        runtime = runtime_for(host_cfg, transport)
-        argv = runtime.foreground(LOGIN_SHELL, WrapOptions(interactive=True))
-        code = transport.run_pty(argv, env=host_cfg.env_values())
-    finally:
-        app.close()
-    ctx.exit(code)
+    h = ctx.obj.host(host)
+    argv = h.runtime.foreground(LOGIN_SHELL, WrapOptions(interactive=True))
+    ctx.exit(h.transport.run_pty(argv, env=h.cfg.env_values()))

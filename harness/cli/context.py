@@ -1,12 +1,18 @@
-"""State shared by the commands of one CLI invocation: the loaded config and open transports
-(one connection per host, reused by every operation of the command)."""
+"""State shared by the commands of one CLI invocation: the loaded config and what the command
+works on (harness.host: a Host or a Group), with one connection per host, reused by every
+operation of the command and closed once when the command ends (cli/__init__.py registers
+`close` on the root context: no command closes anything itself)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from harness.config import Config, HostConfig, load_config
-from harness.transport import ConnectOptions, Transport, connect
+from harness.config import Config, load_config
+
+if TYPE_CHECKING:
+    from harness.host import Group, Host
+    from harness.transport import ConnectOptions, Transport
 
 
 @dataclass
@@ -14,7 +20,7 @@ class AppContext:
     config_path: str | None = None
     accept_new_host_key: bool = False
     _config: Config | None = None
-    _transports: dict[str, Transport] = field(default_factory=dict)
+    _transports: dict[str, "Transport"] = field(default_factory=dict)
 
     @property
     def config(self) -> Config:
@@ -22,16 +28,32 @@ class AppContext:
             self._config = load_config(self.config_path)
         return self._config
 
-    def host(self, name: str) -> HostConfig:
-        return self.config.host(name)
+    def host(self, name: str) -> "Host":
+        """One host (a group name is one clear error: this command takes one host)."""
+        from harness.host import Host
 
-    def connect_options(self) -> ConnectOptions:
+        return Host(self.config, self.config.host(name), self.transport)
+
+    def place(self, name: str) -> "Host | Group":
+        """A host or a group, by name (commands that take HOST|GROUP)."""
+        from harness.host import Group
+
+        if name in self.config.groups:
+            return Group(self.config, name, self.transport)
+        self.config.targets(name)  # neither a host nor a group: one error naming both
+        return self.host(name)
+
+    def connect_options(self) -> "ConnectOptions":
+        from harness.transport import ConnectOptions
+
         return ConnectOptions(accept_new_host_key=self.accept_new_host_key)
 
-    def transport(self, host_name: str) -> Transport:
+    def transport(self, host_name: str) -> "Transport":
         """Open (once) and return the transport for a configured host."""
         if host_name not in self._transports:
-            self._transports[host_name] = connect(self.host(host_name), self.connect_options())
+            from harness.transport import connect
+
+            self._transports[host_name] = connect(self.config.host(host_name), self.connect_options())
         return self._transports[host_name]
 
     def close(self) -> None:

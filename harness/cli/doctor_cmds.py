@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group, doctor_group
+from harness.cli.group_cmds import doctor_group
 
 
 @click.command()
@@ -16,13 +16,10 @@ def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
     from harness.cli.render import print_checks, print_json
     from harness.doctor import diagnose
 
-    app = ctx.obj
-    dispatch_if_group(ctx, host, doctor_group, as_json)  # a group: every host's checks, then the group's own
-    config = app.host(host)
-    try:
-        results = diagnose(config, lambda: app.transport(host), project=app.config)
-    finally:
-        app.close()
+    place = ctx.obj.place(host)
+    if place.is_group:  # every host's checks, then the group's own
+        ctx.exit(doctor_group(place, as_json))
+    results = diagnose(place.cfg, lambda: place.transport, project=place.config)
     failed = any(r.status == "fail" for r in results)
     if as_json:
         print_json({"host": host, "ok": not failed, "checks": [r.to_dict() for r in results]})

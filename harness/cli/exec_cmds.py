@@ -18,9 +18,5 @@ def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) ->
     """
     from harness.remote_exec import exec_on_host
 
-    app = ctx.obj
-    try:
-        code = exec_on_host(app.host(host), list(command), pty=pty, transport=app.transport(host))
-    finally:
-        app.close()
-    ctx.exit(code)
+    h = ctx.obj.host(host)
+    ctx.exit(exec_on_host(h.cfg, list(command), pty=pty, transport=h.transport, runtime=h.runtime))

@@ -21,10 +21,7 @@ def check_extract(ctx: click.Context, target: str, as_json: bool) -> None:
 
     app = ctx.obj
     hosts = [h.name for h in app.config.targets(target)]
-    try:
-        report = check_extraction(app.config, hosts, app.transport)
-    finally:
-        app.close()
+    report = check_extraction(app.config, hosts, app.transport)
     if as_json:
         import json
 

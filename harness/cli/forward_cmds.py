@@ -35,13 +35,10 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
     """
     from harness.port_forward import PortSpec, open_forwards
 
-    app = ctx.obj
+    h = ctx.obj.host(host)
     specs = [PortSpec.parse(p) for p in ports]
-    try:
-        forwarding, shown = open_forwards(app.transport(host), app.host(host).python, specs)
-        _hold(forwarding, shown, host)
-    finally:
-        app.close()
+    forwarding, shown = open_forwards(h.transport, h.cfg.python, specs)
+    _hold(forwarding, shown, host)
 
 
 @click.command("tensorboard")
@@ -53,19 +50,14 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
 def tensorboard(ctx: click.Context, host: str, run: str | None, port: int, local_port: int | None) -> None:
     """Start TensorBoard on HOST over RUN's training logs (RUN: a run id or `last`; default: every
     run of the configured pipeline) where the stages run, forward it, and stop it on Ctrl-C."""
-    from harness.jobs import Jobs
     from harness.port_forward import PortSpec, open_forwards
     from harness.tensorboard import TensorBoardOptions, start
 
-    app = ctx.obj
+    h = ctx.obj.host(host)
     spec = PortSpec.parse(f"{port}:{local_port or port}")
-    try:
-        transport = app.transport(host)
-        run_id = Jobs(app.config, app.host(host), transport).resolve_run_id(run) if run else None
-        board, logdir = start(app.config, app.host(host), transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
-        with board:
-            click.echo(f"TensorBoard on {host} over {logdir}", err=True)
-            forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
-            _hold(forwarding, shown, host)
-    finally:
-        app.close()
+    run_id = h.runs.resolve_run_id(run) if run else None
+    board, logdir = start(h.config, h.cfg, h.transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
+    with board:
+        click.echo(f"TensorBoard on {host} over {logdir}", err=True)
+        forwarding, shown = open_forwards(h.transport, h.cfg.python, [spec])
+        _hold(forwarding, shown, host)

@@ -1,85 +1,24 @@
-"""The group forms of run | sync | build | doctor (logic: harness.multinode, harness.doctor).
+"""The group forms of sync | build | doctor (logic: harness.multinode, harness.doctor).
 
 These are not commands of their own: each host command calls the function here when its HOST
-argument names a `[groups.NAME]` instead of a host, so `harness run cluster train` and
-`harness run gpu1 train` read the same. (logs, status, runs and cancel need no group form: a
-group's GroupRun and a host's Jobs share one run interface, harness.runs.RunPlace.) This module
-imports no other command module, only cli/render.py.
+argument names a `[groups.NAME]` (the context's place(NAME) is a harness.host.Group), so
+`harness sync cluster` and `harness sync gpu1` read the same. (run, logs, status, runs and cancel
+need no group form: a group's GroupRun and a host's Jobs share one run interface,
+harness.runs.RunPlace.) This module imports no other command module, only cli/render.py.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Callable
 
 import click
-
-
-def is_group(app, name: str) -> bool:
-    return name in app.config.groups
-
-
-def dispatch_if_group(ctx: click.Context, name: str, group_form: Callable[..., int], *args) -> None:
-    """When NAME is a group, run the group form of the command (`group_form(app, name, *args)`,
-    a function of this module) and exit with its code; for a host, return and let the host
-    command go on."""
-    app = ctx.obj
-    if not is_group(app, name):
-        return
-    try:
-        code = group_form(app, name, *args)
-    finally:
-        app.close()
-    ctx.exit(code)
-
-
-def _group_run(app, group: str):
-    from harness.multinode import GroupRun
-
-    return GroupRun(app.config, group, app.transport)
-
-
-# ---------------------------------------------------------------------------------------------
-# run (logs, status, runs and cancel take a group through harness.runs.RunPlace: job_cmds)
-
-
-def run_group(app, group: str, stages: list[str], detach: bool, grace: float) -> int:
-    from harness.cli.render import print_group_table, reattach_hint
-    from harness.multinode import prefixed_writer
-
-    runner = _group_run(app, group)
-    launch = runner.start(stages, grace_s=grace)
-    click.echo(f"run {launch.run_id} started on {group} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})", err=True)
-    click.echo(launch.run_id)
-    if detach:
-        click.echo(reattach_hint(group, launch.run_id), err=True)
-        return 0
-    threads = runner.follow(launch.run_id, prefixed_writer(), follow=True)
-    announced = False
-
-    def on_update(status) -> None:
-        nonlocal announced
-        if status.first_failure and not announced:
-            announced = True
-            click.echo(f"harness: node {status.first_failure}; stopping the other nodes", err=True)
-
-    try:
-        status = runner.watch(launch.run_id, on_update=on_update, grace_s=grace)
-    except KeyboardInterrupt:
-        click.echo(f"\ndetached from run {launch.run_id}; it keeps running on {group} (each node's watchdog stops the rest if one fails).", err=True)
-        click.echo(reattach_hint(group, launch.run_id), err=True)
-        return 130
-    for t in threads:
-        t.join(timeout=5)  # the tail of each log; a lost node's stream may never end
-    print_group_table(status)
-    return 0 if status.state == "ok" else 1
 
 
 # ---------------------------------------------------------------------------------------------
 # sync / build / doctor: the same per-host work on every host at once
 
 
-def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
+def sync_group(group, paths: list[str], dry_run: bool) -> int:
     """Every host of the group at once: one progress bar per host."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -88,9 +27,9 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
     from harness.multinode import open_all, sync_hosts
     from harness.sync import SyncResult, manifest_digest, prepare_sync
 
-    config = app.config
-    hosts = list(config.groups[group].hosts)
-    transports = open_all(app.transport, hosts)
+    config = group.config
+    hosts = [h.name for h in group.hosts]
+    transports = open_all(group.transport_for, hosts)
     if dry_run:
         for h in hosts:
             plan = prepare_sync(transports[h], config.root, paths, config.host(h).workdir, exclude=config.sync.exclude, python=config.host(h).python)
@@ -125,18 +64,17 @@ def sync_group(app, group: str, paths: list[str], dry_run: bool) -> int:
     return 1 if failed else 0
 
 
-def build_group(app, group: str, force: bool) -> int:
+def build_group(group, force: bool) -> int:
     from harness.errors import UsageError
     from harness.multinode import LinePrefixer, open_all, parallel, prefixed_writer
-    from harness.runtime import runtime_for
     from harness.runtime.image import build as build_image
 
-    config = app.config
-    hosts = list(config.groups[group].hosts)
-    no_image = [h for h in hosts if not runtime_for(config.host(h)).uses_image]
+    config = group.config
+    hosts = [h.name for h in group.hosts]
+    no_image = [h.name for h in group.hosts if not h.uses_image]
     if no_image:
-        raise UsageError(f"group {group}: host(s) {', '.join(no_image)} have runtime = \"host\"; nothing to build there")
-    transports = open_all(app.transport, hosts)
+        raise UsageError(f"group {group.name}: host(s) {', '.join(no_image)} have runtime = \"host\"; nothing to build there")
+    transports = open_all(group.transport_for, hosts)
     write = prefixed_writer(sys.stderr.buffer)
 
     def one(h: str):
@@ -156,12 +94,12 @@ def build_group(app, group: str, force: bool) -> int:
     return 1 if failed else 0
 
 
-def doctor_group(app, group: str, as_json: bool) -> int:
+def doctor_group(group, as_json: bool) -> int:
     """Every host's checks (in parallel), then the group's own (harness.doctor.group_checks)."""
     from harness.cli.render import print_checks, print_json
     from harness.doctor.group_checks import diagnose_group
 
-    diagnosis = diagnose_group(app.config, group, app.transport)
+    diagnosis = diagnose_group(group.config, group.name, group.transport_for)
     if as_json:
         print_json(diagnosis.to_json())
         return 0 if diagnosis.ok else 1
@@ -170,5 +108,5 @@ def doctor_group(app, group: str, as_json: bool) -> int:
             click.echo(f"{h}: doctor failed: {diagnosis.errors[h]}", err=True)
         else:
             print_checks(h, diagnosis.results[h])
-    print_checks(f"group {group}", diagnosis.group_checks)
+    print_checks(f"group {group.name}", diagnosis.group_checks)
     return 0 if diagnosis.ok else 1

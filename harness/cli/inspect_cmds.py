@@ -43,34 +43,28 @@ def inspect(ctx: click.Context, host: str, paths: tuple[str, ...], show: str | N
     """
     from harness.errors import UsageError
     from harness.inspect_remote import RemoteImportError, grep_package, inspect_objects
-    from harness.runtime import runtime_for
 
     if grep and paths:
         raise UsageError("give either dotted paths or --grep PATTERN PACKAGE, not both")
     if not grep and not paths:
         raise UsageError("expected a dotted path (e.g. torch.nn.functional.scaled_dot_product_attention) or --grep PATTERN PACKAGE")
-    app = ctx.obj
-    host_cfg = app.host(host)
+    h = ctx.obj.host(host)
+    transport, runtime = h.transport, h.runtime
+    if grep:
+        result = grep_package(transport, runtime, grep[0], grep[1], ignore_case=ignore_case, context=context)
+        if as_json:
+            click.echo(json.dumps(dataclasses.asdict(result), indent=2))
+        else:
+            render_grep(result, ignore_case, context)
+        ctx.exit(0 if result.hits else 1)  # like grep: 1 when nothing matched
     try:
-        transport = app.transport(host)
-        runtime = runtime_for(host_cfg, transport)
-        if grep:
-            result = grep_package(transport, runtime, grep[0], grep[1], ignore_case=ignore_case, context=context)
-            if as_json:
-                click.echo(json.dumps(dataclasses.asdict(result), indent=2))
-            else:
-                render_grep(result, ignore_case, context)
-            ctx.exit(0 if result.hits else 1)  # like grep: 1 when nothing matched
-        try:
-            infos = inspect_objects(transport, runtime, list(paths), mode="import" if live else "auto", mro=show == "mro")
-        except RemoteImportError as e:
-            # The one-line error names the last frame; the frames before it say how we got there.
-            click.echo("remote traceback (most recent call last):", err=True)
-            for frame in e.frames:
-                click.echo(f"  {frame}", err=True)
-            raise
-    finally:
-        app.close()
+        infos = inspect_objects(transport, runtime, list(paths), mode="import" if live else "auto", mro=show == "mro")
+    except RemoteImportError as e:
+        # The one-line error names the last frame; the frames before it say how we got there.
+        click.echo("remote traceback (most recent call last):", err=True)
+        for frame in e.frames:
+            click.echo(f"  {frame}", err=True)
+        raise
     if as_json:
         answers = [dataclasses.asdict(i) for i in infos]
         click.echo(json.dumps(answers[0] if len(answers) == 1 else answers, indent=2))

@@ -3,7 +3,7 @@
 Every command takes the host first (`harness run HOST STAGE...`), like build, shell, exec and
 sync. A run id is what `harness run` printed, or `last` for the newest run on that host. HOST may
 name a `[groups.NAME]`: logs, status, runs and cancel then go through the same run interface
-(harness.runs.RunPlace) that a host's Jobs implements; `run` starts a group run (group_cmds).
+(harness.runs.RunPlace) that a host's Jobs implements: the context's place(HOST).runs.
 """
 
 from __future__ import annotations
@@ -12,33 +12,15 @@ import sys
 
 import click
 
-from harness.cli.group_cmds import is_group, run_group
 from harness.cli.render import reattach_hint
 
 RUN_ID_HELP = "a run id (as printed by `harness run`) or 'last'"
 JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
 
 
-def _jobs(app, host: str):
-    from harness.jobs import Jobs
-
-    return Jobs(app.config, app.host(host), app.transport(host))
-
-
-def _place(app, name: str):
-    """Where runs live (harness.runs.RunPlace): a group's GroupRun, or a host's Jobs."""
-    if is_group(app, name):
-        from harness.multinode import GroupRun
-
-        return GroupRun(app.config, name, app.transport)
-    return _jobs(app, name)
-
-
 def _stdout_sink(chunk: bytes) -> None:
     sys.stdout.buffer.write(chunk)
     sys.stdout.buffer.flush()
-
-
 
 
 @click.command("run")
@@ -56,42 +38,28 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
     by itself when they are done (--now: start at once).
     """
-    app = ctx.obj
-    code = 0
-    try:
-        if is_group(app, host):  # one run across the group's hosts (harness.multinode)
-            ctx.exit(run_group(app, host, list(stages), detach, grace))
-        jobs = _jobs(app, host)
-        run_id = jobs.start(list(stages), grace_s=grace, now=now)
-        started = jobs.status(run_id)
-        if started.state == "queued":
-            click.echo(f"run {run_id} queued on {host}{started.queue_note}: it starts by itself when the runs ahead are done", err=True)
-        else:
-            click.echo(f"run {run_id} started on {host}", err=True)
-        click.echo(run_id)  # stdout: the id alone, for scripts
-        if detach:
-            click.echo(reattach_hint(host, run_id), err=True)
-        else:
-            code = _attach(jobs, host, run_id)
-    finally:
-        app.close()
-    ctx.exit(code)
+    runs = ctx.obj.place(host).runs
+    started = runs.launch(list(stages), grace_s=grace, now=now)
+    click.echo(started.line, err=True)
+    click.echo(started.run_id)  # stdout: the id alone, for scripts
+    if detach:
+        click.echo(reattach_hint(host, started.run_id), err=True)
+        ctx.exit(0)
+    ctx.exit(_attach(runs, host, started.run_id, grace))
 
 
-def _attach(jobs, host: str, run_id: str) -> int:
+def _attach(runs, where: str, run_id: str, grace: float) -> int:
     """Stream logs and render progress events until the run ends; Ctrl-C only detaches."""
-    from harness.cli.render import EventRenderer, print_run_table
+    from harness.cli.render import AttachRenderer, print_status
 
-    renderer = EventRenderer()
     try:
-        with renderer:
-            jobs.follow(run_id, renderer.feed, follow=True, as_json=True)
+        with AttachRenderer() as view:
+            status = runs.attach(run_id, view, grace_s=grace)
     except KeyboardInterrupt:
-        click.echo(f"\ndetached from run {run_id}; it keeps running on {host}.", err=True)
-        click.echo(reattach_hint(host, run_id), err=True)
+        click.echo(f"\ndetached from run {run_id}; it keeps running on {where}{runs.detach_note}.", err=True)
+        click.echo(reattach_hint(where, run_id), err=True)
         return 130
-    status = jobs.status(run_id)
-    print_run_table(status)
+    print_status(status)
     return status.exit_code()
 
 
@@ -105,13 +73,10 @@ def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: 
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line.
 
     For a group, every node's log, each line prefixed [host]."""
-    app = ctx.obj
     try:
-        _place(app, host).stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
+        ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
     except KeyboardInterrupt:
         ctx.exit(130)
-    finally:
-        app.close()
 
 
 @click.command("status")
@@ -127,11 +92,7 @@ def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> 
     """
     from harness.cli.render import print_json, print_status
 
-    app = ctx.obj
-    try:
-        view = _place(app, host).status(run_id or "last")
-    finally:
-        app.close()
+    view = ctx.obj.place(host).runs.status(run_id or "last")
     if as_json:
         print_json(view.to_json())
     else:
@@ -147,11 +108,7 @@ def runs(ctx: click.Context, host: str, as_json: bool) -> None:
     """List the runs on HOST (or on every host of a group: one column per host), oldest first."""
     from harness.cli.render import print_json, print_runs
 
-    app = ctx.obj
-    try:
-        listing = _place(app, host).listing()
-    finally:
-        app.close()
+    listing = ctx.obj.place(host).runs.listing()
     if as_json:
         print_json(listing.to_json())
     else:
@@ -169,10 +126,6 @@ def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> N
     SIGKILL; recorded as `cancelled`."""
     from harness.cli.render import print_cancel
 
-    app = ctx.obj
-    try:
-        outcome = _place(app, host).cancel_run(run_id, grace)
-    finally:
-        app.close()
+    outcome = ctx.obj.place(host).runs.cancel_run(run_id, grace)
     print_cancel(outcome)
     ctx.exit(outcome.exit_code())

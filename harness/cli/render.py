@@ -92,6 +92,33 @@ class EventRenderer:
             self.progress.update(self._tasks[stage], description=plain(f"{stage} {text}"))
 
 
+class AttachRenderer:
+    """harness.runs.AttachView for `harness run` without --detach: a host's events drive an
+    EventRenderer (made on the first chunk), a group's node lines go to stdout as `[host] line`,
+    notes to stderr."""
+
+    def __init__(self) -> None:
+        from harness.multinode import prefixed_writer
+
+        self._events: EventRenderer | None = None
+        self.node_line = prefixed_writer()
+
+    def __enter__(self) -> "AttachRenderer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._events is not None:
+            self._events.__exit__(*exc)
+
+    def events(self, chunk: bytes) -> None:
+        if self._events is None:
+            self._events = EventRenderer().__enter__()
+        self._events.feed(chunk)
+
+    def note(self, text: str) -> None:
+        click.echo(text, err=True)
+
+
 def plain(text: Any) -> str:
     """Remote text for anything rich reads as markup (table cells, titles, progress columns)."""
     from rich.markup import escape

@@ -20,7 +20,6 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
     import queue
 
     from harness.events import Finished, Message, Metric
-    from harness.jobs import Jobs
     from harness.port_forward import PortSpec, open_forwards
     from harness.serve import ServeRequest, served_line, start
 
@@ -34,35 +33,32 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
         elif isinstance(event, Finished) and event.failed:
             click.echo(f"harness: error: {host}: {event.error}", err=True)
 
-    app = ctx.obj
+    h = ctx.obj.host(host)
     spec = PortSpec.parse(f"{port}:{local_port or port}")
+    transport = h.transport
+    run_id = h.runs.resolve_run_id(run)
     try:
-        transport = app.transport(host)
-        run_id = Jobs(app.config, app.host(host), transport).resolve_run_id(run)
+        server, export = start(h, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
+    except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
+        click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
+        return
+    with server:
+        while not server.events.empty():  # what it said while vLLM loaded, before the URL
+            show(server.events.get())
+        forwarding, shown = open_forwards(transport, h.cfg.python, [spec])
         try:
-            server, export = start(app.config, app.host(host), transport, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
-        except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
-            click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
-            return
-        with server:
-            while not server.events.empty():  # what it said while vLLM loaded, before the URL
-                show(server.events.get())
-            forwarding, shown = open_forwards(transport, app.host(host).python, [spec])
-            try:
-                for f in shown:
-                    click.echo(f"{f.url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
-                               + f": run {run_id}'s draft {export}")
-                click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
-                while server.alive():
-                    try:
-                        show(server.events.get(timeout=1.0))
-                    except queue.Empty:
-                        continue
-                click.echo(f"harness: error: {host}: vllm serve ended: {server.failure()}", err=True)
-                raise SystemExit(1)
-            except KeyboardInterrupt:
-                click.echo(f"harness: stopping vllm serve on {host}", err=True)
-            finally:
-                forwarding.close()
-    finally:
-        app.close()
+            for f in shown:
+                click.echo(f"{f.url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
+                           + f": run {run_id}'s draft {export}")
+            click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
+            while server.alive():
+                try:
+                    show(server.events.get(timeout=1.0))
+                except queue.Empty:
+                    continue
+            click.echo(f"harness: error: {host}: vllm serve ended: {server.failure()}", err=True)
+            raise SystemExit(1)
+        except KeyboardInterrupt:
+            click.echo(f"harness: stopping vllm serve on {host}", err=True)
+        finally:
+            forwarding.close()

@@ -22,17 +22,11 @@ def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str 
     \b
     harness sources gpu torch transformers speculators
     """
-    from harness.runtime import runtime_for
     from harness.sources import DEFAULT_DEST, editor_settings, mirror
 
-    app = ctx.obj
-    host_cfg = app.host(host)
-    target = Path(dest) if dest else app.config.root / DEFAULT_DEST / host
-    try:
-        transport = app.transport(host)
-        results = mirror(transport, runtime_for(host_cfg, transport), list(packages), target, host_python=host_cfg.python)
-    finally:
-        app.close()
+    h = ctx.obj.host(host)
+    target = Path(dest) if dest else h.config.root / DEFAULT_DEST / host
+    results = mirror(h.transport, h.runtime, list(packages), target, host_python=h.cfg.python)
     failed = False
     for r in results:
         p = r.package
@@ -42,6 +36,6 @@ def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str 
             failed = True
             click.echo(f"failed  {p.name}/{rel}: {why}", err=True)
     click.echo("point your editor at the mirror:", err=True)
-    for tool, setting in editor_settings(target, app.config.root).items():
+    for tool, setting in editor_settings(target, h.config.root).items():
         click.echo(f"  {tool}: {setting}")
     ctx.exit(1 if failed else 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.group_cmds import dispatch_if_group, sync_group
+from harness.cli.group_cmds import sync_group
 from harness.cli.render import human_bytes, print_sync_plan, print_sync_summary
 
 
@@ -76,35 +76,32 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     """
     from harness.sync import PreparedSync
 
-    app = ctx.obj
-    config = app.config
+    place = ctx.obj.place(host)
+    config = place.config
     paths = config.sync_paths()
-    dispatch_if_group(ctx, host, sync_group, paths, dry_run)  # a group: every host at once (harness.multinode.sync_hosts)
-    try:
-        for target in config.targets(host):
-            transport = app.transport(target.name)
-            with PreparedSync(transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
-                plan = prepared.plan
-                if dry_run:
-                    print_sync_plan(target.name, prepared.dry_run())
-                    continue
-                if (plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES) or not click.get_text_stream("stderr").isatty():
-                    result = prepared.apply()  # a blink, or no one watching: no progress bar (and no rich import)
-                else:
-                    progress = _progress()
-                    total = plan.upload_bytes  # a sum over the plan: once, not per file sent
-                    with progress:
-                        task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
+    if place.is_group:  # every host at once (harness.multinode.sync_hosts)
+        ctx.exit(sync_group(place, paths, dry_run))
+    target = place.cfg
+    with PreparedSync(place.transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
+        plan = prepared.plan
+        if dry_run:
+            print_sync_plan(target.name, prepared.dry_run())
+            return
+        if (plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES) or not click.get_text_stream("stderr").isatty():
+            result = prepared.apply()  # a blink, or no one watching: no progress bar (and no rich import)
+        else:
+            progress = _progress()
+            total = plan.upload_bytes  # a sum over the plan: once, not per file sent
+            with progress:
+                task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
 
-                        def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
-                            # files may have grown since the plan: cap at its total
-                            _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
+                def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
+                    # files may have grown since the plan: cap at its total
+                    _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
 
-                        result = prepared.apply(on_progress)
-                        progress.update(task, completed=total)
-            print_sync_summary(target.name, result)
-    finally:
-        app.close()
+                result = prepared.apply(on_progress)
+                progress.update(task, completed=total)
+    print_sync_summary(target.name, result)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -136,88 +133,68 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     interrupted pull resumes from the bytes already received; names that would land outside
     LOCAL_DIR are refused.
     """
-    from harness.pull import PullConnection, PullOptions, PullProgress
+    from harness.pull import PullProgress
+    from harness.run_pull import PullRequest, pull as pull_from
 
-    app = ctx.obj
-    code = 0
-    connection = None
+    h = ctx.obj.host(host)
+    request = PullRequest(remote, local_dir, tuple(include), tuple(exclude), latest_checkpoint, best_checkpoint, jobs, dry_run)
+    watched = not dry_run and click.get_text_stream("stderr").isatty()  # else no bar (and no rich import), as sync
+    shown = _BarInBackground() if watched else None
+
+    class Bar(PullProgress):
+        def __init__(self):
+            self.task = None  # added once the listing is in
+            self.total_files = 0
+            self.files = 0
+
+        def start(self, files: int, total_bytes: int, done_bytes: int) -> None:
+            self.total_files = files
+            bar = self.bar = shown.get()
+            if self.task is None:
+                self.task = bar.add_task(f"pull {host}", total=total_bytes, files="")
+            bar.update(self.task, total=total_bytes, completed=done_bytes, files=f"{self.files}/{files} files")
+
+        def advance(self, nbytes: int) -> None:
+            self.bar.update(self.task, advance=nbytes)
+
+        def file_done(self, rel: str) -> None:
+            self.files += 1
+            self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
+
     try:
-        transport = app.transport(host)
-        options = PullOptions(include=tuple(include), exclude=tuple(exclude), jobs=jobs, python=app.host(host).python, dry_run=dry_run)
-        # one connection answers every question (the newest run, its record, what exists) and
-        # then carries the bytes: one remote start in all. Started before the imports below,
-        # which run while it connects.
-        connection = PullConnection(transport, options)
-        from harness.cli.render import print_json, pull_report_json
-        from harness.jobs import Jobs
-        from harness.run_pull import BEST_FILE, Part, RunPullPlan, RunPullRequest, best_checkpoint_name, plan, pull_run
-
-        target = Jobs(app.config, app.host(host), transport).locate(remote, newest_run=connection.newest_run)
-        remote_path = target.path
-        destination = local_dir or target.local_name
-        if target.run_id:
-            what = plan(connection, host, remote_path, RunPullRequest(latest_checkpoint, best_checkpoint))
-            for name in what.missing:
-                click.echo(f"absent  {name}: the run has not made it", err=True)
-        elif best_checkpoint:  # PATH is a checkpoints directory
-            name = best_checkpoint_name(connection, host, remote_path)
-            what = RunPullPlan([Part(f"{remote_path}/{BEST_FILE}", "."), Part(f"{remote_path}/{name}", name)], [])
-        else:
-            what = RunPullPlan([Part(remote_path, ".", latest_checkpoint=latest_checkpoint)], [])
-        if dry_run or not click.get_text_stream("stderr").isatty():
-            report = pull_run(connection, what, destination)  # nothing moves, or no one watches: no bar (and no rich import), as sync
-            for p in report.planned if not as_json else []:
-                click.echo(f"fetch   {p}")
-        else:
-            shown = _BarInBackground()
-
-            class Bar(PullProgress):
-                def __init__(self):
-                    self.task = None  # added once the listing is in
-                    self.total_files = 0
-                    self.files = 0
-
-                def start(self, files: int, total_bytes: int, done_bytes: int) -> None:
-                    self.total_files = files
-                    bar = self.bar = shown.get()
-                    if self.task is None:
-                        self.task = bar.add_task(f"pull {host}", total=total_bytes, files="")
-                    bar.update(self.task, total=total_bytes, completed=done_bytes, files=f"{self.files}/{files} files")
-
-                def advance(self, nbytes: int) -> None:
-                    self.bar.update(self.task, advance=nbytes)
-
-                def file_done(self, rel: str) -> None:
-                    self.files += 1
-                    self.bar.update(self.task, files=f"{self.files}/{self.total_files} files")
-
-            try:
-                report = pull_run(connection, what, destination, Bar())
-            finally:
+        try:
+            outcome = pull_from(h, request, progress=lambda: Bar() if watched else None,
+                                on_missing=lambda name: click.echo(f"absent  {name}: the run has not made it", err=True))
+        finally:
+            if shown is not None:
                 shown.close()
-        for name, why in report.refused:
-            click.echo(f"refused {name}: {why}", err=True)
-        for name, why in report.failed:
-            click.echo(f"failed  {name}: {why}", err=True)
-        if not dry_run:
-            rate = report.bytes_received / report.seconds if report.seconds else 0
-            click.echo(
-                f"{host}:{remote_path} -> {destination}: {len(report.fetched)} fetched ({human_bytes(report.bytes_received)} at {human_bytes(rate)}/s"
-                + (f", {human_bytes(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
-                + f", {report.streams} stream{'s' if report.streams != 1 else ''}), {len(report.identical)} already identical, {len(report.links)} links",
-                err=True,
-            )
-        if as_json:
-            print_json(pull_report_json(host, target, destination, report, what.missing, dry_run))
-        if not report.ok:
-            click.echo(f"harness: error: {len(report.refused)} refused, {len(report.failed)} failed (nothing unverified was kept)", err=True)
-            code = 1
     except KeyboardInterrupt:
         click.echo("\ninterrupted: run the same command again to resume", err=True)
-        code = 130
-    finally:
-        if connection is not None:
-            connection.close()
-        app.close()
-    ctx.exit(code)
+        ctx.exit(130)
+    ctx.exit(_report_pull(host, request, outcome, as_json))
 
+
+def _report_pull(host: str, request, outcome, as_json: bool) -> int:
+    from harness.cli.render import print_json, pull_report_json
+
+    report = outcome.report
+    for p in report.planned if request.dry_run and not as_json else []:
+        click.echo(f"fetch   {p}")
+    for name, why in report.refused:
+        click.echo(f"refused {name}: {why}", err=True)
+    for name, why in report.failed:
+        click.echo(f"failed  {name}: {why}", err=True)
+    if not request.dry_run:
+        rate = report.bytes_received / report.seconds if report.seconds else 0
+        click.echo(
+            f"{host}:{outcome.target.path} -> {outcome.destination}: {len(report.fetched)} fetched ({human_bytes(report.bytes_received)} at {human_bytes(rate)}/s"
+            + (f", {human_bytes(report.bytes_resumed)} resumed" if report.bytes_resumed else "")
+            + f", {report.streams} stream{'s' if report.streams != 1 else ''}), {len(report.identical)} already identical, {len(report.links)} links",
+            err=True,
+        )
+    if as_json:
+        print_json(pull_report_json(host, outcome.target, outcome.destination, report, outcome.missing, request.dry_run))
+    if not report.ok:
+        click.echo(f"harness: error: {len(report.refused)} refused, {len(report.failed)} failed (nothing unverified was kept)", err=True)
+        return 1
+    return 0

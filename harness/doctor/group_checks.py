@@ -58,7 +58,7 @@ def group_checks(config: "Config", group: str, transport_for: Callable[[str], "T
     """CheckResults of the group as a whole."""
     from harness.multinode import GroupRun, parallel
 
-    runner = GroupRun(config, group, transport_for, install=False)  # doctor writes nothing
+    runner = GroupRun(config, group, transport_for)  # writes nothing
     cfg = runner.group
     host = runner.rendezvous_host()
     checks = []

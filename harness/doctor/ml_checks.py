@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness import host_helpers
+from harness import helpers
 from harness import compat
 from harness.transport.remote_shell import sh_expand_home
 from harness.config import Config, HostConfig
@@ -27,7 +27,6 @@ from harness.pipeline import StagePaths
 from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
-PROBE_PATH = host_helpers.path("ml_probe.py")
 PROBE_MARKER = "@@harness-ml-probe@@ "
 PROBE_TIMEOUT_S = 900.0  # torch import + a first Triton compile of flex attention
 BF16_BYTES = 2
@@ -214,8 +213,9 @@ class MLDoctor:
                 self._probe = ProbeOutcome(None, 125, self.container(runner).message)
                 return self._probe
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
-            argv = runtime.foreground([runtime.python, "-c", PROBE_PATH.read_text(encoding="utf-8"), json.dumps(request)])
-            r = runner.run(argv, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
+            # started and fed as harness.helpers does (the request on stdin), through the runner
+            # doctor's checks take (unit tests drive them with a fake)
+            r = runner.run(helpers.argv("ml_probe.py", where=runtime), env=stage_env(runtime), stdin=helpers.payload("ml_probe.py", request), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
         return self._probe

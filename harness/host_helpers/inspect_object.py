@@ -1,12 +1,13 @@
 """Inspect one Python object, or grep one package's source, as THIS interpreter sees it.
 
-Sent by `harness inspect` as `python -c <this file's text> <request JSON>` and run by the stage
+Called by `harness inspect` through harness/helpers.py (`python -c <this file's text>`, the
+request on stdin) and run by the stage
 interpreter (on the host, or inside the container), so it answers with exactly the files,
 versions and environment the stages get. No file needs to exist on the remote.
 
 STDLIB ONLY, one self-contained file: it must run in any Python >= 3.8 the remote has.
 
-Request (JSON, argv[1] or stdin):
+Request (JSON on stdin; argv[1] by hand):
   {"op": "object", "path": "pkg.mod.Class.method", "mode": "auto" | "static" | "import",
    "mro": false, "sys_path": ["remote_scripts"]}
   {"op": "objects", "paths": [...], ...}: the same for several paths, answered as a list
@@ -320,7 +321,8 @@ def resolve_static(path, want_mro):
 
 def is_machinery(filename):
     """The import system's frames and this script's own say nothing about a failure."""
-    return filename == "<string>" or "importlib._bootstrap" in filename or filename.replace("\\", "/").endswith("/importlib/__init__.py")
+    # this script's own: "<string>" under `python -c`, its name as harness/helpers.py runs it
+    return filename in ("<string>", globals().get("__file__")) or "importlib._bootstrap" in filename or filename.replace("\\", "/").endswith("/importlib/__init__.py")
 
 
 def import_error(module, exc):

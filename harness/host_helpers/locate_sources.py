@@ -1,5 +1,5 @@
-"""Where the stage interpreter has packages installed (stdlib only; sent as `python -c SOURCE
-REQUEST`, run in the stage environment: inside the container on docker hosts; never imported).
+"""Where the stage interpreter has packages installed (stdlib only; called through
+harness/helpers.py: `python -c SOURCE`, the request on stdin, run in the stage environment: inside the container on docker hosts; never imported).
 
 Request (JSON): {"packages": [names], "cache": null | DIR}. Each name is located without importing
 it (importlib.util.find_spec of a top-level name runs no package code). With "cache" (docker
@@ -166,4 +166,4 @@ def main(request):
 
 
 if __name__ == "__main__":
-    print(MARKER + json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    print(MARKER + json.dumps(main(json.loads(sys.stdin.read()))), flush=True)  # the request (harness/helpers.py)

@@ -1,6 +1,6 @@
 """Where ports of this host listen (run by harness.port_forward; stdlib only, one round trip).
 
-argv: PORT...  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
+stdin: {"ports": [PORT, ...]} (harness/helpers.py)  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
 running container's address: a container on docker's bridge network (the stages' default)
 publishes no port on the host, yet the host reaches it at the container's own address.
 """
@@ -53,4 +53,4 @@ def main(ports):
 
 
 if __name__ == "__main__":
-    main([int(p) for p in sys.argv[1:]])
+    main([int(p) for p in json.loads(sys.stdin.read())["ports"]])  # the request (harness/helpers.py)

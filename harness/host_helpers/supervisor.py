@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The run supervisor: runs a chain of stages ON THE HOST, detached from the SSH link.
 
-Shipped by the harness to <workdir>/.harness/supervisor.py and run with the host's python3.
-Standard library only: it must work on a bare GPU box, outside any container.
+Sent by the harness with every call (harness/helpers.py: `python -S -c SOURCE`, one JSON request
+on stdin) and run with the host's python3. Standard library only: it must work on a bare GPU
+box, outside any container.
 
 Everything about a run lives in files under <workdir>/runs/<run_id>/, so any laptop can come back
 later, and nothing depends on the connection (or the harness process) that started it:
@@ -27,15 +28,18 @@ The run queue (<workdir>/.harness/queue/, see RunQueue): a run waits (`queued`) 
 live run on an overlapping GPU set is queued or running; its supervisor starts it when they are
 gone. Liveness is each run's supervisor.lock, so a dead supervisor never blocks the queue.
 
-Secrets: environment values arrive on stdin (`start`), live only in this process's memory and
-reach stages by inheritance (host) or by name (`docker create -e NAME`). They are never written.
+Secrets: environment values arrive in the launch request (stdin), live only in this process's
+memory and reach stages by inheritance (host) or by name (`docker create -e NAME`). They are
+never written.
 
-Commands:
-    supervisor.py start  RUN_DIR            (stdin: {"env": {...}}) daemonize; print the pid
-    supervisor.py cancel RUN_DIR [--grace S]
-    supervisor.py cancelling RUN_DIR        mark only (a group cancel's first round); print the state
-    supervisor.py status RUNS_DIR [RUN_ID]  JSON on stdout
-    supervisor.py follow RUN_DIR [--stage S] [--follow] [--json]
+Requests (stdin, one JSON document):
+    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env"}
+                            write the plan, daemonize; reply {"home", "status"}. "@harness-home@"
+                            anywhere in it stands for the home directory.
+    {"cmd": "cancel", "run_dir", "grace"}
+    {"cmd": "cancelling", "run_dir"}       mark only (a group cancel's first round); print the state
+    {"cmd": "status", "runs_dir", "run_id"} JSON on stdout (run_id null: every run)
+    {"cmd": "follow", "run_dir", "stage", "follow", "json"}
 """
 
 from __future__ import annotations
@@ -395,11 +399,9 @@ def log(message: str) -> None:
 # Commands
 
 
-def cmd_start(run_dir: str) -> int:
-    """Read secrets from stdin, detach (double fork, new session), report the supervisor's pid."""
+def cmd_start(run_dir: str, env: dict) -> int:
+    """Detach (double fork, new session) with the secrets `env`; print the supervisor's pid."""
     run_dir = os.path.abspath(run_dir)
-    payload = sys.stdin.read()
-    env = json.loads(payload).get("env", {}) if payload.strip() else {}
     if read_json(os.path.join(run_dir, "state.json")):
         print(f"{run_dir}: already started", file=sys.stderr)
         return 2
@@ -416,11 +418,33 @@ def cmd_start(run_dir: str) -> int:
     while time.monotonic() < deadline:
         state = read_json(state_path)
         if state and state.get("pid"):
-            print(state["pid"])
             return 0
         time.sleep(0.05)
     print(f"{run_dir}: supervisor did not start (see supervisor.log)", file=sys.stderr)
     return 1
+
+
+def cmd_launch(request: dict, home: str) -> int:
+    """A run's whole start in one request: write its plan (every stage's spec.json, run.json
+    with the digest of the code last synced), start it, and answer with its status (queued or
+    running, the queue place) and the home directory `~` stood for."""
+    run_dir = request["run_dir"]
+    if read_json(os.path.join(run_dir, "run.json")):
+        print(f"{run_dir}: a run with this id exists", file=sys.stderr)
+        return 2
+    for stage, spec in request["specs"].items():
+        os.makedirs(stage_dir(run_dir, stage), exist_ok=True)
+        write_json(os.path.join(stage_dir(run_dir, stage), "spec.json"), spec)
+    record = request["record"]
+    manifest = read_json(request["manifest"]) if request.get("manifest") else None
+    record["manifest_hash"] = manifest.get("digest") if isinstance(manifest, dict) else None
+    write_json(os.path.join(run_dir, "run.json"), record)
+    code = cmd_start(run_dir, request.get("env") or {})
+    if code != 0:
+        return code
+    json.dump({"home": home, "status": run_summary(run_dir)}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
 
 
 def _become_daemon(run_dir: str, env: dict) -> None:
@@ -650,40 +674,38 @@ def read_from(path: str, offset: int, whole_lines: bool = False, limit: int = 1 
     return offset + len(data), data
 
 
-def main(argv: list[str]) -> int:
-    import argparse
+# `~` in a launch request: the home directory, put in on the host (the laptop never asks for it)
+HOME_TOKEN = "@harness-home@"
 
-    parser = argparse.ArgumentParser(prog="supervisor.py")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("start")
-    p.add_argument("run_dir")
-    p = sub.add_parser("cancel")
-    p.add_argument("run_dir")
-    p.add_argument("--grace", type=float, default=None)
-    p = sub.add_parser("cancelling")
-    p.add_argument("run_dir")
-    p = sub.add_parser("status")
-    p.add_argument("runs_dir")
-    p.add_argument("run_id", nargs="?")
-    p = sub.add_parser("follow")
-    p.add_argument("run_dir")
-    p.add_argument("--stage")
-    p.add_argument("--follow", action="store_true")
-    p.add_argument("--json", action="store_true")
-    a = parser.parse_args(argv)
-    if a.cmd == "start":
-        return cmd_start(a.run_dir)
-    if a.cmd == "cancel":
-        return cmd_cancel(a.run_dir, a.grace)
-    if a.cmd == "cancelling":
-        return cmd_cancelling(a.run_dir)
-    if a.cmd == "status":
-        return cmd_status(a.runs_dir, a.run_id)
-    try:
-        return cmd_follow(os.path.abspath(a.run_dir), a.stage, a.follow, a.json)
-    except BrokenPipeError:  # the reader went away (Ctrl-C on the laptop): nothing to clean up
-        return 0
+
+def main() -> int:
+    """One request, a JSON document on stdin (harness/helpers.py): {"cmd": ..., ...}. Paths may
+    start with ~ (the workdir as configured)."""
+    text = sys.stdin.read()
+    home = os.path.expanduser("~")
+    if HOME_TOKEN in text:
+        text = text.replace(HOME_TOKEN, json.dumps(home)[1:-1])
+    request = json.loads(text)
+    for key in ("run_dir", "runs_dir", "manifest"):
+        if request.get(key):
+            request[key] = os.path.expanduser(request[key])
+    cmd = request["cmd"]
+    if cmd == "launch":
+        return cmd_launch(request, home)
+    if cmd == "cancel":
+        return cmd_cancel(request["run_dir"], request.get("grace"))
+    if cmd == "cancelling":
+        return cmd_cancelling(request["run_dir"])
+    if cmd == "status":
+        return cmd_status(request["runs_dir"], request.get("run_id"))
+    if cmd == "follow":
+        try:
+            return cmd_follow(os.path.abspath(request["run_dir"]), request.get("stage"), bool(request.get("follow")), bool(request.get("json")))
+        except BrokenPipeError:  # the reader went away (Ctrl-C on the laptop): nothing to clean up
+            return 0
+    print(f"supervisor: unknown command {cmd!r}", file=sys.stderr)
+    return 64
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -65,6 +65,24 @@ class Runtime(abc.ABC):
             self._workdir = self._transport.expand(self.host.workdir).rstrip("/") or "/"
         return self._workdir
 
+    def home_on_host(self, token: str) -> None:
+        """Let `token` stand for the home directory in what this runtime builds from now on,
+        where it does not know it yet (a configured ~): the host helper that receives it puts in
+        the real one (the supervisor's launch), and home_is(home) then tells this runtime."""
+        if self._workdir is None:
+            self._workdir = _with_home(self.host.workdir, token).rstrip("/") or "/"
+
+    def home_is(self, home: str, token: str) -> None:
+        """The home directory the host put in for `token` (after home_on_host)."""
+        if self._workdir is not None:
+            self._workdir = self._workdir.replace(token, home)
+
+    @property
+    def workdir_as_given(self) -> str:
+        """The workdir expanded once known, else as configured: a leading ~ that the host
+        expands where the path is used (the host helpers expand it), so no round trip asks."""
+        return self._workdir if self._workdir is not None else self.host.workdir.rstrip("/") or "/"
+
     @property
     @abc.abstractmethod
     def python(self) -> str:
@@ -139,6 +157,10 @@ class Runtime(abc.ABC):
     def no_gpu_verdict(self, nvidia_smi_found: bool) -> tuple[str, str]:
         """(status, note) when the probe sees no GPU where the stages run."""
         return "warn", ""
+
+
+def _with_home(path: str, home: str) -> str:
+    return home + path[1:] if path == "~" or path.startswith("~/") else path
 
 
 def visible_gpu_count(probe_output: str) -> int:

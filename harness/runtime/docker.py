@@ -70,6 +70,16 @@ class DockerRuntime(Runtime):
         self._home = home
         self.image = image or default_image_ref(host)
 
+    def home_on_host(self, token: str) -> None:
+        super().home_on_host(token)
+        if self._home is None:
+            self._home = token
+
+    def home_is(self, home: str, token: str) -> None:
+        super().home_is(home, token)
+        if self._home is not None:
+            self._home = self._home.replace(token, home)
+
     @property
     def home(self) -> str:
         """The host user's home: where ~ in configured mounts points (asked on first use)."""

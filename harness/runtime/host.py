@@ -39,7 +39,7 @@ class HostRuntime(Runtime):
 
     def foreground(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
         # The configured workdir, expanded by the host's shell unless already known.
-        workdir = self._workdir or self.host.workdir
+        workdir = self.workdir_as_given
         return ["sh", "-c", _IN_WORKDIR, "sh", workdir, *with_visible_gpus(self.host, argv)]
 
     def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:

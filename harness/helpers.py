@@ -1,0 +1,153 @@
+"""One way to call a host helper (harness/host_helpers/*.py, standard library only).
+
+Shipped one way: the helper's source travels on stdin ahead of the request, read by a one-line
+bootstrap (`python -c BOOT NAME SIZE`: SIZE bytes of source run as __main__), so nothing is
+installed on the host, a changed helper is used at once, and the host's `ps` shows a short line
+naming the helper. Started one way: `python -S -c BOOT ...` on the host (the default `python3` as
+/usr/bin/python3 where there is one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in
+the stage environment (Runtime.foreground: the container, the workdir) when `where` is a runtime.
+One wire format: the request is one JSON document on the helper's stdin after its source (so
+secret values in it never reach a command line), the reply is its stdout (one JSON document, or a byte stream for a streaming command
+handed to `stdout`), its exit code says how it went (0 done, 2 no such thing, else failed, with
+stderr saying why).
+
+Every call is one exec over the transport's bulk path (transport.local_argv: for SSH hosts the
+OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from harness import host_helpers
+from harness.errors import RemoteCommandError
+
+if TYPE_CHECKING:
+    from harness.runtime.base import Runtime, WrapOptions
+    from harness.transport.base import Transport
+
+# Reads the helper's source (argv: its name, its size in bytes) from stdin and runs it as
+# __main__; what follows on stdin is the request.
+BOOT = ("import sys; n = sys.argv[1]; s = sys.stdin.buffer.read(int(sys.argv[2])); sys.argv = [n]; "
+        "exec(compile(s, n, 'exec'), {'__name__': '__main__', '__file__': n})")
+# `python -S -c BOOT NAME SIZE` with the host's interpreter ($1).
+_ON_HOST = f'py=$1; shift; {host_helpers.SYSTEM_PYTHON_SH}; exec "$py" -S -c "$@"'
+
+
+@dataclass(frozen=True)
+class HelperResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def error(self) -> str:
+        return self.stderr.decode("utf-8", "replace").strip()
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def checked(self, what: str) -> "HelperResult":
+        """This result, or RemoteCommandError when the helper did not exit 0."""
+        if self.exit_code != 0:
+            raise RemoteCommandError(what, self.exit_code, self.error)
+        return self
+
+
+def argv(name: str, *, python: str = "python3", where: "Runtime | None" = None, options: "WrapOptions | None" = None) -> list[str]:
+    """The host argv that starts helper `name` (e.g. "supervisor.py") on the host's python, or
+    in the stage environment of runtime `where` (with its WrapOptions `options`). Its stdin:
+    payload(name, request)."""
+    boot = [BOOT, name, str(len(_source(name)))]
+    if where is not None:
+        return where.foreground([where.python, "-c", *boot], *([options] if options is not None else []))
+    return ["sh", "-c", _ON_HOST, "sh", python, *boot]
+
+
+def payload(name: str, request: dict[str, Any]) -> bytes:
+    """What the helper reads on stdin: its source, then the request."""
+    return _source(name) + json.dumps(request).encode()
+
+
+def _source(name: str) -> bytes:
+    return host_helpers.source(name).encode()
+
+
+def call(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
+         options: "WrapOptions | None" = None, env: dict[str, str] | None = None, stdout: Callable[[bytes], None] | None = None,
+         timeout: float | None = None) -> HelperResult:
+    """Run helper `name` with `request` and wait for it. `stdout`: a sink that receives the
+    reply as it streams (then the result's stdout is empty). `env`: values the helper's
+    environment gets (a runtime's stage env; sent ahead of the request on stdin, as
+    transport/remote_shell.py does, never on a command line). After `timeout` seconds the
+    call ends with exit code 124. The link's own failure (unknown host key, refused login,
+    unreachable) is raised, typed; the helper's exit code is returned."""
+    from harness.errors import ConnectError, HostKeyError
+
+    received: list[bytes] = []
+    try:
+        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
+    except (HostKeyError, ConnectError):
+        if received:  # the link dropped mid-reply: no second reply
+            raise
+        # OpenSSH's message has no fingerprint, and what the ssh of a ProxyJump hop printed is
+        # lost ("Connection closed"): let the transport report (or, with --accept-new-host-key,
+        # record) the key precisely, as its warm exec path does; then try once more.
+        transport.open()
+        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
+
+
+def _call(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
+          env: dict[str, str] | None, stdout: Callable[[bytes], None] | None, timeout: float | None, received: list[bytes]) -> HelperResult:
+    host_argv, prefix = argv(name, python=python, where=where, options=options), b""
+    if env:
+        from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
+
+        host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
+    proc = subprocess.Popen(transport.local_argv(host_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    timed_out = threading.Event()
+
+    def end() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, end) if timeout else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    errors: list[bytes] = []
+    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    out: list[bytes] = []
+    try:
+        try:
+            proc.stdin.write(prefix + payload(name, request))
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it ended before reading: its exit code and stderr say why
+        while chunk := proc.stdout.read1(65536):
+            received.append(b"")
+            (out.append if stdout is None else stdout)(chunk)
+        code = proc.wait()
+    except BaseException:  # Ctrl-C while a stream is followed: end the client, leave the host alone
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    reader.join()
+    stderr = b"".join(errors)
+    if timed_out.is_set():
+        return HelperResult(124, b"".join(out), stderr + f"timed out after {timeout:g} s\n".encode())
+    if code == 255:
+        raise transport.argv_failure(f"{name} on {transport.name}", code, stderr.decode("utf-8", "replace"))
+    return HelperResult(code, b"".join(out), stderr)
