@@ -18,7 +18,6 @@ OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -112,7 +111,7 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
         from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
 
         host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
-    proc = subprocess.Popen(transport.local_argv(host_argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = transport.stream(host_argv)  # the transport owns the client process and types its failures
     timed_out = threading.Event()
 
     def end() -> None:
@@ -123,17 +122,14 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
     if timer is not None:
         timer.daemon = True
         timer.start()
-    errors: list[bytes] = []
-    reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
-    reader.start()
     out: list[bytes] = []
     try:
         try:
             proc.stdin.write(prefix + payload(name, request))
             proc.stdin.close()
-        except BrokenPipeError:
+        except OSError:
             pass  # it ended before reading: its exit code and stderr say why
-        while chunk := proc.stdout.read1(65536):
+        while chunk := proc.stdout.read(65536):
             received.append(b"")
             (out.append if stdout is None else stdout)(chunk)
         code = proc.wait()
@@ -144,10 +140,11 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
     finally:
         if timer is not None:
             timer.cancel()
-    reader.join()
-    stderr = b"".join(errors)
+    stderr = proc.stderr_text().encode()
     if timed_out.is_set():
         return HelperResult(124, b"".join(out), stderr + f"timed out after {timeout:g} s\n".encode())
     if code == 255:
-        raise transport.argv_failure(f"{name} on {transport.name}", code, stderr.decode("utf-8", "replace"))
+        error = proc.error(f"{name} on {transport.name}")
+        if not isinstance(error, RemoteCommandError):  # the link's own failure, typed by the transport
+            raise error
     return HelperResult(code, b"".join(out), stderr)
