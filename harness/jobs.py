@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from harness import host_helpers
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
-from harness.pipeline import STAGES, resolve_chain, stage_argv
+from harness.pipeline import STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import CancelOutcome, RunListing
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
@@ -67,7 +67,7 @@ def stage_command(stage: str, config: Config, python: str, events_path: str, npr
     This is the hook for scale: multi-node launching replaces the `--standalone` rendezvous.
     """
     argv = stage_argv(stage, config.pipeline, python=python, events_path=events_path)
-    if STAGES[stage].distributed and nproc > 1:
+    if STAGES[stage].distributed and nproc > 1 and not launches_itself(stage, config.pipeline):
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv[1:]]
     return argv
 
@@ -229,7 +229,7 @@ class Jobs:
         """Write the run's plan and start its supervisor; return the run id (`run_id`: given by
         harness.multinode, which starts the same run on every host of a group). The run is
         `queued` while earlier runs hold its GPUs, unless `now`."""
-        stages = resolve_chain(list(requested))
+        stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
         run_dir = self.run_dir(run_id)
         image = self._image()
