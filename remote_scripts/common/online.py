@@ -20,7 +20,8 @@ What this module adds, pure where it can be (tests/test_online.py):
   prepared row's states.
 * the measurement (`MeasuredTransfer`): wraps speculators' transfer and, after each generated file
   is loaded and before it is deleted, sums the staging directory; a new high is written to
-  `<staging>/.peak.<pid>` (workers are separate processes), and `measured_peak` reads them back.
+  `<staging>/.peak.<pid>.<loader>` (workers are separate processes, and a process has two loaders),
+  and `measured_peak` reads them back.
   This is the peak itself, not a sample in time: every file is present, complete, at the moment
   its own load finishes.
 """
@@ -190,7 +191,9 @@ class MeasuredTransfer:
         size = staging_bytes(Path(self.staging))
         if size > self.peak:
             self.peak = size
-            record = Path(self.staging) / f"{PEAK_PREFIX}{os.getpid()}"
+            # one record per process and per loader: a rank's training and validation loaders
+            # measure in the same process, and neither may overwrite the other's high
+            record = Path(self.staging) / f"{PEAK_PREFIX}{os.getpid()}.{id(self)}"
             tmp = record.with_name(record.name + ".tmp")
             tmp.write_text(str(size))
             os.replace(tmp, record)
