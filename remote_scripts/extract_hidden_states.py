@@ -438,15 +438,15 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, run_supervised, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, refuse_before_serving, run_supervised, sigterm_raises
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
+    connector = refuse_before_serving(args, config, what="extract --backend vllm writes bf16 files (what train reads)")
     n, hidden = num_hidden_layers(config), hidden_size(config)
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output)
     staging = str(Path(args.staging_dir or output / ".staging") / f"rank{rank}")
-    opts = hidden_state_server(args, config, layer_ids, n, staging, args.port + local_rank, what="extract --backend vllm writes bf16 files (what train reads)")
-    connector = opts.hidden_states_connector
+    opts = hidden_state_server(args, layer_ids, n, staging, args.port + local_rank, connector)
     if rank == 0:
         write_meta(output, args, CaptureSpec(layer_ids, n, hidden), backend="vllm")
 

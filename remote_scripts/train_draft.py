@@ -168,12 +168,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_serve_arguments(o)
     add_connector_argument(o)
     p.set_defaults(tensor_parallel_size=None)  # online: one tensor-parallel rank per verifier GPU unless given
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def mode_problem(args: argparse.Namespace) -> str | None:
+    """Offline needs --hidden-states; online takes none."""
     if not args.hidden_states and not (args.online or args.vllm_endpoint):
-        p.error("--hidden-states is required (or train --online, from a vLLM it starts)")
+        return "--hidden-states is required (or train --online, from a vLLM it starts)"
     if args.hidden_states and (args.online or args.vllm_endpoint):
-        p.error("--hidden-states is for offline training: --online asks vLLM for the states and keeps none")
-    return args
+        return "--hidden-states is for offline training: --online asks vLLM for the states and keeps none"
+    return None
 
 
 def under_torchrun() -> bool:
@@ -192,6 +196,10 @@ def relaunch_under_torchrun(nproc: int, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    problem = mode_problem(args)
+    if problem:
+        print(f"train_draft.py: error: {problem}", file=sys.stderr)
+        return 2
     if args.online and not args.vllm_endpoint:
         return launch_online(args, argv)
     import torch
@@ -454,7 +462,7 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
 
     from common.online import clear_staging, place_gpus, visible_gpus
     from common.verifier import check_target_layers, default_target_layers, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, run_supervised, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, refuse_before_serving, run_supervised, sigterm_raises
 
     if under_torchrun():
         raise TrainError("train --online starts vLLM and torchrun itself: run it once per host, not under torchrun (a group run trains offline)")
@@ -465,11 +473,12 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
         raise TrainError(f"--tensor-parallel-size {tensor_parallel} needs as many verifier GPUs; verifier_gpus has {len(placement.verifier)}")
     args.verifier = resolve_verifier(args.verifier)  # the id vLLM serves = the name the trainer asks for
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
+    connector = refuse_before_serving(args, config, what="train --online reads bf16 hidden states")
     n = num_hidden_layers(config)
     layers = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output).resolve()
     staging = staging_dir(args)
-    opts = hidden_state_server(args, config, layers, n, str(staging), args.port, what="train --online reads bf16 hidden states",
+    opts = hidden_state_server(args, layers, n, str(staging), args.port, connector,
                                tensor_parallel_size=tensor_parallel, gpu_memory_utilization=placement.gpu_memory_utilization)
     removed = clear_staging(staging)  # a crashed or cancelled run's leftovers: resume starts clean
     server_env, trainer_env = dict(os.environ), {**os.environ, ONLINE_CHILD_ENV: "1"}

@@ -1,5 +1,6 @@
-"""Online training's pure parts (remote_scripts/common/online.py, the pipeline's online chain, the
-shim that measures the staging directory); tests/test_vllm_online.py drives it against a real vLLM."""
+"""Online training's pure parts (remote_scripts/common/online.py, the pipeline's online chain);
+tests/test_speculators_compat.py checks its shim (online-measure), tests/test_vllm_online.py drives
+it against a real vLLM."""
 
 from __future__ import annotations
 
@@ -104,24 +105,6 @@ def test_measured_transfer_records_the_peak_while_each_file_is_present(tmp_path)
     assert online.measured_peak(staging) == 1200 + 100
     assert online.staging_bytes(staging) == 100 and online.staged_files(staging) == ["straggler.safetensors"]
     assert online.clear_staging(staging) == 3 and online.staged_files(staging) == [] and online.measured_peak(staging) == 0  # the straggler, two records
-
-
-def test_the_measuring_shim_checks_what_it_wraps(monkeypatch):
-    from tests.fixtures.requires import require_module
-
-    require_module("speculators")
-    from speculators.train import data as data_mod
-
-    from common import speculators_compat
-
-    speculators_compat.CHECKS["online-measure"]()
-
-    def changed(self, dataset_item, client_item):  # speculators no longer goes through self.transfer
-        return {}
-
-    monkeypatch.setattr(data_mod.ArrowDataset, "_generate_hidden_states_once", changed)
-    with pytest.raises(speculators_compat.ShimOutdated, match="online-measure"):
-        speculators_compat.CHECKS["online-measure"]()
 
 
 # ---------------------------------------------------------------------------------------------

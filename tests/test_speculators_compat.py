@@ -62,6 +62,7 @@ def _changed(monkeypatch, owner, name: str):
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
         ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
         ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
+        ("online-measure", ("speculators.train.data", "ArrowDataset", "_generate_hidden_states_once")),
     ],
 )
 def test_a_changed_speculators_fails_loudly_naming_the_shim(monkeypatch, shim, where):

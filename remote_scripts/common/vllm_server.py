@@ -161,13 +161,12 @@ def serve_argv(o: ServeOptions) -> list[str]:
 VLLM_BF16 = ("bfloat16", "bf16")  # the --dtype values that make vLLM write bf16 states
 
 
-def hidden_state_server(args, config, layer_ids: list[int], num_layers: int, staging_dir: str, port: int, *,
-                        what: str, tensor_parallel_size: int | None = None, gpu_memory_utilization: float | None = None) -> ServeOptions:
-    """The one composition of an extraction server (extract --backend vllm, train --online): the
-    refusals before it starts (a verifier this vLLM cannot serve, a dtype other than bf16, the CPU
-    connector without vllm_compat), then the ServeOptions. `args` carries add_serve_arguments'
-    flags, --hidden-states-connector, --trust-remote-code and --verifier; `what` says who needs
-    bf16 states (the dtype refusal's first words)."""
+def refuse_before_serving(args, config, what: str) -> str:
+    """Before an extraction server starts (extract --backend vllm, train --online), what would fail
+    in it, each in one line (ValueError): a verifier this vLLM cannot serve, a dtype other than
+    bf16 (`what` says who needs bf16 states: the line's first words), the CPU connector without
+    vllm_compat. Returns the connector, resolved. `args` carries add_serve_arguments' flags and
+    --hidden-states-connector."""
     from common.vllm_compat import resolve_hidden_states_connector, started_through_here
 
     refuse_unservable(config, args.vllm_command)
@@ -177,6 +176,14 @@ def hidden_state_server(args, config, layer_ids: list[int], num_layers: int, sta
     connector = resolve_hidden_states_connector(args.hidden_states_connector)
     if connector == "cpu" and not started_through_here(args.vllm_command):
         raise ValueError("--hidden-states-connector cpu needs vLLM started through common/vllm_compat.py (the default --vllm-command): its engine imports the connector from there")
+    return connector
+
+
+def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir: str, port: int, connector: str, *,
+                        tensor_parallel_size: int | None = None, gpu_memory_utilization: float | None = None) -> ServeOptions:
+    """The one composition of an extraction server (extract --backend vllm, train --online), after
+    refuse_before_serving: bf16 unless the user's --vllm-arg says bf16 already, the connector, the
+    user's flags; `args` also carries --trust-remote-code and --verifier."""
     return ServeOptions(
         model=args.verifier,
         layer_ids=layer_ids,
@@ -189,7 +196,7 @@ def hidden_state_server(args, config, layer_ids: list[int], num_layers: int, sta
         gpu_memory_utilization=gpu_memory_utilization or args.gpu_memory_utilization,
         vllm_command=args.vllm_command,
         hidden_states_connector=connector,
-        dtype=None if dtype else "bfloat16",
+        dtype=None if vllm_arg_value(args.vllm_arg, "--dtype") else "bfloat16",
         extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
     )
 
