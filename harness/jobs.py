@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from harness import helpers
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
-from harness.pipeline import STAGES, resolve_chain, stage_argv
+from harness.pipeline import STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
@@ -70,7 +70,7 @@ def stage_command(stage: str, config: Config, python: str, events_path: str, npr
     This is the hook for scale: multi-node launching replaces the `--standalone` rendezvous.
     """
     argv = stage_argv(stage, config.pipeline, python=python, events_path=events_path)
-    if STAGES[stage].distributed and nproc > 1:
+    if STAGES[stage].distributed and nproc > 1 and not launches_itself(stage, config.pipeline):
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv[1:]]
     return argv
 
@@ -230,7 +230,7 @@ class Jobs:
     def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
         """One supervisor call: the plan in, the started run's status out."""
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
-        stages = resolve_chain(list(requested))
+        stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
         image = self._image()
         nproc = self._gpu_count() if any(STAGES[s].distributed for s in stages) else 0

@@ -5,6 +5,11 @@ engineer can also run by hand on the GPU box. Paths are relative to the host's w
 job's working directory) unless absolute. `[pipeline.stages.<name>]` tables in harness.toml add or
 override flags: `epochs = 20` -> `--epochs 20`, `compile = true` -> `--compile`,
 `layers = [2, 5]` -> `--layers 2 5`.
+
+Online training (`[pipeline.stages.train] online = true`): train starts vLLM itself and asks it for
+the hidden states (remote_scripts/train_draft.py --online), so the chains leave out extract, train
+gets no --hidden-states, and jobs does not wrap it in torchrun (its launcher runs torchrun over the
+training GPUs beside the server's).
 """
 
 from __future__ import annotations
@@ -83,6 +88,16 @@ class StagePaths:
         )
 
 
+def online_training(p: PipelineConfig) -> bool:
+    """`[pipeline.stages.train] online = true`: the draft trains from a running vLLM, no extract stage."""
+    return p.stages.get("train", {}).get("online") is True
+
+
+def launches_itself(stage: str, p: PipelineConfig) -> bool:
+    """A distributed stage that starts its own torchrun (train --online: beside its vLLM server)."""
+    return stage == "train" and online_training(p)
+
+
 def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
     """The flags the harness passes to a stage, before the config's overrides."""
     paths = StagePaths.from_config(p)
@@ -111,6 +126,9 @@ def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
         "serve_check": {"export": paths.export, "data": paths.data, "output": paths.evaluation},
         "dist_check": {},
     }
+    if stage == "train" and online_training(p):
+        del by_stage["train"]["hidden_states"]
+        by_stage["train"].update(layers)  # the layers vLLM saves; offline train reads them from extract's record
     if stage in REMOTE_CODE_STAGES:
         by_stage[stage]["trust_remote_code"] = p.trust_remote_code  # False: no flag
     return by_stage[stage]
@@ -144,12 +162,12 @@ def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_pa
     return [python, f"{SCRIPTS_DIR}/{STAGES[stage].script}", *to_flags(args)]
 
 
-def resolve_chain(requested: list[str]) -> list[str]:
-    """Validate stage names; "all" means the default chain. Order is kept as given."""
-    if not requested or requested == ["all"]:
-        return list(DEFAULT_CHAIN)
-    if requested == ["demo"]:
-        return list(DEMO_CHAIN)
+def resolve_chain(requested: list[str], p: PipelineConfig | None = None) -> list[str]:
+    """Validate stage names; "all" means the default chain (without extract when training is
+    online). Order is kept as given."""
+    if not requested or requested in (["all"], ["demo"]):
+        chain = DEMO_CHAIN if requested == ["demo"] else DEFAULT_CHAIN
+        return [s for s in chain if not (s == "extract" and p is not None and online_training(p))]
     unknown = [s for s in requested if s not in STAGES]
     if unknown:
         raise UsageError(f"unknown stage {unknown[0]!r} (stages: {', '.join(STAGES)}, or 'all')")

@@ -50,13 +50,12 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
-from common.vllm_server import add_serve_arguments  # noqa: E402
+from common.vllm_server import add_connector_argument, add_serve_arguments  # noqa: E402
 
 if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
     import torch
 
 STAGE = "extract"
-VLLM_BF16 = ("bfloat16", "bf16")  # the --dtype values that make vLLM write bf16 states
 META_FILE = "extract_meta.json"
 
 
@@ -439,20 +438,15 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_compat import resolve_hidden_states_connector, started_through_here
-    from common.vllm_server import ManagedServer, ServeOptions, log_tail, offline_data_argv, rank_env, refuse_unservable, run_supervised, sigterm_raises, vllm_arg_value
+    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, refuse_before_serving, run_supervised, sigterm_raises
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
-    refuse_unservable(config, args.vllm_command)
-    dtype = vllm_arg_value(args.vllm_arg, "--dtype")
-    if dtype is not None and dtype not in VLLM_BF16:
-        raise ValueError(f"extract --backend vllm writes bf16 files (what train reads): vLLM must run in bfloat16, not --dtype {dtype} (drop --vllm-arg --dtype)")
-    connector = resolve_hidden_states_connector(args.hidden_states_connector)
-    if connector == "cpu" and not started_through_here(args.vllm_command):
-        raise ValueError("--hidden-states-connector cpu needs vLLM started through common/vllm_compat.py (the default --vllm-command): its engine imports the connector from there")
+    connector = refuse_before_serving(args, config, what="extract --backend vllm writes bf16 files (what train reads)")
     n, hidden = num_hidden_layers(config), hidden_size(config)
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output)
+    staging = str(Path(args.staging_dir or output / ".staging") / f"rank{rank}")
+    opts = hidden_state_server(args, layer_ids, n, staging, args.port + local_rank, connector)
     if rank == 0:
         write_meta(output, args, CaptureSpec(layer_ids, n, hidden), backend="vllm")
 
@@ -466,21 +460,6 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     if stale:
         events.message(f"rank {rank}: removed {stale} invalid file(s) for regeneration")
 
-    opts = ServeOptions(
-        model=args.verifier,
-        layer_ids=layer_ids,
-        num_layers=n,
-        staging_dir=str(Path(args.staging_dir or output / ".staging") / f"rank{rank}"),
-        host=args.host,
-        port=args.port + local_rank,
-        tensor_parallel_size=args.tensor_parallel_size,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        vllm_command=args.vllm_command,
-        hidden_states_connector=connector,
-        dtype=None if dtype else "bfloat16",
-        extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
-    )
     env = rank_env(local_rank, args.tensor_parallel_size)
     server_log = Path(args.server_log or output / f"vllm_server.rank{rank}.log")
     client_log = output / f"generate_offline_data.rank{rank}.log"
@@ -571,8 +550,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers (and vllm serve) run the verifier's own code (auto_map)")
     v = p.add_argument_group("vllm backend")
     add_serve_arguments(v)
-    v.add_argument("--hidden-states-connector", choices=["auto", "vllm", "cpu"], default="auto",
-                   help="vLLM's KV connector that writes the states: vllm (its ExampleHiddenStatesConnector, CUDA only), cpu (common/vllm_compat.py's, for the CPU build); auto: cpu where torch has no CUDA")
+    add_connector_argument(v)
     v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")

@@ -35,6 +35,15 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   starts over).
 * events: per-step loss and accuracy per TTT step and tokens/s (metric), epochs (progress),
   validation metrics and tau, each saved checkpoint (artifact), warnings, then finished.
+* online (`--online`, common/online.py): no extract stage, no copy of the hidden states on disk.
+  This script starts `vllm serve` with hidden-state extraction for the verifier (the extract
+  stage's composition and lifecycle: common/vllm_server.py hidden_state_server, ManagedServer),
+  then runs itself as the trainer (torchrun over `--train-gpus`, vLLM on `--verifier-gpus`) with
+  `--vllm-endpoint`: speculators' dataloader asks vLLM for each row's states (`--on-missing
+  generate`), loads the file vLLM wrote into OUTPUT/online_staging and deletes it. The peak of that
+  directory is measured and reported against its bound (summary: peak_staging_bytes,
+  staging_bound_bytes). A server that dies fails the stage in one line; the server is always
+  stopped; resume works as offline (the checkpoints, not the states, carry the run).
 """
 
 from __future__ import annotations
@@ -56,9 +65,12 @@ from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read
 from common.events import EventLog  # noqa: E402
 from common import loggers  # noqa: E402
 from common.recipe import DataSize, size_recipe  # noqa: E402
+from common.vllm_server import add_connector_argument, add_serve_arguments  # noqa: E402
 
 STAGE = "train"
 TAU_PROBE_BATCHES = 8  # validation batches per mid-epoch tau estimate (long epochs only)
+ONLINE_CHILD_ENV = "HARNESS_TRAIN_ONLINE_LAUNCHED"  # set by the online launcher for its trainer: it wrote `started`
+STAGING_DIR = "online_staging"
 TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
@@ -112,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Train an EAGLE-3 draft with speculators (torchrun over this host's GPUs).")
     p.add_argument("--verifier", required=True, help="verifier directory (or hub id)")
     p.add_argument("--prepared", required=True, help="prepared dataset (speculators format, with token_freq.pt)")
-    p.add_argument("--hidden-states", required=True, help="directory of hs_<i>.safetensors")
+    p.add_argument("--hidden-states", default=None, help="directory of hs_<i>.safetensors (offline; not with --online)")
     p.add_argument("--output", required=True, help="checkpoint directory (one sub-directory per epoch)")
     p.add_argument("--speculative-tokens", type=int, default=3, help="TTT steps = tokens the draft proposes")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="verifier layer ids the hidden states were extracted from (default: the extraction's record, else [2, N//2, N-3])")
@@ -147,7 +159,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loggers", nargs="+", choices=sorted(loggers.PACKAGES), default=[], help=f"speculators' metric loggers, writing under OUTPUT/{loggers.LOG_DIR} (see common/loggers.py)")
     p.add_argument("--run-name", default=None, help="the loggers' name for this run (default: speculators', the start time)")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
+    o = p.add_argument_group("online (no hidden states on disk: common/online.py)")
+    o.add_argument("--online", action="store_true", help="start vllm serve with hidden-state extraction for the verifier and train from it (no extract stage)")
+    o.add_argument("--vllm-endpoint", default=None, help="train from this running vLLM (http://HOST:PORT/v1, serving the verifier with extract_hidden_states and its connector writing into --staging-dir); --online sets it for its trainer")
+    o.add_argument("--staging-dir", default=None, help=f"where vLLM's connector writes each row's states until the trainer has loaded them (default OUTPUT/{STAGING_DIR})")
+    o.add_argument("--verifier-gpus", type=int, nargs="+", default=None, help="indices of the visible GPUs that serve the verifier (default: the first half; one GPU: shared)")
+    o.add_argument("--train-gpus", type=int, nargs="+", default=None, help="indices of the visible GPUs that train the draft, torchrun over them (default: the rest)")
+    o.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
+    add_serve_arguments(o)
+    add_connector_argument(o)
+    p.set_defaults(tensor_parallel_size=None)  # online: one tensor-parallel rank per verifier GPU unless given
     return p.parse_args(argv)
+
+
+def mode_problem(args: argparse.Namespace) -> str | None:
+    """Offline needs --hidden-states; online takes none."""
+    if not args.hidden_states and not (args.online or args.vllm_endpoint):
+        return "--hidden-states is required (or train --online, from a vLLM it starts)"
+    if args.hidden_states and (args.online or args.vllm_endpoint):
+        return "--hidden-states is for offline training: --online asks vLLM for the states and keeps none"
+    return None
 
 
 def under_torchrun() -> bool:
@@ -166,6 +197,12 @@ def relaunch_under_torchrun(nproc: int, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    problem = mode_problem(args)
+    if problem:
+        print(f"train_draft.py: error: {problem}", file=sys.stderr)
+        return 2
+    if args.online and not args.vllm_endpoint:
+        return launch_online(args, argv)
     import torch
 
     cuda = torch.cuda.is_available()
@@ -177,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rank = int(os.environ.get("RANK", "0"))
     events = EventLog(STAGE, args.events, echo=rank == 0)
-    if rank == 0:
+    if rank == 0 and not os.environ.get(ONLINE_CHILD_ENV):
         events.started(**{k: v for k, v in vars(args).items() if k != "events"})
     try:
         summary = run(args, events, rank)
@@ -208,16 +245,20 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         raise TrainError("--fsdp shards over several processes: this run has one (use --processes 2 or more on a host with GPUs)")
     logger_messages = loggers.apply(args.loggers, str(Path(args.output).resolve() / loggers.LOG_DIR)) if args.loggers else []
     verifier = resolve_verifier(args.verifier)
-    prepared, hs_dir, output = Path(args.prepared).resolve(), Path(args.hidden_states).resolve(), Path(args.output).resolve()
-    for what, path in (("--prepared", prepared), ("--hidden-states", hs_dir)):
+    online = bool(args.vllm_endpoint)
+    output = Path(args.output).resolve()
+    prepared = Path(args.prepared).resolve()
+    hs_dir = staging_dir(args) if online else Path(args.hidden_states).resolve()
+    for what, path in (("--prepared", prepared), ("--staging-dir" if online else "--hidden-states", hs_dir)):
         if not path.is_dir():
             raise TrainError(f"{what} {path}: no such directory")
     verifier_cfg = load_text_config(verifier, args.trust_remote_code)
-    layers = args.layers or extraction_layers(hs_dir) or None
+    layers = args.layers or (None if online else extraction_layers(hs_dir)) or None
     num_target_layers = len(layers) if layers else 3
     if not layers and verifier_cfg.num_hidden_layers < 7:
         raise TrainError(f"the verifier has {verifier_cfg.num_hidden_layers} layers: the default target layers [2, N//2, N-3] need at least 7; pass --layers")
-    check_first_hidden_states(hs_dir, num_target_layers, verifier_cfg.hidden_size)
+    if not online:
+        check_first_hidden_states(hs_dir, num_target_layers, verifier_cfg.hidden_size)
 
     attn_impl = draft_attention.default_attn_impl(device_type) if args.attn_impl == "auto" else args.attn_impl
     loss_impl = choose_loss_implementation(device_type, torch.__version__) if args.loss_implementation == "auto" else args.loss_implementation
@@ -241,7 +282,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         "--data-path", str(prepared),
         "--hidden-states-path", str(hs_dir),
         "--hidden-states-backend", "file",
-        "--on-missing", "raise",
+        *(["--on-missing", "generate", "--vllm-endpoint", args.vllm_endpoint] if online else ["--on-missing", "raise"]),
         "--save-path", str(output),
         "--log-dir", str(output / loggers.LOG_DIR),
         "--ttt-steps", str(args.speculative_tokens),
@@ -290,6 +331,10 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             f"mask token {mask_token_id} ({mask_token_source}), loss on {'every token' if args.loss_on == 'all' else 'the replies'}"
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )
+        events.message(
+            f"mode online: hidden states from vLLM at {args.vllm_endpoint}, each row's file in {hs_dir} only until loaded"
+            if online else f"mode offline: hidden states from {hs_dir}"
+        )
         events.message(recipe.describe())
         for text in logger_messages:
             events.message(text)
@@ -303,6 +348,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         guard_model(model, device_type, verifier)
         if args.loss_on == "all":
             speculators_compat.supervise_every_position(train_loader.dataset)
+        if online:
+            for loader in (train_loader, val_loader):
+                speculators_compat.measure_generated_states(loader.dataset, str(hs_dir))
         reporter.steps_per_epoch = len(train_loader)
         reporter.started = time.monotonic()
 
@@ -339,7 +387,10 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     if interrupted.is_dir() and interrupted.stat().st_mtime >= started_wall - 1:
         raise TrainError(f"interrupted by a signal: speculators saved its state to {interrupted}; a new run resumes from the last finished epoch")
 
-    summary: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1), "attn_implementation": attn_impl, "loss_implementation": loss_impl}
+    summary: dict[str, Any] = {"seconds": round(time.monotonic() - started, 1), "attn_implementation": attn_impl, "loss_implementation": loss_impl,
+                               "mode": "online" if online else "offline"}
+    if online and rank == 0:
+        summary.update(online_disk(events, hs_dir, prepared, world_size, num_workers, num_target_layers + 1, verifier_cfg.hidden_size))
     if device_type == "cuda":
         summary["peak_memory_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if rank == 0:
@@ -358,6 +409,99 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         if warning:
             events.warning(warning)
     return summary
+
+
+def staging_dir(args: argparse.Namespace) -> Path:
+    return Path(args.staging_dir or Path(args.output) / STAGING_DIR).resolve()
+
+
+def online_disk(events: EventLog, staging: Path, prepared: Path, ranks: int, workers: int, saved_layers: int, hidden: int) -> dict[str, Any]:
+    """The staging directory's measured peak against its bound (common/online.py); what is left
+    in it is a warning (the launcher removes it)."""
+    from common.online import measured_peak, staged_files, staging_bound
+
+    longest = prepared_longest_row(prepared)
+    bound = staging_bound(ranks, workers, longest, saved_layers, hidden)
+    peak = measured_peak(staging)
+    left = staged_files(staging)
+    events.message(f"online: the hidden states peaked at {peak / 2**20:.2f} MiB on disk (bound {bound / 2**20:.2f} MiB: "
+                   f"{ranks} rank(s) x 2 loaders x {max(1, workers)} process(es) x the longest row, {longest} tokens x {saved_layers} layers x {hidden} x 2 B)")
+    if left:
+        events.warning(f"online: {len(left)} file(s) left in {staging} after training (e.g. {left[0]}): requests that failed after vLLM wrote them; removed when the stage ends")
+    return {"peak_staging_bytes": peak, "staging_bound_bytes": bound, "left_in_staging": len(left)}
+
+
+def launch_online(args: argparse.Namespace, argv: list[str]) -> int:
+    """train --online: start vllm serve, run this script as the trainer against it, stop the server."""
+    from common.vllm_server import ServerFailed, StageCancelled
+
+    events = EventLog(STAGE, args.events)
+    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+    try:
+        code = serve_and_train(args, argv, events)
+    except StageCancelled as e:
+        events.finished("failed", error=f"{type(e).__name__}: {e}", cause="cancelled")
+        return 1
+    except Exception as e:  # one line; the traceback in the log unless the error explains itself
+        return events.failed(e, traceback=not isinstance(e, (TrainError, ValueError, ServerFailed)))
+    if code != 0 and not _ended_with_finished(args.events):
+        events.finished("failed", error=f"TrainError: the trainer exited with status {code} without a word (killed?); see the stage log")
+    return 0 if code == 0 else 1
+
+
+def _ended_with_finished(events_path: str | None) -> bool:
+    from common.events import read_events
+
+    if not events_path or not Path(events_path).is_file():
+        return True  # nothing to judge: no events file
+    records = read_events(events_path)
+    return bool(records) and records[-1].get("event") == "finished"
+
+
+def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog) -> int:
+    import torch
+    from transformers import AutoConfig
+
+    from common.online import clear_staging, place_gpus, visible_gpus
+    from common.verifier import check_target_layers, default_target_layers, num_hidden_layers
+    from common.vllm_server import ManagedServer, hidden_state_server, refuse_before_serving, run_supervised, sigterm_raises
+
+    if under_torchrun():
+        raise TrainError("train --online starts vLLM and torchrun itself: run it once per host, not under torchrun (a group run trains offline)")
+    cuda = torch.cuda.is_available()
+    placement = place_gpus(visible_gpus(dict(os.environ), torch.cuda.device_count() if cuda else 0), args.verifier_gpus, args.train_gpus, args.gpu_memory_utilization)
+    tensor_parallel = args.tensor_parallel_size or max(1, len(placement.verifier))
+    if placement.verifier and tensor_parallel > len(placement.verifier):
+        raise TrainError(f"--tensor-parallel-size {tensor_parallel} needs as many verifier GPUs; verifier_gpus has {len(placement.verifier)}")
+    args.verifier = resolve_verifier(args.verifier)  # the id vLLM serves = the name the trainer asks for
+    config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
+    connector = refuse_before_serving(args, config, what="train --online reads bf16 hidden states")
+    n = num_hidden_layers(config)
+    layers = check_target_layers(args.layers or default_target_layers(n), n)
+    output = Path(args.output).resolve()
+    staging = staging_dir(args)
+    opts = hidden_state_server(args, layers, n, str(staging), args.port, connector,
+                               tensor_parallel_size=tensor_parallel, gpu_memory_utilization=placement.gpu_memory_utilization)
+    removed = clear_staging(staging)  # a crashed or cancelled run's leftovers: resume starts clean
+    server_env, trainer_env = dict(os.environ), {**os.environ, ONLINE_CHILD_ENV: "1"}
+    if placement.verifier:
+        server_env["CUDA_VISIBLE_DEVICES"] = ",".join(placement.verifier)
+        trainer_env["CUDA_VISIBLE_DEVICES"] = ",".join(placement.train)
+    trainer = [os.path.abspath(__file__), *argv, "--verifier", args.verifier, "--layers", *map(str, layers),
+               "--vllm-endpoint", f"{opts.base_url}/v1", "--staging-dir", str(staging)]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={len(placement.train)}"] if len(placement.train) > 1 else [sys.executable]
+    server_log = Path(args.server_log or output / "vllm_server.log")
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        with sigterm_raises(), ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=server_env) as server:
+            events.message(f"online: vllm serve on port {opts.port}, layers {layers}, hidden-states connector {opts.hidden_states_connector}, "
+                           f"{placement.describe()}; log {server_log}" + (f"; removed {removed} file(s) a previous run left in {staging}" if removed else ""))
+            waited = server.wait_healthy(args.health_timeout)
+            events.message(f"online: vllm serve healthy after {waited:.0f} s; training from it")
+            return run_supervised([*launcher, *trainer], None, server=server, grace=args.stop_grace, env=trainer_env)
+    finally:
+        clear_staging(staging)
+        staging.rmdir()
 
 
 # The estimate reads a few validation rows: on bench/quality's cpu size it swung by 0.3 between
@@ -550,6 +694,15 @@ def latest_epoch(output: Path) -> int | None:
     """The highest epoch checkpoint under `output` (directories named by number, with weights)."""
     latest = latest_checkpoint(output)
     return int(latest.name) if latest is not None else None
+
+
+def prepared_longest_row(prepared: Path) -> int:
+    """The longest prepared row, validation rows included (both loaders ask vLLM)."""
+    from datasets import load_from_disk
+
+    import numpy as np
+
+    return int(np.asarray(load_from_disk(str(prepared)).with_format("numpy")["seq_len"]).max())
 
 
 def prepared_data_size(prepared: Path, train_data_ratio: float) -> DataSize:

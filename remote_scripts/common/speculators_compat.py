@@ -42,6 +42,11 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    common/every_position.py dataset, whose rows have a mask of ones: the loss is a
                    KL to the verifier's own logits at each position, a target on prompt tokens
                    too; validation keeps the replies' mask.
+  online-measure   (train --online) ArrowDataset generates a missing row's states through
+                   `self.transfer.get_generated(...)`, then `self.transfer.delete(handle)`.
+                   measure_generated_states() wraps each loader's dataset's transfer in
+                   common/online.py's MeasuredTransfer, which sums the staging directory between
+                   the two (the peak disk of online training); nothing else changes.
 
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
@@ -256,6 +261,27 @@ def _check_round_walk():
     return eagle3_core
 
 
+def _check_online_measure():
+    from speculators.train import data as data_mod
+
+    _require("online-measure", data_mod.ArrowDataset._generate_hidden_states_once,
+             "loaded_hs = self.transfer.get_generated(hs_transfer_params)", "self.transfer.delete(handle)")
+    _require("online-measure", data_mod.ArrowDataset.__init__, "self.transfer = transfer or FileTransfer(")
+    _require("online-measure", data_mod.ArrowDataset._get_raw_data, "cached_hs = self.transfer.get_cached(file_idx)", 'if self.on_missing == "generate":')
+    return data_mod
+
+
+def measure_generated_states(dataset, staging: str) -> None:
+    """`dataset`'s generated hidden states are measured on disk before their deletion (see above)."""
+    data_mod = _check_online_measure()
+    if not isinstance(dataset, data_mod.ArrowDataset):
+        raise ShimOutdated("online-measure", f"a loader's dataset is a {type(dataset).__name__}, not an ArrowDataset")
+    from common.online import MeasuredTransfer
+
+    if not isinstance(dataset.transfer, MeasuredTransfer):
+        dataset.transfer = MeasuredTransfer(dataset.transfer, staging)
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
@@ -267,6 +293,9 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "mask-token": _check_mask_token,
     "every-position": _check_every_position,
     "round-walk": _check_round_walk,
+
+
+    "online-measure": _check_online_measure,
 }
 
 

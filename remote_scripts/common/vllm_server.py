@@ -158,6 +158,54 @@ def serve_argv(o: ServeOptions) -> list[str]:
     return argv + list(o.extra_args)
 
 
+VLLM_BF16 = ("bfloat16", "bf16")  # the --dtype values that make vLLM write bf16 states
+
+
+def refuse_before_serving(args, config, what: str) -> str:
+    """Before an extraction server starts (extract --backend vllm, train --online), what would fail
+    in it, each in one line (ValueError): a verifier this vLLM cannot serve, a dtype other than
+    bf16 (`what` says who needs bf16 states: the line's first words), the CPU connector without
+    vllm_compat. Returns the connector, resolved. `args` carries add_serve_arguments' flags and
+    --hidden-states-connector."""
+    from common.vllm_compat import resolve_hidden_states_connector, started_through_here
+
+    refuse_unservable(config, args.vllm_command)
+    dtype = vllm_arg_value(args.vllm_arg, "--dtype")
+    if dtype is not None and dtype not in VLLM_BF16:
+        raise ValueError(f"{what}: vLLM must run in bfloat16, not --dtype {dtype} (drop --vllm-arg --dtype)")
+    connector = resolve_hidden_states_connector(args.hidden_states_connector)
+    if connector == "cpu" and not started_through_here(args.vllm_command):
+        raise ValueError("--hidden-states-connector cpu needs vLLM started through common/vllm_compat.py (the default --vllm-command): its engine imports the connector from there")
+    return connector
+
+
+def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir: str, port: int, connector: str, *,
+                        tensor_parallel_size: int | None = None, gpu_memory_utilization: float | None = None) -> ServeOptions:
+    """The one composition of an extraction server (extract --backend vllm, train --online), after
+    refuse_before_serving: bf16 unless the user's --vllm-arg says bf16 already, the connector, the
+    user's flags; `args` also carries --trust-remote-code and --verifier."""
+    return ServeOptions(
+        model=args.verifier,
+        layer_ids=layer_ids,
+        num_layers=num_layers,
+        staging_dir=staging_dir,
+        host=args.host,
+        port=port,
+        tensor_parallel_size=tensor_parallel_size or args.tensor_parallel_size,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization or args.gpu_memory_utilization,
+        vllm_command=args.vllm_command,
+        hidden_states_connector=connector,
+        dtype=None if vllm_arg_value(args.vllm_arg, "--dtype") else "bfloat16",
+        extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
+    )
+
+
+def add_connector_argument(group) -> None:
+    group.add_argument("--hidden-states-connector", choices=["auto", "vllm", "cpu"], default="auto",
+                       help="vLLM's KV connector that writes the states: vllm (its ExampleHiddenStatesConnector, CUDA only), cpu (common/vllm_compat.py's, for the CPU build); auto: cpu where torch has no CUDA")
+
+
 def offline_data_argv(launcher: list[str], o: ServeOptions, prepared: str, output: str, rank: int, world_size: int, concurrency: int) -> list[str]:
     """speculators 0.9.0's `generate-offline-data` against the server (options read from its CLI)."""
     return [
@@ -276,17 +324,28 @@ class ManagedServer:
                 log.write(f"[harness] vllm serve stopped (exit {self.exit_code})\n".encode())
 
 
-def run_supervised(argv: list[str], log_path: Path, server: ManagedServer | None = None, grace: float = 10.0, env: dict[str, str] | None = None, on_tick=None, tick_seconds: float = 5.0) -> int:
-    """Run a client command to completion in its own process group, logging to `log_path`.
+def client_name(argv: list[str]) -> str:
+    """The script a command line runs (`python x.py ...` -> x.py), else its program."""
+    scripts = [Path(a).name for a in argv if a.endswith(".py")]
+    return scripts[0] if scripts else Path(argv[0]).name
+
+
+def run_supervised(argv: list[str], log_path: Path | None, server: ManagedServer | None = None, grace: float = 10.0, env: dict[str, str] | None = None, on_tick=None, tick_seconds: float = 5.0) -> int:
+    """Run a client command to completion in its own process group, logging to `log_path` (None:
+    to this process's stdout and stderr).
 
     Stops it (group-wide) on any exception, SIGTERM included; fails early if `server` dies meanwhile.
     `on_tick()` is called every `tick_seconds` (progress reporting).
     """
     last_tick = time.monotonic()
-    with open(log_path, "ab") as log:
-        log.write(f"$ {shlex.join(argv)}\n".encode())
-        log.flush()
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    if log_path is None:
+        print(f"$ {shlex.join(argv)}", flush=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    else:
+        with open(log_path, "ab") as log:
+            log.write(f"$ {shlex.join(argv)}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         while True:
             try:
@@ -297,6 +356,6 @@ def run_supervised(argv: list[str], log_path: Path, server: ManagedServer | None
                 on_tick()
                 last_tick = time.monotonic()
             if server is not None and not server.alive():
-                raise ServerFailed(f"vllm serve died while {Path(argv[0]).name} was running; log {server.log_path}: {log_tail(server.log_path)}")
+                raise ServerFailed(f"vllm serve died while {client_name(argv)} was running; log {server.log_path}: {log_tail(server.log_path)}")
     finally:
         stop_process_group(proc, grace)

@@ -1,0 +1,203 @@
+"""Online training (train --online): the draft trains from a running `vllm serve`, never from a full
+copy of the hidden states on disk.
+
+speculators 0.9.0 already has the mechanism (speculators/train/data.py ArrowDataset with
+`--on-missing generate`): for a row without `hs_<i>.safetensors` under --hidden-states-path, the
+dataloader sends the row's token ids to `--vllm-endpoint` (a completion, max_tokens=1), vLLM's
+hidden-states connector writes one safetensors file into its shared_storage_path and returns the
+file's path in kv_transfer_params, and the dataloader waits for the writer's lock, loads the file,
+validates it (tokens, shape, finite) and deletes it (hs_connectors FileTransfer.delete). Each epoch
+asks again: nothing is kept.
+
+What this module adds, pure where it can be (tests/test_online.py):
+* GPU placement on one box (`place_gpus`): which visible GPUs serve the verifier, which train the
+  draft; by default the first half serves and the second half trains (one GPU: shared, vLLM capped
+  at SHARED_UTILIZATION of its memory); overlapping sets that leave the trainer less than
+  MIN_TRAIN_FRACTION of a GPU are refused in one line.
+* the disk bound (`staging_bound`): a generated file lives from vLLM's write until the dataloader
+  has loaded it, and each dataloader process asks for one row at a time, so at most
+  ranks x (train + validation loader processes) files exist at once, each at most the longest
+  prepared row's states.
+* the measurement (`MeasuredTransfer`): wraps speculators' transfer and, after each generated file
+  is loaded and before it is deleted, sums the staging directory; a new high is written to
+  `<staging>/.peak.<pid>.<loader>` (workers are separate processes, and a process has two loaders),
+  and `measured_peak` reads them back.
+  This is the peak itself, not a sample in time: every file is present, complete, at the moment
+  its own load finishes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# A GPU both sets use: vLLM's --gpu-memory-utilization is the share it takes (weights, activations,
+# KV cache); the draft's training needs the rest. Below this fraction left for it, refuse.
+MIN_TRAIN_FRACTION = 0.2
+SHARED_UTILIZATION = 0.5  # vLLM's share of a GPU it shares with training when the user set none
+PEAK_PREFIX = ".peak."
+FILE_OVERHEAD = 4096  # per file: the safetensors header (~200 B) and the writer's empty .lock file, rounded up
+
+
+class PlacementError(ValueError):
+    """GPU sets for the verifier and the trainer that cannot work; one line."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    verifier: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries of vLLM
+    train: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries of the trainer (torchrun over them)
+    gpu_memory_utilization: float | None  # what vLLM is given (None: vLLM's default)
+
+    @property
+    def shared(self) -> tuple[str, ...]:
+        return tuple(g for g in self.verifier if g in self.train)
+
+    def describe(self) -> str:
+        if not self.verifier:
+            return "no GPUs: vLLM and the trainer on the CPU"
+        share = f" (shared: {','.join(self.shared)}, vLLM takes {self.gpu_memory_utilization} of each)" if self.shared else ""
+        return f"vLLM on GPU {','.join(self.verifier)}, training on GPU {','.join(self.train)}{share}"
+
+
+def visible_gpus(env: dict[str, str], device_count: int) -> list[str]:
+    """The names to put in CUDA_VISIBLE_DEVICES for each visible GPU (its own, when it is set)."""
+    listed = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return listed[:device_count] if listed else [str(i) for i in range(device_count)]
+
+
+def place_gpus(visible: list[str], verifier: list[int] | None, train: list[int] | None, gpu_memory_utilization: float | None) -> Placement:
+    """Which GPUs serve the verifier and which train, as indices into `visible` (the defaults: the
+    first half serves, the rest trains; one GPU is shared)."""
+    n = len(visible)
+    if n == 0:
+        if verifier or train:
+            raise PlacementError(f"verifier_gpus {verifier} / train_gpus {train} set, but this host has no GPU visible")
+        return Placement((), (), gpu_memory_utilization)
+    if verifier is None and train is None:
+        verifier = list(range(max(1, n // 2)))
+        train = list(range(n // 2, n)) if n > 1 else [0]
+    elif verifier is None:
+        verifier = [i for i in range(n) if i not in train] or list(range(n))
+    elif train is None:
+        train = [i for i in range(n) if i not in verifier] or list(range(n))
+    for name, ids in (("verifier_gpus", verifier), ("train_gpus", train)):
+        if not ids:
+            raise PlacementError(f"{name} is empty")
+        bad = [i for i in ids if not 0 <= i < n]
+        if bad:
+            raise PlacementError(f"{name} {ids}: no GPU {bad[0]} on this host ({n} visible: 0..{n - 1})")
+        if len(set(ids)) != len(ids):
+            raise PlacementError(f"{name} {ids} names a GPU twice")
+    shared = sorted(set(verifier) & set(train))
+    utilization = gpu_memory_utilization
+    if shared:
+        if utilization is None:
+            utilization = SHARED_UTILIZATION
+        if utilization > 1 - MIN_TRAIN_FRACTION:
+            raise PlacementError(
+                f"GPU {','.join(visible[i] for i in shared)} would serve the verifier and train the draft, but vLLM takes "
+                f"{utilization} of its memory (--gpu-memory-utilization), leaving {1 - utilization:.2f}, under the "
+                f"{MIN_TRAIN_FRACTION} training needs: set verifier_gpus and train_gpus apart, or gpu_memory_utilization <= {1 - MIN_TRAIN_FRACTION:.1f}"
+            )
+    return Placement(tuple(visible[i] for i in verifier), tuple(visible[i] for i in train), utilization)
+
+
+# ---------------------------------------------------------------------------------------------
+# Disk
+
+
+def sample_bytes(tokens: int, saved_layers: int, hidden: int) -> int:
+    """One generated file: bf16 states [T, k+1, H], int64 token ids [T], header and lock file."""
+    return tokens * (saved_layers * hidden * 2 + 8) + FILE_OVERHEAD
+
+
+def files_in_flight(ranks: int, workers: int) -> int:
+    """Dataloader processes that can each hold one generated file: per rank, the training and the
+    validation loader (a mid-epoch tau probe reads validation while the training loader's workers
+    prefetch), each its workers or, with none, the rank itself."""
+    return ranks * 2 * max(1, workers)
+
+
+def staging_bound(ranks: int, workers: int, longest_row: int, saved_layers: int, hidden: int) -> int:
+    return files_in_flight(ranks, workers) * sample_bytes(longest_row, saved_layers, hidden)
+
+
+def staging_bytes(staging: Path) -> int:
+    """Bytes of the files vLLM's connector left in `staging` (our own .peak records excluded)."""
+    total = 0
+    try:
+        entries = list(os.scandir(staging))
+    except FileNotFoundError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(PEAK_PREFIX):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+            elif entry.is_dir(follow_symlinks=False):
+                total += staging_bytes(Path(entry.path))
+        except FileNotFoundError:  # deleted meanwhile by another loader process
+            continue
+    return total
+
+
+def staged_files(staging: Path) -> list[str]:
+    """What is left in `staging` besides our records (empty after a clean run)."""
+    if not staging.is_dir():
+        return []
+    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file() and not p.name.startswith(PEAK_PREFIX))
+
+
+def measured_peak(staging: Path) -> int:
+    peaks = [int(p.read_text() or 0) for p in staging.glob(PEAK_PREFIX + "*")] if staging.is_dir() else []
+    return max(peaks, default=0)
+
+
+def clear_staging(staging: Path) -> int:
+    """Remove what a crashed or cancelled run left (files and records); returns how many files."""
+    removed = 0
+    if staging.is_dir():
+        for p in sorted(staging.rglob("*"), reverse=True):
+            if p.is_file() or p.is_symlink():
+                p.unlink()
+                removed += 1
+            elif p.is_dir():
+                p.rmdir()
+    staging.mkdir(parents=True, exist_ok=True)
+    return removed
+
+
+class MeasuredTransfer:
+    """speculators' HiddenStatesTransfer with the staging directory summed at each generated load
+    (see the module docstring). Module level and plain attributes: spawned workers unpickle it."""
+
+    def __init__(self, inner: Any, staging: str):
+        self.inner = inner
+        self.staging = staging
+        self.peak = 0
+
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def get_cached(self, file_idx: int):
+        return self.inner.get_cached(file_idx)
+
+    def get_generated(self, hs_transfer_params: dict[str, Any]):
+        loaded = self.inner.get_generated(hs_transfer_params)
+        size = staging_bytes(Path(self.staging))
+        if size > self.peak:
+            self.peak = size
+            # one record per process and per loader: a rank's training and validation loaders
+            # measure in the same process, and neither may overwrite the other's high
+            record = Path(self.staging) / f"{PEAK_PREFIX}{os.getpid()}.{id(self)}"
+            tmp = record.with_name(record.name + ".tmp")
+            tmp.write_text(str(size))
+            os.replace(tmp, record)
+        return loaded
+
+    def delete(self, handle: str) -> None:
+        self.inner.delete(handle)
