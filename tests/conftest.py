@@ -28,6 +28,7 @@ LONGEST_FIRST = (
     "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
     "tests/test_serve_vllm.py",  # a draft trained, then four vLLM engine starts
     "tests/test_quality.py",
+    "tests/test_smollm2.py",  # SmolLM2-135M through the pipeline on 2 cores: 6-12 min
     "tests/test_kimi_k25.py",
     "tests/test_vllm.py",  # three vLLM engine starts
     "tests/test_vllm_online.py",  # two vLLM engine starts, two cut short, an offline pipeline

@@ -10,13 +10,17 @@
 #   1. carry [".gguf1"]  bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log   # stages part 1 (a 50 MiB part and the wheels do not fit in one call's 64 MiB)
 #   2. carry [".gguf2"]  bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log   # stages part 2, joins them, checks the sha256
 #   3. carry [".whl"]    STOP_AFTER=data BUDGET_S=540 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
-#        import_verifier (~0:40), 20,480 prompts (seconds), regenerate 20,480 x <= 64 tokens at 512 a call (~4:00 est.),
-#        prepare (~0:40), extract (~2:00); what a timeout cuts short resumes in the next call (regenerate keeps each batch)
-#   4. carry [".whl"]    STOP_AFTER=train TRAIN_DEADLINE_S=450 BUDGET_S=540 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
-#        (the rest of the data if 3 was cut short, then) ours and `speculators train` at once, both stopped at 450 s
-#        from the call's start if still running: their latest checkpoints are measured, marked so
-#   5. carry [".whl"]    MEASURE_MAX_S=200 BUDGET_S=330 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
-#        tau of ours, `speculators train` and n-gram lookup, k = 3 and 5, on 64 held-out prompts; the table
+#        wheels ~0:20, import_verifier ~0:30, 20,480 prompts ~0:05, regenerate 20,480 x <= 64 tokens at <= 512 a call
+#        (~45 calls x 64 steps x ~75 ms: ~3:40, from 1,600 prompts at 128 a call in 4:08), prepare ~0:45, extract
+#        ~2.7M tokens ~2:30 (from 0:33 for 1,600 rows): ~8:30. Cut short by the budget ("run.py exited 124"): call 4
+#        finishes the data first (regenerate keeps every finished batch, extract every file), or repeat call 3.
+#   4. carry [".whl"]    STOP_AFTER=train TRAIN_DEADLINE_S=480 BUDGET_S=540 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
+#        ours (the recipe: 8,192 tokens a step, ~330 steps an epoch, 3 epochs) and `speculators train` (its defaults:
+#        20 epochs, full vocabulary) on the GPU at once; whatever still runs 480 s after the call started is stopped
+#        and its latest checkpoint measured (marked "stopped at the deadline" in the table)
+#   5. carry [".whl"]    MEASURE_MAX_S=180 BUDGET_S=270 bash bench/gpu/quality.sh smollm2 2>&1 | tee $OUT/log
+#        tau of ours, `speculators train` and n-gram lookup, k = 3 and 5, on up to 64 held-out prompts (~2 s each);
+#        the table; $OUT/quality-smollm2.json is run.py's JSON. ~0.5 + 0.5 + 9 + 9 + 4.5 min of device time.
 #   (.whl is installed to /tmp/site in each call that carries it; the staged GGUF stays in /tmp/gguf-stage.)
 # Its mechanics, checked on 2 CPU cores with the ci size (2026-12-02; the CPU has speculators, so
 # call 2 went on into call 3's work):
@@ -117,7 +121,7 @@ smollm2)
   fi
   [ -n "${STAGE_ONLY:-}" ] && { echo "GGUF staged: $gguf"; exit 0; }
   python3 -c 'import speculators' 2>/dev/null || { echo "speculators is not importable: carry .whl (see the header)"; exit 0; }
-  bench quality-smollm2 "${WORK:-$REPO/quality-smollm2-gpu}" "${TRAIN_DEADLINE_S:-450}" "${MEASURE_MAX_S:-200}" --verifier smollm2 --size "${SIZE:-gpu}" --gguf "$gguf" ${RECIPES:+--recipes "$RECIPES"}
+  bench quality-smollm2 "${WORK:-$REPO/quality-smollm2-gpu}" "${TRAIN_DEADLINE_S:-480}" "${MEASURE_MAX_S:-180}" --verifier smollm2 --size "${SIZE:-gpu}" --gguf "$gguf" ${RECIPES:+--recipes "$RECIPES"}
   ;;
 *) echo "usage: bench/gpu/quality.sh cpu|gpu|smollm2" >&2; exit 2 ;;
 esac
