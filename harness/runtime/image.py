@@ -31,7 +31,7 @@ import hashlib
 import io
 import os
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -85,6 +85,22 @@ class BuildResult:
     ref: str  # image:hash
     image_id: str
     built: bool  # False when the image already existed
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """`harness build` on a host or a group (harness.host: Host.build, Group.build): each host's
+    BuildResult; `errors[host]` says why a host of a group failed (a host alone raises). A host
+    alone prints its image id on stdout, a group one line per host (`group`)."""
+
+    where: str
+    hosts: list[str]
+    results: dict[str, BuildResult]
+    errors: dict[str, str] = field(default_factory=dict)
+    group: bool = False
+
+    def exit_code(self) -> int:
+        return 1 if self.errors else 0
 
 
 def image_ref(container: ContainerConfig, content_hash: str) -> str:
