@@ -142,10 +142,15 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
     return BuildInputs(files=files, dockerfile=dockerfile.as_posix(), build_args=build_args)
 
 
+def inspect_argv(ref: str) -> list[str]:
+    """The command that prints the ID of `ref` on the host's engine."""
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
+
+
 def image_id(transport: "Transport", ref: str, *, strict: bool = True) -> str | None:
     """The ID of `ref` on the host's engine, or None when there is no such image (strict=False:
     None for any failure, e.g. no engine, where another check says why)."""
-    result = transport.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    result = transport.run(inspect_argv(ref))
     if result.exit_code != 0:
         err = result.stderr.decode("utf-8", "replace")
         if not strict or "No such image" in err or "not found" in err.lower():
