@@ -2,8 +2,8 @@
 
 Starts the OpenSSH test bed of the tests (tests/fixtures/sshd.py) and a delay line in front of
 its sshd (bench/delayline.py, --rtt-ms, default 50), then times `harness run H prepare --detach
---now` as a user runs it (a fresh process each time) from its start until the run id is on
-stdout, on loopback and through the delay line, for this tree and for --base-tree (another
+--now` (--stage train: a distributed stage, whose start probes the GPU count) as a user runs it
+(a fresh process each time) from its start until the run id is on stdout, on loopback and through the delay line, for this tree and for --base-tree (another
 checkout, e.g. `git archive f7b1dfd | tar -x -C /tmp/base`), the two taking turns. Two states
 of the link: warm (the OpenSSH master of the previous command still up, as between commands
 within ControlPersist) and cold (every master stopped first). The stage itself fails at once on
@@ -13,7 +13,7 @@ Round trips are read from the link: (median through the delay line - median on l
 Prints one table (medians, ratio base/this, round trips) and appends it, dated, to
 bench/RESULTS.md with --record.
 
-    python bench/run_start.py --base-tree /tmp/base [-n 7] [--rtt-ms 50] [--record]
+    python bench/run_start.py --base-tree /tmp/base [-n 7] [--rtt-ms 50] [--stage train] [--record]
 """
 
 from __future__ import annotations
@@ -64,11 +64,11 @@ def stop_masters(control_dir: Path) -> None:
             subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
 
 
-def until_run_id(tree: Path, config: Path, host: str, env: dict[str, str]) -> float:
+def until_run_id(tree: Path, config: Path, host: str, env: dict[str, str], stage: str = "prepare") -> float:
     """Seconds from the start of `harness run` until its stdout has the run id."""
     env = {**env, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", host, "prepare", "--detach", "--now"],
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", host, stage, "--detach", "--now"],
                             env=env, cwd=config.parent, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     line = proc.stdout.readline()
     elapsed = time.perf_counter() - start
@@ -83,6 +83,7 @@ def main() -> None:
     parser.add_argument("--base-tree", type=Path, required=True, help="another checkout (the code before)")
     parser.add_argument("-n", type=int, default=7, help="runs of each command in each state")
     parser.add_argument("--rtt-ms", type=float, default=50.0)
+    parser.add_argument("--stage", default="prepare", help="the stage started (train: a distributed stage, so the start probes the GPU count)")
     parser.add_argument("--record", action="store_true", help="append the figures to bench/RESULTS.md")
     args = parser.parse_args()
 
@@ -97,14 +98,14 @@ def main() -> None:
             times: dict[tuple[str, str, str], list[float]] = {}
             for name, tree in trees.items():  # warm-up: ssh's own first use, the workdirs
                 for host in ("box", "slow"):
-                    until_run_id(tree, config, host, env)
+                    until_run_id(tree, config, host, env, args.stage)
             for _ in range(args.n):
                 for state in ("warm", "cold"):
                     for host in ("box", "slow"):
                         for name, tree in trees.items():
                             if state == "cold":
                                 stop_masters(bed.control_dir)
-                            times.setdefault((name, host, state), []).append(until_run_id(tree, config, host, env))
+                            times.setdefault((name, host, state), []).append(until_run_id(tree, config, host, env, args.stage))
     finally:
         stop_testbed(bed)
     rtt = args.rtt_ms / 1000
@@ -122,7 +123,7 @@ def main() -> None:
     print(text)
     if args.record:
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        record("## bench/run_start.py", f"### {stamp}: `python bench/run_start.py --base-tree {args.base_tree} -n {args.n} --record` (test sshd; delay line {args.rtt_ms:g} ms)\n\n" + text)
+        record("## bench/run_start.py", f"### {stamp}: `python bench/run_start.py --base-tree {args.base_tree} -n {args.n} --stage {args.stage} --record` (test sshd; delay line {args.rtt_ms:g} ms)\n\n" + text)
 
 
 if __name__ == "__main__":

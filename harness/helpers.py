@@ -148,3 +148,31 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
         if not isinstance(error, RemoteCommandError):  # the link's own failure, typed by the transport
             raise error
     return HelperResult(code, b"".join(out), stderr)
+
+
+COMMANDS = "commands.py"
+
+
+class Prefetched:
+    """transport.run's answers for host commands known ahead, asked in ONE helper call
+    (host_helpers/commands.py, on the same client path as every other helper call): a run's
+    start hands it to docker's image check and the GPU probe in place of the transport, so they
+    cost one round trip and no second client. `home_token` in an argument is the home directory
+    (put in on the host). The commands stop at the first that fails. An argv not asked ahead (an
+    error path's follow-up, e.g. preflight's engine limit) goes to the transport itself."""
+
+    def __init__(self, transport: "Transport", argvs: list[list[str]], *, python: str = "python3", home_token: str | None = None):
+        from harness.transport.base import RunResult
+
+        self.transport = transport
+        request = {"commands": argvs, "home_token": home_token, "stop_on_failure": True}
+        reply = call(transport, COMMANDS, request, python=python).checked(f"{COMMANDS} on {transport.name}").json()
+        self.home: str = reply["home"]
+        self._answers = {
+            tuple(argv): RunResult(r["exit_code"], r["stdout"].encode("utf-8", "surrogateescape"), r["stderr"].encode("utf-8", "surrogateescape"))
+            for argv, r in zip(argvs, reply["results"])
+        }
+
+    def run(self, argv, **kwargs):
+        answer = None if kwargs else self._answers.get(tuple(argv))
+        return answer if answer is not None else self.transport.run(argv, **kwargs)

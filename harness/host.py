@@ -4,19 +4,26 @@ The CLI context (harness/cli/context.py) hands each command one of these. A Host
 transport, runtime, workdir and run interface once, on first use, so no command assembles them
 itself; everything it opened ends with the context (one close per command). A Group holds one
 Host per member. Both answer `runs`, the run interface (harness.runs.RunPlace: start, attach,
-locate, status, logs, cancel), so a command that takes HOST or GROUP has one code path.
+locate, status, logs, cancel), and `sync`, `build` and `doctor`, each returning one result type
+for both (harness.sync.SyncOutcome, harness.runtime.image.BuildOutcome, a doctor diagnosis with
+`sections()`), so a command that takes HOST or GROUP has one code path. A host's failure raises;
+a group goes on with its other hosts and names the failed ones in the result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from harness.config import Config, HostConfig
 
 if TYPE_CHECKING:
+    from harness.doctor.base import HostDiagnosis
+    from harness.doctor.group_checks import GroupDiagnosis
     from harness.jobs import Jobs
+    from harness.runtime.image import BuildOutcome
+    from harness.sync import ProgressCallback, SyncOutcome, SyncPlan
     from harness.multinode import GroupRun
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
@@ -70,6 +77,35 @@ class Host:
     def hosts(self) -> list["Host"]:
         return [self]
 
+    def sync(self, paths: Sequence[str], dry_run: bool = False, progress: "SyncProgress | None" = None) -> "SyncOutcome":
+        """Push `paths` to the workdir (harness.sync.PreparedSync: one helper exec)."""
+        from harness.sync import PreparedSync, SyncOutcome
+
+        config, cfg = self.config, self.cfg
+        with PreparedSync(self.transport, config.root, paths, cfg.workdir, exclude=config.sync.exclude, python=cfg.python) as prepared:
+            if dry_run:
+                result = prepared.dry_run()
+            else:
+                result = prepared.apply(progress(self.name, prepared.plan) if progress else None)
+        return SyncOutcome(self.name, [self.name], {self.name: result})
+
+    def build(self, force: bool, output: Callable[[bytes], None]) -> "BuildOutcome":
+        """Build the ML image here (harness.runtime.image.build); docker's output into `output`."""
+        from harness.errors import UsageError
+        from harness.runtime.image import BuildOutcome, build as build_image
+
+        if not self.uses_image:
+            raise UsageError(f"host {self.name} has runtime = \"{self.cfg.runtime}\"; set runtime = \"docker\" in [hosts.{self.name}] to build an image")
+        result = build_image(self.transport, self.config, self.cfg, output=output, force=force)
+        return BuildOutcome(self.name, [self.name], {self.name: result})
+
+    def doctor(self) -> "HostDiagnosis":
+        """Every preflight check on this host's one connection."""
+        from harness.doctor import diagnose
+        from harness.doctor.base import HostDiagnosis
+
+        return HostDiagnosis(self.name, diagnose(self.cfg, lambda: self.transport, project=self.config))
+
 
 @dataclass
 class Group:
@@ -91,6 +127,60 @@ class Group:
         from harness.multinode import GroupRun
 
         return GroupRun(self.config, self.name, self.transport_for)
+
+    def sync(self, paths: Sequence[str], dry_run: bool = False, progress: "SyncProgress | None" = None) -> "SyncOutcome":
+        """Every host at once (harness.multinode.sync_hosts: planned in turn, applied together)."""
+        from harness.multinode import open_all, sync_hosts
+        from harness.sync import SyncOutcome
+
+        names = [h.name for h in self.hosts]
+        transports = open_all(self.transport_for, names)
+        if dry_run:
+            results = {h.name: h.sync(paths, dry_run=True).results[h.name] for h in self.hosts}
+            return SyncOutcome(self.name, names, results)
+        callbacks: dict[str, "ProgressCallback | None"] = {}
+
+        def on_plan(h: str, plan: "SyncPlan") -> None:
+            callbacks[h] = progress(h, plan) if progress else None
+
+        outcome = sync_hosts(self.config, transports, paths, on_plan=on_plan, progress_for=lambda h: callbacks.get(h))
+        return SyncOutcome(self.name, names, {h: r for h, r, e in outcome if e is None}, {h: str(e) for h, _, e in outcome if e is not None})
+
+    def build(self, force: bool, output: Callable[[bytes], None]) -> "BuildOutcome":
+        """Build on every host at once; docker's lines into `output`, each prefixed `[host] `."""
+        from harness.errors import UsageError
+        from harness.multinode import LinePrefixer, open_all, parallel, prefixed_sink
+        from harness.runtime.image import BuildOutcome, build as build_image
+
+        no_image = [h.name for h in self.hosts if not h.uses_image]
+        if no_image:
+            raise UsageError(f"group {self.name}: host(s) {', '.join(no_image)} have runtime = \"host\"; nothing to build there")
+        names = [h.name for h in self.hosts]
+        transports = open_all(self.transport_for, names)
+        write = prefixed_sink(output)
+
+        def one(h: str):
+            out = LinePrefixer(h, write)
+            try:
+                return build_image(transports[h], self.config, self.config.host(h), output=out.feed, force=force)
+            finally:
+                out.flush()
+
+        outcome = parallel(names, one)
+        return BuildOutcome(self.name, names, {h: r for h, r, e in outcome if e is None}, {h: str(e) for h, _, e in outcome if e is not None}, group=True)
+
+    def doctor(self) -> "GroupDiagnosis":
+        """Every host's checks (in parallel), then the group's own (harness.doctor.group_checks)."""
+        from harness.doctor.group_checks import diagnose_group
+
+        return diagnose_group(self.config, self.name, self.transport_for)
+
+
+class SyncProgress(Protocol):
+    """What shows a sync going on: called once a host's plan is known, it returns that host's
+    progress callback (files sent, bytes sent), or None for no display."""
+
+    def __call__(self, host: str, plan: "SyncPlan") -> "ProgressCallback | None": ...
 
 
 Place = Host | Group

@@ -232,9 +232,8 @@ class Jobs:
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
         stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
-        image = self._image()
-        nproc = self._gpu_count() if any(STAGES[s].distributed for s in stages) else 0
         self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
+        image, nproc = self._preflight(self.wants_gpu_count(stages))
         run_dir = self.run_dir(run_id)
         specs = {}
         for stage in stages:
@@ -303,13 +302,25 @@ class Jobs:
             "probe_argv": probe,
         }
 
-    def _image(self) -> dict[str, Any]:
-        """The image the stages run, checked before anything is written (Runtime.image_record)."""
-        return self.runtime.image_record(self.transport)
+    def wants_gpu_count(self, stages: list[str]) -> bool:
+        """Whether the stage commands need the GPU count (torchrun's --nproc-per-node)."""
+        return any(STAGES[s].distributed for s in stages)
+
+    def _preflight(self, gpu_count: bool) -> tuple[dict[str, Any], int]:
+        """The image the stages run, checked before anything is written (Runtime.image_record),
+        and, when asked, the GPUs a distributed stage spreads over (Runtime.gpu_count; else 0).
+        Their host commands (docker's image check, the GPU probe) go in ONE helper call on the
+        launch's client path (helpers.Prefetched); a host runtime with a configured count asks none."""
+        probes = list(self.runtime.image_probes())
+        gpu_probe = self.runtime.gpu_probe() if gpu_count else None
+        if gpu_probe is not None:
+            probes.append(gpu_probe)
+        runner = helpers.Prefetched(self.transport, probes, python=self.host.python, home_token=HOME_TOKEN) if probes else self.transport
+        return self.runtime.image_record(runner), (self.runtime.gpu_count(runner) if gpu_count else 0)
 
     def _gpu_count(self) -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node)."""
-        return self.runtime.gpu_count(self.transport)
+        return self._preflight(gpu_count=True)[1]
 
     # -- read back --------------------------------------------------------------------------------
 

@@ -146,6 +146,10 @@ class NodeJobs(Jobs):
             "--", *argv[1:],
         ]
 
+    def wants_gpu_count(self, stages: list[str]) -> bool:
+        # the group's nproc_per_node, when configured, is every node's count: no probe
+        return not self.launch.nproc_per_node and super().wants_gpu_count(stages)
+
     def stage_env(self) -> dict[str, str]:
         return {**super().stage_env(), **distributed_env()}
 

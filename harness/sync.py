@@ -143,6 +143,21 @@ class SyncResult:
     refused: list[tuple[str, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SyncOutcome:
+    """`harness sync` on a host or a group (harness.host: Host.sync, Group.sync): each host's
+    SyncResult, in the place's host order; `errors[host]` says why a host of a group failed (a
+    host alone raises instead)."""
+
+    where: str
+    hosts: list[str]
+    results: dict[str, SyncResult]
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def exit_code(self) -> int:
+        return 1 if self.errors else 0
+
+
 # -------------------------------------------------------------------------------------------------
 # Ignore rules
 

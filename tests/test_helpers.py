@@ -70,3 +70,28 @@ def test_a_streamed_reply_and_a_timeout(echo_helper):
     started = time.monotonic()
     slow = helpers.call(LocalTransport(), "echo.py", {"sleep": 30}, python=sys.executable, timeout=1)
     assert slow.exit_code == 124 and "timed out" in slow.error and time.monotonic() - started < 20
+
+
+def test_prefetched_answers_commands_asked_ahead_in_one_call():
+    """helpers.Prefetched (a run's start: docker's image check and the GPU probe): one helper call
+    runs the commands in order with the home token put in, stops after the first that fails, and
+    answers transport.run with their exact bytes; an argv not asked ahead goes to the transport."""
+    import os
+
+    class Counting(Recording):
+        runs: list[list[str]] = []
+
+        def run(self, argv, **kwargs):
+            self.runs.append(list(argv))
+            return super().run(argv, **kwargs)
+
+    transport = Counting()
+    argvs = [["sh", "-c", "printf 'a\\377'; echo err >&2"], ["sh", "-c", "echo @home@/x"], ["sh", "-c", "exit 3"], ["echo", "after"]]
+    prefetched = helpers.Prefetched(transport, argvs, python=sys.executable, home_token="@home@")
+    assert len(transport.argvs) == 1 and transport.runs == []  # one helper call, no transport.run
+    first = prefetched.run(argvs[0])
+    assert (first.exit_code, first.stdout, first.stderr) == (0, b"a\xff", b"err\n")
+    assert prefetched.run(argvs[1]).text == os.path.expanduser("~") + "/x\n"
+    assert prefetched.run(argvs[2]).exit_code == 3
+    assert transport.runs == []
+    assert prefetched.run(argvs[3]).text == "after\n" and transport.runs == [argvs[3]]  # not run after the failure: asked now

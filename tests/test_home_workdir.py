@@ -53,8 +53,12 @@ def test_run_status_logs_and_pull_with_the_default_workdir(home_box, ssh_host, t
     (workdir / MANIFEST_PATH).parent.mkdir(parents=True)
     (workdir / MANIFEST_PATH).write_text(json.dumps({"digest": "d" * 64, "files": {}}))
 
+    connections = server.log_text().count("Connection from ")
     r = harness("run", "box", "prepare", "train")
     assert r.returncode == 0, r.stderr
+    # train is distributed: its GPU probe rides the launch's client (the OpenSSH master), so the
+    # start opened one connection, not a second one of paramiko's
+    assert server.log_text().count("Connection from ") - connections == 1
     run_id = r.stdout.splitlines()[0]
     run_dir = workdir / "runs" / run_id
     record = json.loads((run_dir / "run.json").read_text())

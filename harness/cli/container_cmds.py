@@ -6,8 +6,6 @@ import sys
 
 import click
 
-from harness.cli.group_cmds import build_group
-
 # bash when the image has it, sh otherwise (minimal base images)
 LOGIN_SHELL = ["sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; else exec sh; fi"]
 
@@ -21,22 +19,15 @@ def build(ctx: click.Context, host: str, force: bool) -> None:
 
     An unchanged image is not rebuilt. Prints the image ID.
     """
-    from harness.errors import UsageError
-    from harness.runtime.image import build as build_image
-
-    place = ctx.obj.place(host)
-    if place.is_group:  # build on every host at once
-        ctx.exit(build_group(place, force))
-    if not place.uses_image:
-        raise UsageError(f"host {host} has runtime = \"{place.cfg.runtime}\"; set runtime = \"docker\" in [hosts.{host}] to build an image")
+    from harness.cli.render import print_build_outcome
 
     def out(chunk: bytes) -> None:
         sys.stderr.buffer.write(chunk)
         sys.stderr.buffer.flush()
 
-    result = build_image(place.transport, place.config, place.cfg, output=out, force=force)
-    click.echo(f"{'built' if result.built else 'unchanged, not rebuilt'}: {result.ref}", err=True)
-    click.echo(result.image_id)
+    outcome = ctx.obj.place(host).build(force, out)
+    print_build_outcome(outcome)
+    ctx.exit(outcome.exit_code())
 
 
 @click.command("shell")

@@ -334,6 +334,44 @@ def print_sync_summary(host: str, result) -> None:
     )
 
 
+def print_sync_outcome(outcome, dry_run: bool) -> None:
+    """`harness sync` on a host or a group (sync.SyncOutcome): each host's plan or summary, or
+    why it failed."""
+    for h in outcome.hosts:
+        if h in outcome.errors:
+            click.echo(f"{h}: sync failed: {outcome.errors[h]}", err=True)
+        elif dry_run:
+            print_sync_plan(h, outcome.results[h])
+        else:
+            print_sync_summary(h, outcome.results[h])
+
+
+def print_build_outcome(outcome) -> None:
+    """`harness build` (runtime.image.BuildOutcome): a host's image id alone on stdout (its
+    verdict on stderr); a group's one line per host."""
+    for h in outcome.hosts:
+        if h in outcome.errors:
+            click.echo(f"{h}: build failed: {outcome.errors[h]}", err=True)
+            continue
+        r = outcome.results[h]
+        verdict = "built" if r.built else "unchanged, not rebuilt"
+        if outcome.group:
+            click.echo(f"{h}: {verdict}: {r.ref} {r.image_id}")
+        else:
+            click.echo(f"{verdict}: {r.ref}", err=True)
+            click.echo(r.image_id)
+
+
+def print_diagnosis(diagnosis) -> None:
+    """`harness doctor` (doctor.base.HostDiagnosis or doctor.group_checks.GroupDiagnosis): one
+    table per section, or why doctor could not run on that host."""
+    for title, results, error in diagnosis.sections():
+        if error is not None:
+            click.echo(f"{title}: doctor failed: {error}", err=True)
+        else:
+            print_checks(title, results)
+
+
 def print_json(data: Any) -> None:
     """`--json`: the answer alone on stdout (progress and warnings go to stderr)."""
     click.echo(json.dumps(data, indent=2, default=str))

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.group_cmds import sync_group
-from harness.cli.render import human_bytes, print_sync_plan, print_sync_summary
+from harness.cli.render import human_bytes, print_sync_outcome
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
@@ -74,34 +73,48 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     Files an earlier sync put there and that are gone here are deleted, only inside the synced
     paths; everything else on the host (runs/, outputs, data) is never touched.
     """
-    from harness.sync import PreparedSync
-
     place = ctx.obj.place(host)
-    config = place.config
-    paths = config.sync_paths()
-    if place.is_group:  # every host at once (harness.multinode.sync_hosts)
-        ctx.exit(sync_group(place, paths, dry_run))
-    target = place.cfg
-    with PreparedSync(place.transport, config.root, paths, target.workdir, exclude=config.sync.exclude, python=target.python) as prepared:
-        plan = prepared.plan
-        if dry_run:
-            print_sync_plan(target.name, prepared.dry_run())
-            return
-        if (plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES) or not click.get_text_stream("stderr").isatty():
-            result = prepared.apply()  # a blink, or no one watching: no progress bar (and no rich import)
-        else:
-            progress = _progress()
-            total = plan.upload_bytes  # a sum over the plan: once, not per file sent
-            with progress:
-                task = progress.add_task(f"sync {target.name}", total=total, files=f"0/{len(plan.upload)} files")
+    bars = _SyncBars(always=len(place.hosts) > 1)
+    try:
+        outcome = place.sync(place.config.sync_paths(), dry_run=dry_run, progress=None if dry_run else bars)
+    finally:
+        bars.close()
+    print_sync_outcome(outcome, dry_run)
+    ctx.exit(outcome.exit_code())
 
-                def on_progress(files: int, sent: int, _task=task, _progress=progress, _n=len(plan.upload), _total=total) -> None:
-                    # files may have grown since the plan: cap at its total
-                    _progress.update(_task, completed=min(sent, _total), files=f"{files}/{_n} files")
 
-                result = prepared.apply(on_progress)
-                progress.update(task, completed=total)
-    print_sync_summary(target.name, result)
+class _SyncBars:
+    """sync's progress bars (a harness.host.SyncProgress): one per host, added when its plan is
+    known. A host's sync that is a blink, or that no one watches, gets none (and no rich import);
+    several hosts at once always do (their lines come only at the end)."""
+
+    def __init__(self, always: bool):
+        self.always = always
+        self.bar = None
+        self.tasks: list[tuple[object, int]] = []
+
+    def __call__(self, host: str, plan):
+        quiet = plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES
+        if not self.always and (quiet or not click.get_text_stream("stderr").isatty()):
+            return None
+        if self.bar is None:
+            self.bar = _progress()
+            self.bar.start()
+        total, n, bar = max(1, plan.upload_bytes), len(plan.upload), self.bar  # a sum over the plan: once, not per file sent
+        task = bar.add_task(f"sync {host}", total=total, files=f"0/{n} files")
+        self.tasks.append((task, total))
+
+        def on_progress(files: int, sent: int) -> None:
+            # files may have grown since the plan: cap at its total
+            bar.update(task, completed=min(sent, total), files=f"{files}/{n} files")
+
+        return on_progress
+
+    def close(self) -> None:
+        if self.bar is not None:
+            for task, total in self.tasks:
+                self.bar.update(task, completed=total)
+            self.bar.stop()
 
 
 # -------------------------------------------------------------------------------------------------

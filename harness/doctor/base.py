@@ -8,7 +8,7 @@ testable without SSH. Checks never raise for a finding: they return fail with a 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 from harness.config import HostConfig
 from harness.transport.base import RunResult
@@ -25,6 +25,29 @@ class CheckResult:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class HostDiagnosis:
+    """`harness doctor HOST`: its checks (harness.host.Host.doctor). A group's answer is
+    doctor.group_checks.GroupDiagnosis; both render as `sections()`."""
+
+    host: str
+    results: list[CheckResult]
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.status == "fail" for r in self.results)
+
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def sections(self) -> list[tuple[str, list[CheckResult], str | None]]:
+        """(title, checks, why doctor could not run there) per table the command prints."""
+        return [(self.host, self.results, None)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "ok": self.ok, "checks": [r.to_dict() for r in self.results]}
 
 
 class CommandRunner(Protocol):

@@ -36,6 +36,13 @@ class GroupDiagnosis:
     def ok(self) -> bool:
         return not self.errors and not any(r.status == "fail" for rs in [*self.results.values(), self.group_checks] for r in rs)
 
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def sections(self) -> list[tuple[str, list[CheckResult], str | None]]:
+        """Each host's table (or why doctor could not run there), then the group's own."""
+        return [(h, self.results[h], self.errors.get(h)) for h in self.hosts] + [(f"group {self.group}", self.group_checks, None)]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "group": self.group, "ok": self.ok,

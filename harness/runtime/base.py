@@ -118,6 +118,10 @@ class Runtime(abc.ABC):
         """The argv the supervisor runs (in the workdir) to record the stages' library versions."""
         return list(argv)
 
+    def image_probes(self) -> list[list[str]]:
+        """The host commands image_record runs, in order (none: no image)."""
+        return []
+
     def image_record(self, transport: "Transport") -> dict[str, Any]:
         """The image the stages run, for the run record (all None: no image)."""
         return {"ref": None, "id": None, "versions": None}
@@ -137,8 +141,14 @@ class Runtime(abc.ABC):
         configured = self.configured_gpu_count()
         if configured is not None:
             return configured
-        result = transport.run(self.visible_gpus_probe(["sh", "-c", _VISIBLE_GPUS_PROBE]))
+        result = transport.run(self.gpu_probe())
         return visible_gpu_count(result.text) if result.ok else 0
+
+    def gpu_probe(self) -> list[str] | None:
+        """The host command gpu_count runs (None: the configured count needs none)."""
+        if self.configured_gpu_count() is not None:
+            return None
+        return self.visible_gpus_probe(["sh", "-c", _VISIBLE_GPUS_PROBE])
 
     def visible_gpus_probe(self, argv: Sequence[str]) -> list[str]:
         """argv on the host under the GPU limit the stages run with (none by default)."""

@@ -158,6 +158,11 @@ class DockerRuntime(Runtime):
     def versions_probe(self, argv: Sequence[str]) -> list[str]:
         return self.wrap(argv)
 
+    def image_probes(self) -> list[list[str]]:
+        from harness.runtime.preflight import check_argvs
+
+        return check_argvs(self)
+
     def image_record(self, transport: "Transport") -> dict[str, Any]:
         """The image and the versions it recorded at build time, after one throwaway container
         proved it starts with the configured options (one line otherwise: not built, or

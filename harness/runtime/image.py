@@ -31,7 +31,7 @@ import hashlib
 import io
 import os
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -87,6 +87,22 @@ class BuildResult:
     built: bool  # False when the image already existed
 
 
+@dataclass(frozen=True)
+class BuildOutcome:
+    """`harness build` on a host or a group (harness.host: Host.build, Group.build): each host's
+    BuildResult; `errors[host]` says why a host of a group failed (a host alone raises). A host
+    alone prints its image id on stdout, a group one line per host (`group`)."""
+
+    where: str
+    hosts: list[str]
+    results: dict[str, BuildResult]
+    errors: dict[str, str] = field(default_factory=dict)
+    group: bool = False
+
+    def exit_code(self) -> int:
+        return 1 if self.errors else 0
+
+
 def image_ref(container: ContainerConfig, content_hash: str) -> str:
     return f"{container.image}:{content_hash}"
 
@@ -126,10 +142,15 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
     return BuildInputs(files=files, dockerfile=dockerfile.as_posix(), build_args=build_args)
 
 
+def inspect_argv(ref: str) -> list[str]:
+    """The command that prints the ID of `ref` on the host's engine."""
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
+
+
 def image_id(transport: "Transport", ref: str, *, strict: bool = True) -> str | None:
     """The ID of `ref` on the host's engine, or None when there is no such image (strict=False:
     None for any failure, e.g. no engine, where another check says why)."""
-    result = transport.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    result = transport.run(inspect_argv(ref))
     if result.exit_code != 0:
         err = result.stderr.decode("utf-8", "replace")
         if not strict or "No such image" in err or "not found" in err.lower():

@@ -78,12 +78,27 @@ def require_image(transport: "Transport", runtime: "DockerRuntime") -> str:
     return found
 
 
-def check_container(transport: "Transport", runtime: "DockerRuntime") -> ImageFacts:
-    """The image exists and a container of it starts with the configured options."""
+def check_argvs(runtime: "DockerRuntime") -> list[list[str]]:
+    """The host commands check_container runs, in order (harness.jobs asks them ahead, in one
+    helper call with the launch's other probes)."""
+    from harness.runtime.image import inspect_argv
+
+    return [inspect_argv(runtime.image), versions_argv(runtime)]
+
+
+def versions_argv(runtime: "DockerRuntime") -> list[str]:
+    """A throwaway container with the stage options but GPUs, printing the image's versions."""
     from harness.runtime.base import WrapOptions
 
+    return runtime.foreground(["sh", "-c", f"cat {VERSIONS_FILE} 2>/dev/null || echo null"], WrapOptions(gpus=False))
+
+
+def check_container(transport: "Transport", runtime: "DockerRuntime") -> ImageFacts:
+    """The image exists and a container of it starts with the configured options. `transport`:
+    anything with transport.run's shape (harness.helpers.Prefetched at a run's start)."""
+
     found = require_image(transport, runtime)
-    result = transport.run(runtime.foreground(["sh", "-c", f"cat {VERSIONS_FILE} 2>/dev/null || echo null"], WrapOptions(gpus=False)))
+    result = transport.run(versions_argv(runtime))
     if result.exit_code != 0:
         raise start_error(transport, runtime, result.stderr.decode("utf-8", "replace"), result.exit_code)
     try:
