@@ -49,10 +49,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
 from common.hidden_state_files import META_FILE, check_file, hs_path  # noqa: E402
 from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
-from common.vllm_server import add_serve_arguments  # noqa: E402
+from common.vllm_server import ServerFailed, StageCancelled, add_serve_arguments  # noqa: E402
 
 if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
     import torch
@@ -514,22 +514,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
     try:
         rank, world, local_rank = resolve_rank(args)
     except ValueError as e:
-        events.finished("failed", error=str(e))
+        EventLog(STAGE, args.events).finished("failed", error=str(e))
         return 1
-    events.started(**vars(args), resolved_rank=rank, resolved_world_size=world)
-    started = time.monotonic()
-    try:
+
+    def shard(args: argparse.Namespace, events: EventLog) -> dict:
+        started = time.monotonic()
         summary = run(args, events, rank, world, local_rank)
-    except Exception as e:
-        expected = isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)) or type(e).__name__ in ("ServerFailed", "StageCancelled")
-        return events.failed(e, traceback=not expected)
-    events.artifact(args.output, kind="hidden_states")
-    events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)
-    return 0
+        events.artifact(args.output, kind="hidden_states")
+        return {"seconds": round(time.monotonic() - started, 1), **summary}
+
+    return run_stage(STAGE, args, shard, rank=rank, started={"resolved_rank": rank, "resolved_world_size": world},
+                     self_explaining=(ValueError, FileNotFoundError, ShardIncomplete, ServerFailed, StageCancelled))
 
 
 class ShardIncomplete(RuntimeError):
