@@ -31,6 +31,7 @@ sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(ROOT))
 
 import evaluate as ev  # noqa: E402
+from common.conversations import load_prompts  # noqa: E402
 from bench.results_file import record  # noqa: E402
 
 
@@ -87,7 +88,7 @@ def main() -> int:
     verifier = ev.HFVerifier(model, ev.draft_layers(draft, locate_decoder(model).num_layers), torch.bfloat16)
     proposer = ev.Eagle3Proposer(draft)
     tokenizer = AutoTokenizer.from_pretrained(str(verifier_dir.resolve()))
-    prompts = ev.load_prompts(tokenizer, data, "heldout", args.prompts)
+    prompts = load_prompts(tokenizer, data, "heldout", args.prompts)
     eos = ev._eos_ids(tokenizer, model)
     k, max_new = args.speculative_tokens, args.max_new_tokens
     batch = args.batch_size or verifier.batch_size(prompts, max_new + k + 1)

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from extract_hidden_states import META_FILE, check_file, hs_path  # noqa: E402
+from common.hidden_state_files import META_FILE, check_file, hs_path  # noqa: E402
 
 HS_NAME = re.compile(r"^hs_(\d+)\.safetensors$")
 STORAGE_ID_FILE = ".storage_id"

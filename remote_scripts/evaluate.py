@@ -59,6 +59,7 @@ from typing import Any, Protocol
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.checkpoints import resolve_draft  # noqa: E402
+from common.conversations import load_prompts  # noqa: E402
 from common.events import EventLog, read_events, run_stage  # noqa: E402
 
 STAGE = "evaluate"
@@ -586,43 +587,6 @@ def load_draft(ckpt: Path, verifier: str, attn_impl: str):
     draft.eval()
     check_draft_attention(draft, "cpu" if attn_impl in ("sdpa", "eager") else "cuda")
     return draft
-
-
-def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[list[int]]:
-    """Token ids of the held-out prompts: each assistant turn's preceding conversation plus the
-    generation prompt."""
-    rows, line_no = [], 0
-    with open(data, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{data}:{line_no}: not JSON ({e.msg})") from None
-            if split == "all" or row.get("split") == split:
-                rows.append(row)
-    if not rows:
-        raise EvalError(f"{data}: no rows with split={split!r} (held-out prompts); make_tiny_verifier writes them, or pass --split all")
-    prompts = []
-    for row in rows:
-        messages = row.get("messages") or _sharegpt(row.get("conversations") or [])
-        # Every assistant turn's context, and a conversation that ends with a user turn (a prompt
-        # with no reply yet) as a whole.
-        ends = [i for i, m in enumerate(messages) if m.get("role") == "assistant" and i > 0]
-        if messages and messages[-1].get("role") == "user":
-            ends.append(len(messages))
-        for i in ends:
-            text = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-            prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-            if len(prompts) >= max_prompts:
-                return prompts
-    return prompts
-
-
-def _sharegpt(conversations: list[dict]) -> list[dict]:
-    roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-    return [{"role": roles.get(c.get("from", ""), c.get("from", "")), "content": c.get("value", "")} for c in conversations]
 
 
 def draft_layers(draft, num_verifier_layers: int) -> list[int]:

@@ -49,61 +49,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog  # noqa: E402
-from common.vllm_server import add_connector_argument, add_serve_arguments  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
+from common.hidden_state_files import META_FILE, check_file, hs_path  # noqa: E402
+from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
+from common.vllm_server import ServerFailed, StageCancelled, add_connector_argument, add_serve_arguments  # noqa: E402
 
 if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
     import torch
 
 STAGE = "extract"
-META_FILE = "extract_meta.json"
 
 
 # ---------------------------------------------------------------------------------------------
-# Sharding and validation (pure logic: unit-tested without a model)
-
-
-def shard_range(num_samples: int, rank: int, world_size: int) -> range:
-    """Contiguous sample indices of `rank`: chunks differ by at most one (speculators' split)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-    chunk, remainder = divmod(num_samples, world_size)
-    start = rank * chunk + min(rank, remainder)
-    return range(start, start + chunk + (1 if rank < remainder else 0))
-
-
-def hs_path(output: Path, index: int) -> Path:
-    return output / f"hs_{index}.safetensors"
-
-
-def check_file(path: Path, input_ids: list[int], num_layers: int | None = None, hidden: int | None = None) -> str | None:
-    """None if `path` is a complete hidden-state file for `input_ids`, else why it is not.
-
-    Opens it with safetensors (header and buffer-size validation, no tensor data read), checks
-    names, dtype and shapes, and compares token_ids with the row's input_ids.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    if not path.exists():
-        return "missing"
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = set(f.keys())
-            if keys != {"hidden_states", "token_ids"}:
-                return f"tensors {sorted(keys)}"
-            hs = f.get_slice("hidden_states")
-            shape, dtype = hs.get_shape(), hs.get_dtype()
-            token_ids = f.get_tensor("token_ids")
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        return f"unreadable ({str(e)[:80] or type(e).__name__})"
-    expected = [len(input_ids), num_layers, hidden]
-    if dtype != "BF16":
-        return f"hidden_states dtype {dtype}, expected BF16 (extract writes bf16; a vLLM server must run with --dtype bfloat16)"
-    if len(shape) != 3 or any(e is not None and s != e for s, e in zip(shape, expected)):
-        return f"hidden_states shape {shape}, expected {expected}"
-    if token_ids.tolist() != list(input_ids):
-        return "token_ids differ from the row's input_ids"
-    return None
+# Validation of a shard's files (common/hidden_state_files.py holds the layout)
 
 
 def verify_shard(output: Path, dataset, indices: range, num_layers: int | None, hidden: int | None) -> dict[int, str]:
@@ -285,30 +243,6 @@ def default_writer_threads(cpu_count: int, local_processes: int) -> int:
     KiB per token). On 2 x H200 (bench/RESULTS.md) 2 threads fell behind and 8 were no faster
     than 4. Half of this process's share of the CPUs, 1 to 4."""
     return max(1, min(4, cpu_count // (2 * max(1, local_processes))))
-
-
-def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int, tail_rows: int = 0) -> list[list[int]]:
-    """Group sample indices by similar length (less padding), each batch <= batch_size rows and
-    <= max_tokens padded tokens (a long row still gets a batch of its own).
-
-    Longest rows first: a batch too large for the GPU fails in the first seconds rather than at
-    the end, and the last batch, whose files no later compute hides, is the smallest. With
-    `tail_rows` > 0 the last batch is split further into batches of that many rows, so its first
-    files are written while its last rows compute (the final drain is one small batch)."""
-    order = sorted(lengths, key=lambda i: (-lengths[i], i))
-    batches, current = [], []
-    for i in order:
-        width = max([lengths[j] for j in current] + [lengths[i]])
-        if current and (len(current) >= batch_size or width * (len(current) + 1) > max_tokens):
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
-    if tail_rows > 0 and batches and len(batches[-1]) > tail_rows:
-        last = batches.pop()
-        batches += [last[k : k + tail_rows] for k in range(0, len(last), tail_rows)]
-    return batches
 
 
 def extract_transformers(args: argparse.Namespace, events: EventLog, dataset, indices: range, rank: int, local_rank: int) -> dict:
@@ -517,16 +451,6 @@ def write_meta(output: Path, args: argparse.Namespace, spec: CaptureSpec, backen
 # Entry point
 
 
-def resolve_rank(args: argparse.Namespace) -> tuple[int, int, int]:
-    """(rank, world_size, local_rank): flags win, then torchrun's environment, then 0/1/0."""
-    env = os.environ
-    world = args.world_size if args.world_size is not None else int(env.get("WORLD_SIZE", 1))
-    rank = args.rank if args.rank is not None else int(env.get("RANK", 0))
-    local = int(env.get("LOCAL_RANK", 0))  # picks the GPU; a flag-launched process per host uses cuda:0
-    shard_range(0, rank, world)  # validates
-    return rank, world, local
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", required=True, help="verifier directory (or hub id on the GPU host)")
@@ -568,22 +492,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
     try:
         rank, world, local_rank = resolve_rank(args)
     except ValueError as e:
-        events.finished("failed", error=str(e))
+        EventLog(STAGE, args.events).finished("failed", error=str(e))
         return 1
-    events.started(**vars(args), resolved_rank=rank, resolved_world_size=world)
-    started = time.monotonic()
-    try:
+
+    def shard(args: argparse.Namespace, events: EventLog) -> dict:
+        started = time.monotonic()
         summary = run(args, events, rank, world, local_rank)
-    except Exception as e:
-        expected = isinstance(e, (ValueError, FileNotFoundError, ShardIncomplete)) or type(e).__name__ in ("ServerFailed", "StageCancelled")
-        return events.failed(e, traceback=not expected)
-    events.artifact(args.output, kind="hidden_states")
-    events.finished("ok", seconds=round(time.monotonic() - started, 1), **summary)
-    return 0
+        events.artifact(args.output, kind="hidden_states")
+        return {"seconds": round(time.monotonic() - started, 1), **summary}
+
+    return run_stage(STAGE, args, shard, rank=rank, started={"resolved_rank": rank, "resolved_world_size": world},
+                     self_explaining=(ValueError, FileNotFoundError, ShardIncomplete, ServerFailed, StageCancelled))
 
 
 class ShardIncomplete(RuntimeError):

@@ -47,7 +47,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog, run_stage  # noqa: E402
-from make_tiny_verifier import ASSISTANT, BOS, END, PAD, SYSTEM, USER, SPECIAL_TOKENS, ModelSpec, _collate, build_model, write_jsonl_atomic  # noqa: E402
+from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, USER, ModelSpec, build_model, collate, write_jsonl_atomic  # noqa: E402
 
 STAGE = "verifier"
 TEST_DIRS = {"test", "tests", "idle_test"}
@@ -197,7 +197,7 @@ def train_lm(model, rows: list[list[int]], steps: int, batch_size: int, lr: floa
     step = loss = 0
     for step in range(1, steps + 1):
         batch = [(r, [1] * len(r)) for r in rng.sample(rows, min(batch_size, len(rows)))]
-        input_ids, labels, attention = (t.to(device) for t in _collate(batch, model.config.pad_token_id))
+        input_ids, labels, attention = (t.to(device) for t in collate(batch, model.config.pad_token_id))
         with autocast:
             out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
         opt.zero_grad(set_to_none=True)

@@ -21,7 +21,7 @@ seconds and (c) has learned something a draft can learn in turn. This script mak
   `attn_implementation` sdpa) with untied embeddings, or tied ones with `--tie-word-embeddings`
   (then the checkpoint has no `lm_head.weight`; speculators 0.9.0 takes the draft's lm_head from
   the embeddings, as for SmolLM2: tests/test_tied_verifier.py).
-* `--arch kimi-k2.5`: a toy Kimi-K2.5 (tiny_kimi_k25.py: Kimi_K25ForConditionalGeneration around a
+* `--arch kimi-k2.5`: a toy Kimi-K2.5 (common/tiny_kimi_k25.py: Kimi_K25ForConditionalGeneration around a
   DeepSeek-V3 MoE text model, hidden 128), trained 300 steps by default, written in the
   save_pretrained or the released checkpoint layout (`--layout`).
 
@@ -46,14 +46,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import tiny_kimi_k25  # noqa: E402
+from common import tiny_kimi_k25  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
+from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, UNK, USER, ModelSpec, build_model, collate, write_jsonl_atomic  # noqa: E402
 
 STAGE = "verifier"
-
-# Special tokens, in id order (ids 0..len-1).
-PAD, UNK, BOS, END, USER, ASSISTANT, SYSTEM = "<pad>", "<unk>", "<bos>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"
-SPECIAL_TOKENS = [PAD, UNK, BOS, END, USER, ASSISTANT, SYSTEM]
 
 # Renders every turn as "<|role|> content <|end|>"; the generation prompt is "<|assistant|>".
 # Whitespace around the content keeps word-level tokenization prefix-stable across turn boundaries.
@@ -72,16 +69,6 @@ class LanguageSpec:
     min_chain: int = 12
     max_chain: int = 32
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    hidden_size: int = 64
-    num_layers: int = 8
-    num_heads: int = 2  # head size 32: the smallest vLLM's CPU attention serves (16 is not)
-    intermediate_size: int = 128
-    max_positions: int = 512
-    tie_word_embeddings: bool = False
 
 
 KIMI_TRAIN_STEPS = 300  # the toy Kimi-K2.5 learns the language more slowly than the small Llama
@@ -173,33 +160,6 @@ def build_tokenizer(words: list[str]):
     return tokenizer
 
 
-def build_model(spec: ModelSpec, tokenizer, seed: int):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads,
-        max_position_embeddings=spec.max_positions,
-        rms_norm_eps=1e-6,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        # Untied by default; --tie-word-embeddings ties them as SmolLM2 and other small models do
-        # (the checkpoint then holds no lm_head.weight: speculators 0.9.0 takes the embeddings).
-        tie_word_embeddings=spec.tie_word_embeddings,
-        dtype="float32",
-    )
-    # sdpa: exact, fast on CPU, and it takes the padding masks the extractor builds.
-    config._attn_implementation = "sdpa"
-    return LlamaForCausalLM(config)
-
-
 def encode_conversation(tokenizer, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and a mask of its assistant tokens (content + <|end|>).
 
@@ -240,7 +200,7 @@ def train(model, rows: list[tuple[list[int], list[int]]], heldout: list[tuple[li
     started = time.monotonic()
     for step in range(1, spec.steps + 1):
         batch = rng.sample(rows, min(spec.batch_size, len(rows)))
-        input_ids, labels, attention = _collate(batch, model.config.pad_token_id)
+        input_ids, labels, attention = collate(batch, model.config.pad_token_id)
         out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
@@ -262,7 +222,7 @@ def assistant_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
     correct = total = 0
     with torch.no_grad():
         for i in range(0, len(rows), 64):
-            input_ids, labels, attention = _collate(rows[i : i + 64], model.config.pad_token_id)
+            input_ids, labels, attention = collate(rows[i : i + 64], model.config.pad_token_id)
             logits = model(input_ids=input_ids, attention_mask=attention).logits
             pred = logits[:, :-1].argmax(-1)
             target = labels[:, 1:]
@@ -270,31 +230,6 @@ def assistant_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
             correct += int((pred[valid] == target[valid]).sum())
             total += int(valid.sum())
     return round(correct / max(1, total), 4)
-
-
-def _collate(batch, pad_id: int):
-    """Right-padded ids, labels (-100 outside assistant tokens and on padding) and attention mask."""
-    import torch
-
-    width = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for r, (ids, mask) in enumerate(batch):
-        t = torch.tensor(ids)
-        input_ids[r, : len(ids)] = t
-        attention[r, : len(ids)] = 1
-        labels[r, : len(ids)] = torch.where(torch.tensor(mask, dtype=torch.bool), t, torch.tensor(-100))
-    return input_ids, labels, attention
-
-
-def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -306,8 +241,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--conversations", type=int, default=1000, help="train conversations")
     p.add_argument("--heldout", type=int, default=64, help="held-out conversations (split=heldout)")
     p.add_argument("--max-turns", type=int, default=3, help="user/assistant turn pairs per conversation (1..N)")
-    p.add_argument("--arch", choices=["llama", tiny_kimi_k25.ARCH], default="llama", help="llama: the small default; kimi-k2.5: a toy of Kimi-K2.5 (tiny_kimi_k25.py: multimodal wrapper, DeepSeek-V3 MoE text model)")
-    p.add_argument("--layout", choices=tiny_kimi_k25.LAYOUTS, default="save_pretrained", help="kimi-k2.5 only: the checkpoint's key names and config (tiny_kimi_k25.py)")
+    p.add_argument("--arch", choices=["llama", tiny_kimi_k25.ARCH], default="llama", help="llama: the small default; kimi-k2.5: a toy of Kimi-K2.5 (common/tiny_kimi_k25.py: multimodal wrapper, DeepSeek-V3 MoE text model)")
+    p.add_argument("--layout", choices=tiny_kimi_k25.LAYOUTS, default="save_pretrained", help="kimi-k2.5 only: the checkpoint's key names and config (common/tiny_kimi_k25.py)")
     p.add_argument("--train-steps", type=int, default=None, help=f"0 leaves the verifier untrained (default: {TrainSpec.steps}; {KIMI_TRAIN_STEPS} for kimi-k2.5)")
     p.add_argument("--batch-size", type=int, default=TrainSpec.batch_size)
     p.add_argument("--lr", type=float, default=TrainSpec.lr)

@@ -42,17 +42,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.conversations import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
+from common.regenerated_data import file_sha256, meta_file  # noqa: E402
 
 STAGE = "prepare"
-ROLE_ALIASES = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system", "tool": "tool"}
 # Files this stage writes: only a directory holding nothing else may be replaced by a rerun.
 OWN_FILES = {"dataset_info.json", "state.json", "token_freq.pt", "prepare_report.json"}
-MAX_REPORTED_LINES = 20
-
-
-class MalformedRow(ValueError):
-    """A data row that cannot be used; the message names what is wrong (the caller adds the line)."""
 
 
 @dataclass
@@ -67,37 +63,6 @@ class PrepareReport:
     per_turn_fallback: int = 0
     assistant_tokens: int = 0
     total_tokens: int = 0
-
-
-def parse_conversation(line: str) -> tuple[list[dict[str, str]], str | None]:
-    """One JSONL line -> (normalized messages, split). Raises MalformedRow."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise MalformedRow(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(row, dict):
-        raise MalformedRow(f"expected a JSON object, got {type(row).__name__}")
-    if "messages" in row:
-        turns, role_key, content_key = row["messages"], "role", "content"
-    elif "conversations" in row:
-        turns, role_key, content_key = row["conversations"], "from", "value"
-    else:
-        raise MalformedRow("no 'messages' (OpenAI style) or 'conversations' (ShareGPT) field")
-    if not isinstance(turns, list) or not turns:
-        raise MalformedRow("the conversation must be a non-empty list of turns")
-    messages = []
-    for k, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise MalformedRow(f"turn {k} is not an object")
-        role = turn.get(role_key, turn.get("role"))
-        content = turn.get(content_key, turn.get("content"))
-        if role not in ROLE_ALIASES:
-            raise MalformedRow(f"turn {k} has unknown role {role!r}")
-        if not isinstance(content, str):
-            raise MalformedRow(f"turn {k} content is {type(content).__name__}, expected text")
-        messages.append({"role": ROLE_ALIASES[role], "content": content})
-    split = row.get("split")
-    return messages, split if isinstance(split, str) else None
 
 
 class TemplateEncoder:
@@ -149,8 +114,6 @@ def choose_data(data: str, regenerated: str | None, events: EventLog) -> str:
     """--regenerated when it was made from exactly --data (its meta records --data's SHA-256), else --data."""
     if not regenerated or not Path(regenerated).is_file():
         return data
-    from regenerate import file_sha256, meta_file
-
     try:
         made_from = json.loads(meta_file(Path(regenerated)).read_text()).get("source_sha256")
     except (OSError, ValueError):

@@ -48,10 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog  # noqa: E402
-from common.vllm_server import add_serve_arguments  # noqa: E402
-from extract_hidden_states import plan_batches, resolve_rank, shard_range  # noqa: E402
-from prepare_data import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
+from common.conversations import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
+from common.vllm_server import ServerFailed, StageCancelled, add_serve_arguments  # noqa: E402
+from common.regenerated_data import file_sha256, meta_file  # noqa: E402
+from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
 
 STAGE = "regenerate"
 CPU_BATCH_SIZE = 16  # --batch-size 0: transformers on CPU, and the vllm backend's progress step
@@ -121,14 +122,6 @@ def fingerprint(data: Path, settings: dict) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     h.update(json.dumps(settings, sort_keys=True).encode())
-    return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
     return h.hexdigest()
 
 
@@ -236,10 +229,6 @@ def _recorded_fingerprint(output: Path) -> str | None:
         return json.loads(meta_file(output).read_text()).get("fingerprint")
     except (OSError, ValueError):
         return None
-
-
-def meta_file(output: Path) -> Path:
-    return output.with_name(output.name + ".meta.json")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,20 +460,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    events = EventLog(STAGE, args.events)
     try:
         rank, world, local_rank = resolve_rank(args)
     except ValueError as e:
-        events.finished("failed", error=str(e))
+        EventLog(STAGE, args.events).finished("failed", error=str(e))
         return 1
-    events.started(**{k: v for k, v in vars(args).items() if k != "events"}, resolved_rank=rank, resolved_world_size=world)
-    try:
-        summary = run(args, events, rank, world, local_rank)
-    except Exception as e:
-        expected = isinstance(e, (MalformedRow, ValueError, FileNotFoundError)) or type(e).__name__ in ("ServerFailed", "StageCancelled")
-        return events.failed(e, traceback=not expected)
-    events.finished("ok", **summary)
-    return 0
+    return run_stage(STAGE, args, lambda args, events: run(args, events, rank, world, local_rank), rank=rank,
+                     started={"resolved_rank": rank, "resolved_world_size": world},
+                     self_explaining=(MalformedRow, ValueError, FileNotFoundError, ServerFailed, StageCancelled))
 
 
 def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:

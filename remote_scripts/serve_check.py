@@ -31,6 +31,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common.conversations import NoPrompts, load_prompts  # noqa: E402
 from common.draft_serving import Export, ServeCheckError, cannot_serve, complete, free_port, read_export  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
@@ -190,15 +191,13 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
 
 
 def held_out_prompts(verifier: str, data: Path, split: str, count: int, trust_remote_code: bool) -> list[list[int]]:
-    """evaluate's prompts: the same rows, chat template and token ids (evaluate.load_prompts)."""
+    """evaluate's prompts: the same rows, chat template and token ids (conversations.load_prompts)."""
     from transformers import AutoTokenizer
-
-    from evaluate import EvalError, load_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(verifier, trust_remote_code=trust_remote_code)
     try:
         prompts = load_prompts(tokenizer, data, split, count)
-    except EvalError as e:
+    except NoPrompts as e:
         raise ServeCheckError(str(e)) from None
     if not prompts:
         raise ServeCheckError(f"{data}: no {split} prompts")

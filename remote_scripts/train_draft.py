@@ -62,7 +62,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.acceptance import ROUND_TAU, estimate_tau, per_position_tau, still_learning_warning  # noqa: E402
 from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
-from common.events import EventLog  # noqa: E402
+from common.events import EventLog, run_stage  # noqa: E402
 from common import loggers  # noqa: E402
 from common.recipe import DataSize, size_recipe  # noqa: E402
 from common.vllm_server import add_connector_argument, add_serve_arguments  # noqa: E402
@@ -213,16 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         return relaunch_under_torchrun(nproc, argv)
 
     rank = int(os.environ.get("RANK", "0"))
-    events = EventLog(STAGE, args.events, echo=rank == 0)
-    if rank == 0 and not os.environ.get(ONLINE_CHILD_ENV):
-        events.started(**{k: v for k, v in vars(args).items() if k != "events"})
-    try:
-        summary = run(args, events, rank)
-    except Exception as e:  # one line for the laptop; the traceback stays in the log
-        return events.failed(e, where=f" (rank {rank})" if rank else "")
-    if rank == 0:
-        events.finished("ok", **summary)
-    return 0
+    return run_stage(STAGE, args, lambda args, events: run(args, events, rank), rank=rank, echo=rank == 0,
+                     announce=not os.environ.get(ONLINE_CHILD_ENV))  # the online launcher wrote `started`
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ torch = require_module("torch")
 require_module("speculators")
 
 import evaluate as ev  # noqa: E402
+from common.conversations import load_prompts  # noqa: E402
 
 from tests.fixtures.pipeline_data import read_events, run_script, tiny_eagle3_draft  # noqa: E402
 
@@ -248,7 +249,7 @@ def test_identity_draft_on_the_real_verifier(tiny_verifier):
     model = load_verifier(str(tiny_verifier.verifier), device="cpu", dtype=torch.float32)
     verifier = ev.HFVerifier(model, [2, 4, 5], torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_verifier.verifier))
-    prompts = ev.load_prompts(tokenizer, tiny_verifier.data, "heldout", 4)
+    prompts = load_prompts(tokenizer, tiny_verifier.data, "heldout", 4)
     eos = {tokenizer.eos_token_id}
     results = [ev.speculate(verifier, ev.GreedyOracleProposer(verifier), p, 3, 40, eos) for p in prompts]
     report = ev.summarize(results, 3)
@@ -360,7 +361,7 @@ def test_the_fast_measurement_equals_the_chain_on_the_real_models(tiny_verifier,
     verifier = ev.HFVerifier(model, ev.draft_layers(draft, locate_decoder(model).num_layers), torch.bfloat16)
     proposer = ev.Eagle3Proposer(draft)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_verifier.verifier))
-    prompts = ev.load_prompts(tokenizer, tiny_verifier.data, "heldout", 8)
+    prompts = load_prompts(tokenizer, tiny_verifier.data, "heldout", 8)
     eos = ev._eos_ids(tokenizer, model)
     k, max_new = 3, 48
     fast = ev.measure_fast(verifier, proposer, prompts, k, max_new, eos, batch_size)

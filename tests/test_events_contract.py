@@ -86,6 +86,30 @@ def test_the_writer_speaks_the_contract(tmp_path):
         writer.EventLog("x", str(tmp_path / "other.jsonl"), echo=False).finished("failed", error="e", cause="mine")
 
 
+def test_a_distributed_stage_writes_one_start_and_one_end_and_every_ranks_failure(tmp_path, capsys):
+    """run_stage's per-rank form (extract, regenerate, train): rank 0 writes started and finished,
+    the other ranks say theirs in their own log only; a failure on any rank is its failed line."""
+    path = tmp_path / "events.jsonl"
+    args = type("Args", (), {"events": str(path), "steps": 3})()
+    for rank in (1, 0, 2):
+        code = writer.run_stage("extract", args, lambda a, ev, rank=rank: {"rank": rank}, rank=rank, started={"resolved_rank": rank})
+        assert code == 0
+    records = writer.read_events(str(path))
+    assert [(r["event"], r.get("args", r).get("resolved_rank", r.get("rank"))) for r in records] == [("started", 0), ("finished", 0)]
+    log = capsys.readouterr().err
+    assert log.count("[extract] started:") == 3 and log.count("[extract] finished: ok") == 3
+
+    def boom(args, events):
+        raise RuntimeError("no GPU")
+
+    assert writer.run_stage("extract", args, boom, rank=2, self_explaining=(RuntimeError,)) == 1
+    assert writer.run_stage("extract", args, boom, rank=0, self_explaining=(RuntimeError,)) == 1
+    failures = [r for r in writer.read_events(str(path)) if r["event"] == "finished" and r["status"] == "failed"]
+    assert [r["error"] for r in failures] == ["RuntimeError: no GPU (rank 2)", "RuntimeError: no GPU"]
+    for r in writer.read_events(str(path)):
+        assert problems(r) == [], r
+
+
 def test_the_checker_itself_rejects_a_broken_record():
     assert problems({"t": 1.0, "stage": "s", "event": "finished", "status": "failed", "error": "x"}) == ["cause: required when status=failed"]
     assert problems({"t": 1.0, "stage": "s", "event": "progress", "step": "1", "total": 3, "unit": "x"}) == ["step: expected integer, got '1'"]

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 import extract_hidden_states as extract  # noqa: E402
+from common.hidden_state_files import check_file, hs_path  # noqa: E402
+from common.sharding import plan_batches, shard_range  # noqa: E402
 
 
 def _extract(*args) -> int:
@@ -132,19 +134,19 @@ def test_resume_regenerates_bad_files_and_keeps_valid_ones(tiny_verifier, prepar
         index = int(f.stem.split("_")[1])
         rewritten = f in (truncated, missing, stale)
         assert (f.stat().st_mtime > 1_000_000_000) == rewritten, f.name
-        assert extract.check_file(f, rows[index]["input_ids"].tolist(), 4, finished["hidden"]) is None
+        assert check_file(f, rows[index]["input_ids"].tolist(), 4, finished["hidden"]) is None
     assert not list(out.glob("*.tmp-*"))
 
 
 def test_shard_ranges_partition_every_sample():
     for n in range(0, 23):
         for world in range(1, 6):
-            covered = [i for r in range(world) for i in extract.shard_range(n, r, world)]
+            covered = [i for r in range(world) for i in shard_range(n, r, world)]
             assert covered == list(range(n))
-            sizes = [len(extract.shard_range(n, r, world)) for r in range(world)]
+            sizes = [len(shard_range(n, r, world)) for r in range(world)]
             assert max(sizes) - min(sizes) <= 1
     with pytest.raises(ValueError):
-        extract.shard_range(10, 3, 3)
+        shard_range(10, 3, 3)
 
 
 def test_shards_write_each_sample_exactly_once(tiny_verifier, prepared_data, tmp_path, monkeypatch):
@@ -162,7 +164,7 @@ def test_shards_write_each_sample_exactly_once(tiny_verifier, prepared_data, tmp
             flags = ["--rank", rank, "--world-size", 3]
         assert _extract("--verifier", tiny_verifier.verifier, "--prepared", prepared_data, "--output", out, *flags) == 0
         written = {int(p.stem.split("_")[1]) for p in out.glob("hs_*.safetensors")}
-        mine = set(extract.shard_range(n, rank, 3))
+        mine = set(shard_range(n, rank, 3))
         assert written == seen | mine and not (seen & mine)
         seen = written
     assert seen == set(range(n))
@@ -394,8 +396,6 @@ def test_writer_threads_follow_the_cpus_per_process():
 
 
 def test_batches_run_longest_first_within_the_limits():
-    from extract_hidden_states import plan_batches
-
     lengths = {0: 10, 1: 300, 2: 50, 3: 300, 4: 12, 5: 299, 6: 1000}
     batches = plan_batches(lengths, batch_size=2, max_tokens=700)
     assert sorted(i for b in batches for i in b) == sorted(lengths)  # every sample exactly once
@@ -406,8 +406,6 @@ def test_batches_run_longest_first_within_the_limits():
 
 
 def test_the_last_batch_is_split_into_single_rows_when_asked():
-    from extract_hidden_states import plan_batches
-
     lengths = {i: 100 for i in range(11)}
     whole = plan_batches(lengths, batch_size=4, max_tokens=10_000)
     assert [len(b) for b in whole] == [4, 4, 3]
@@ -428,7 +426,7 @@ def test_writer_saves_a_batch_s_files_in_parallel_and_gives_the_buffer_back_once
     import torch
     from safetensors.torch import load_file
 
-    from extract_hidden_states import AsyncWriter, hs_path
+    from extract_hidden_states import AsyncWriter
 
     together = threading.Barrier(3, timeout=10)
     real_save = safetensors.torch.save_file
@@ -456,7 +454,7 @@ def test_a_failed_file_still_gives_the_buffer_back_and_fails_the_drain(tmp_path,
     import safetensors.torch
     import torch
 
-    from extract_hidden_states import AsyncWriter, hs_path
+    from extract_hidden_states import AsyncWriter
 
     def disk_full(tensors, path):
         Path(path).write_bytes(b"half a file")

@@ -152,7 +152,7 @@ def test_the_save_pretrained_layout_extracts_the_same_hidden_states(kimi_run, tm
 
 
 def test_the_builder_refuses_an_unknown_layout():
-    import tiny_kimi_k25
+    from common import tiny_kimi_k25
 
     with pytest.raises(ValueError, match="unknown layout"):
         tiny_kimi_k25.save(None, REPO_ROOT, "hub")

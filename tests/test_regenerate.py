@@ -19,6 +19,8 @@ pytestmark = pytest.mark.pipeline
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 import regenerate  # noqa: E402
+from common.conversations import MalformedRow  # noqa: E402
+from common.regenerated_data import file_sha256, meta_file  # noqa: E402
 
 STAND_IN = Path(__file__).resolve().parent / "fixtures" / "vllm_stand_in.py"
 MAX_NEW = 12
@@ -78,7 +80,7 @@ def test_plan_answers_rows_without_a_reply_and_reports_malformed_lines(tmp_path)
     assert [i.line for i in replaced.items] == [1, 2, 4]
     assert replaced.items[1].prompt == [{"role": "user", "content": "b"}]  # cut after the last user turn
     assert [i.line for i in regenerate.plan(data, "all", replace=False, strict=False).items] == [1, 4, 5]
-    with pytest.raises(regenerate.MalformedRow, match=":3: invalid JSON"):
+    with pytest.raises(MalformedRow, match=":3: invalid JSON"):
         regenerate.plan(data, "train", replace=False, strict=True)
 
 
@@ -89,7 +91,7 @@ def test_data_with_replies_passes_through_without_the_model(tmp_path):
     # No verifier exists at this path: the pass-through must not load one.
     assert regenerate.main(["--verifier", str(tmp_path / "none"), "--data", str(data), "--output", str(out)]) == 0
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
-    assert json.loads(regenerate.meta_file(out).read_text())["source_sha256"] == regenerate.file_sha256(data)
+    assert json.loads(meta_file(out).read_text())["source_sha256"] == file_sha256(data)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -66,14 +66,15 @@ def tiktoken_verifier(tiny_verifier, tmp_path_factory) -> Path:
     special tokens and chat template, other ids)."""
     require_module("tiktoken")
     import make_tiny_verifier as tiny
+    from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, UNK, USER
 
     out = tmp_path_factory.mktemp("tiktoken") / "verifier"
     shutil.copytree(tiny_verifier.verifier, out)
     language = json.loads((out / "tiny_language.json").read_text())
     words = sorted(w for chain in language["chains"] for w in chain)
-    write_tiktoken_tokenizer(out, words, tiny.SPECIAL_TOKENS, tiny.CHAT_TEMPLATE, bos=tiny.BOS, eos=tiny.END, unk=tiny.UNK, pad=tiny.PAD)
+    write_tiktoken_tokenizer(out, words, SPECIAL_TOKENS, tiny.CHAT_TEMPLATE, bos=BOS, eos=END, unk=UNK, pad=PAD)
     config = json.loads((out / "tokenizer_config.json").read_text())
-    config["extra_special_tokens"] = [tiny.USER, tiny.ASSISTANT, tiny.SYSTEM]
+    config["extra_special_tokens"] = [USER, ASSISTANT, SYSTEM]
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     return out
 

@@ -130,7 +130,7 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     from transformers import AutoTokenizer
 
     from common.spec_metrics import SpecCounters
-    from evaluate import load_prompts
+    from common.conversations import load_prompts
 
     config, workdir, _ = served_run
     run_id = _scrambled_run(workdir)
@@ -177,7 +177,7 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
     the KV cache is sized with vLLM's own flag."""
     from transformers import AutoTokenizer
 
-    from evaluate import load_prompts
+    from common.conversations import load_prompts
 
     _, workdir, run_id = served_run
     config = tmp_path / "harness.toml"

@@ -240,7 +240,8 @@ def forward_only(work: Path, args) -> tuple[float, dict[int, tuple]]:
     from datasets import load_from_disk
 
     from common.verifier import default_target_layers, load_verifier, locate_decoder
-    from extract_hidden_states import HiddenStateCapture, plan_batches
+    from common.sharding import plan_batches
+    from extract_hidden_states import HiddenStateCapture
 
     ds = load_from_disk(str(work / "prepared"))
     ds.set_format(type="torch")

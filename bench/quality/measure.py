@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote_scripts"))
 
 import evaluate  # noqa: E402
+from common.conversations import load_prompts  # noqa: E402
 from common.checkpoints import resolve_draft  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def main() -> None:
     model = load_verifier(verifier_path, device=device, dtype=args.dtype)
     num_layers = locate_decoder(model).num_layers
     eos = evaluate._eos_ids(tokenizer, model)
-    prompts = evaluate.load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
+    prompts = load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
 
     proposers: dict[str, tuple[object, list[int] | None]] = {"ngram": (evaluate.NgramProposer(1, 4), None)}
     for spec in args.draft:

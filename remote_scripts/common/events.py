@@ -119,18 +119,42 @@ class EventLog:
         self.finished("failed", error=f"{type(error).__name__}: {error}{where}")
         return 1
 
+    def log_only(self, event: str, **fields: Any) -> None:
+        """`event` echoed to this process's log but not written to the events file: what a rank
+        other than 0 of a distributed stage says of its own start and end (run_stage)."""
+        if self.echo:
+            self._echo(event, fields)
 
-def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, Any]], *, self_explaining: tuple[type[BaseException], ...] = ()) -> int:
-    """A stage's main(): `started` with its arguments, then `run(args, events)`, whose returned
-    summary goes into `finished`. An exception becomes one `failed` line and exit code 1 (its
-    traceback stays in the log, unless it is one of `self_explaining`)."""
-    events = EventLog(stage, getattr(args, "events", None))
-    events.started(**{k: v for k, v in vars(args).items() if k != "events"})
+
+def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, Any]], *,
+              self_explaining: tuple[type[BaseException], ...] = (), rank: int | None = None,
+              started: dict[str, Any] | None = None, echo: bool = True, announce: bool = True) -> int:
+    """A stage's main(): `started` with its arguments (and `started`'s extra fields), then
+    `run(args, events)`, whose returned summary goes into `finished`. An exception becomes one
+    `failed` line and exit code 1 (its traceback stays in the log, unless it is one of
+    `self_explaining`).
+
+    A distributed stage's processes each call it with their `rank`: rank 0 writes `started` and
+    `finished` to the events file, so the stage has one of each however many ranks run it; the
+    other ranks only echo theirs (their own summary) to their log. A failure is the same on
+    every rank: its `failed` line goes to the events file, naming the rank when it is not 0.
+    `echo` False keeps a process's events out of its log (train's ranks other than 0);
+    `announce` False writes no `started` (a launcher that runs this process wrote it)."""
+    events = EventLog(stage, getattr(args, "events", None), echo=echo)
+    lead = rank is None or rank == 0
+    arguments = {**{k: v for k, v in vars(args).items() if k != "events"}, **(started or {})}
+    if lead and announce:
+        events.started(**arguments)
+    elif announce:
+        events.log_only("started", args=arguments)
     try:
         summary = run(args, events)
     except Exception as e:  # one line for the laptop; the traceback stays in the log
-        return events.failed(e, traceback=not isinstance(e, self_explaining))
-    events.finished("ok", **summary)
+        return events.failed(e, traceback=not isinstance(e, self_explaining), where=f" (rank {rank})" if rank else "")
+    if lead:
+        events.finished("ok", **summary)
+    else:
+        events.log_only("finished", status="ok", **summary)
     return 0
 
 
