@@ -11,8 +11,9 @@ secret values in it never reach a command line), the reply is its stdout (one JS
 handed to `stdout`), its exit code says how it went (0 done, 2 no such thing, else failed, with
 stderr saying why).
 
-Every call is one exec over the transport's bulk path (transport.local_argv: for SSH hosts the
-OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP).
+Every call is one process the transport starts and owns (Transport.stream: for SSH hosts a
+channel of the OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP;
+the transport types the link's failures).
 """
 
 from __future__ import annotations
