@@ -8,6 +8,7 @@ in bench/exec_latency.py). On a host runtime nothing is asked of the host before
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from harness.config import HostConfig
@@ -15,9 +16,27 @@ from harness.runtime import Runtime, WrapOptions, runtime_for
 from harness.transport import Transport
 
 
-def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, transport: Transport, runtime: Runtime | None = None) -> int:
-    """Run argv on the host; return its exit code."""
+@dataclass(frozen=True)
+class WarmExec:
+    """Where a slow exec leaves its recipe for the warm one (transport/warm_exec.py)."""
+
+    key: str  # names the host and the config file (cli/warm.py recipe_key)
+    config_file: str  # an edit of it voids the recipe
+    started_ns: int  # when this process began reading its inputs (time.time_ns())
+
+
+def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, transport: Transport, runtime: Runtime | None = None,
+                 warm: WarmExec | None = None) -> int:
+    """Run argv on the host; return its exit code. With `warm`, a plain exec leaves the recipe
+    for the next one."""
     env = host.env_values()
+    options = WrapOptions(interactive=pty, env_names=tuple(env))
+    runtime = runtime or runtime_for(host, transport)
     # Env values travel through the transport; a container gets them by name.
-    full = (runtime or runtime_for(host, transport)).foreground(list(argv), WrapOptions(interactive=pty, env_names=tuple(env)))
-    return transport.exec_foreground(full, env=env, pty=pty)
+    code = transport.exec_foreground(runtime.foreground(list(argv), options), env=env, pty=pty)
+    if warm is not None and not pty:
+        from harness.transport.warm_exec import MARK
+
+        transport.remember_exec(warm.key, runtime.foreground([MARK], options), env_names_known=list(host.env), env_names=list(env),
+                                also_watch=[warm.config_file], started_ns=warm.started_ns)
+    return code

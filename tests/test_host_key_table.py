@@ -2,16 +2,22 @@
 against the real sshd (tests/fixtures/sshd.py) through each way harness connects, must give the
 same verdict: paramiko (Transport.run), and OpenSSH as a channel of the master (Transport.stream),
 a connection of its own (stream channel=OWN), a TCP channel of the master (stream_to: pull's
-further streams), the warm exec path (exec_foreground: its own `ssh -f -N` master) and the port
-forward's own `ssh -L`. Both clients keep their own readers of ssh_config and known_hosts; this
+further streams), the exec path (exec_foreground: its own `ssh -f -N` master), the port
+forward's own `ssh -L`, and `harness exec` itself, whose warm form runs from a recipe an earlier
+exec left (transport/warm_exec.py): where a case opens a master first, this path leaves a
+recipe too, which must then be refused. Both clients keep their own readers of ssh_config and known_hosts; this
 table is what holds them to one rule. Nothing refused is ever recorded in known_hosts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar
 
 import pytest
 
@@ -19,6 +25,7 @@ from harness.config import HostConfig
 from harness.errors import HostKeyError
 from harness.transport import ConnectOptions, connect
 from harness.transport.base import OWN, PortForward
+from harness.transport.warm_exec import RACY_NS
 from tests.fixtures.sshd import SSHD, SSHHost, free_port, stop_control_masters
 
 pytestmark = pytest.mark.ssh
@@ -56,6 +63,13 @@ def _forward(t, target: SSHD) -> None:
     t.forward([PortForward(free_port(), target.port, target.address)]).close()
 
 
+def _harness_exec(t, target: SSHD) -> None:
+    r = Files.current.harness_exec(t.name)
+    error = r.stderr.decode().strip()
+    if r.returncode != 0:
+        raise (HostKeyError if "host key" in error else AssertionError)(error)
+
+
 PATHS: dict[str, Callable] = {
     "paramiko": _paramiko,
     "openssh-master-channel": _master_channel,
@@ -63,6 +77,7 @@ PATHS: dict[str, Callable] = {
     "openssh-tcp-channel": _tcp_channel,
     "openssh-exec-master": _exec,
     "openssh-forward": _forward,
+    "harness-exec": _harness_exec,
 }
 
 
@@ -74,6 +89,9 @@ class Files:
     ssh_config: Path
     known_hosts: Path
     control_dir: Path
+    harness_toml: Path
+    with_recipe: bool = False  # warm_master also leaves a warm exec's recipe (the harness-exec path)
+    current: ClassVar["Files"]  # the running case's (the path functions take a transport)
 
     def config(self, alias_to: SSHD, proxy_jump: str = "", extra: str = "") -> None:
         """The bed's `box` and `behind`, with `box` pointing at alias_to."""
@@ -96,10 +114,22 @@ class Files:
                        ConnectOptions(known_hosts=str(self.known_hosts), ssh_config=str(self.ssh_config)))
 
     def warm_master(self, alias: str) -> None:
-        """A live OpenSSH master for alias, opened while its key is known."""
-        with self.transport(alias) as t:
-            _master_channel(t, None)
+        """A live OpenSSH master for alias, opened while its key is known (and, with_recipe, a
+        warm exec's recipe over it: made once the files are older than its racy window)."""
+        if self.with_recipe:
+            time.sleep(RACY_NS / 1e9 + 0.2)
+            r = self.harness_exec(alias)
+            assert r.returncode == 0 and list(self.control_dir.glob("exec-*")), r.stderr
+        else:
+            with self.transport(alias) as t:
+                _master_channel(t, None)
         assert any(p.is_socket() for p in self.control_dir.iterdir())
+
+    def harness_exec(self, alias: str) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "SSH_AUTH_SOCK"}
+        env.update(HARNESS_SSH_CONFIG=str(self.ssh_config), HARNESS_KNOWN_HOSTS=str(self.known_hosts), HARNESS_CONTROL_DIR=str(self.control_dir))
+        return subprocess.run([sys.executable, "-m", "harness", "--config", str(self.harness_toml), "exec", alias, "--", "true"],
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
 
 
 # Each case: set the files up (and do what comes before), then return (alias, target sshd, verdict).
@@ -164,7 +194,12 @@ def files(ssh_host, tmp_path, monkeypatch):
     control = Path(tempfile.mkdtemp(prefix="hkt-"))  # short: unix socket paths are limited
     monkeypatch.setenv("HARNESS_CONTROL_DIR", str(control))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    f = Files(ssh_host, tmp_path / "ssh_config", tmp_path / "known_hosts", control)
+    work = tmp_path / "work"  # made now: an exec making it would change the directory the ssh_config is in
+    work.mkdir()
+    toml = tmp_path / "harness.toml"
+    toml.write_text("".join(f'[hosts.{a}]\nssh = "{a}"\nworkdir = "{work}"\nconnect_timeout = 5\n' for a in ("box", "behind")))
+    f = Files(ssh_host, tmp_path / "ssh_config", tmp_path / "known_hosts", control, toml)
+    Files.current = f
     yield f
     stop_control_masters(control)
 
@@ -172,6 +207,7 @@ def files(ssh_host, tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_every_client_path_gives_the_same_verdict(case, path, files, capfd):
+    files.with_recipe = path == "harness-exec"
     alias, target, verdict = case(files)
     recorded = files.known_hosts.read_text()
     t = files.transport(alias)

@@ -5,6 +5,7 @@ operation of the command and closed once when the command ends (cli/__init__.py 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
 class AppContext:
     config_path: str | None = None
     accept_new_host_key: bool = False
+    started_ns: int = field(default_factory=time.time_ns)  # before any input is read (warm exec's racy rule)
     _config: Config | None = None
     _transports: dict[str, "Transport"] = field(default_factory=dict)
 

@@ -2,54 +2,26 @@
 
 This package does not import harness.config: what it takes of a configured host is a
 ConnectionSpec, made from the host's configuration by `connect`.
+
+Its names load on first use (PEP 562): importing a module of this package (the warm exec,
+transport/warm_exec.py) must not pay for base.py and dataclasses (bench/exec_latency.py).
 """
 
-from __future__ import annotations
-
-from dataclasses import dataclass
-
-from harness.transport.base import OutputSink, RemoteStat, RunResult, Transport, quote_argv
-
-
-@dataclass(frozen=True)
-class ConnectionSpec:
-    """How to reach one configured host."""
-
-    name: str  # the configured host name, for messages
-    ssh: str = ""  # "user@host:port", "host", or an ~/.ssh/config alias; "" with local
-    local: bool = False  # this machine: no SSH at all
-    identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
-    connect_timeout: float = 10.0
-
-    @classmethod
-    def of(cls, host) -> "ConnectionSpec":
-        """From a harness.config.HostConfig (or another ConnectionSpec)."""
-        return cls(name=host.name, ssh=host.ssh, local=host.is_local, identity_file=host.identity_file, connect_timeout=host.connect_timeout)
-
-    @property
-    def is_local(self) -> bool:
-        return self.local
+_WHERE = {
+    "ConnectOptions": "connection", "ConnectionSpec": "connection", "connect": "connection",
+    "OutputSink": "base", "RemoteStat": "base", "RunResult": "base", "Transport": "base", "quote_argv": "base",
+}
 
 
-@dataclass(frozen=True)
-class ConnectOptions:
-    """Per-invocation choices that are not host configuration."""
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness.transport' has no attribute {name!r}")
+    import importlib
 
-    accept_new_host_key: bool = False  # like OpenSSH's StrictHostKeyChecking=accept-new, once
-    known_hosts: str | None = None  # extra known_hosts file (tests); default ~/.ssh/known_hosts
-    ssh_config: str | None = None  # default ~/.ssh/config
-
-
-def connect(host, options: ConnectOptions | None = None) -> Transport:
-    """host: a harness.config.HostConfig (or a ConnectionSpec)."""
-    spec = ConnectionSpec.of(host)
-    if spec.is_local:
-        from harness.transport.local import LocalTransport
-
-        return LocalTransport(spec.name)
-    from harness.transport.ssh import SSHTransport  # paramiko is imported only when needed
-
-    return SSHTransport(spec, options or ConnectOptions())
+    value = getattr(importlib.import_module(f"harness.transport.{module}"), name)
+    globals()[name] = value  # once: later lookups find it here
+    return value
 
 
-__all__ = ["ConnectOptions", "ConnectionSpec", "OutputSink", "RemoteStat", "RunResult", "Transport", "connect", "quote_argv"]
+__all__ = sorted(_WHERE)

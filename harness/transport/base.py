@@ -12,12 +12,12 @@ shell in one place (`quote_argv`). Where a pipeline or redirection is really nee
 from __future__ import annotations
 
 import abc
-import shlex
 import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from harness.errors import HarnessError, RemoteCommandError
+from harness.transport.remote_shell import quote_argv  # noqa: F401 (re-exported: the one place argv becomes a shell line)
 
 if TYPE_CHECKING:
     from harness.transport.process import RemoteProcess, StderrLine
@@ -82,13 +82,6 @@ class RemoteStat:
     is_link: bool
 
 
-def quote_argv(argv: Sequence[str]) -> str:
-    """The one place an argument vector becomes a POSIX shell command line."""
-    if not argv:
-        raise ValueError("empty command")
-    return " ".join(shlex.quote(str(a)) for a in argv)
-
-
 def _live(stream) -> OutputSink:
     def write(chunk: bytes) -> None:
         stream.write(chunk)
@@ -147,6 +140,14 @@ class Transport(abc.ABC):
         import sys
 
         return self.run(argv, env=env, stdout=_live(sys.stdout.buffer), stderr=_live(sys.stderr.buffer)).exit_code
+
+    def remember_exec(self, key: str, wrapped_mark: Sequence[str], *, env_names_known: Sequence[str], env_names: Sequence[str],
+                      also_watch: Sequence[str], started_ns: int) -> bool:
+        """After exec_foreground: leave the recipe of a warm exec under `key` (transport/warm_exec.py),
+        where this transport has one. wrapped_mark: the argv exec_foreground ran, with
+        warm_exec.MARK for the user's argv; env_names: those whose values it passed, of
+        env_names_known. Returns whether a recipe was written."""
+        return False
 
     @abc.abstractmethod
     def local_argv(self, argv: Sequence[str]) -> list[str]:

@@ -292,7 +292,9 @@ def _ssh_quote_path(path: str) -> str:
 
 def control_dir() -> str:
     """A private (0700, ours) short directory for control sockets (unix paths max ~104 bytes)."""
-    path = os.environ.get("HARNESS_CONTROL_DIR") or f"/tmp/harness-ssh-{os.getuid()}"  # short: socket paths are limited to ~104 bytes
+    from harness.transport.warm_exec import control_dir_path
+
+    path = control_dir_path()
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -326,7 +328,23 @@ KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
 def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
     """`ssh -G`: the client's own reading of ssh_config for these options (Match, Include and
     tokens included), as {key: values}. One `ssh` process per distinct options and CLI call."""
-    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
+    return _read_config(o).values
+
+
+def config_files_read(o: OpenSSHOptions) -> "ConfigReading":
+    """The same `ssh -G` run's account of which ssh_config files it read (warm_route watches them)."""
+    return _read_config(o)
+
+
+@dataclass(frozen=True)
+class ConfigReading:
+    values: dict[str, tuple[str, ...]]
+    files: tuple[str, ...]  # every ssh_config file read, Include'd ones too, in order
+    unmatched_includes: tuple[str, ...]  # Include patterns that matched no file (one may appear later)
+
+
+def _read_config(o: OpenSSHOptions) -> ConfigReading:
+    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-v", "-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
 
 
 def _stamp(path: str | None) -> tuple:
@@ -339,8 +357,13 @@ def _stamp(path: str | None) -> tuple:
     return (st.st_ino, st.st_size, st.st_mtime_ns) if st else ()
 
 
+# `ssh -v -G`'s words for the files it reads (debug1; stable since OpenSSH 7.3's Include).
+_READING = "debug1: Reading configuration data "
+_UNMATCHED = " matched no files"
+
+
 @functools.lru_cache(maxsize=16)
-def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> dict[str, tuple[str, ...]]:
+def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> ConfigReading:
     import subprocess
 
     try:
@@ -348,15 +371,20 @@ def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> dict[s
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TransportError(f"{host}: cannot run ssh -G to read the ssh configuration: {e}") from None
     text = proc.stdout.decode("utf-8", "replace")
+    diagnostics = proc.stderr.decode("utf-8", "replace").splitlines()
     if proc.returncode != 0:
-        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        lines = [line for line in diagnostics if not line.startswith("debug")]
         raise TransportError(f"{host}: ssh cannot read its configuration: {lines[-1] if lines else f'exit code {proc.returncode}'}")
     values: dict[str, list[str]] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key in RESOLVED_KEYS or key in KNOWN_HOSTS_KEYS:
             values.setdefault(key, []).extend(value.split() if key in KNOWN_HOSTS_KEYS else [value])
-    return {k: tuple(v) for k, v in values.items()}
+    files = tuple(line[len(_READING):] for line in diagnostics if line.startswith(_READING))
+    # "debug1: FILE line N: include PATTERN matched no files"
+    unmatched = tuple(line[:-len(_UNMATCHED)].rpartition(" include ")[2] for line in diagnostics
+                      if line.startswith("debug1: ") and line.endswith(_UNMATCHED) and " include " in line)
+    return ConfigReading({k: tuple(v) for k, v in values.items()}, files, unmatched)
 
 
 def _content_digest(path: str) -> str:

@@ -16,6 +16,7 @@ import os
 from typing import Callable, Mapping, Sequence
 
 from harness.transport import openssh
+from harness.transport.warm_exec import master_answers, run_ssh
 from harness.transport.remote_shell import remote_command
 
 
@@ -28,27 +29,9 @@ def run(options: openssh.OpenSSHOptions, host_name: str, argv: Sequence[str], en
     key, before one retry."""
     opts = openssh.with_control_path(options)
     command, prefix = remote_command(argv, env=env)
-    if not _master_listening(opts.control_path):
+    if not master_answers(opts.control_path):
         opts = _ensure_master(opts, host_name, report_host_key)
-    return _run_ssh_binary(openssh.command_argv(opts, command, control_master="no"), prefix)
-
-
-def _master_listening(control_path: str | None) -> bool:
-    """A master answers on the socket (a socket file whose master is gone refuses)."""
-    if not control_path:
-        return False
-    # _socket, the C module under socket.py: importing socket.py (it builds four enum classes)
-    # costs 14 M instructions, 4% of a whole warm exec (callgrind; bench/RESULTS.md, issue 31).
-    import _socket
-
-    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        s.connect(control_path)
-    except OSError:
-        return False
-    finally:
-        s.close()
-    return True
+    return run_ssh(openssh.command_argv(opts, command, control_master="no"), prefix)
 
 
 def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key: Callable[[], object]) -> openssh.OpenSSHOptions:
@@ -68,42 +51,3 @@ def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key
         opts = openssh.with_control_path(opts)
         openssh.start_master(opts, host_name)
     return opts
-
-
-def _run_ssh_binary(ssh_argv: list[str], prefix: bytes) -> int:
-    import signal
-    import subprocess
-    # Ctrl-C: the terminal signals our whole process group, ssh included; OpenSSH then closes
-    # the session. We only wait for ssh's exit code.
-    proc = subprocess.Popen(ssh_argv, stdin=subprocess.PIPE if prefix else None)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        if prefix:
-            _feed_stdin(proc, prefix)
-        code = proc.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return 128 - code if code < 0 else code  # killed by signal N: 128+N, like a shell
-
-
-def _feed_stdin(proc, prefix: bytes) -> None:
-    """Env lines first, then our own stdin as it comes (like `ssh host cmd`), then EOF."""
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(prefix)
-        proc.stdin.flush()
-    except BrokenPipeError:
-        return
-    import threading
-
-    threading.Thread(target=_copy, args=(0, proc), daemon=True).start()
-
-
-def _copy(fd: int, proc) -> None:
-    try:
-        while chunk := os.read(fd, 65536):
-            proc.stdin.write(chunk)
-            proc.stdin.flush()
-        proc.stdin.close()
-    except (OSError, ValueError):
-        pass

@@ -11,10 +11,9 @@ consumes a pipe one byte at a time, so nothing after the empty line is swallowed
 from __future__ import annotations
 
 import shlex
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence  # not typing: the warm exec imports this module (transport/warm_exec.py)
 
 from harness.errors import UsageError
-from harness.transport.base import quote_argv
 
 # Positional args stay data: the preamble is a constant, the user's argv is "$@".
 ENV_PREAMBLE = (
@@ -28,6 +27,13 @@ ENV_PREAMBLE_PTY = (
     "stty -echo 2>/dev/null || { echo 'harness: no stty on the host: cannot keep environment values off the screen' >&2; exit 97; }; "
     f"printf %s {PTY_READY}; " + ENV_PREAMBLE.replace('exec "$@"', 'stty echo 2>/dev/null; exec "$@"')
 )
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """The one place an argument vector becomes a POSIX shell command line."""
+    if not argv:
+        raise ValueError("empty command")
+    return " ".join(shlex.quote(str(a)) for a in argv)
 
 
 def env_payload(env: Mapping[str, str]) -> bytes:

@@ -1,0 +1,109 @@
+"""The `harness` Click group: command names mapped to the modules that hold them, each imported
+only when invoked, so `harness --help` stays fast (no SSH client, docker or rich import)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# command name -> "module:function" (each module holds one concept's commands)
+COMMANDS: dict[str, str] = {
+    "init": "harness.cli.config_cmds:init",
+    "hosts": "harness.cli.config_cmds:hosts",
+    "exec": "harness.cli.exec_cmds:exec_",
+    "doctor": "harness.cli.doctor_cmds:doctor",
+    "sync": "harness.cli.transfer_cmds:sync",
+    "pull": "harness.cli.transfer_cmds:pull",
+    "build": "harness.cli.container_cmds:build",
+    "shell": "harness.cli.container_cmds:shell",
+    "run": "harness.cli.job_cmds:run",
+    "logs": "harness.cli.job_cmds:logs",
+    "status": "harness.cli.job_cmds:status",
+    "runs": "harness.cli.job_cmds:runs",
+    "cancel": "harness.cli.job_cmds:cancel",
+    "inspect": "harness.cli.inspect_cmds:inspect",
+    "sources": "harness.cli.sources_cmds:sources",
+    "check-extract": "harness.cli.extract_cmds:check_extract",
+    "demo": "harness.cli.demo_cmds:demo",
+    "forward": "harness.cli.forward_cmds:forward",
+    "tensorboard": "harness.cli.forward_cmds:tensorboard",
+    "serve": "harness.cli.serve_cmds:serve",
+}
+
+HELP = {
+    "init": "Write a commented starter harness.toml.",
+    "hosts": "List configured hosts and groups.",
+    "exec": "Run a command on a host (inside its container when runtime = docker).",
+    "doctor": "Preflight checks for a host: ok / warn / fail, each with a fix.",
+    "sync": "Push remote_scripts/, container/ and the config to a host, incrementally.",
+    "pull": "Fetch run outputs from a host: resumable, verified, atomic.",
+    "build": "Build the ML container image on a host from container/.",
+    "shell": "Open an interactive shell in the container on a host.",
+    "run": "Start pipeline stages on a host as a detached run.",
+    "logs": "Show (and follow) the logs of a run.",
+    "status": "Show the state of a run's stages.",
+    "runs": "List the runs on a host.",
+    "cancel": "Cancel a run: SIGTERM, grace period, SIGKILL.",
+    "inspect": "Show the source of a Python object as the remote container sees it.",
+    "sources": "Mirror the Python sources of packages on a host for the laptop's editor (extraPaths).",
+    "check-extract": "After a sharded extract: every sample has exactly one valid hidden-state file (host or group).",
+    "demo": "Run the whole EAGLE-3 pipeline on this machine on a tiny verifier.",
+    "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
+    "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
+    "serve": "Serve a run's exported draft with vLLM on a host, forward it, show the served acceptance.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Listing must not import every command module.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, HELP.get(name, "")) for name in COMMANDS])
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="Path to harness.toml (default: ./harness.toml).")
+@click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key once and record it (a changed key is always refused).")
+@click.version_option(package_name="harness")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, accept_new_host_key: bool) -> None:
+    """Drive EAGLE-3 draft-model training on a GPU host, safely and fast."""
+    from harness.cli.context import AppContext
+
+    ctx.obj = AppContext(config_path=config_path, accept_new_host_key=accept_new_host_key)
+    ctx.call_on_close(ctx.obj.close)  # the one close: every connection a command opened
+
+
+def run() -> None:
+    """Run the command line: typed HarnessErrors become one line and their exit code."""
+    from harness.errors import HarnessError
+
+    try:
+        rv = cli.main(standalone_mode=False)
+    except HarnessError as e:
+        click.echo(f"harness: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("harness: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    # Commands signal their exit code with ctx.exit(code), which click returns here.
+    sys.exit(rv if isinstance(rv, int) else 0)

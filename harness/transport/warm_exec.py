@@ -1,0 +1,240 @@
+"""A warm `harness exec`: no click, no harness.toml parsing, no `ssh -G`, no wait in Python.
+
+An exec on the slow path (remote_exec.exec_on_host -> openssh_exec.run, which checks everything
+and starts the master when needed) leaves a recipe beside the master's socket (`save`): the ssh
+command line onto that master, the quoted command line around the user's argv (how the host's
+runtime wraps it), the env names it passes, and the stamp of every file the choice of master was
+made from (`route`). The next exec of the same host and config runs from it (`run`) while every
+stamp holds, the same env names are set and the master answers; anything else (an edited
+known_hosts, a repointed alias, another env name, no master) takes the slow path again, which
+writes a new recipe. The process then becomes ssh (execvp): nothing of Python stays between the
+terminal and the command.
+
+What a route watches: every ssh_config file ssh read (`ssh -v -G`, Include'd ones too) and its
+directory (a file an Include glob matches may appear), Include patterns that matched nothing,
+the default config files (creating one changes the options), the known_hosts files ssh consults
+(their content keys the master: openssh.with_control_path), the `ssh -F` file harness wrote, and
+the caller's files (harness.toml). A configuration whose reading can change with nothing on
+disk changing (Match exec/localnetwork/canonical/final, CanonicalizeHostname, ${VAR}, an Include
+glob over directories) has no route: there every exec takes the slow path.
+
+Why: issue 31 asks a warm exec of at most 1.3x `ssh` through a ControlMaster, and the
+interpreter's start-up alone is 1.2x (bench/exec_latency.py, bench/RESULTS.md). So `run` and
+what it calls import os, sys, marshal and shlex only (`route` and `save` run on the slow path).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+
+FORMAT = 1
+MARK = "HARNESS-WARM-EXEC-ARGV"  # stands for the user's argv in a wrapped command line
+# A file changed this close to when its content was read may have changed after the read within
+# the file system's timestamp granularity (git's "racy" index entries): no recipe then (the next
+# exec writes it). Covers coarse kernel clocks (a jiffy) and 2-second file systems.
+RACY_NS = 2_000_000_000
+# What the slow path reads from the environment on its way to a master (openssh.py).
+ENV_INPUTS = ("HOME", "HARNESS_SSH_CONFIG", "HARNESS_KNOWN_HOSTS")
+
+
+def run(key: str, argv: list[str]) -> int | None:
+    """Run argv from the recipe under `key` (the caller's name for host and config) and return
+    its exit code, or become ssh and never return; None: no usable recipe, take the slow path."""
+    recipe = _load(_recipe_path(key))
+    if recipe is None or recipe.get("format") != FORMAT or recipe.get("key") != key:
+        return None
+    if recipe["env_inputs"] != [os.environ.get(k) for k in ENV_INPUTS]:
+        return None
+    if any(_stamp(path) != stamp for path, stamp in recipe["stamps"]):
+        return None
+    names = [n for n in recipe["env_names_known"] if n in os.environ]
+    if names != recipe["env_names"] or not master_answers(recipe["control_path"]):
+        return None
+    import shlex
+
+    ssh_argv = [*recipe["ssh"], recipe["head"] + " ".join(shlex.quote(a) for a in argv) + recipe["tail"]]
+    if not names:
+        os.execvp(ssh_argv[0], ssh_argv)  # the process becomes ssh: its exit code is ours
+    from harness.transport.remote_shell import env_payload
+
+    try:
+        prefix = env_payload({n: os.environ[n] for n in names})
+    except ValueError:  # a value no line can carry: the slow path says so in one line
+        return None
+    return run_ssh(ssh_argv, prefix)
+
+
+def run_ssh(ssh_argv: list[str], prefix: bytes) -> int:
+    """Run an `ssh` command line on this terminal; `prefix` goes to its stdin ahead of ours (env
+    values). Returns its exit code (killed by signal N: 128+N, like a shell)."""
+    import signal
+    import subprocess
+
+    # Ctrl-C: the terminal signals our whole process group, ssh included; OpenSSH then closes
+    # the session. We only wait for ssh's exit code.
+    proc = subprocess.Popen(ssh_argv, stdin=subprocess.PIPE if prefix else None)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if prefix:
+            _feed_stdin(proc, prefix)
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 128 - code if code < 0 else code
+
+
+def _feed_stdin(proc, prefix: bytes) -> None:
+    """Env lines first, then our own stdin as it comes (like `ssh host cmd`), then EOF."""
+    try:
+        proc.stdin.write(prefix)
+        proc.stdin.flush()
+    except BrokenPipeError:
+        return
+    import threading
+
+    threading.Thread(target=_copy, args=(0, proc), daemon=True).start()
+
+
+def _copy(fd: int, proc) -> None:
+    try:
+        while chunk := os.read(fd, 65536):
+            proc.stdin.write(chunk)
+            proc.stdin.flush()
+        proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
+def master_answers(control_path: str | None) -> bool:
+    """A master listens on the socket (a socket file whose master is gone refuses)."""
+    if not control_path:
+        return False
+    # _socket, the C module under socket.py: socket.py builds four enum classes on import
+    # (14 M instructions, 4% of a warm exec: callgrind, bench/RESULTS.md)
+    import _socket
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.connect(control_path)
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# The slow path's side: what a route is, and writing the recipe
+
+
+def route(o) -> tuple[list[str], str, list[str]] | None:
+    """(ssh argv onto the master, its control path, files to watch) for OpenSSHOptions o, or
+    None where no warm route is safe."""
+    import re
+
+    from harness.transport import openssh
+
+    if o.accept_new_host_key:
+        return None  # a warm exec never records a key: only strict options are reused
+    dynamic = re.compile(r"^\s*(match\b.*\b(exec|localnetwork|canonical|final)\b|canonicalizehostname\s*=?\s*(yes|always)\b)|\$\{",
+                         re.IGNORECASE | re.MULTILINE)
+    include = re.compile(r"^\s*include\s*=?\s*(.+)$", re.IGNORECASE | re.MULTILINE)
+    glob = re.compile(r"[*?\[]")
+    reading = openssh.config_files_read(o)
+    watched: list[str] = []
+    for path in reading.files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return None
+        globbed_dirs = [w for line in include.findall(text) for w in line.split() if glob.search(os.path.dirname(w))]
+        if dynamic.search(text) or globbed_dirs:
+            return None
+        watched.append(path)
+        if os.path.dirname(path) != openssh.control_dir():  # ours (recipes, logs): its `ssh -F` file is named by its content
+            watched.append(os.path.dirname(path))
+    for pattern in reading.unmatched_includes:
+        pattern = os.path.expanduser(pattern)
+        watched.append(os.path.dirname(pattern) if glob.search(pattern) else pattern)
+    watched += [os.path.expanduser("~/.ssh/config"), openssh.SYSTEM_SSH_CONFIG]
+    watched += [os.path.expanduser(p) for k in openssh.KNOWN_HOSTS_KEYS for p in reading.values.get(k, ())]
+    opts = openssh.with_control_path(o)
+    assert opts.control_path
+    return openssh.command_argv(opts, None, control_master="no"), opts.control_path, list(dict.fromkeys(watched))
+
+
+def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[str], wrapped_mark: str, env_names_known: list[str],
+         env_names: list[str], started_ns: int) -> bool:
+    """Write the recipe of a slow exec that just ran. wrapped_mark: the remote command line it
+    would send for argv [MARK]; started_ns: when this process began reading its inputs
+    (time.time_ns()). Returns whether a recipe was written (a racy input: not)."""
+    ssh_argv, control_path, watched = route
+    quoted = wrapped_mark.split(MARK)
+    path = _recipe_path(key)
+    if len(quoted) != 2 or path is None:
+        return False
+    stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched])]
+    ours = control_dir_path() + os.sep  # the `ssh -F` file there is named by its content: no edit can go unseen
+    if any(s is not None and max(s[3], s[4]) >= started_ns - RACY_NS and not p.startswith(ours) for p, s in stamps):
+        forget(key)
+        return False
+    recipe = {"format": FORMAT, "key": key, "env_inputs": [os.environ.get(k) for k in ENV_INPUTS], "stamps": stamps,
+              "control_path": control_path, "ssh": ssh_argv, "head": quoted[0], "tail": quoted[1],
+              "env_names_known": env_names_known, "env_names": env_names}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        marshal.dump(recipe, f)
+    os.replace(tmp, path)
+    return True
+
+
+def forget(key: str) -> None:
+    path = _recipe_path(key)
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def control_dir_path() -> str:
+    """Where control sockets (and recipes) live: short, as socket paths are limited to ~104 bytes."""
+    return os.environ.get("HARNESS_CONTROL_DIR") or f"/tmp/harness-ssh-{os.getuid()}"
+
+
+def _recipe_path(key: str) -> str | None:
+    """The recipe's file among the control sockets, or None when that directory is not private
+    to us (openssh.control_dir's rule; the slow path reports it)."""
+    import zlib
+
+    directory = control_dir_path()
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    if not (st.st_mode & 0o170000 == 0o040000 and st.st_uid == os.getuid() and not st.st_mode & 0o077):
+        return None
+    raw = key.encode("utf-8", "surrogateescape")
+    return os.path.join(directory, f"exec-{zlib.crc32(raw):08x}-{len(raw)}")
+
+
+def _load(path: str | None) -> dict | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            recipe = marshal.load(f)
+    except (OSError, EOFError, ValueError, TypeError):  # absent, or written by another Python
+        return None
+    return recipe if isinstance(recipe, dict) else None
+
+
+def _stamp(path: str) -> tuple[int, int, int, int, int] | None:
+    """What any edit of path changes (the ctime too: a tool that keeps the mtime cannot keep it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
