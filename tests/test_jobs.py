@@ -44,6 +44,13 @@ def collect(jobs: Jobs, run_id: str, stage: str | None = None, follow: bool = Fa
     return b"".join(chunks).decode()
 
 
+def test_an_ended_stage_shows_how_it_ended_not_a_later_ranks_progress(tmp_path):
+    jobs, _ = make_jobs(tmp_path, {"prepare": {"lines": 1, "late_progress": True}})
+    status = jobs.wait(jobs.start(["prepare"]), timeout=60)
+    assert status.state == "ok", status
+    assert status.stages[0].last_event["event"] == "finished"  # the events file ends with a progress line
+
+
 def test_chain_runs_detached_with_complete_logs_and_record(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 4}, "train": {"lines": 3, "sleep": 0.5}})
     run_id = jobs.start(["prepare", "train"])

@@ -551,7 +551,11 @@ def run_summary(run_dir: str) -> dict | None:
         st = read_json(os.path.join(sd, "state.json"), {}) or {}
         st.setdefault("state", "pending")
         st["stage"] = stage
-        st["last_event"] = last_event(os.path.join(sd, "events.jsonl"))
+        events = os.path.join(sd, "events.jsonl")
+        # an ended stage shows how it ended: another rank's progress may have come after rank 0's
+        # `finished`, and a launcher that failed after its trainer writes a second one (the last wins)
+        ended = st["state"] in FINAL_STAGE and last_event(events, TAU_WINDOW, lambda ev: ev.get("event") == "finished")
+        st["last_event"] = ended or last_event(events)
         tau = latest_tau(os.path.join(sd, "events.jsonl"))
         if tau is not None:  # the draft's estimated acceptance while it trains (status shows it beside the last event)
             st["tau"] = tau
