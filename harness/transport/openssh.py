@@ -332,7 +332,8 @@ def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
 
 
 def config_files_read(o: OpenSSHOptions) -> "ConfigReading":
-    """The same `ssh -G` run's account of which ssh_config files it read (warm_route watches them)."""
+    """The same `ssh -v -G` run, with its account of the ssh_config files it read (warm_exec.route
+    watches them)."""
     return _read_config(o)
 
 

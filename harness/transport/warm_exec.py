@@ -142,6 +142,8 @@ def route(o) -> tuple[list[str], str, list[str]] | None:
     include = re.compile(r"^\s*include\s*=?\s*(.+)$", re.IGNORECASE | re.MULTILINE)
     glob = re.compile(r"[*?\[]")
     reading = openssh.config_files_read(o)
+    if not reading.files:
+        return None  # an ssh that does not say what it read (it reads at least our `ssh -F` file)
     watched: list[str] = []
     for path in reading.files:
         try:
