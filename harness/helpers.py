@@ -21,6 +21,7 @@ channel of the OpenSSH master, so a call on a warm link costs one channel: no pa
 the transport types the link's failures). `call` waits for the reply; `start` leaves stdin open
 for a caller that streams (sync, pull), on the same command line and payload.
 """
+
 from __future__ import annotations
 
 import json
@@ -99,17 +100,24 @@ def start(transport: "Transport", name: str, request: dict[str, Any], *, python:
     `before`: an argv run first on the host that ends by exec'ing the arguments after its own
     (`exec "$@"`), which are the helper's command line: e.g. sync's `cat` of the manifest, so the
     laptop plans while the interpreter starts. `env`: as for `call`."""
+    proc, data = _launch(transport, name, request, python, where, options, env, channel, before)
+    try:
+        proc.stdin.write(data)
+    except OSError:
+        pass  # it ended before reading: the caller's next write or read finds out, its exit and stderr say why
+    return proc
+
+
+def _launch(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
+            env: dict[str, str] | None, channel: str = SHARED, before: Sequence[str] = ()) -> tuple["RemoteProcess", bytes]:
+    """The started process and what its stdin must get first (a runtime's env values, then the payload)."""
     host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options)], b""
     if env:
         from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
 
         host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
     proc = transport.stream(host_argv, channel=channel)  # the transport owns the client process and types its failures
-    try:
-        proc.stdin.write(prefix + payload(name, request))
-    except OSError:
-        pass  # it ended before reading: the caller's next write or read finds out, its exit and stderr say why
-    return proc
+    return proc, prefix + payload(name, request)
 
 
 def call(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
@@ -138,7 +146,7 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
 
 def _call(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
           env: dict[str, str] | None, stdout: Callable[[bytes], None] | None, timeout: float | None, received: list[bytes]) -> HelperResult:
-    proc = start(transport, name, request, python=python, where=where, options=options, env=env)
+    proc, data = _launch(transport, name, request, python, where, options, env)
     timed_out = threading.Event()
 
     def end() -> None:
@@ -152,6 +160,7 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
     out: list[bytes] = []
     try:
         try:
+            proc.stdin.write(data)  # (under the timeout: a helper that never reads cannot hold the call)
             proc.stdin.close()
         except OSError:
             pass  # it ended before reading: its exit code and stderr say why
