@@ -6,14 +6,20 @@ installed on the host, a changed helper is used at once, and the host's `ps` sho
 naming the helper. Started one way: `python -S -c BOOT ...` on the host (the default `python3` as
 /usr/bin/python3 where there is one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in
 the stage environment (Runtime.foreground: the container, the workdir) when `where` is a runtime.
-One wire format: the request is one JSON document on the helper's stdin after its source (so
-secret values in it never reach a command line), the reply is its stdout (one JSON document, or a byte stream for a streaming command
+Nothing else builds a helper's command line (tests/test_helpers.py holds every module to it).
+One wire format: the request is ONE JSON line on the helper's stdin after its source (it ends in
+"\n"; a helper's arguments travel in it, never on a command line, so secret values in it never
+reach one). A helper that takes only the request reads stdin to its end (json.load); a helper
+with a byte stream of its own (sync_apply.py: file records; pull_helper.py: range requests)
+reads the request line and then the caller's stream, which FOLLOWS it on the same stdin
+(`start`). The reply is its stdout (one JSON document, or a byte stream for a streaming command
 handed to `stdout`), its exit code says how it went (0 done, 2 no such thing, else failed, with
 stderr saying why).
 
 Every call is one process the transport starts and owns (Transport.stream: for SSH hosts a
 channel of the OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP;
-the transport types the link's failures).
+the transport types the link's failures). `call` waits for the reply; `start` leaves stdin open
+for a caller that streams (sync, pull), on the same command line and payload.
 """
 
 from __future__ import annotations
@@ -21,17 +27,19 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import host_helpers
 from harness.errors import RemoteCommandError
+from harness.transport.base import SHARED
 
 if TYPE_CHECKING:
     from harness.runtime.base import Runtime, WrapOptions
     from harness.transport.base import Transport
+    from harness.transport.process import RemoteProcess
 
 # Reads the helper's source (argv: its name, its size in bytes) from stdin and runs it as
-# __main__; what follows on stdin is the request.
+# __main__; what follows on stdin is the request (and a streaming helper's stream).
 BOOT = ("import sys; n = sys.argv[1]; s = sys.stdin.buffer.read(int(sys.argv[2])); sys.argv = [n]; "
         "exec(compile(s, n, 'exec'), {'__name__': '__main__', '__file__': n})")
 # `python -S -c BOOT NAME SIZE` with the host's interpreter ($1).
@@ -73,12 +81,43 @@ def argv(name: str, *, python: str = "python3", where: "Runtime | None" = None, 
 
 
 def payload(name: str, request: dict[str, Any]) -> bytes:
-    """What the helper reads on stdin: its source, then the request."""
-    return _source(name) + json.dumps(request).encode()
+    """What the helper reads on stdin: its source, then the request as one JSON line (json.dumps
+    escapes every newline inside it: the line's end is the request's end)."""
+    return _source(name) + json.dumps(request).encode() + b"\n"
 
 
 def _source(name: str) -> bytes:
     return host_helpers.source(name).encode()
+
+
+def start(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
+          options: "WrapOptions | None" = None, env: dict[str, str] | None = None, channel: str = SHARED,
+          before: Sequence[str] = ()) -> "RemoteProcess":
+    """Start helper `name` with `request` (its payload already written) and leave its stdin open:
+    what the caller writes next is the helper's stream, after the request line; closing stdin
+    ends it. The caller reads stdout and takes the exit (RemoteProcess.error types a failure).
+    `channel`: Transport.stream's (OWN: a connection of its own, for parallel bulk streams).
+    `before`: an argv run first on the host that ends by exec'ing the arguments after its own
+    (`exec "$@"`), which are the helper's command line: e.g. sync's `cat` of the manifest, so the
+    laptop plans while the interpreter starts. `env`: as for `call`."""
+    proc, data = _launch(transport, name, request, python, where, options, env, channel, before)
+    try:
+        proc.stdin.write(data)
+    except OSError:
+        pass  # it ended before reading: the caller's next write or read finds out, its exit and stderr say why
+    return proc
+
+
+def _launch(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
+            env: dict[str, str] | None, channel: str = SHARED, before: Sequence[str] = ()) -> tuple["RemoteProcess", bytes]:
+    """The started process and what its stdin must get first (a runtime's env values, then the payload)."""
+    host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options)], b""
+    if env:
+        from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
+
+        host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
+    proc = transport.stream(host_argv, channel=channel)  # the transport owns the client process and types its failures
+    return proc, prefix + payload(name, request)
 
 
 def call(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
@@ -107,12 +146,7 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
 
 def _call(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
           env: dict[str, str] | None, stdout: Callable[[bytes], None] | None, timeout: float | None, received: list[bytes]) -> HelperResult:
-    host_argv, prefix = argv(name, python=python, where=where, options=options), b""
-    if env:
-        from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
-
-        host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
-    proc = transport.stream(host_argv)  # the transport owns the client process and types its failures
+    proc, data = _launch(transport, name, request, python, where, options, env)
     timed_out = threading.Event()
 
     def end() -> None:
@@ -126,7 +160,7 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
     out: list[bytes] = []
     try:
         try:
-            proc.stdin.write(prefix + payload(name, request))
+            proc.stdin.write(data)  # (under the timeout: a helper that never reads cannot hold the call)
             proc.stdin.close()
         except OSError:
             pass  # it ended before reading: its exit code and stderr say why

@@ -4,7 +4,7 @@ How it decides what moves
   The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
   {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
   entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
-  the host (harness/host_helpers/sync_apply.py, through transport.stream: for SSH hosts a persistent
+  the host (harness/host_helpers/sync_apply.py, by harness.helpers.start: for SSH hosts a persistent
   ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
   (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
   re-read; a file the cache does not know is read only when the host holds an entry of its size
@@ -51,10 +51,11 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable, Sequence
 
-from harness import host_helpers
+from harness import helpers
 from harness.transport.remote_shell import sh_expand_home
 from harness.errors import HarnessError, UsageError
 from harness.transport.base import Transport
+from harness.transport.process import RemoteProcess
 
 MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
@@ -453,10 +454,6 @@ def plan_sync(local: LocalTree, host: dict[str, Entry], roots: Sequence[str]) ->
 ProgressCallback = Callable[[int, int], None]  # (files sent so far, bytes sent so far)
 
 
-def _remote_source(name: str) -> str:
-    return host_helpers.source(name)
-
-
 # The body after the header line (harness/host_helpers/sync_apply.py reads it): one record per file
 # to send, in the header's order: size and permission bits, the content, its raw SHA-256 (hashed
 # as it was read: what the host holds, whatever happened to the file meanwhile). Then one JSON
@@ -485,13 +482,16 @@ class _Framer:
         self.raw.flush()
 
 
-def _session_argv(python: str, workdir: str) -> list[str]:
-    """`cat` the manifest (then a NUL) at once, then become the apply helper: the laptop plans
-    while the interpreter starts. `~` in workdir is expanded on the host (by `cd` and by the
-    helper). The default `python3` runs as /usr/bin/python3 where there is one
-    (host_helpers.SYSTEM_PYTHON_SH)."""
-    script = f'm=$1; {sh_expand_home("m")}; ' + 'if [ -f "$m" ]; then cat -- "$m" || exit 2; fi; printf "\\000"; py=$2; ' + host_helpers.SYSTEM_PYTHON_SH + '; exec "$py" -S -c "$3" "$4"'
-    return ["sh", "-c", script, "sh", _manifest_path(workdir), python, _remote_source("sync_apply.py"), workdir]
+SYNC_APPLY = "sync_apply.py"
+
+
+def _start_session(transport: Transport, python: str, workdir: str) -> RemoteProcess:
+    """The apply helper (harness.helpers.start: its source and request {"workdir"} on stdin),
+    run after a `cat` of the manifest (then a NUL): the manifest is on its way at once and the
+    laptop plans while the interpreter starts. `~` in workdir is expanded on the host (by the
+    shell for the manifest, by the helper)."""
+    cat_manifest = f'm=$1; {sh_expand_home("m")}; ' + 'if [ -f "$m" ]; then cat -- "$m" || exit 2; fi; printf "\\000"; shift; exec "$@"'
+    return helpers.start(transport, SYNC_APPLY, {"workdir": workdir}, python=python, before=["sh", "-c", cat_manifest, "sh", _manifest_path(workdir)])
 
 
 def _manifest_path(workdir: str) -> str:
@@ -512,7 +512,7 @@ class PreparedSync:
     def __init__(self, transport: Transport, root: Path, paths: Sequence[str], workdir: str, *, exclude: Sequence[str] = (), python: str = "python3", cache_file: Path | None = None):
         self.transport, self.root, self.workdir = transport, Path(root), workdir
         roots = normalize_roots(paths)
-        self._proc = transport.stream(_session_argv(python, workdir))
+        self._proc = _start_session(transport, python, workdir)
         self._pending_out = b""
         self._done = False
         try:

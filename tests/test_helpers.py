@@ -95,3 +95,78 @@ def test_prefetched_answers_commands_asked_ahead_in_one_call():
     assert prefetched.run(argvs[2]).exit_code == 3
     assert transport.runs == []
     assert prefetched.run(argvs[3]).text == "after\n" and transport.runs == [argvs[3]]  # not run after the failure: asked now
+
+
+# A streaming helper of the test's own: the request line, then the caller's stream on the same stdin.
+ECHO_STREAM = """
+import json, sys
+request = json.loads(sys.stdin.buffer.readline())
+rest = sys.stdin.buffer.read()
+json.dump({"request": request, "rest": rest.decode(), "argv": sys.argv, "no_site": sys.flags.no_site}, sys.stdout)
+"""
+
+
+def test_a_streaming_helper_reads_the_request_line_then_the_callers_stream(monkeypatch):
+    """helpers.start (sync, pull): the same command line and payload as helpers.call, stdin left
+    open for the caller's stream after the request line; `before` runs first and execs the helper."""
+    real = host_helpers.source
+    monkeypatch.setattr(host_helpers, "source", lambda name: ECHO_STREAM if name == "echo_stream.py" else real(name))
+    transport = Recording()
+    first = 'printf "%s\\0" "$1"; shift; exec "$@"'  # as sync's `cat` of the manifest
+    proc = helpers.start(transport, "echo_stream.py", {"mode": "a\nb"}, python=sys.executable, before=["sh", "-c", first, "sh", "said first"])
+    proc.stdin.write(b"stream {not json}\n\x00tail")
+    code, out = proc.communicate()
+    assert code == 0, proc.stderr_text()
+    said, _, reply = out.partition(b"\0")
+    assert said == b"said first"
+    reply = json.loads(reply)
+    assert reply["request"] == {"mode": "a\nb"} and reply["rest"] == "stream {not json}\n\x00tail"
+    assert reply["argv"] == ["echo_stream.py"] and reply["no_site"] == 1  # started with -S on the host's python
+    assert transport.argvs[0][:5] == ["sh", "-c", first, "sh", "said first"] and not any("json.dump" in a for a in transport.argvs[0])
+
+
+def _module_text(path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
+    """The one way stays the one way: only harness/helpers.py reads a helper's source or knows how
+    the host's python starts one (host_helpers is imported nowhere else), no other module builds a
+    `python -S -c` command line, and every module that names a helper imports harness.helpers."""
+    import ast
+    from pathlib import Path
+
+    package = Path(helpers.__file__).resolve().parent
+    names = {p.name for p in host_helpers.DIR.glob("*.py") if p.name != "__init__.py"}
+    assert {"supervisor.py", "sync_apply.py", "pull_helper.py"} <= names
+    named: dict[str, set[str]] = {}
+    offences: list[str] = []
+    for path in sorted(package.rglob("*.py")):
+        if host_helpers.DIR in path.parents or path == package / "helpers.py":
+            continue
+        rel = str(path.relative_to(package.parent))
+        tree = ast.parse(_module_text(path), rel)
+        imports_helpers = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "harness" and any(a.name == "host_helpers" for a in node.names):
+                offences.append(f"{rel}:{node.lineno}: imports harness.host_helpers")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(m.startswith("harness.host_helpers") for m in modules):
+                    offences.append(f"{rel}:{node.lineno}: imports harness.host_helpers")
+                if any(m == "harness.helpers" for m in modules) or (isinstance(node, ast.ImportFrom) and node.module == "harness"
+                                                                   and any(a.name == "helpers" for a in node.names)):
+                    imports_helpers = True
+            if isinstance(node, (ast.List, ast.Tuple)):
+                items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+                if any(a == "-S" and b == "-c" for a, b in zip(items, items[1:])):
+                    offences.append(f"{rel}:{node.lineno}: builds a `python -S -c` command line")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if "-S -c" in node.value:
+                    offences.append(f"{rel}:{node.lineno}: a shell line with `python -S -c`")
+                if node.value in names:
+                    named.setdefault(rel, set()).add(node.value)
+        if rel in named and not imports_helpers:
+            offences.append(f"{rel}: names {sorted(named[rel])} but does not go through harness.helpers")
+    assert offences == []
+    assert set().union(*named.values()) == names - {"commands.py"}  # commands.py: named in helpers.py itself (Prefetched)

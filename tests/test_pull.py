@@ -95,17 +95,32 @@ def hostile(doc):
         doc["entries"].append([name, "file", 3, 0o644, 0, ""])
     return doc
 """
-# the names in the listing the first stream brings (its status-4 frame); every other frame as sent
-INJECT_STREAM = HOSTILE_NAMES + """
-import json, struct, subprocess, sys, threading
-helper = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+# Runs the helper command line after its own arguments, as the host would, having read what
+# harness.helpers sends first (the helper's source: SIZE bytes, the last argument; then the
+# request line) and passed it on; `request` is that request. The rest of stdin is passed on as it comes.
+RELAY = """
+import json, subprocess, sys, threading
+stdin = sys.stdin.buffer
+sent = stdin.read(int(sys.argv[-1])) + stdin.readline()
+request = json.loads(sent[int(sys.argv[-1]):])
+"""
+RELAY_FEED = """
+helper.stdin.write(sent)
 
 def feed():
-    for line in sys.stdin.buffer:
-        helper.stdin.write(line)
+    while chunk := stdin.read1(1 << 16):
+        helper.stdin.write(chunk)
     helper.stdin.close()
 
 threading.Thread(target=feed, daemon=True).start()
+"""
+# the names in the listing the first stream brings (its status-4 frame); every other frame as sent
+INJECT_STREAM = HOSTILE_NAMES + RELAY + """
+helper = subprocess.Popen(sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE if request["mode"] == "send" else None, bufsize=0)
+""" + RELAY_FEED + """
+if request["mode"] != "send":
+    sys.exit(helper.wait())
+import struct
 frame, out = struct.Struct(">BQ"), sys.stdout.buffer
 
 def read(n):
@@ -128,7 +143,7 @@ class HostileHost(LocalTransport):
     """A host whose listing names paths outside the destination (a compromised or buggy box)."""
 
     def local_argv(self, argv):
-        if argv[-2] == "send":  # helper_argv: ..., MODE, ROOT
+        if argv[-2] == "pull_helper.py":  # harness.helpers.argv: ..., NAME, SIZE
             return [sys.executable, "-c", INJECT_STREAM, *argv]
         return super().local_argv(argv)
 
@@ -480,16 +495,24 @@ def test_a_run_brings_records_report_plots_export_and_the_checkpoint_asked_for(t
 
 
 class CountingHost(LocalTransport):
-    """Logs each helper started on the host (a remote start: a login shell and a Python) by its mode."""
+    """Logs each helper started on the host (a remote start: a login shell and a Python) by the
+    mode in its request; any other command as `other`."""
 
-    LOG_AND_EXEC = "import os, sys; open(sys.argv[1], 'a').write(sys.argv[-2] + '\\n'); os.execvp(sys.argv[2], sys.argv[2:])"
+    LOG_AND_RUN = RELAY + """
+open(sys.argv[1], "a").write(request["mode"] + "\\n")
+helper = subprocess.Popen(sys.argv[2:], stdin=subprocess.PIPE, bufsize=0)
+""" + RELAY_FEED + """
+sys.exit(helper.wait())
+"""
+    LOG_AND_EXEC = "import os, sys; open(sys.argv[1], 'a').write('other\\n'); os.execvp(sys.argv[2], sys.argv[2:])"
 
     def __init__(self, log: Path):
         super().__init__()
         self.log = log
 
     def local_argv(self, argv):
-        return [sys.executable, "-c", self.LOG_AND_EXEC, str(self.log), *super().local_argv(argv)]
+        run = self.LOG_AND_RUN if argv[-2] == "pull_helper.py" else self.LOG_AND_EXEC  # harness.helpers.argv: ..., NAME, SIZE
+        return [sys.executable, "-c", run, str(self.log), *super().local_argv(argv)]
 
     def starts(self) -> list[str]:
         return self.log.read_text().split() if self.log.exists() else []

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness.pull import PART_SUFFIX, PullOptions, pull
-from harness.pull.host import helper_argv
+from harness.pull.host import start_send
 from harness.pull.streams import FirstStream
 
 MiB = 1 << 20
@@ -128,7 +128,7 @@ def test_the_listener_serves_only_with_its_token_and_ends_with_its_helper(ssh_ho
     st = src.stat()
     request = (json.dumps(str(src.parent)) + "\n" + json.dumps([src.name, 0, 0, st.st_size, st.st_size, st.st_mtime_ns]) + "\n").encode()
     with ssh_transport(ssh_host, monkeypatch) as t:
-        first = FirstStream(lambda: t.stream(helper_argv("python3", "send", "-")), listen=True)
+        first = FirstStream(lambda: start_send(t, "python3"), listen=True)
         first.probe(short_s=1.0)
         first.join()
         assert first.ok and first.listener is not None

@@ -324,12 +324,14 @@ def test_cut_stream_leaves_no_partial_file_and_the_next_sync_completes(tmp_path,
     import subprocess
     import sys
 
-    from harness.sync import RECORD, _remote_source
+    from harness import helpers
+    from harness.sync import RECORD, SYNC_APPLY
 
     workdir = tmp_path / "host-workdir"
     header = {"roots": ["remote_scripts"], "upload": {"remote_scripts/big.bin": {"kind": "file", "size": 1000, "mode": 0o644, "sha256": "", "target": ""}}, "delete": [], "drop": []}
     stream = json.dumps(header).encode() + b"\n" + RECORD.pack(1000, 0o644) + b"x" * 400
-    proc = subprocess.run([sys.executable, "-S", "-c", _remote_source("sync_apply.py"), str(workdir)], input=stream, capture_output=True, timeout=60)
+    request = helpers.payload(SYNC_APPLY, {"workdir": str(workdir)})  # as harness.helpers.start sends it; the stream follows
+    proc = subprocess.run(helpers.argv(SYNC_APPLY, python=sys.executable), input=request + stream, capture_output=True, timeout=60)
     assert proc.returncode != 0 and b"ended early" in proc.stderr
     assert not (workdir / "remote_scripts" / "big.bin").exists()
     pending = json.loads((workdir / MANIFEST_PATH).read_text())

@@ -1,12 +1,16 @@
-"""Host side of `harness pull` (stdlib only; sent as `python3 -c SOURCE MODE ROOT`, never imported).
+"""Host side of `harness pull` (stdlib only; shipped and started by harness/helpers.py, never imported).
 
 Names travel as JSON (never parsed from shell output); symlinks are reported, never followed.
+stdin, after this source: the request, one JSON line (harness/helpers.py), {"mode": MODE, ...}:
 
-  hash ROOT   stdin: JSON list of rel paths. stdout: one JSON line per file as it is done,
+  {"mode": "hash", "root": ROOT, "rels": [rel, ...]}
+              stdout: one JSON line per file as it is done,
               [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
               checked after hashing (a file being written while hashed reports an error).
-  send -      stdout: frames of (status byte, 8-byte big-endian length, data); one status-3 frame
-              ("ready") as soon as the helper runs. stdin: first questions, one JSON line each,
+  {"mode": "send"}
+              stdout: frames of (status byte, 8-byte big-endian length, data); one status-3 frame
+              ("ready") as soon as the helper runs. stdin, after the request line (the
+              stream follows it): first questions, one JSON line each,
               each answered by one frame, in order (`answer`): a listing, a small file, which paths
               exist, the newest run, a listener for more streams, a ping (`null`: a status-3 frame,
               the laptop times it). Then the line ROOT (a JSON string) and one JSON segment per
@@ -315,10 +319,11 @@ def serve_send(stdin, out, listen):
 
 
 def main():
-    mode, root = sys.argv[1], sys.argv[2]
+    request = json.loads(sys.stdin.buffer.readline())  # the request line (harness/helpers.py); a `send` stream follows
+    mode = request["mode"]
     out = sys.stdout.buffer
     if mode == "hash":
-        do_hash(os.path.realpath(os.path.expanduser(root)), json.loads(sys.stdin.buffer.read()), out)
+        do_hash(os.path.realpath(os.path.expanduser(request["root"])), request["rels"], out)
     elif mode == "send":
         try:  # Linux: a 1 MiB pipe to sshd takes a whole frame per write (fewer switches between us and sshd)
             import fcntl

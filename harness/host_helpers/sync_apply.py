@@ -1,9 +1,10 @@
-"""Host side of `harness sync` (stdlib only; sent as `python3 -c SOURCE WORKDIR`, never imported).
+"""Host side of `harness sync` (stdlib only; shipped and started by harness/helpers.py, never imported).
 
 The laptop's command line prints the current manifest (then a NUL byte) with `cat` before this
 script starts, so planning overlaps the interpreter's start-up (harness.sync.PreparedSync).
-stdin: one JSON header line (an empty line or EOF: change nothing and exit), then one record per
-file to write, then one JSON trailer line.
+stdin, after this source: the request, one JSON line {"workdir": WORKDIR} (harness/helpers.py;
+sent at once, with the source), then sync's own stream: one JSON header line (an empty line or
+EOF: change nothing and exit), then one record per file to write, then one JSON trailer line.
   header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...]}
   record (files of `upload`, in its order; links travel in the header alone):
     8-byte size, 4-byte permission bits (big-endian; size 2**64-1: the file vanished on the
@@ -219,8 +220,9 @@ def manifest_doc(files, digest):
 
 
 def main():
-    workdir = os.path.normpath(os.path.expanduser(sys.argv[1]))
     stream = sys.stdin.buffer
+    request = json.loads(stream.readline())  # the request line (harness/helpers.py); the stream follows
+    workdir = os.path.normpath(os.path.expanduser(request["workdir"]))
     line = stream.readline()
     if not line.strip():
         return  # nothing to do (a no-op or a dry run): the host is left exactly as it was

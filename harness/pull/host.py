@@ -1,44 +1,25 @@
-"""Calls of the helper shipped to the host (harness/host_helpers/pull_helper.py): the host-side
-SHA-256 of the selected files, a listing's parsing, and the command line of a byte stream."""
+"""Calls of the helper shipped to the host (harness/host_helpers/pull_helper.py, through
+harness.helpers): the host-side SHA-256 of the selected files, a listing's parsing, and the start
+of a byte stream (a `send` helper)."""
 
 from __future__ import annotations
 
 import json
 import threading
 
-from harness import host_helpers
+from harness import helpers
 from harness.pull.selection import RemoteEntry
-from harness.transport.base import Transport
+from harness.transport.base import SHARED, Transport
+from harness.transport.process import RemoteProcess
 
+PULL_HELPER = "pull_helper.py"
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
-def _helper_source() -> str:
-    return host_helpers.source("pull_helper.py")
-
-
-_RUN_PYTHON = f'py=$1; shift; {host_helpers.SYSTEM_PYTHON_SH}; exec "$py" "$@"'
-
-
-def helper_argv(python: str, mode: str, root: str) -> list[str]:
-    # -S: the helper is stdlib only; skipping site (and its .pth files) saves most of the start-up
-    return ["sh", "-c", _RUN_PYTHON, "sh", python, "-S", "-c", _helper_source(), mode, root]
-
-
-def run_bulk(transport: Transport, argv: list[str], what: str, stdin: bytes = b"", stdout=None) -> None:
-    """Run argv on the host through transport.stream (over the persistent master connection for
-    SSH hosts): no new handshake, and a dropped link is re-established by the next call.
-    stdout: a sink called with each chunk. Raises the transport's typed error (`what` failed)."""
-    proc = transport.stream(argv)
-    try:
-        proc.stdin.write(stdin)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    while chunk := proc.stdout.read(1 << 16):
-        stdout(chunk)
-    if proc.wait() != 0:
-        raise proc.error(what)
+def start_send(transport: Transport, python: str, channel: str = SHARED) -> RemoteProcess:
+    """A `send` helper (pull_helper.py): its stdin is open for questions, ROOT and segments, which
+    follow the request line (harness.helpers.start)."""
+    return helpers.start(transport, PULL_HELPER, {"mode": "send"}, python=python, channel=channel)
 
 
 def parse_listing(doc: dict) -> tuple[str, bool, list[RemoteEntry]]:
@@ -73,7 +54,8 @@ class HostHashes:
 
         try:
             if rels:
-                run_bulk(transport, helper_argv(python, "hash", root), f"pull_helper.py hash on {transport.name}", json.dumps(rels).encode(), sink)
+                request = {"mode": "hash", "root": root, "rels": rels}
+                helpers.call(transport, PULL_HELPER, request, python=python, stdout=sink).checked(f"{PULL_HELPER} hash on {transport.name}")
         except Exception as e:  # noqa: BLE001 - reported per file below
             self.error = f"{HOST_HASHING_FAILED}: {e}"
         finally:

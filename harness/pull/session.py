@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError, UsageError
-from harness.pull.host import HostHashes, helper_argv, parse_listing
+from harness.pull.host import HostHashes, parse_listing, start_send
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
@@ -123,8 +123,7 @@ class PullConnection:
 def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
     # it also asks for a listener for the pull's further streams where they can reach it
     listen = options.jobs > 1 and not options.dry_run and transport.forwards_tcp
-    argv = helper_argv(options.python, "send", "-")
-    return FirstStream(lambda: transport.stream(argv), listen=listen)
+    return FirstStream(lambda: start_send(transport, options.python), listen=listen)
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,6 @@ class PullSession:
         self.report = PullReport(local_dir=str(local_root))
         self.root = ""  # the sources' common directory on the host (from the listing)
         self.names: dict[str, str] = {}
-        self.send_argv = helper_argv(options.python, "send", "-")
         self.first = first  # the first stream, started ahead (it brings the listing)
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
@@ -358,13 +356,12 @@ class PullSession:
                 first.stop()
             return
         options = self.options
-        send_argv = self.send_argv
 
         def shared() -> RemoteProcess:
-            return self.transport.stream(send_argv)
+            return start_send(self.transport, options.python)
 
         def own() -> RemoteProcess:  # (the shared connection where there is no other: the local host)
-            return self.transport.stream(send_argv, channel=OWN)
+            return start_send(self.transport, options.python, channel=OWN)
 
         if first is not None:
             first.join()  # its round trip decides how many streams to open (the stream waits for it too)
