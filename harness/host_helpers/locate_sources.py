@@ -1,5 +1,5 @@
 """Where the stage interpreter has packages installed (stdlib only; called through
-harness/helpers.py: `python -c SOURCE`, the request on stdin, run in the stage environment: inside the container on docker hosts; never imported).
+harness/helpers.py: its source and then the request on stdin, run by `python -c BOOT` in the stage environment: inside the container on docker hosts; never imported).
 
 Request (JSON): {"packages": [names], "cache": null | DIR}. Each name is located without importing
 it (importlib.util.find_spec of a top-level name runs no package code). With "cache" (docker

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The run supervisor: runs a chain of stages ON THE HOST, detached from the SSH link.
 
-Sent by the harness with every call (harness/helpers.py: `python -S -c SOURCE`, one JSON request
-on stdin) and run with the host's python3. Standard library only: it must work on a bare GPU
+Sent by the harness with every call (harness/helpers.py: its source on stdin ahead of one JSON
+request line, run by `python -S -c BOOT`) and run with the host's python3. Standard library only: it must work on a bare GPU
 box, outside any container.
 
 Everything about a run lives in files under <workdir>/runs/<run_id>/, so any laptop can come back
