@@ -67,43 +67,56 @@ def run(key: str, argv: list[str]) -> int | None:
 
 def run_ssh(ssh_argv: list[str], prefix: bytes) -> int:
     """Run an `ssh` command line on this terminal; `prefix` goes to its stdin ahead of ours (env
-    values). Returns its exit code (killed by signal N: 128+N, like a shell)."""
+    values). Returns its exit code (killed by signal N: 128+N, like a shell). posix_spawn, not
+    subprocess: the warm exec with env values pays for no import it can avoid (bench/exec_latency.py)."""
     import signal
-    import subprocess
 
+    if not prefix:
+        pid = os.posix_spawnp(ssh_argv[0], ssh_argv, os.environ)
+    else:
+        read_end, write_end = os.pipe()  # both close-on-exec: ssh gets only its stdin
+        if read_end == 0:  # our stdin was closed: dup2(0, 0) would not clear close-on-exec
+            os.set_inheritable(0, True)
+        pid = os.posix_spawnp(ssh_argv[0], ssh_argv, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, read_end, 0)])
+        os.close(read_end)
+        _feed_stdin(write_end, prefix)
     # Ctrl-C: the terminal signals our whole process group, ssh included; OpenSSH then closes
     # the session. We only wait for ssh's exit code.
-    proc = subprocess.Popen(ssh_argv, stdin=subprocess.PIPE if prefix else None)
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if prefix:
-            _feed_stdin(proc, prefix)
-        code = proc.wait()
+        _, status = os.waitpid(pid, 0)
     finally:
         signal.signal(signal.SIGINT, previous)
+    code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
 
 
-def _feed_stdin(proc, prefix: bytes) -> None:
+def _feed_stdin(fd: int, prefix: bytes) -> None:
     """Env lines first, then our own stdin as it comes (like `ssh host cmd`), then EOF."""
     try:
-        proc.stdin.write(prefix)
-        proc.stdin.flush()
-    except BrokenPipeError:
+        _write_all(fd, prefix)
+    except OSError:  # ssh ended before reading: its exit code says why
+        os.close(fd)
         return
     import threading
 
-    threading.Thread(target=_copy, args=(0, proc), daemon=True).start()
+    threading.Thread(target=_copy, args=(0, fd), daemon=True).start()
 
 
-def _copy(fd: int, proc) -> None:
+def _copy(source: int, fd: int) -> None:
     try:
-        while chunk := os.read(fd, 65536):
-            proc.stdin.write(chunk)
-            proc.stdin.flush()
-        proc.stdin.close()
-    except (OSError, ValueError):
+        while chunk := os.read(source, 65536):
+            _write_all(fd, chunk)
+    except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def master_answers(control_path: str | None) -> bool:
