@@ -109,6 +109,10 @@ def test_env_values_reach_the_command_and_stay_out_of_the_recipe(client):
         assert first == SECRET
         assert not [p for p in processes if SECRET in p]  # never on a command line
     assert all(SECRET.encode() not in p.read_bytes() for p in client.recipes())
+    bad = client.exec(*show, **{SECRET_NAME: "two\nlines"})  # a value no env line can carry: the slow path's one line
+    # (the recipe holds: the warm path declines it)
+    assert (bad.code, bad.err.decode().strip()) == (2, f"harness: error: environment variable {SECRET_NAME} contains a newline or NUL; "
+                                                        "such values cannot be passed to a remote host")
     unset = client.exec(*show)  # the name is no longer set: the recipe was made with it
     assert not unset.warm and unset.out.decode().splitlines()[0] == ""
 

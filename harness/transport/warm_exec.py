@@ -1,4 +1,4 @@
-"""A warm `harness exec`: no click, no harness.toml parsing, no `ssh -G`, no wait in Python.
+"""A warm `harness exec`: no click, no harness.toml parsing, no `ssh -G`.
 
 An exec on the slow path (remote_exec.exec_on_host -> openssh_exec.run, which checks everything
 and starts the master when needed) leaves a recipe beside the master's socket (`save`): the ssh
@@ -20,7 +20,7 @@ glob over directories) has no route: there every exec takes the slow path.
 
 Why: issue 31 asks a warm exec of at most 1.3x `ssh` through a ControlMaster, and the
 interpreter's start-up alone is 1.2x (bench/exec_latency.py, bench/RESULTS.md). So `run` and
-what it calls import os, sys, marshal and shlex only (`route` and `save` run on the slow path).
+what it calls import os, marshal and shlex only (with env values: remote_shell.py too) (`route` and `save` run on the slow path).
 """
 
 from __future__ import annotations
@@ -56,11 +56,12 @@ def run(key: str, argv: list[str]) -> int | None:
     ssh_argv = [*recipe["ssh"], recipe["head"] + " ".join(shlex.quote(a) for a in argv) + recipe["tail"]]
     if not names:
         os.execvp(ssh_argv[0], ssh_argv)  # the process becomes ssh: its exit code is ours
+    from harness.errors import UsageError
     from harness.transport.remote_shell import env_payload
 
     try:
         prefix = env_payload({n: os.environ[n] for n in names})
-    except ValueError:  # a value no line can carry: the slow path says so in one line
+    except UsageError:  # a value no line can carry: the slow path says so in one line
         return None
     return run_ssh(ssh_argv, prefix)
 
