@@ -328,12 +328,15 @@ class SSHTransport(Transport):
                       also_watch: Sequence[str], started_ns: int) -> bool:
         from harness.transport import warm_exec
 
-        route = warm_exec.route(self._openssh_options()) if openssh.ssh_available() else None
-        if route is None:
+        try:
+            route = warm_exec.route(self._openssh_options()) if openssh.ssh_available() else None
+            if route is None:
+                return False
+            command, _ = remote_command(wrapped_mark, env=dict.fromkeys(env_names, ""))
+            return warm_exec.save(key, route, also_watch=list(also_watch), wrapped_mark=command, env_names_known=list(env_names_known),
+                                  env_names=list(env_names), started_ns=started_ns)
+        except (OSError, HarnessError):  # a recipe only saves time: the exec that ran stands (the next one is slow)
             return False
-        command, _ = remote_command(wrapped_mark, env=dict.fromkeys(env_names, ""))
-        return warm_exec.save(key, route, also_watch=list(also_watch), wrapped_mark=command, env_names_known=list(env_names_known),
-                              env_names=list(env_names), started_ns=started_ns)
 
     def local_argv(self, argv: Sequence[str]) -> list[str]:
         return openssh.argv_for(openssh.with_control_path(self._openssh_options()), argv)

@@ -200,9 +200,14 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
               "control_path": control_path, "ssh": ssh_argv, "head": quoted[0], "tail": quoted[1],
               "env_names_known": env_names_known, "env_names": env_names}
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-        marshal.dump(recipe, f)
-    os.replace(tmp, path)
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            marshal.dump(recipe, f)
+        os.replace(tmp, path)  # readers see the old recipe or the whole new one
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return True
 
 
