@@ -55,10 +55,10 @@ class Client:
         return {**env, "HARNESS_SSH_CONFIG": str(self.ssh_config), "HARNESS_KNOWN_HOSTS": str(self.known_hosts),
                 "HARNESS_CONTROL_DIR": str(self.control_dir), **extra}
 
-    def exec(self, *argv: str, input: bytes | None = None, **env: str) -> Call:
-        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "--config", str(self.config), "exec", "box", "--", *argv],
+    def exec(self, *argv: str, input: bytes | None = None, config: str | None = None, cwd: Path | None = None, **env: str) -> Call:
+        r = subprocess.run([sys.executable, "-X", "importtime", "-m", "harness", "--config", config or str(self.config), "exec", "box", "--", *argv],
                            env=self.env(**env), input=input, stdin=None if input is not None else subprocess.DEVNULL,
-                           capture_output=True, timeout=60)
+                           capture_output=True, timeout=60, cwd=cwd)
         lines = r.stderr.split(b"\n")
         imports = [line for line in lines if line.startswith(b"import time:")]
         assert imports, "no import log: -X importtime was not honoured"
@@ -96,6 +96,16 @@ def test_the_second_exec_is_warm_and_gives_what_the_slow_path_gives(client):
     assert warm.out.decode().split("\0")[:-1] == TRICKY
     assert client.exec("sh", "-c", "pwd; echo err >&2; exit 7") == Call(7, f"{client.root / 'work'}\n".encode(), b"err\n", True)
     assert client.exec("wc", "-c", input=b"x" * 100_000) == Call(0, b"100000\n", b"", True)  # stdin reaches the command
+
+
+def test_a_config_named_through_a_symlink_or_dotdot_finds_the_recipe(client):
+    link = client.root / "link"  # the project's directory through a symlink (macOS's /tmp is one)
+    link.symlink_to(client.root)
+    client.age()
+    assert not client.exec("true", config=str(link / "harness.toml")).warm
+    assert client.exec("true", config=str(link / "harness.toml")).warm
+    assert client.exec("true", config="../harness.toml", cwd=client.root / "ssh").warm  # the same file: the same recipe
+    assert client.exec("true").warm
 
 
 def test_env_values_reach_the_command_and_stay_out_of_the_recipe(client):
@@ -198,4 +208,4 @@ def test_only_the_plain_form_is_offered_to_the_warm_exec(argv, expected):
     if expected is None:
         assert got is None
     else:
-        assert got == (os.path.abspath(expected[0]), expected[1], expected[2])
+        assert got == (os.path.realpath(expected[0]), expected[1], expected[2])

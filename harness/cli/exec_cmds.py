@@ -16,11 +16,11 @@ def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) ->
     Output streams live; harness exits with the command's exit code. Put `--` before the
     command so that its options are not taken for harness's own.
     """
-    from harness.cli.warm import recipe_key
+    from harness.cli.warm import config_file, recipe_key
     from harness.remote_exec import WarmExec, exec_on_host
 
     app = ctx.obj
     h = app.host(host)
-    config_file = str(app.config.path.absolute())
-    warm = WarmExec(recipe_key(config_file, host), config_file, app.started_ns)
+    path = config_file(app.config.path)
+    warm = WarmExec(recipe_key(path, host), path, app.started_ns)
     ctx.exit(exec_on_host(h.cfg, list(command), pty=pty, transport=h.transport, runtime=h.runtime, warm=warm))

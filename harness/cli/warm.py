@@ -37,9 +37,16 @@ def parse(argv: list[str]) -> tuple[str, str, list[str]] | None:
         command = command[1:]
     elif any(word.startswith("-") for word in command):
         return None
-    return (os.path.abspath(config), host, command) if command else None
+    return (config_file(config), host, command) if command else None
+
+
+def config_file(path: str | os.PathLike[str]) -> str:
+    """The config file as both sides name it: its real path (harness.config resolves the loaded
+    file's path: through a symlinked directory the warm side must name the same file)."""
+    return os.path.realpath(path)
 
 
 def recipe_key(config_path: str, host: str) -> str:
-    """Names one host of one config file: the recipe's key (cli/exec_cmds.py writes under it)."""
+    """Names one host of one config file (config_file's form): the recipe's key (cli/exec_cmds.py
+    writes under it)."""
     return f"{config_path}\0{host}"
