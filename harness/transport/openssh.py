@@ -328,13 +328,7 @@ KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
 def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
     """`ssh -G`: the client's own reading of ssh_config for these options (Match, Include and
     tokens included), as {key: values}. One `ssh` process per distinct options and CLI call."""
-    return _read_config(o).values
-
-
-def config_files_read(o: OpenSSHOptions) -> "ConfigReading":
-    """The same `ssh -v -G` run, with its account of the ssh_config files it read (warm_exec.route
-    watches them)."""
-    return _read_config(o)
+    return read_config(o).values
 
 
 @dataclass(frozen=True)
@@ -344,7 +338,9 @@ class ConfigReading:
     unmatched_includes: tuple[str, ...]  # Include patterns that matched no file (one may appear later)
 
 
-def _read_config(o: OpenSSHOptions) -> ConfigReading:
+def read_config(o: OpenSSHOptions) -> ConfigReading:
+    """The `ssh -v -G` run behind resolve_config, with its account of the ssh_config files it read
+    (warm_exec.route watches them)."""
     return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-v", "-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
 
 

@@ -155,10 +155,11 @@ def route(o) -> tuple[list[str], str, list[str]] | None:
                          re.IGNORECASE | re.MULTILINE)
     include = re.compile(r"^\s*include\s*=?\s*(.+)$", re.IGNORECASE | re.MULTILINE)
     glob = re.compile(r"[*?\[]")
-    reading = openssh.config_files_read(o)
+    reading = openssh.read_config(o)
     if not reading.files:
         return None  # an ssh that does not say what it read (it reads at least our `ssh -F` file)
     watched: list[str] = []
+    ours = openssh.control_dir()  # recipes and logs come and go there; its `ssh -F` file is named by its content
     for path in reading.files:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -169,7 +170,7 @@ def route(o) -> tuple[list[str], str, list[str]] | None:
         if dynamic.search(text) or globbed_dirs:
             return None
         watched.append(path)
-        if os.path.dirname(path) != openssh.control_dir():  # ours (recipes, logs): its `ssh -F` file is named by its content
+        if os.path.dirname(path) != ours:
             watched.append(os.path.dirname(path))
     for pattern in reading.unmatched_includes:
         pattern = os.path.expanduser(pattern)
