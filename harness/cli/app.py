@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "forward": "harness.cli.forward_cmds:forward",
     "tensorboard": "harness.cli.forward_cmds:tensorboard",
     "serve": "harness.cli.serve_cmds:serve",
+    "completion": "harness.cli.completion_cmds:completion",
 }
 
 HELP = {
@@ -53,6 +54,7 @@ HELP = {
     "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
     "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
     "serve": "Serve a run's exported draft with vLLM on a host, forward it, show the served acceptance.",
+    "completion": "Print the shell completion script (bash, zsh, fish): hosts, stages, run ids.",
 }
 
 

@@ -257,7 +257,14 @@ def print_runs(listing) -> None:
 
 
 def print_cancel(outcome) -> None:
-    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group."""
+    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group; with
+    --dry-run, what a cancel would stop."""
+    if outcome.dry_run:
+        live = outcome.would_stop()
+        for host, state in outcome.states.items():
+            verdict = "would cancel it (SIGTERM, grace period, SIGKILL)" if host in live else "nothing to cancel"
+            click.echo(f"run {outcome.run_id} on {host} is {state}: {verdict}")
+        return
     for host, state in outcome.states.items():
         click.echo(f"run {outcome.run_id} on {host}: {state}" if outcome.group else f"run {outcome.run_id}: {state}")
 
