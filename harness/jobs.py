@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from harness import helpers
 from harness.config import Config, HostConfig
-from harness.errors import RemoteCommandError, UsageError
+from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
@@ -132,13 +132,9 @@ class RunStatus:
         return next((s.stage for s in self.stages if s.state in ("running", "failed", "cancelled")), None)
 
     def exit_code(self) -> int:
-        """0 when the run succeeded; the failed stage's exit code (1 if none fits) otherwise."""
-        if self.state == "ok":
-            return 0
-        failed = self.failed_stage
-        if failed is not None and failed.exit_code and 0 < failed.exit_code < 256:
-            return failed.exit_code
-        return 1
+        """0 when the run succeeded, else EXIT_FAILED (a stage's own code is in its status: a
+        stage exiting 2 or 255 must not read as a usage or connection error)."""
+        return EXIT_OK if self.state == "ok" else EXIT_FAILED
 
     def summary_json(self) -> dict[str, Any]:
         """One run in `harness runs --json`."""

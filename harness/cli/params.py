@@ -50,6 +50,11 @@ def run_argument(**kw):
     return click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete_runs, **kw)
 
 
+def run_or_path_argument(**kw):
+    """pull's REMOTE: a run (completed from the cache) or a path on the host."""
+    return click.argument("remote", shell_complete=complete_runs, **kw)
+
+
 def remember_runs(app, host: str, run_ids, replace: bool = False) -> None:
     """Shell completion's cache of a host's run ids (harness.completion), after a command saw them."""
     from harness.completion import remember_runs as remember

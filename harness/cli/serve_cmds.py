@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.params import host_argument
+
 
 @click.command("serve")
-@click.argument("host")
+@host_argument()
 @click.argument("run", required=False, default="last")
 @click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host.")
 @click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")

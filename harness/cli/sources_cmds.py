@@ -6,9 +6,11 @@ from pathlib import Path
 
 import click
 
+from harness.cli.params import host_argument
+
 
 @click.command("sources")
-@click.argument("host")
+@host_argument()
 @click.argument("packages", nargs=-1, required=True, metavar="PACKAGE...")
 @click.option("--dest", type=click.Path(file_okay=False), default=None, help="Local folder of the mirror (default: .harness/sources/HOST under the project).")
 @click.pass_context
