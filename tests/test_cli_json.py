@@ -56,9 +56,9 @@ def test_status_runs_pull_and_hosts_as_json(tmp_path, ssh_host):
 
     status = wait_final(config, ssh_host, "box", run_id)
     again = harness(config, ssh_host, "status", "box", run_id, "--json")
-    assert again.returncode == 3  # the failed stage's exit code, as without --json
+    assert again.returncode == 1  # a failed run (harness.errors.EXIT_FAILED), as without --json
     assert set(status) == STATUS_KEYS and all(set(s) == STAGE_KEYS for s in status["stages"])
-    assert (status["run_id"], status["host"], status["state"], status["exit_code"]) == (run_id, "box", "failed", 3)
+    assert (status["run_id"], status["host"], status["state"], status["exit_code"]) == (run_id, "box", "failed", 1)
     assert status["record"] == json.loads((run_dir / "run.json").read_text())
     for stage, name in zip(status["stages"], ("prepare", "train")):
         on_disk = json.loads((run_dir / name / "state.json").read_text())

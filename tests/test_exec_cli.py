@@ -203,7 +203,7 @@ def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
 def test_unknown_host_is_a_usage_error(harness_config, env):
     r = harness(harness_config, "exec", "nope", "--", "true", env=env)
     assert r.returncode == 2
-    assert r.stderr.decode().strip() == f"harness: error: {harness_config.resolve()}: hosts.nope: unknown host (configured: behind, box, local)"
+    assert r.stderr.decode().strip() == f"harness: error: {harness_config.resolve()}: unknown host 'nope' (configured: behind, box, local)"
 
 
 def test_doctor_json_end_to_end(harness_config, env):

@@ -148,7 +148,7 @@ def run() -> None:
     from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError
 
     try:
-        rv = cli.main(standalone_mode=False)
+        rv = cli.main(standalone_mode=False, complete_var="_HARNESS_COMPLETE")  # the same under python -m harness
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
         sys.exit(e.exit_code)
