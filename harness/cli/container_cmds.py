@@ -16,7 +16,7 @@ LOGIN_SHELL = ["sh", "-c", "if command -v bash >/dev/null 2>&1; then exec bash; 
 @host_argument()
 @click.option("--force", is_flag=True, help="Rebuild from scratch (docker --no-cache), even when an image with the same content hash exists.")
 @click.option("--dry-run", "-n", is_flag=True, help="Say whether the image would be built (its tag, and whether the host has it); build and tag nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: docs/cli.md, \"--json\"); docker's output stays on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout: where, dry_run, ok, hosts {host: {ref, image_id, built, would_build} or {error}}; docker's output stays on stderr.")
 @click.pass_context
 def build(ctx: click.Context, host: str, force: bool, dry_run: bool, as_json: bool) -> None:
     """Build the ML image on HOST (a group: on each of its hosts) from container/, tagged with a

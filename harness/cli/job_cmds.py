@@ -15,7 +15,7 @@ import click
 from harness.cli.params import complete_runs, complete_stages, host_argument, remember_runs, run_argument
 from harness.cli.render import reattach_hint
 
-JSON_HELP = "Print the answer as JSON on stdout (keys: docs/cli.md, \"--json\")."
+JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
 
 
 def _stdout_sink(chunk: bytes) -> None:
@@ -151,7 +151,8 @@ def runs(ctx: click.Context, host: str, as_json: bool) -> None:
 @run_argument()
 @click.option("--grace", type=float, default=None, help="Seconds between SIGTERM and SIGKILL (default: the run's own, 10).")
 @click.option("--dry-run", "-n", is_flag=True, help="Say which run would be cancelled and its state now; stop nothing.")
-@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: host (or group), run_id, dry_run, ok, states {host: state after the cancel, or now with --dry-run, or \"error: ...\"}, would_stop [hosts] (--dry-run).")
 @click.pass_context
 def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | None, dry_run: bool, as_json: bool) -> None:
     """Cancel RUN on HOST (a group: on every node at once): SIGTERM, a grace period, then

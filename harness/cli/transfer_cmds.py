@@ -66,7 +66,7 @@ def _progress():
 @click.command("sync")
 @host_argument()
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be sent and deleted; change nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: docs/cli.md, \"--json\"); progress stays on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout: where, dry_run, ok, hosts {host: {upload, delete (paths; --dry-run: would), upload_bytes, unchanged, files_sent, bytes_sent, deleted, manifest_digest, skipped [{name, why}]} or {error}}.")
 @click.pass_context
 def sync(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
     """Push the configured sync paths to HOST's workdir (a group: to each of its hosts).
