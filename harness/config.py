@@ -159,7 +159,7 @@ class Config:
             return self.hosts[name]
         if name in self.groups:  # a command of one host (exec, shell, inspect, pull, ...) given a group
             raise UsageError(f"{name} is a group ({', '.join(self.groups[name].hosts)}): this command takes one host; name one of them")
-        raise self.unknown_host(name, list(self.hosts))
+        raise self.unknown_host(name, list(self.hosts), or_group=False)
 
     def targets(self, name: str) -> list[HostConfig]:
         """A host name or a group name -> the hosts it stands for, in order."""
@@ -167,12 +167,12 @@ class Config:
             return [self.host(h) for h in self.groups[name].hosts]
         if name in self.hosts:
             return [self.hosts[name]]
-        raise self.unknown_host(name, [*self.hosts, *self.groups])
+        raise self.unknown_host(name, [*self.hosts, *self.groups], or_group=True)
 
-    def unknown_host(self, name: str, known: list[str]) -> UsageError:
+    def unknown_host(self, name: str, known: list[str], or_group: bool) -> UsageError:
         """A HOST that names nothing configured: the near match, else what is configured."""
         close = did_you_mean(name, known)
-        what = f"{self.path}: unknown host {name!r}" if set(known) <= set(self.hosts) else f"{self.path}: unknown host or group {name!r}"
+        what = f"{self.path}: unknown host or group {name!r}" if or_group else f"{self.path}: unknown host {name!r}"
         return UsageError(what, close or (f"configured: {', '.join(sorted(known))}" if known else "add a [hosts.NAME] table: `harness init` writes a starter"))
 
 

@@ -68,7 +68,8 @@ def harness(config: Path, ssh_host, *args: str, env: dict | None = None, cwd: Pa
 # (command line, exit code, in WHAT, in HINT)
 MISTAKES = [
     (("sttus", "box"), EXIT_USAGE, "no command 'sttus'", "did you mean 'status'"),
-    (("status", "bx"), EXIT_USAGE, "unknown host 'bx'", "did you mean 'box'"),
+    (("status", "bx"), EXIT_USAGE, "unknown host or group 'bx'", "did you mean 'box'"),
+    (("exec", "bx", "true"), EXIT_USAGE, "unknown host 'bx'", "did you mean 'box'"),
     (("run", "box", "trian"), EXIT_USAGE, "unknown stage 'trian'", "did you mean 'train'"),
     (("status", "box", "--jsn"), EXIT_USAGE, "no such option: --jsn", "did you mean --json"),
     (("logs",), EXIT_USAGE, "Missing argument 'HOST'", "harness logs --help"),
