@@ -21,8 +21,9 @@ from typing import Any, TextIO
 
 import click
 
-# Every table column folds a long word (a path, a command, a fix) onto the next line instead of
-# cutting it with "…": at 80 columns (a pipe, a small terminal) nothing is lost.
+# Every text column folds a long word (a path, a command, a fix) onto the next line instead of
+# cutting it with "…": at 80 columns (a pipe, a small terminal) nothing is lost. Run ids, stages
+# and times never wrap (a user copies them).
 STATE_COLORS = {"ok": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
@@ -189,7 +190,7 @@ def print_run_table(st) -> None:
         caption=plain(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
     )
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col != "last event")
     for s in st.stages:
         table.add_row(plain(s.stage), styled_state(s.state), clock(s.started), duration(s.started, end_time(s)),
                       "" if s.exit_code is None else str(s.exit_code), plain(describe_event(s.last_event) + describe_tau(s.tau, s.last_event)))
@@ -240,7 +241,7 @@ def print_runs(listing) -> None:
     if not listing.group:
         table = Table(title=f"runs on {plain(listing.where)}")
         for col in ("run", "state", "stages", "started", "duration", "at stage"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col != "at stage")
         for r in listing.runs.get(listing.where, []):
             done = sum(1 for s in r.stages if s.state == "ok")
             table.add_row(plain(r.run_id), styled_state(r.state) + plain(r.queue_note), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
@@ -248,7 +249,7 @@ def print_runs(listing) -> None:
         return
     states = listing.states()
     table = Table(title=f"runs on group {plain(listing.where)}")
-    table.add_column("run", overflow="fold")
+    table.add_column("run", no_wrap=True)
     for host in listing.hosts:
         table.add_column(plain(host) + (" (unreachable)" if host in listing.errors else ""), overflow="fold")
     for run_id in listing.run_ids():
