@@ -66,7 +66,7 @@ GLOBAL_OPTIONS: list[tuple[list[str], str, dict]] = [
     (["--accept-new-host-key"], "accept_new_host_key",
      {"is_flag": True, "default": False, "help": "Trust an unknown SSH host key once and record it (a changed key is always refused)."}),
     (["-q", "--quiet"], "quiet",
-     {"is_flag": True, "default": False, "help": "Only results and errors: no progress bars, notes or hints on stderr."}),
+     {"is_flag": True, "default": False, "help": "Quieter: no progress bars, docker's build output or re-attach hints on stderr (results and errors stay)."}),
 ]
 
 
