@@ -146,6 +146,15 @@ def test_group_status_runs_and_cancel_as_json(tmp_path, ssh_host):
     for node in status["nodes"]:
         assert node["run"]["record"] == json.loads((tmp_path / "work" / node["host"] / "runs" / run_id / "run.json").read_text())
 
+    dry = as_json(harness(config, ssh_host, "cancel", "pair", "--dry-run", "--json"))  # RUN left out: the newest; nothing stopped
+    assert dry == {"group": "pair", "run_id": run_id, "dry_run": True, "states": {"a": "running", "b": "running"}, "ok": True, "would_stop": ["a", "b"]}
+    lines = [json.loads(line) for line in harness(config, ssh_host, "logs", "pair", "--json", "--tail", "2").stdout.splitlines()]
+    assert {item["host"] for item in lines} == {"a", "b"} and all(item["stage"] == "prepare" for item in lines)
+    for host in ("a", "b"):  # at most the last 2 lines of each node's (growing) log, whole lines as on disk
+        log = (tmp_path / "work" / host / "runs" / run_id / "prepare" / "log").read_text()
+        text = "".join(i["log"] for i in lines if i["host"] == host and "log" in i)
+        assert 1 <= len(text.splitlines()) <= 2 and text.endswith("\n") and ("\n" + text) in ("\n" + log), (host, lines)
+
     cancel = harness(config, ssh_host, "cancel", "pair", "last")
     assert cancel.returncode == 0, cancel.stderr
     assert cancel.stdout.splitlines() == [f"run {run_id} on a: cancelled", f"run {run_id} on b: cancelled"]

@@ -155,6 +155,9 @@ def run() -> None:
     except click.exceptions.Abort:
         click.echo("harness: aborted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as e:  # `harness` (or a group) alone: its help
+        click.echo(e.format_message(), err=True)
+        sys.exit(EXIT_USAGE)
     except click.UsageError as e:
         click.echo(usage_line(e), err=True)
         sys.exit(EXIT_USAGE)
