@@ -222,7 +222,7 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.closed]\nssh = "root@127.0.0.1:{free_port()}"\nconnect_timeout = 3\n')
     r = harness(config, "doctor", "closed", "--json", env=env)
-    assert r.returncode == 1
+    assert r.returncode == 255  # unreachable: as every other command (harness.errors.EXIT_CONNECTION)
     checks = json.loads(r.stdout)["checks"]
     assert checks[0]["name"] == "connect" and checks[0]["status"] == "fail" and checks[0]["fix"]
 
