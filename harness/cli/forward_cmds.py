@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.params import host_argument
+from harness.cli.params import complete_runs, host_argument
 
 
 def _hold(forwarding, shown, host: str) -> None:
@@ -45,7 +45,7 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
 
 @click.command("tensorboard")
 @host_argument()
-@click.argument("run", required=False)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--port", type=int, default=6006, show_default=True, help="TensorBoard's port on the host.")
 @click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
 @click.pass_context

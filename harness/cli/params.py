@@ -52,7 +52,7 @@ def run_argument(**kw):
 
 def run_or_path_argument(**kw):
     """pull's REMOTE: a run (completed from the cache) or a path on the host."""
-    return click.argument("remote", shell_complete=complete_runs, **kw)
+    return click.argument("remote", metavar="[REMOTE]", shell_complete=complete_runs, **kw)
 
 
 def remember_runs(app, host: str, run_ids, replace: bool = False) -> None:

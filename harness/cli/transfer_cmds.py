@@ -128,7 +128,7 @@ class _SyncBars:
 
 @click.command("pull")
 @host_argument()
-@run_or_path_argument()
+@run_or_path_argument(required=False, default="last")
 @click.argument("local_dir", required=False)
 @click.option("--include", multiple=True, metavar="PATTERN", help="Only paths matching (gitignore-style; repeatable).")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
@@ -139,8 +139,8 @@ class _SyncBars:
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: README, \"Scripting: --json\"); progress stays on stderr.")
 @click.pass_context
 def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
-    """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last') from
-    HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
+    """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';
+    without it, the newest run) from HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
 
     A run brings its records and logs, evaluate's report and plots, the export and train's
     metrics (under LOCAL_DIR/outputs/); checkpoints only with --latest-checkpoint or
