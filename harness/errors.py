@@ -29,9 +29,6 @@ class HarnessError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message} ({self.hint})"
 
-    def to_json(self) -> dict[str, object]:
-        return {"error": self.message, "hint": self.hint, "exit_code": self.exit_code}
-
 
 class UsageError(HarnessError):
     """Bad input on the command line or in a file the user wrote."""

@@ -108,9 +108,10 @@ def test_each_mistake_is_one_line_with_its_next_step(project, ssh_host, tmp_path
 
 def test_run_defaults_logs_tail_json_cancel_and_global_options_after(project, ssh_host, tmp_path):
     cache = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
-    started = harness(project, ssh_host, "run", "box", "prepare", "train", "--detach", env=cache)
+    started = harness(project, ssh_host, "run", "box", "prepare", "train", "--detach", "-q", env=cache)
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
+    assert started.stderr.splitlines() == [f"run {run_id} started on box"]  # -q: no re-attach hint
     status = harness(project, ssh_host, "status", "box", "--json")  # RUN left out: the newest
     while json.loads(status.stdout)["state"] in ("running", "starting", "queued"):
         status = harness(project, ssh_host, "status", "box", "--json")
@@ -124,6 +125,9 @@ def test_run_defaults_logs_tail_json_cancel_and_global_options_after(project, ss
     assert {item["stage"] for item in train} == {"train"} and train[-1]["state"]["state"] == "ok"
     assert [i["event"]["event"] for i in train if "event" in i][0] == "started"
     assert "".join(i["log"] for i in train if "log" in i).splitlines() == [ln for ln in whole if ln.startswith("train_draft")]
+
+    pull = json.loads(harness(project, ssh_host, "pull", "box", "--dry-run", "--json", cwd=tmp_path).stdout)  # REMOTE left out: the newest run
+    assert (pull["run_id"], pull["dry_run"]) == (run_id, True) and "train/log" in pull["planned"]
 
     dry = harness(project, ssh_host, "cancel", "box", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
