@@ -87,7 +87,7 @@ def _run_and_stage(run_id: str | None, stage: str | None) -> tuple[str, str | No
 @click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.argument("stage", required=False, shell_complete=complete_stages)
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run (or STAGE) ends.")
-@click.option("--tail", "-n", type=click.IntRange(min=1), default=None, metavar="N", help="Start at the last N lines (of the stages' logs, in order).")
+@click.option("--tail", type=click.IntRange(min=1), default=None, metavar="N", help="Start at the last N lines (of the stages' logs, in order).")
 @click.option("--json", "as_json", is_flag=True,
               help='JSON lines on stdout: {"stage", "log": text} | {"stage", "event": {...}} (docs/events.json) | {"stage", "state": {...}}; a group\'s with "host".')
 @click.pass_context
