@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from harness.errors import ConfigError, UsageError
+from harness.errors import ConfigError, UsageError, did_you_mean
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -159,8 +159,7 @@ class Config:
             return self.hosts[name]
         if name in self.groups:  # a command of one host (exec, shell, inspect, pull, ...) given a group
             raise UsageError(f"{name} is a group ({', '.join(self.groups[name].hosts)}): this command takes one host; name one of them")
-        known = ", ".join(sorted(self.hosts)) or "none"
-        raise ConfigError(str(self.path), f"hosts.{name}", f"unknown host (configured: {known})")
+        raise self.unknown_host(name, list(self.hosts), or_group=False)
 
     def targets(self, name: str) -> list[HostConfig]:
         """A host name or a group name -> the hosts it stands for, in order."""
@@ -168,8 +167,13 @@ class Config:
             return [self.host(h) for h in self.groups[name].hosts]
         if name in self.hosts:
             return [self.hosts[name]]
-        known = ", ".join(sorted([*self.hosts, *self.groups])) or "none"
-        raise UsageError(f"{self.path}: unknown host or group {name!r} (configured: {known})")
+        raise self.unknown_host(name, [*self.hosts, *self.groups], or_group=True)
+
+    def unknown_host(self, name: str, known: list[str], or_group: bool) -> UsageError:
+        """A HOST that names nothing configured: the near match, else what is configured."""
+        close = did_you_mean(name, known)
+        what = f"{self.path}: unknown host or group {name!r}" if or_group else f"{self.path}: unknown host {name!r}"
+        return UsageError(what, close or (f"configured: {', '.join(sorted(known))}" if known else "add a [hosts.NAME] table: `harness init` writes a starter"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +275,8 @@ def _reject_unknown(file: str, prefix: str, table: dict[str, Any], allowed: set[
     for k in table:
         if k not in allowed:
             where = f"{prefix}.{k}" if prefix else k
-            raise ConfigError(file, where, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+            close = did_you_mean(k, allowed)
+            raise ConfigError(file, where, "unknown key", close or f"expected one of: {', '.join(sorted(allowed))}")
 
 
 def _expect(file: str, key: str, value: Any, typ: type, what: str) -> None:

@@ -89,14 +89,14 @@ class Host:
                 result = prepared.apply(progress(self.name, prepared.plan) if progress else None)
         return SyncOutcome(self.name, [self.name], {self.name: result})
 
-    def build(self, force: bool, output: Callable[[bytes], None]) -> "BuildOutcome":
+    def build(self, force: bool, output: Callable[[bytes], None], dry_run: bool = False) -> "BuildOutcome":
         """Build the ML image here (harness.runtime.image.build); docker's output into `output`."""
         from harness.errors import UsageError
         from harness.runtime.image import BuildOutcome, build as build_image
 
         if not self.uses_image:
             raise UsageError(f"host {self.name} has runtime = \"{self.cfg.runtime}\"; set runtime = \"docker\" in [hosts.{self.name}] to build an image")
-        result = build_image(self.transport, self.config, self.cfg, output=output, force=force)
+        result = build_image(self.transport, self.config, self.cfg, output=output, force=force, dry_run=dry_run)
         return BuildOutcome(self.name, [self.name], {self.name: result})
 
     def doctor(self) -> "HostDiagnosis":
@@ -146,7 +146,7 @@ class Group:
         outcome = sync_hosts(self.config, transports, paths, on_plan=on_plan, progress_for=lambda h: callbacks.get(h))
         return SyncOutcome(self.name, names, {h: r for h, r, e in outcome if e is None}, {h: str(e) for h, _, e in outcome if e is not None})
 
-    def build(self, force: bool, output: Callable[[bytes], None]) -> "BuildOutcome":
+    def build(self, force: bool, output: Callable[[bytes], None], dry_run: bool = False) -> "BuildOutcome":
         """Build on every host at once; docker's lines into `output`, each prefixed `[host] `."""
         from harness.errors import UsageError
         from harness.multinode import LinePrefixer, open_all, parallel, prefixed_sink
@@ -162,7 +162,7 @@ class Group:
         def one(h: str):
             out = LinePrefixer(h, write)
             try:
-                return build_image(transports[h], self.config, self.config.host(h), output=out.feed, force=force)
+                return build_image(transports[h], self.config, self.config.host(h), output=out.feed, force=force, dry_run=dry_run)
             finally:
                 out.flush()
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from harness import helpers
 from harness.config import Config, HostConfig
-from harness.errors import RemoteCommandError, UsageError
+from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
@@ -44,6 +44,7 @@ RUNS_DIR = "runs"
 SUPERVISOR = "supervisor.py"  # harness/host_helpers/
 HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a run id, not a path
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
@@ -131,13 +132,9 @@ class RunStatus:
         return next((s.stage for s in self.stages if s.state in ("running", "failed", "cancelled")), None)
 
     def exit_code(self) -> int:
-        """0 when the run succeeded; the failed stage's exit code (1 if none fits) otherwise."""
-        if self.state == "ok":
-            return 0
-        failed = self.failed_stage
-        if failed is not None and failed.exit_code and 0 < failed.exit_code < 256:
-            return failed.exit_code
-        return 1
+        """0 when the run succeeded, else EXIT_FAILED (a stage's own code is in its status: a
+        stage exiting 2 or 255 must not read as a usage or connection error)."""
+        return EXIT_OK if self.state == "ok" else EXIT_FAILED
 
     def summary_json(self) -> dict[str, Any]:
         """One run in `harness runs --json`."""
@@ -207,9 +204,9 @@ class Jobs:
         if what == "last" and newest_run is not None:
             run_id = newest_run(self.runs_dir)
             if run_id is None:
-                raise UsageError(f"{self.host.name}: no runs yet")
+                raise self.no_runs_yet()
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
-        if what == "last" or RUN_ID_RE.match(what):
+        if what == "last" or RUN_ID_RE.match(what) or RUN_ID_LIKE_RE.match(what):  # a mistyped id is no path
             run_id = self.resolve_run_id(what)
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
         path = what if what.startswith(("/", "~")) else f"{self.runtime.workdir_as_given}/{what}"
@@ -329,16 +326,22 @@ class Jobs:
         if run_id == "last":
             runs = self.list_runs()
             if not runs:
-                raise UsageError(f"{self.host.name}: no runs yet")
+                raise self.no_runs_yet()
             return runs[-1].run_id
         if not RUN_ID_RE.match(run_id):
-            raise UsageError(f"invalid run id {run_id!r} (expected YYYYMMDD-HHMMSS-xxxxxx or 'last')")
+            raise UsageError(f"invalid run id {run_id!r}: expected YYYYMMDD-HHMMSS-xxxxxx or 'last'", f"`harness runs {self.name}` lists the runs")
         return run_id
+
+    def no_runs_yet(self) -> UsageError:
+        return UsageError(f"{self.name}: no runs yet", f"start one: harness run {self.name} all")
+
+    def no_run(self, run_id: str) -> UsageError:
+        return UsageError(f"{self.name}: no run {run_id}", f"`harness runs {self.name}` lists the runs")
 
     def _status_json(self, run_id: str | None) -> list[dict[str, Any]]:
         result = self._supervise({"cmd": "status", "runs_dir": self.runs_dir, "run_id": run_id})
         if result.exit_code == 2 and run_id:
-            raise UsageError(f"{self.host.name}: no run {run_id}")
+            raise self.no_run(run_id)
         return result.checked("supervisor status").json()
 
     def status(self, run_id: str) -> RunStatus:
@@ -347,19 +350,23 @@ class Jobs:
     def list_runs(self) -> list[RunStatus]:
         return [RunStatus.from_json(d) for d in self._status_json(None)]
 
-    def follow(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False, as_json: bool = False) -> int:
-        """Stream stage logs from their first byte (JSON lines with events when as_json)."""
-        request = {"cmd": "follow", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "stage": stage, "follow": follow, "json": as_json}
+    def follow(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False, as_json: bool = False,
+               tail: int | None = None) -> int:
+        """Stream stage logs from their first byte, or from the start of their last `tail` lines
+        (JSON lines with events when as_json)."""
+        request = {"cmd": "follow", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "stage": stage, "follow": follow, "json": as_json, "tail": tail}
         result = self._supervise(request, stdout=sink)
         if result.exit_code == 2:
-            raise UsageError(result.error or f"no run {run_id}")
+            if stage is not None and "has no stage" in result.error:
+                raise UsageError(result.error.strip(), f"`harness status {self.name} {run_id}` lists its stages")
+            raise self.no_run(run_id)
         return result.exit_code
 
     def cancel(self, run_id: str, grace_s: float | None = None) -> str:
         """SIGTERM, grace period, SIGKILL; returns the run's final state."""
         result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "grace": grace_s})
         if result.exit_code == 2:
-            raise UsageError(f"{self.host.name}: no run {run_id}")
+            raise self.no_run(run_id)
         return result.checked("supervisor cancel").text.strip()
 
     def mark_cancelling(self, run_id: str) -> None:
@@ -367,7 +374,7 @@ class Jobs:
         peers were cancelled first) is recorded cancelled. Stops nothing."""
         result = self._supervise({"cmd": "cancelling", "run_dir": self.run_dir(self.resolve_run_id(run_id))})
         if result.exit_code == 2:
-            raise UsageError(f"{self.host.name}: no run {run_id}")
+            raise self.no_run(run_id)
         result.checked("supervisor cancelling")
 
     # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
@@ -375,13 +382,14 @@ class Jobs:
     def listing(self) -> RunListing:
         return RunListing(self.name, [self.name], {self.name: self.list_runs()})
 
-    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False) -> int:
-        self.follow(run_id, sink, stage=stage, follow=follow)
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
+                    as_json: bool = False, tail: int | None = None) -> int:
+        self.follow(run_id, sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
         return 0
 
     def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
         run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, {self.name: self.cancel(run_id, grace_s)})
+        return CancelOutcome(run_id, {self.name: self.cancel(run_id, grace_s)}, where=self.name)
 
     def wait(self, run_id: str, timeout: float, poll_s: float = 0.5) -> RunStatus:
         """Poll until the run reaches a final state (tests, scripts)."""

@@ -40,6 +40,7 @@ way secrets are: values on the supervisor's stdin, names only in the run record.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -446,11 +447,14 @@ class GroupRun:
 
     def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
         run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, self.cancel(run_id, grace_s), group=True)
+        return CancelOutcome(run_id, self.cancel(run_id, grace_s), group=True, where=self.name)
 
-    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False) -> int:
-        """Every node's log into sink, each line `[host] ...`, until every stream ends."""
-        threads = self.follow(run_id, prefixed_sink(sink), stage=stage, follow=follow)
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
+                    as_json: bool = False, tail: int | None = None) -> int:
+        """Every node's log into sink, each line `[host] ...` (as_json: each JSON line with its
+        "host"), until every stream ends."""
+        threads = self.follow(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
+                              as_json=as_json, tail=tail)
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
@@ -470,7 +474,8 @@ class GroupRun:
             out[host] = state if error is None else f"error: {error}"
         return {h: out[h] for h in (hosts or self.hosts)}
 
-    def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False) -> list[threading.Thread]:
+    def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
+               as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
         """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the
         (daemon) threads; join them to wait for the end."""
         run_id = self.resolve_run_id(run_id)
@@ -480,7 +485,7 @@ class GroupRun:
 
             def pump(host=host, splitter=splitter) -> None:
                 try:
-                    self.jobs(host).follow(run_id, splitter.feed, stage=stage, follow=follow)
+                    self.jobs(host).follow(run_id, splitter.feed, stage=stage, follow=follow, as_json=as_json, tail=tail)
                 except UsageError as e:
                     splitter.feed(f"harness: {e}\n".encode())
                 except Exception as e:  # noqa: BLE001 - a dead node ends its stream, not the others
@@ -577,6 +582,24 @@ def prefixed_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]
     def write(host: str, line: bytes) -> None:
         with lock:
             sink(f"[{host}] ".encode() + line)
+
+    return write
+
+
+def host_json_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
+    """A thread-safe writer of a node's JSON log lines with its "host" added (a line that is no
+    JSON object, e.g. a node's error, becomes {"host", "error"})."""
+    lock = threading.Lock()
+
+    def write(host: str, line: bytes) -> None:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            item = None
+        if not isinstance(item, dict):
+            item = {"error": line.decode("utf-8", "replace").strip()}
+        with lock:
+            sink((json.dumps({"host": host, **item}) + "\n").encode())
 
     return write
 

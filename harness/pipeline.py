@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.config import PipelineConfig
-from harness.errors import UsageError
+from harness.errors import UsageError, did_you_mean
 
 SCRIPTS_DIR = "remote_scripts"
 
@@ -155,7 +155,7 @@ def to_flags(args: dict[str, Any]) -> list[str]:
 def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_path: str | None = None) -> list[str]:
     """The command line of one stage (without a torchrun launcher; see jobs for that)."""
     if stage not in STAGES:
-        raise UsageError(f"unknown stage {stage!r} (stages: {', '.join(STAGES)})")
+        raise unknown_stage(stage)
     args = {**default_args(stage, p), **p.stages.get(stage, {})}
     if events_path:
         args["events"] = events_path
@@ -170,5 +170,22 @@ def resolve_chain(requested: list[str], p: PipelineConfig | None = None) -> list
         return [s for s in chain if not (s == "extract" and p is not None and online_training(p))]
     unknown = [s for s in requested if s not in STAGES]
     if unknown:
-        raise UsageError(f"unknown stage {unknown[0]!r} (stages: {', '.join(STAGES)}, or 'all')")
+        raise unknown_stage(unknown[0])
     return requested
+
+
+CHAIN_NAMES = {"all": "the default chain", "demo": "the demo's chain"}
+
+
+def unknown_stage(name: str) -> UsageError:
+    """The error for a stage name that is none: the near match, else where the names are."""
+    close = did_you_mean(name, [*STAGES, *CHAIN_NAMES])
+    return UsageError(f"unknown stage {name!r}", (close + " " if close else "") + "`harness run --help` lists the stages")
+
+
+def stages_help() -> str:
+    """The stages and chains, one line each (`harness run --help`, shell completion)."""
+    lines = [f"{s.name}: {s.summary}" for s in STAGES.values()]
+    lines.append(f"all: {', '.join(DEFAULT_CHAIN)}")
+    lines.append(f"demo: {', '.join(DEMO_CHAIN)}")
+    return "\n".join(lines)

@@ -89,7 +89,7 @@ def plan(host_files: PullConnection, host: str, run_dir: str, request: RunPullRe
     try:
         record = json.loads(host_files.read(f"{run_dir}/run.json"))
     except FileNotFoundError:
-        raise UsageError(f"{host}: no run record {run_dir}/run.json") from None
+        raise UsageError(f"{host}: no run {posixpath.basename(run_dir)} (no {run_dir}/run.json)", f"`harness runs {host}` lists the runs") from None
     workdir = str(record.get("workdir") or posixpath.dirname(posixpath.dirname(run_dir)))
     pipeline = recorded_pipeline(record)
     checkpoints = stage_output(pipeline, "train", workdir)

@@ -67,16 +67,43 @@ class RunListing:
         }
 
 
+LIVE_STATES = ("queued", "starting", "running")
+
+
 @dataclass(frozen=True)
 class CancelOutcome:
-    """`harness cancel`: the final state on each host, or "error: ..." where the cancel failed."""
+    """`harness cancel`: the final state on each host, or "error: ..." where the cancel failed;
+    with dry_run, the state each host has now (nothing was stopped)."""
 
     run_id: str
     states: dict[str, str]
     group: bool = False
+    where: str = ""
+    dry_run: bool = False
 
     def exit_code(self) -> int:
         return 1 if any(s.startswith("error") for s in self.states.values()) else 0
+
+    def would_stop(self) -> list[str]:
+        """dry_run: the hosts where the run is live (a cancel would stop it there)."""
+        return [h for h, state in self.states.items() if state in LIVE_STATES]
+
+    def to_json(self) -> dict[str, Any]:
+        """`harness cancel --json`."""
+        out: dict[str, Any] = {("group" if self.group else "host"): self.where, "run_id": self.run_id, "dry_run": self.dry_run,
+                               "states": dict(self.states), "ok": self.exit_code() == 0}
+        if self.dry_run:
+            out["would_stop"] = self.would_stop()
+        return out
+
+
+def cancel_preview(place: "RunPlace", run_id: str) -> CancelOutcome:
+    """What `harness cancel --dry-run` says: the run a cancel would stop and its state on each
+    host now; nothing is stopped."""
+    view = place.status(run_id)
+    nodes = getattr(view, "nodes", None)
+    states = {n.host: n.state for n in nodes} if nodes is not None else {place.name: view.state}
+    return CancelOutcome(view.run_id, states, group=nodes is not None, where=place.name, dry_run=True)
 
 
 @dataclass(frozen=True)
@@ -132,9 +159,12 @@ class RunPlace(Protocol):
 
     def listing(self) -> RunListing: ...
 
-    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False) -> int:
-        """Every stage log of the run from its first byte into `sink` (a group's lines prefixed
-        `[host] `); with follow, until the run ends. Blocks; returns 0."""
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
+                    as_json: bool = False, tail: int | None = None) -> int:
+        """Every stage log of the run from its first byte (tail: its last `tail` lines) into
+        `sink` (a group's lines prefixed `[host] `); with follow, until the run ends. as_json: the
+        supervisor's JSON lines ({"stage", "log"|"event"|"state"}; a group's with "host").
+        Blocks; returns 0."""
         ...
 
     def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome: ...

@@ -24,6 +24,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness import helpers
 from harness.errors import HarnessError, UsageError
@@ -58,6 +59,12 @@ class Mirrored:
     removed: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
     bytes_received: int = 0  # the fetched files' bytes
+
+    def to_json(self) -> dict[str, Any]:
+        """One package in `harness sources --json`."""
+        p = self.package
+        return {"package": p.name, "version": p.version, "local": str(self.local_path), "fetched": self.fetched, "identical": self.identical,
+                "removed": self.removed, "failed": [{"name": n, "why": w} for n, w in self.failed], "bytes_received": self.bytes_received}
 
 
 def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout: float = LOCATE_TIMEOUT_S) -> list[Located]:

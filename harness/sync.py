@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from harness import helpers
 from harness.transport.remote_shell import sh_expand_home
@@ -157,6 +157,19 @@ class SyncOutcome:
 
     def exit_code(self) -> int:
         return 1 if self.errors else 0
+
+    def to_json(self, dry_run: bool) -> dict[str, Any]:
+        """`harness sync --json`: per host, what moved (dry_run: what would), or its error."""
+        def one(h: str) -> dict[str, Any]:
+            if h in self.errors:
+                return {"error": self.errors[h]}
+            r = self.results[h]
+            plan = r.plan
+            return {"upload": list(plan.upload), "delete": list(plan.delete), "upload_bytes": plan.upload_bytes,
+                    "unchanged": len(plan.local.entries) - len(plan.upload), "files_sent": r.files_sent, "bytes_sent": r.bytes_sent,
+                    "deleted": r.deleted, "manifest_digest": r.manifest_digest or None,
+                    "skipped": [{"name": n, "why": w} for n, w in plan.local.skipped]}
+        return {"where": self.where, "dry_run": dry_run, "ok": not self.errors, "hosts": {h: one(h) for h in self.hosts}}
 
 
 # -------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ TLS-inspecting proxy the test runs itself."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,6 +75,12 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     # a changed stage script is a new input: new tag, real build, streamed output
     changed = f"print('v2 {os.urandom(8).hex()}')\n"  # unique: images persist across sessions
     (tmp_path / "remote_scripts" / "evaluate.py").write_text(changed)
+    dry = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--dry-run", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)["hosts"]["box"]
+    assert plan["would_build"] is True and plan["built"] is False and plan["image_id"] is None and plan["ref"] != first.ref
+    assert image_id(transport, plan["ref"], strict=False) is None  # nothing built or tagged
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "COPY remote_scripts/" in r.stderr and "built: " in r.stderr

@@ -56,9 +56,9 @@ def test_status_runs_pull_and_hosts_as_json(tmp_path, ssh_host):
 
     status = wait_final(config, ssh_host, "box", run_id)
     again = harness(config, ssh_host, "status", "box", run_id, "--json")
-    assert again.returncode == 3  # the failed stage's exit code, as without --json
+    assert again.returncode == 1  # a failed run (harness.errors.EXIT_FAILED), as without --json
     assert set(status) == STATUS_KEYS and all(set(s) == STAGE_KEYS for s in status["stages"])
-    assert (status["run_id"], status["host"], status["state"], status["exit_code"]) == (run_id, "box", "failed", 3)
+    assert (status["run_id"], status["host"], status["state"], status["exit_code"]) == (run_id, "box", "failed", 1)
     assert status["record"] == json.loads((run_dir / "run.json").read_text())
     for stage, name in zip(status["stages"], ("prepare", "train")):
         on_disk = json.loads((run_dir / name / "state.json").read_text())
@@ -145,6 +145,15 @@ def test_group_status_runs_and_cancel_as_json(tmp_path, ssh_host):
     assert [(n["host"], n["rank"], n["state"], n["failure"]) for n in status["nodes"]] == [("a", 0, "running", None), ("b", 1, "running", None)]
     for node in status["nodes"]:
         assert node["run"]["record"] == json.loads((tmp_path / "work" / node["host"] / "runs" / run_id / "run.json").read_text())
+
+    dry = as_json(harness(config, ssh_host, "cancel", "pair", "--dry-run", "--json"))  # RUN left out: the newest; nothing stopped
+    assert dry == {"group": "pair", "run_id": run_id, "dry_run": True, "states": {"a": "running", "b": "running"}, "ok": True, "would_stop": ["a", "b"]}
+    lines = [json.loads(line) for line in harness(config, ssh_host, "logs", "pair", "--json", "--tail", "2").stdout.splitlines()]
+    assert {item["host"] for item in lines} == {"a", "b"} and all(item["stage"] == "prepare" for item in lines)
+    for host in ("a", "b"):  # at most the last 2 lines of each node's (growing) log, whole lines as on disk
+        log = (tmp_path / "work" / host / "runs" / run_id / "prepare" / "log").read_text()
+        text = "".join(i["log"] for i in lines if i["host"] == host and "log" in i)
+        assert 1 <= len(text.splitlines()) <= 2 and text.endswith("\n") and ("\n" + text) in ("\n" + log), (host, lines)
 
     cancel = harness(config, ssh_host, "cancel", "pair", "last")
     assert cancel.returncode == 0, cancel.stderr

@@ -52,11 +52,11 @@ def test_invalid_config_is_one_line_naming_file_and_key(tmp_path, text, key, exp
     assert f": {key}: " in lines[0] and expected in lines[0]
 
 
-def test_unknown_host_names_the_key_and_the_configured_hosts(tmp_path):
+def test_unknown_host_suggests_the_near_match(tmp_path):
     write(tmp_path, '[hosts.gpu]\nssh = "u@h"\n[hosts.local]\nlocal = true\n')
     r = cli("exec", "gpu2", "--", "true", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [f"harness: error: {tmp_path / 'harness.toml'}: hosts.gpu2: unknown host (configured: gpu, local)"]
+    assert r.stderr.strip().splitlines() == [f"harness: error: {tmp_path / 'harness.toml'}: unknown host 'gpu2' (did you mean 'gpu'?)"]
 
 
 

@@ -203,7 +203,7 @@ def test_pty_ctrl_c_reaches_the_remote_program(harness_config, env):
 def test_unknown_host_is_a_usage_error(harness_config, env):
     r = harness(harness_config, "exec", "nope", "--", "true", env=env)
     assert r.returncode == 2
-    assert r.stderr.decode().strip() == f"harness: error: {harness_config.resolve()}: hosts.nope: unknown host (configured: behind, box, local)"
+    assert r.stderr.decode().strip() == f"harness: error: {harness_config.resolve()}: unknown host 'nope' (configured: behind, box, local)"
 
 
 def test_doctor_json_end_to_end(harness_config, env):
@@ -222,7 +222,7 @@ def test_doctor_unreachable_host_fails(tmp_path, env):
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.closed]\nssh = "root@127.0.0.1:{free_port()}"\nconnect_timeout = 3\n')
     r = harness(config, "doctor", "closed", "--json", env=env)
-    assert r.returncode == 1
+    assert r.returncode == 255  # unreachable: as every other command (harness.errors.EXIT_CONNECTION)
     checks = json.loads(r.stdout)["checks"]
     assert checks[0]["name"] == "connect" and checks[0]["status"] == "fail" and checks[0]["fix"]
 

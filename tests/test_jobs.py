@@ -270,7 +270,7 @@ def test_cli_attached_run_exit_code_and_ctrl_c_detaches(tmp_path):
     make_jobs(tmp_path, {"prepare": {"lines": 2, "exit_code": 7}, "train": {"lines": 4, "sleep": 4}})
     config = tmp_path / "project" / "harness.toml"
     r = harness_cli(config, "run", "box", "prepare", "train")
-    assert r.returncode == 7, r.stderr  # the failed stage's exit code
+    assert r.returncode == 1, r.stderr  # a failed run (harness.errors.EXIT_FAILED); the stage's 7 is in its status
     assert log_lines(r.stdout.split("\n", 1)[1]).count("prepare_data: line 2 of 2") == 1
     assert "failed" in r.stdout and "skipped" in r.stdout  # the final table
     # Ctrl-C while attached: detaches, says how to come back, the run goes on

@@ -66,6 +66,13 @@ def test_mirror_is_byte_for_byte_incremental_and_pruned(tmp_path, ssh_host, venv
     assert (dest / "typing_extensions.py").read_bytes() == (site / "typing_extensions.py").read_bytes()
     assert '"extraPaths": [".harness/sources/box"]' in r.stdout and '"python.analysis.extraPaths"' in r.stdout
     assert f"pathspec {pathspec.__version__}: {len(source_tree(site / 'pathspec'))} fetched" in r.stderr
+    as_json = harness(config_path, ssh_host, "sources", "box", "pathspec", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    report = json.loads(as_json.stdout)  # the whole of stdout
+    (package,) = report["packages"]
+    assert (report["host"], report["dest"], report["ok"], package["package"], package["version"]) == ("box", str(dest), True, "pathspec", pathspec.__version__)
+    assert (package["fetched"], package["removed"], sorted(package["identical"])) == ([], [], sorted(source_tree(site / "pathspec")))
+    assert report["editor"]["pyright (pyrightconfig.json)"] == '{"extraPaths": [".harness/sources/box"]}'
 
     config = load_config(config_path)
     host = config.host("box")

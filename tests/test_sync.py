@@ -277,6 +277,10 @@ def test_cli_sync_dry_run_then_sync_then_noop(harness_config, ssh_host):
     dry = harness("sync", "box", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "send    remote_scripts/train.py" in dry.stdout and "send    harness.toml" in dry.stdout
+    plan = json.loads(harness("sync", "box", "--dry-run", "--json").stdout)  # the whole of stdout
+    assert (plan["where"], plan["dry_run"], plan["ok"]) == ("box", True, True)
+    assert plan["hosts"]["box"]["upload"] == sorted(line.split()[1] for line in dry.stdout.splitlines() if line.startswith("send"))
+    assert (plan["hosts"]["box"]["files_sent"], plan["hosts"]["box"]["delete"]) == (0, [])
     workdir = root / "work" / "box"
     assert not workdir.exists()
     first = harness("sync", "box")
@@ -285,6 +289,8 @@ def test_cli_sync_dry_run_then_sync_then_noop(harness_config, ssh_host):
     assert "sent 2 files" in first.stderr
     again = harness("sync", "box")
     assert again.returncode == 0 and "sent 0 files" in again.stderr and "2 unchanged" in again.stderr
+    noop = json.loads(harness("sync", "box", "--json").stdout)["hosts"]["box"]
+    assert (noop["upload"], noop["files_sent"], noop["unchanged"], len(noop["manifest_digest"])) == ([], 0, 2, 64)
     bad = harness("sync", "nosuchhost")
     assert bad.returncode == 2 and "unknown host or group" in bad.stderr
 

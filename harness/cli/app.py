@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "forward": "harness.cli.forward_cmds:forward",
     "tensorboard": "harness.cli.forward_cmds:tensorboard",
     "serve": "harness.cli.serve_cmds:serve",
+    "completion": "harness.cli.completion_cmds:completion",
 }
 
 HELP = {
@@ -53,7 +54,35 @@ HELP = {
     "forward": "Forward ports of a host (TensorBoard, vllm serve, Jupyter) to localhost until Ctrl-C.",
     "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
     "serve": "Serve a run's exported draft with vLLM on a host, forward it, show the served acceptance.",
+    "completion": "Print the shell completion script (bash, zsh, fish): hosts, stages, run ids.",
 }
+
+
+# Options of the whole command line, accepted before the subcommand and after it (`harness doctor
+# gpu --accept-new-host-key`, as the host-key error suggests): each sets the invocation's AppContext.
+GLOBAL_OPTIONS: list[tuple[list[str], str, dict]] = [
+    (["--config", "config_path"], "config_path",
+     {"type": click.Path(dir_okay=False), "default": None, "help": "Path to harness.toml (default: ./harness.toml)."}),
+    (["--accept-new-host-key"], "accept_new_host_key",
+     {"is_flag": True, "default": False, "help": "Trust an unknown SSH host key once and record it (a changed key is always refused)."}),
+    (["-q", "--quiet"], "quiet",
+     {"is_flag": True, "default": False, "help": "Quieter: no progress bars, docker's build output or re-attach hints on stderr (results and errors stay)."}),
+]
+
+
+def _set_global(attr: str):
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value not in (None, False) and ctx.obj is not None:
+            setattr(ctx.obj, attr, value)
+        return value
+
+    return callback
+
+
+def global_params() -> list[click.Option]:
+    """GLOBAL_OPTIONS as a subcommand's own options (not passed to its function)."""
+    return [click.Option(decls[:1] if len(decls) == 2 and not decls[1].startswith("-") else decls, expose_value=False,
+                         callback=_set_global(attr), **kw) for decls, attr, kw in GLOBAL_OPTIONS]
 
 
 class LazyGroup(click.Group):
@@ -65,7 +94,19 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        command = getattr(importlib.import_module(module_name), attr)
+        if not getattr(command, "_harness_globals", False):  # once per command object
+            command.params.extend(global_params())
+            command._harness_globals = True
+        return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            from harness.errors import UsageError, did_you_mean
+
+            raise UsageError(f"no command {name!r}", did_you_mean(name, COMMANDS) or "`harness --help` lists the commands")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Listing must not import every command module.
@@ -73,37 +114,59 @@ class LazyGroup(click.Group):
             formatter.write_dl([(name, HELP.get(name, "")) for name in COMMANDS])
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None, help="Path to harness.toml (default: ./harness.toml).")
-@click.option("--accept-new-host-key", is_flag=True, help="Trust an unknown SSH host key once and record it (a changed key is always refused).")
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Options of the whole command (--config, --accept-new-host-key, -q) may also follow the command's name. "
+                    "Exit codes: 0 ok, 1 failed, 2 bad input, 130 interrupted, 255 host unreachable (docs/troubleshooting.md).")
+@click.option("--config", "config_path", **GLOBAL_OPTIONS[0][2])
+@click.option("--accept-new-host-key", **GLOBAL_OPTIONS[1][2])
+@click.option("-q", "--quiet", **GLOBAL_OPTIONS[2][2])
 @click.version_option(package_name="harness")
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None, accept_new_host_key: bool) -> None:
+def cli(ctx: click.Context, config_path: str | None, accept_new_host_key: bool, quiet: bool) -> None:
     """Drive EAGLE-3 draft-model training on a GPU host, safely and fast."""
     from harness.cli.context import AppContext
 
-    ctx.obj = AppContext(config_path=config_path, accept_new_host_key=accept_new_host_key)
+    ctx.obj = AppContext(config_path=config_path, accept_new_host_key=accept_new_host_key, quiet=quiet)
     ctx.call_on_close(ctx.obj.close)  # the one close: every connection a command opened
 
 
+def usage_line(e: click.UsageError) -> str:
+    """click's usage error (a missing argument, an unknown option) as harness's one line."""
+    command = e.ctx.command_path if e.ctx is not None else "harness"
+    message = e.format_message().rstrip(".")
+    if isinstance(e, click.NoSuchOption) and e.possibilities:
+        hint = "did you mean " + " or ".join(e.possibilities) + "?"
+        message = f"no such option: {e.option_name}"
+    else:
+        hint = f"`{command} --help` says what it takes"
+    return f"harness: error: {message} ({hint})"
+
+
 def run() -> None:
-    """Run the command line: typed HarnessErrors become one line and their exit code."""
-    from harness.errors import HarnessError
+    """Run the command line: typed HarnessErrors become one line and their exit code
+    (harness.errors: EXIT_*)."""
+    from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError
 
     try:
-        rv = cli.main(standalone_mode=False)
+        rv = cli.main(standalone_mode=False, complete_var="_HARNESS_COMPLETE")  # the same under python -m harness
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("harness: aborted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.exceptions.NoArgsIsHelpError as e:  # `harness` (or a group) alone: its help
+        click.echo(e.format_message(), err=True)
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as e:
+        click.echo(usage_line(e), err=True)
+        sys.exit(EXIT_USAGE)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"harness: error: {e.format_message()}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     # Commands signal their exit code with ctx.exit(code), which click returns here.
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 class AppContext:
     config_path: str | None = None
     accept_new_host_key: bool = False
+    quiet: bool = False  # -q: results and errors only
     started_ns: int = field(default_factory=time.time_ns)  # before any input is read (warm exec's racy rule)
     _config: Config | None = None
     _transports: dict[str, "Transport"] = field(default_factory=dict)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.params import host_argument
+
 
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @click.option("--pty", is_flag=True, help="Allocate a terminal (interactive programs; Ctrl-C reaches them).")
-@click.argument("host")
+@host_argument()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) -> None:

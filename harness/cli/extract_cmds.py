@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.params import complete_hosts
+
 
 @click.command("check-extract")
-@click.argument("target", metavar="HOST|GROUP")
+@click.argument("target", metavar="HOST|GROUP", shell_complete=complete_hosts)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def check_extract(ctx: click.Context, target: str, as_json: bool) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.params import complete_runs, host_argument
+
 
 def _hold(forwarding, shown, host: str) -> None:
     """Print the URLs, then stay until Ctrl-C (or the connection ends)."""
@@ -25,7 +27,7 @@ def _hold(forwarding, shown, host: str) -> None:
 
 
 @click.command("forward")
-@click.argument("host")
+@host_argument()
 @click.argument("ports", nargs=-1, required=True, metavar="REMOTE_PORT[:LOCAL_PORT]...")
 @click.pass_context
 def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
@@ -42,8 +44,8 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
 
 
 @click.command("tensorboard")
-@click.argument("host")
-@click.argument("run", required=False)
+@host_argument()
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--port", type=int, default=6006, show_default=True, help="TensorBoard's port on the host.")
 @click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
 @click.pass_context

@@ -14,8 +14,10 @@ import os
 
 import click
 
+from harness.cli.params import host_argument
+
 @click.command("inspect")
-@click.argument("host")
+@host_argument()
 @click.argument("paths", nargs=-1, metavar="[DOTTED.PATH]...")
 @click.option("--signature", "show", flag_value="signature", help="Only the call signature.")
 @click.option("--doc", "show", flag_value="doc", help="Only the docstring.")

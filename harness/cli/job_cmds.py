@@ -1,9 +1,9 @@
 """`harness run | logs | status | runs | cancel` (the logic lives in harness.jobs and harness.multinode).
 
 Every command takes the host first (`harness run HOST STAGE...`), like build, shell, exec and
-sync. A run id is what `harness run` printed, or `last` for the newest run on that host. HOST may
-name a `[groups.NAME]`: logs, status, runs and cancel then go through the same run interface
-(harness.runs.RunPlace) that a host's Jobs implements: the context's place(HOST).runs.
+sync. RUN is what `harness run` printed, or `last`; left out, it is the newest run on that host.
+HOST may name a `[groups.NAME]`: logs, status, runs and cancel then go through the same run
+interface (harness.runs.RunPlace) that a host's Jobs implements: the context's place(HOST).runs.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 
 import click
 
+from harness.cli.params import complete_runs, complete_stages, host_argument, remember_runs, run_argument
 from harness.cli.render import reattach_hint
 
-RUN_ID_HELP = "a run id (as printed by `harness run`) or 'last'"
 JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
 
 
@@ -23,9 +23,15 @@ def _stdout_sink(chunk: bytes) -> None:
     sys.stdout.buffer.flush()
 
 
-@click.command("run")
-@click.argument("host")
-@click.argument("stages", nargs=-1, required=True)
+def _run_help() -> str:
+    from harness.pipeline import stages_help
+
+    return "Stages (and chains):\n\n\b\n" + stages_help()
+
+
+@click.command("run", epilog=_run_help())
+@host_argument()
+@click.argument("stages", nargs=-1, required=True, shell_complete=complete_stages)
 @click.option("--detach", "-d", is_flag=True, help="Start the run and return at once.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL when the run is cancelled.")
 @click.option("--now", is_flag=True, help="Start at once, even while other runs hold the same GPUs (no queue).")
@@ -36,14 +42,17 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
-    by itself when they are done (--now: start at once).
+    by itself when they are done (--now: start at once). Exit code: 0 when the run ends ok, 1
+    when it failed or was cancelled (the stage's own code: `harness status`).
     """
     runs = ctx.obj.place(host).runs
     started = runs.launch(list(stages), grace_s=grace, now=now)
+    remember_runs(ctx.obj, host, [started.run_id])
     click.echo(started.line, err=True)
     click.echo(started.run_id)  # stdout: the id alone, for scripts
     if detach:
-        click.echo(reattach_hint(host, started.run_id), err=True)
+        if not ctx.obj.quiet:
+            click.echo(reattach_hint(host, started.run_id), err=True)
         ctx.exit(0)
     ctx.exit(_attach(runs, host, started.run_id, grace))
 
@@ -51,6 +60,7 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
 def _attach(runs, where: str, run_id: str, grace: float) -> int:
     """Stream logs and render progress events until the run ends; Ctrl-C only detaches."""
     from harness.cli.render import AttachRenderer, print_status
+    from harness.errors import EXIT_INTERRUPTED
 
     try:
         with AttachRenderer() as view:
@@ -58,50 +68,69 @@ def _attach(runs, where: str, run_id: str, grace: float) -> int:
     except KeyboardInterrupt:
         click.echo(f"\ndetached from run {run_id}; it keeps running on {where}{runs.detach_note}.", err=True)
         click.echo(reattach_hint(where, run_id), err=True)
-        return 130
+        return EXIT_INTERRUPTED
     print_status(status)
     return status.exit_code()
 
 
+def _run_and_stage(run_id: str | None, stage: str | None) -> tuple[str, str | None]:
+    """`logs HOST train`: a stage name where RUN goes means the newest run's stage."""
+    from harness.pipeline import STAGES
+
+    if stage is None and run_id in STAGES:
+        return "last", run_id
+    return run_id or "last", stage
+
+
 @click.command("logs")
-@click.argument("host")
-@click.argument("run_id", metavar="RUN")
-@click.argument("stage", required=False)
+@host_argument()
+@click.argument("run_id", metavar="[RUN]", required=False, shell_complete=complete_runs)
+@click.argument("stage", required=False, shell_complete=complete_stages)
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run (or STAGE) ends.")
+@click.option("--tail", type=click.IntRange(min=1), default=None, metavar="N", help="Start at the last N lines (of the stages' logs, in order).")
+@click.option("--json", "as_json", is_flag=True,
+              help='JSON lines on stdout: {"stage", "log": text} | {"stage", "event": {...}} (docs/events.json) | {"stage", "state": {...}}; a group\'s with "host".')
 @click.pass_context
-def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: bool) -> None:
+def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, follow: bool, tail: int | None, as_json: bool) -> None:
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line.
 
-    For a group, every node's log, each line prefixed [host]."""
+    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run; `harness logs HOST STAGE` is the newest run's STAGE. For a group,
+    every node's log, each line prefixed [host]."""
+    from harness.errors import EXIT_INTERRUPTED
+
+    run_id, stage = _run_and_stage(run_id, stage)
     try:
-        ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
+        ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
     except KeyboardInterrupt:
-        ctx.exit(130)
+        ctx.exit(EXIT_INTERRUPTED)
 
 
 @click.command("status")
-@click.argument("host")
-@click.argument("run_id", metavar="[RUN]", required=False)
+@host_argument()
+@run_argument()
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
 def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> None:
     """The stages of RUN on HOST: state, start, duration, exit code, last event (for a group,
     every node's stages in one table, and the node where it went wrong first).
 
-    Without RUN, the newest run. Exit code: 0 when the run is ok, running or queued.
+    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run. Exit code: 0 when the run is ok, running or queued; 1 when it
+    failed, was cancelled or lost.
     """
     from harness.cli.render import print_json, print_status
+    from harness.errors import EXIT_OK
 
     view = ctx.obj.place(host).runs.status(run_id or "last")
+    remember_runs(ctx.obj, host, [view.run_id])
     if as_json:
         print_json(view.to_json())
     else:
         print_status(view)
-    ctx.exit(0 if view.state in ("ok", "running", "queued") else view.exit_code())
+    ctx.exit(EXIT_OK if view.state in ("ok", "running", "queued") else view.exit_code())
 
 
 @click.command("runs")
-@click.argument("host")
+@host_argument()
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
 def runs(ctx: click.Context, host: str, as_json: bool) -> None:
@@ -109,6 +138,7 @@ def runs(ctx: click.Context, host: str, as_json: bool) -> None:
     from harness.cli.render import print_json, print_runs
 
     listing = ctx.obj.place(host).runs.listing()
+    remember_runs(ctx.obj, host, listing.run_ids(), replace=True)
     if as_json:
         print_json(listing.to_json())
     else:
@@ -117,15 +147,25 @@ def runs(ctx: click.Context, host: str, as_json: bool) -> None:
 
 
 @click.command("cancel")
-@click.argument("host")
-@click.argument("run_id", metavar="RUN")
+@host_argument()
+@run_argument()
 @click.option("--grace", type=float, default=None, help="Seconds between SIGTERM and SIGKILL (default: the run's own, 10).")
+@click.option("--dry-run", "-n", is_flag=True, help="Say which run would be cancelled and its state now; stop nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: host (or group), run_id, dry_run, ok, states {host: state after the cancel, or now with --dry-run, or \"error: ...\"}, would_stop [hosts] (--dry-run).")
 @click.pass_context
-def cancel(ctx: click.Context, host: str, run_id: str, grace: float | None) -> None:
+def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | None, dry_run: bool, as_json: bool) -> None:
     """Cancel RUN on HOST (a group: on every node at once): SIGTERM, a grace period, then
-    SIGKILL; recorded as `cancelled`."""
-    from harness.cli.render import print_cancel
+    SIGKILL; recorded as `cancelled`.
 
-    outcome = ctx.obj.place(host).runs.cancel_run(run_id, grace)
-    print_cancel(outcome)
+    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run (--dry-run says which one that is)."""
+    from harness.cli.render import print_cancel, print_json
+    from harness.runs import cancel_preview
+
+    runs = ctx.obj.place(host).runs
+    outcome = cancel_preview(runs, run_id or "last") if dry_run else runs.cancel_run(run_id or "last", grace)
+    if as_json:
+        print_json(outcome.to_json())
+    else:
+        print_cancel(outcome)
     ctx.exit(outcome.exit_code())

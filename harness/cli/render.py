@@ -21,6 +21,9 @@ from typing import Any, TextIO
 
 import click
 
+# Every text column folds a long word (a path, a command, a fix) onto the next line instead of
+# cutting it with "…": at 80 columns (a pipe, a small terminal) nothing is lost. Run ids, stages
+# and times never wrap (a user copies them).
 STATE_COLORS = {"ok": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
@@ -187,7 +190,7 @@ def print_run_table(st) -> None:
         caption=plain(f"runtime {rec.get('runtime')}  commit {commit}  image {image[:19]}"),
     )
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
-        table.add_column(col, no_wrap=col != "last event")
+        table.add_column(col, overflow="fold", no_wrap=col != "last event")
     for s in st.stages:
         table.add_row(plain(s.stage), styled_state(s.state), clock(s.started), duration(s.started, end_time(s)),
                       "" if s.exit_code is None else str(s.exit_code), plain(describe_event(s.last_event) + describe_tau(s.tau, s.last_event)))
@@ -204,7 +207,7 @@ def print_group_table(status) -> None:
     table = Table(title=plain(f"run {status.run_id} on group {status.group}: {status.state}"),
                   caption=plain(f"first failure: {status.first_failure}") if status.first_failure else None)
     for col in ("node", "host", "stage", "state", "started", "duration", "exit", "last event"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for node in status.nodes:
         if node.status is None:
             state = "[red]unreachable[/red]" if not node.missing else plain(node.state)
@@ -238,7 +241,7 @@ def print_runs(listing) -> None:
     if not listing.group:
         table = Table(title=f"runs on {plain(listing.where)}")
         for col in ("run", "state", "stages", "started", "duration", "at stage"):
-            table.add_column(col, no_wrap=col != "at stage")
+            table.add_column(col, overflow="fold", no_wrap=col != "at stage")
         for r in listing.runs.get(listing.where, []):
             done = sum(1 for s in r.stages if s.state == "ok")
             table.add_row(plain(r.run_id), styled_state(r.state) + plain(r.queue_note), f"{done}/{len(r.stages)}", clock(r.started), duration(r.started, end_time(r)), plain(r.current_stage or ""))
@@ -248,7 +251,7 @@ def print_runs(listing) -> None:
     table = Table(title=f"runs on group {plain(listing.where)}")
     table.add_column("run", no_wrap=True)
     for host in listing.hosts:
-        table.add_column(plain(host) + (" (unreachable)" if host in listing.errors else ""))
+        table.add_column(plain(host) + (" (unreachable)" if host in listing.errors else ""), overflow="fold")
     for run_id in listing.run_ids():
         table.add_row(plain(run_id), *(styled_state(states[run_id][h]) if h in states[run_id] else ("?" if h in listing.errors else "-") for h in listing.hosts))
     Console().print(table)
@@ -257,7 +260,14 @@ def print_runs(listing) -> None:
 
 
 def print_cancel(outcome) -> None:
-    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group."""
+    """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group; with
+    --dry-run, what a cancel would stop."""
+    if outcome.dry_run:
+        live = outcome.would_stop()
+        for host, state in outcome.states.items():
+            verdict = "would cancel it (SIGTERM, grace period, SIGKILL)" if host in live else "nothing to cancel"
+            click.echo(f"run {outcome.run_id} on {host} is {state}: {verdict}")
+        return
     for host, state in outcome.states.items():
         click.echo(f"run {outcome.run_id} on {host}: {state}" if outcome.group else f"run {outcome.run_id}: {state}")
 
@@ -270,7 +280,7 @@ def print_checks(title: str, results) -> None:
     style = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
     table = Table(title=f"doctor {plain(title)}")
     for column in ("check", "status", "finding", "fix"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in results:
         table.add_row(plain(r.name), style[r.status], plain(r.message), plain(r.fix))
     Console().print(table)
@@ -285,7 +295,7 @@ def print_hosts(config) -> None:
 
     table = Table(title=f"hosts in {plain(config.path)}")
     for column in ("name", "reach", "runtime", "workdir", "env"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for name, h in config.hosts.items():
         reach = "local" if h.is_local else f"ssh {h.ssh}"
         table.add_row(*(plain(cell) for cell in (name, reach, runtime_for(h).describe(), h.workdir, ", ".join(h.env))))
@@ -293,8 +303,8 @@ def print_hosts(config) -> None:
     console.print(table)
     if config.groups:
         groups = Table(title="groups")
-        groups.add_column("name")
-        groups.add_column("hosts")
+        groups.add_column("name", overflow="fold")
+        groups.add_column("hosts", overflow="fold")
         for name, g in config.groups.items():
             groups.add_row(plain(name), plain(", ".join(g.hosts)))
         console.print(groups)
@@ -346,14 +356,17 @@ def print_sync_outcome(outcome, dry_run: bool) -> None:
             print_sync_summary(h, outcome.results[h])
 
 
-def print_build_outcome(outcome) -> None:
+def print_build_outcome(outcome, dry_run: bool = False) -> None:
     """`harness build` (runtime.image.BuildOutcome): a host's image id alone on stdout (its
-    verdict on stderr); a group's one line per host."""
+    verdict on stderr); a group's one line per host. A dry run: what would be built."""
     for h in outcome.hosts:
         if h in outcome.errors:
             click.echo(f"{h}: build failed: {outcome.errors[h]}", err=True)
             continue
         r = outcome.results[h]
+        if dry_run:
+            click.echo(f"{h}: would build {r.ref}" if r.would_build else f"{h}: {r.ref} is on the host ({r.image_id}): would not rebuild")
+            continue
         verdict = "built" if r.built else "unchanged, not rebuilt"
         if outcome.group:
             click.echo(f"{h}: {verdict}: {r.ref} {r.image_id}")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from harness.cli.params import complete_runs, host_argument
+
 
 @click.command("serve")
-@click.argument("host")
-@click.argument("run", required=False, default="last")
+@host_argument()
+@click.argument("run", metavar="[RUN]", required=False, default="last", shell_complete=complete_runs)
 @click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host.")
 @click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
 @click.option("--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for vLLM to load and listen.")

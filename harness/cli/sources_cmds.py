@@ -6,13 +6,17 @@ from pathlib import Path
 
 import click
 
+from harness.cli.params import host_argument
+
 
 @click.command("sources")
-@click.argument("host")
+@host_argument()
 @click.argument("packages", nargs=-1, required=True, metavar="PACKAGE...")
 @click.option("--dest", type=click.Path(file_okay=False), default=None, help="Local folder of the mirror (default: .harness/sources/HOST under the project).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON on stdout: host, dest, ok, packages [{package, version, local, fetched, identical, removed, failed [{name, why}], bytes_received}], editor {tool: setting}.")
 @click.pass_context
-def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str | None) -> None:
+def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str | None, as_json: bool) -> None:
     """Mirror the Python sources (.py, .pyi, py.typed) of PACKAGEs as installed where HOST's
     stages run (in the container when runtime = "docker") into a local folder, for an editor.
 
@@ -35,7 +39,13 @@ def sources(ctx: click.Context, host: str, packages: tuple[str, ...], dest: str 
         for rel, why in r.failed:
             failed = True
             click.echo(f"failed  {p.name}/{rel}: {why}", err=True)
-    click.echo("point your editor at the mirror:", err=True)
-    for tool, setting in editor_settings(target, h.config.root).items():
-        click.echo(f"  {tool}: {setting}")
+    settings = editor_settings(target, h.config.root)
+    if as_json:
+        from harness.cli.render import print_json
+
+        print_json({"host": host, "dest": str(target), "ok": not failed, "packages": [r.to_json() for r in results], "editor": settings})
+    else:
+        click.echo("point your editor at the mirror:", err=True)
+        for tool, setting in settings.items():
+            click.echo(f"  {tool}: {setting}")
     ctx.exit(1 if failed else 0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from harness.cli.render import human_bytes, print_sync_outcome
+from harness.cli.params import host_argument, run_or_path_argument
+from harness.cli.render import human_bytes, print_json, print_sync_outcome
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
@@ -63,10 +64,11 @@ def _progress():
 
 
 @click.command("sync")
-@click.argument("host")
+@host_argument()
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be sent and deleted; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="JSON on stdout: where, dry_run, ok, hosts {host: {upload, delete (paths; --dry-run: would), upload_bytes, unchanged, files_sent, bytes_sent, deleted, manifest_digest, skipped [{name, why}]} or {error}}.")
 @click.pass_context
-def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
+def sync(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
     """Push the configured sync paths to HOST's workdir (a group: to each of its hosts).
 
     Only files whose content changed move (by SHA-256, against a manifest kept on the host).
@@ -76,10 +78,13 @@ def sync(ctx: click.Context, host: str, dry_run: bool) -> None:
     place = ctx.obj.place(host)
     bars = _SyncBars(always=len(place.hosts) > 1)
     try:
-        outcome = place.sync(place.config.sync_paths(), dry_run=dry_run, progress=None if dry_run else bars)
+        outcome = place.sync(place.config.sync_paths(), dry_run=dry_run, progress=None if dry_run or ctx.obj.quiet else bars)
     finally:
         bars.close()
-    print_sync_outcome(outcome, dry_run)
+    if as_json:
+        print_json(outcome.to_json(dry_run))
+    else:
+        print_sync_outcome(outcome, dry_run)
     ctx.exit(outcome.exit_code())
 
 
@@ -122,8 +127,8 @@ class _SyncBars:
 
 
 @click.command("pull")
-@click.argument("host")
-@click.argument("remote")
+@host_argument()
+@run_or_path_argument(required=False, default="last")
 @click.argument("local_dir", required=False)
 @click.option("--include", multiple=True, metavar="PATTERN", help="Only paths matching (gitignore-style; repeatable).")
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
@@ -134,8 +139,8 @@ class _SyncBars:
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: README, \"Scripting: --json\"); progress stays on stderr.")
 @click.pass_context
 def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
-    """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last') from
-    HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
+    """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';
+    without it, the newest run) from HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
 
     A run brings its records and logs, evaluate's report and plots, the export and train's
     metrics (under LOCAL_DIR/outputs/); checkpoints only with --latest-checkpoint or
@@ -151,7 +156,7 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
 
     h = ctx.obj.host(host)
     request = PullRequest(remote, local_dir, tuple(include), tuple(exclude), latest_checkpoint, best_checkpoint, jobs, dry_run)
-    watched = not dry_run and click.get_text_stream("stderr").isatty()  # else no bar (and no rich import), as sync
+    watched = not dry_run and not ctx.obj.quiet and click.get_text_stream("stderr").isatty()  # else no bar (and no rich import), as sync
     shown = _BarInBackground() if watched else None
 
     class Bar(PullProgress):

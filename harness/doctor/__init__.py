@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from harness.config import HostConfig
-from harness.doctor.base import Check, CheckResult, CommandRunner, run_checks
+from harness.doctor.base import Check, CheckResult, CommandRunner, describe, run_checks
 from harness.doctor.host_checks import HOST_CHECKS
 
 if TYPE_CHECKING:
@@ -22,10 +22,11 @@ CHECK_GROUPS: list[tuple[str, list[Check]]] = [
 # Groups whose checks need the project's configuration (pipeline settings, container/): a
 # factory `(config, host) -> [check, ...]`, imported and built once per doctor run.
 PROJECT_CHECK_GROUPS: list[tuple[str, str]] = [
-    ("ml", "harness.doctor.ml_checks:ml_checks"),
+    ("ml", "harness.doctor.ml_checks:ml_checks"),  # the factory's .catalogue(): the checks, for their names
 ]
 
 
+@describe("connect", "the host is reached and authenticated")
 def check_connect(host: HostConfig, open_transport: Callable[[], "Transport"]) -> tuple[CheckResult, "Transport | None"]:
     """Reachability and authentication: the connection itself. Returns (result, transport|None)."""
     from harness.errors import TransportError
@@ -55,6 +56,17 @@ def diagnose(host: HostConfig, open_transport: Callable[[], "Transport"], projec
             factory = getattr(importlib.import_module(module), attr)
             results += run_checks(transport, host, factory(project, host))
     return results
+
+
+def check_catalogue() -> list[tuple[str, str]]:
+    """(name, what it looks at) of every check doctor runs, in order (`harness doctor --help`)."""
+    import importlib
+
+    checks = [check_connect, *(c for _group, group in CHECK_GROUPS for c in group)]
+    for _group, target in PROJECT_CHECK_GROUPS:
+        module, attr = target.split(":")
+        checks += getattr(importlib.import_module(module), attr).catalogue()
+    return [(c.check_name, c.check_about) for c in checks]
 
 
 __all__ = ["CHECK_GROUPS", "Check", "CheckResult", "CommandRunner", "diagnose", "run_checks"]

@@ -40,7 +40,13 @@ class HostDiagnosis:
         return not any(r.status == "fail" for r in self.results)
 
     def exit_code(self) -> int:
-        return 0 if self.ok else 1
+        """EXIT_CONNECTION when the host could not be reached (as every other command), else
+        EXIT_FAILED on any fail."""
+        from harness.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_OK
+
+        if any(r.name == "connect" and r.status == "fail" for r in self.results):
+            return EXIT_CONNECTION
+        return EXIT_OK if self.ok else EXIT_FAILED
 
     def sections(self) -> list[tuple[str, list[CheckResult], str | None]]:
         """(title, checks, why doctor could not run there) per table the command prints."""
@@ -73,4 +79,14 @@ def run_checks(runner: CommandRunner, host: HostConfig, checks: Sequence[Check])
 
 
 def _name(check: Check) -> str:
-    return check.__name__.removeprefix("check_")
+    return getattr(check, "check_name", None) or check.__name__.removeprefix("check_")
+
+
+def describe(name: str, about: str):
+    """Names a check and says in a few words what it looks at (`harness doctor --help` lists
+    the checks from these, in the order doctor runs them)."""
+    def mark(check):
+        check.check_name, check.check_about = name, about
+        return check
+
+    return mark

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harness.transport.remote_shell import sh_expand_home
 from harness.config import HostConfig
-from harness.doctor.base import CheckResult, CommandRunner
+from harness.doctor.base import CheckResult, CommandRunner, describe
 from harness.runtime import runtime_for
 
 MIN_PYTHON = (3, 10)
@@ -20,6 +20,7 @@ def _last_line(data: bytes) -> str:
     return lines[-1].strip() if lines else ""
 
 
+@describe("python3", "the host's python3 (>= 3.10: the helpers run with it)")
 def check_python3(runner: CommandRunner, host: HostConfig) -> CheckResult:
     r = runner.run([host.python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"])
     if r.exit_code == 127:
@@ -33,6 +34,7 @@ def check_python3(runner: CommandRunner, host: HostConfig) -> CheckResult:
     return CheckResult("python3", "ok", f"{host.python} {version}")
 
 
+@describe("disk", "free space under the workdir")
 def check_disk(runner: CommandRunner, host: HostConfig) -> CheckResult:
     r = runner.run(["sh", "-c", _DF_SCRIPT, "sh", host.workdir])
     if r.exit_code != 0:
@@ -51,6 +53,7 @@ def check_disk(runner: CommandRunner, host: HostConfig) -> CheckResult:
     return CheckResult("disk", "ok", message)
 
 
+@describe("docker", "the Docker engine answers (needed for runtime = docker)")
 def check_docker(runner: CommandRunner, host: HostConfig) -> CheckResult:
     needed = runtime_for(host).uses_image  # the engine builds and runs the stages' image
     r = runner.run(["docker", "version", "--format", "{{.Server.Version}}"])
@@ -65,6 +68,7 @@ def check_docker(runner: CommandRunner, host: HostConfig) -> CheckResult:
     return CheckResult("docker", "ok", f"engine {r.text.strip()} answering")
 
 
+@describe("gpus", "nvidia-smi lists the GPUs")
 def check_gpus(runner: CommandRunner, host: HostConfig) -> CheckResult:
     r = runner.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
     if r.exit_code == 127:

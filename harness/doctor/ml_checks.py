@@ -20,7 +20,7 @@ from harness import helpers
 from harness import compat
 from harness.transport.remote_shell import sh_expand_home
 from harness.config import Config, HostConfig
-from harness.doctor.base import Check, CheckResult, CommandRunner
+from harness.doctor.base import Check, CheckResult, CommandRunner, describe
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
 from harness.pipeline import StagePaths, online_training
@@ -239,13 +239,22 @@ class MLDoctor:
 
     # -- the checks -------------------------------------------------------------------------
 
+    @classmethod
+    def catalogue(cls) -> list[Check]:
+        """The checks, in order, for their names (`harness doctor --help`): checks() only defines
+        them, so no config or host is needed to list them."""
+        return cls.__new__(cls).checks()
+
     def checks(self) -> list[Check]:
+        @describe("hidden-state-disk", "room for extract's hidden states")
         def check_hidden_state_disk(runner, host):
             return verdict_hidden_state_disk(self.plan, self.probe(runner), self.space(runner), host)
 
+        @describe("stage-gpus", "GPUs visible where the stages run, usable by torch")
         def check_gpus_in_stage_env(runner, host):
             return verdict_gpus_in_stage_env(self.probe(runner), self.runtime(runner))
 
+        @describe("image", "the image for the current container/ is built on the host")
         def check_image_current(runner, host):
             if not self.runtime(runner).uses_image:
                 return CheckResult("image", "ok", f'no image: runtime = "{host.runtime}"')
@@ -258,34 +267,43 @@ class MLDoctor:
             # strict=False: no engine reads as no image here (the docker check says which)
             return verdict_image(current, image_id(runner, current, strict=False), latest, image_id(runner, latest, strict=False), host)
 
+        @describe("container", "a container starts with the configured options")
         def check_container_starts(runner, host):
             if not self.runtime(runner).uses_image:
                 return CheckResult("container", "ok", f'no container: runtime = "{host.runtime}"')
             return self.container(runner)
 
+        @describe("versions", "torch, transformers, speculators, vllm against the tested matrix")
         def check_library_versions(runner, host):
             return verdict_library_versions(self.probe(runner), self.runtime(runner))
 
+        @describe("flex-attention", "flex_attention compiles on the GPU")
         def check_flex_attention(runner, host):
             return verdict_flex_attention(self.probe(runner))
 
+        @describe("verifier", "the verifier's config loads")
         def check_verifier_config(runner, host):
             return verdict_verifier_config(self.plan, self.probe(runner))
 
+        @describe("verifier-dtype", "the verifier's dtype")
         def check_verifier_dtype(runner, host):
             return verdict_verifier_dtype(self.probe(runner))
 
+        @describe("verifier-code", "the verifier's own code vs trust_remote_code")
         def check_verifier_code(runner, host):
             probe = self.probe(runner)
             return _not_probed("verifier-code", probe) if probe.facts is None else verdict_remote_code(probe.facts["verifier"], self.plan.trust_remote_code)
 
+        @describe("verifier-quantization", "its quantization vs the extraction backend")
         def check_verifier_quantization(runner, host):
             probe = self.probe(runner)
             return _not_probed("verifier-quantization", probe) if probe.facts is None else verdict_quantization(probe.facts["verifier"], self.plan.extract_backend)
 
+        @describe("target-layers", "the layers the draft reads exist")
         def check_target_layers(runner, host):
             return verdict_target_layers(self.plan, self.probe(runner))
 
+        @describe("train-settings", "the train settings fit the data and GPUs")
         def check_train_settings(runner, host):
             return verdict_train_settings(self.plan, self.probe(runner))
 
@@ -300,6 +318,9 @@ class MLDoctor:
 def ml_checks(config: Config, host: HostConfig) -> list[Check]:
     """The ML check group for one host (registered in harness.doctor)."""
     return MLDoctor(config, host).checks()
+
+
+ml_checks.catalogue = MLDoctor.catalogue  # the checks it makes, without a config: their names (doctor --help)
 
 
 # ---------------------------------------------------------------------------------------------

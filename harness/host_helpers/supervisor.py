@@ -39,7 +39,7 @@ Requests (stdin, one JSON document):
     {"cmd": "cancel", "run_dir", "grace"}
     {"cmd": "cancelling", "run_dir"}       mark only (a group cancel's first round); print the state
     {"cmd": "status", "runs_dir", "run_id"} JSON on stdout (run_id null: every run)
-    {"cmd": "follow", "run_dir", "stage", "follow", "json"}
+    {"cmd": "follow", "run_dir", "stage", "follow", "json", "tail"}
 """
 
 from __future__ import annotations
@@ -608,8 +608,9 @@ def cmd_status(runs_dir: str, run_id: str | None) -> int:
     return 0
 
 
-def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool) -> int:
-    """Print stage logs from their first byte; with --follow, keep going until the run ends.
+def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool, tail: int | None = None) -> int:
+    """Print stage logs from their first byte (tail: from the start of their last `tail` lines,
+    stages in order); with --follow, keep going until the run ends.
 
     Raw mode writes the log bytes unchanged. JSON mode writes one object per line:
     {"stage", "log": text} | {"stage", "event": {...}} | {"stage", "state": {...}}.
@@ -624,15 +625,17 @@ def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool
             print(f"run {record.get('run_id')} has no stage {only_stage!r} (stages: {', '.join(stages)})", file=sys.stderr)
             return 2
         stages = [only_stage]
+    first, first_offset = tail_start(run_dir, stages, tail) if tail is not None else (0, 0)
+    stages = stages[first:]
     out = sys.stdout.buffer
 
     def emit(obj: dict) -> None:
         out.write((json.dumps(obj) + "\n").encode())
         out.flush()
 
-    for stage in stages:
+    for i, stage in enumerate(stages):
         sd = stage_dir(run_dir, stage)
-        log_off = ev_off = 0
+        log_off, ev_off = (first_offset if i == 0 else 0), 0
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         while True:
             st = read_json(os.path.join(sd, "state.json"), {}) or {}
@@ -664,6 +667,39 @@ def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool
         if st.get("state") not in ("ok",) and only_stage is None and follow:
             break  # the chain stopped here
     return 0
+
+
+def tail_start(run_dir: str, stages: list, lines: int) -> tuple:
+    """(index of the stage, byte offset in its log) where the last `lines` lines of the stages'
+    logs, in order, begin. Reads each log backwards in blocks: a long log is not read whole."""
+    wanted = max(0, lines)
+    for i in range(len(stages) - 1, -1, -1):
+        path = os.path.join(stage_dir(run_dir, stages[i]), "log")
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            continue
+        if not size:
+            continue
+        with open(path, "rb") as f:
+            end = pos = size
+            while pos > 0:
+                start = max(0, pos - 65536)
+                f.seek(start)
+                block = f.read(pos - start)
+                if pos == end and block.endswith(b"\n"):
+                    block = block[:-1]  # the final newline ends the last line, it starts none
+                    pos -= 1
+                for j in range(len(block) - 1, -1, -1):
+                    if block[j] == 10:
+                        wanted -= 1
+                        if wanted <= 0:
+                            return i, start + j + 1
+                pos = start
+        wanted -= 1  # the stage's first line
+        if wanted <= 0:
+            return i, 0
+    return 0, 0
 
 
 def read_from(path: str, offset: int, whole_lines: bool = False, limit: int = 1 << 20) -> tuple[int, bytes]:
@@ -704,7 +740,8 @@ def main() -> int:
         return cmd_status(request["runs_dir"], request.get("run_id"))
     if cmd == "follow":
         try:
-            return cmd_follow(os.path.abspath(request["run_dir"]), request.get("stage"), bool(request.get("follow")), bool(request.get("json")))
+            return cmd_follow(os.path.abspath(request["run_dir"]), request.get("stage"), bool(request.get("follow")), bool(request.get("json")),
+                              request.get("tail"))
         except BrokenPipeError:  # the reader went away (Ctrl-C on the laptop): nothing to clean up
             return 0
     print(f"supervisor: unknown command {cmd!r}", file=sys.stderr)

@@ -33,7 +33,7 @@ import os
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from harness.config import Config, ContainerConfig, HostConfig
 from harness.errors import RemoteCommandError, UsageError
@@ -83,8 +83,9 @@ class BuildInputs:
 @dataclass(frozen=True)
 class BuildResult:
     ref: str  # image:hash
-    image_id: str
-    built: bool  # False when the image already existed
+    image_id: str  # "" when a dry run found none
+    built: bool  # False when the image already existed (or on a dry run)
+    would_build: bool = False  # a dry run: no image with this content hash on the host
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,15 @@ class BuildOutcome:
 
     def exit_code(self) -> int:
         return 1 if self.errors else 0
+
+    def to_json(self, dry_run: bool = False) -> dict[str, Any]:
+        """`harness build --json`: per host, the image (ref, image_id, built, would_build) or its error."""
+        def one(h: str) -> dict[str, Any]:
+            if h in self.errors:
+                return {"error": self.errors[h]}
+            r = self.results[h]
+            return {"ref": r.ref, "image_id": r.image_id or None, "built": r.built, "would_build": r.would_build}
+        return {"where": self.where, "dry_run": dry_run, "ok": not self.errors, "hosts": {h: one(h) for h in self.hosts}}
 
 
 def image_ref(container: ContainerConfig, content_hash: str) -> str:
@@ -178,13 +188,18 @@ def build(
     host: HostConfig,
     output: Callable[[bytes], None],
     force: bool = False,
+    dry_run: bool = False,
 ) -> BuildResult:
-    """Build the image on the host unless an image with the same content hash exists."""
+    """Build the image on the host unless an image with the same content hash exists (dry_run:
+    only say whether it would be built; nothing is tagged or built)."""
     c = host.container
     inputs = current_inputs(transport, config, host)
     tag = inputs.content_hash
     ref = image_ref(c, tag)
     latest = current_ref(c)
+    if dry_run:
+        found_id = image_id(transport, ref)
+        return BuildResult(ref, found_id or "", built=False, would_build=force or not found_id)
     if not force:
         # one round trip: the image's ID if it exists, and :latest pointed at it
         found = transport.run(["sh", "-c", _INSPECT_AND_TAG, "sh", ref, latest])

@@ -452,8 +452,19 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
         return AuthError(f"{where}: authentication failed: the server refused every key offered ({last})",
                          "check identity_file / IdentityFile, or load the key with ssh-add")
     if connect.search(text):
-        return ConnectError(f"{where}: cannot connect: {last}")
-    return TransportError(f"{where}: ssh failed: {last}")
+        return ConnectError(f"{where}: cannot connect: {last}", connect_hint(text, host_name))
+    return TransportError(f"{where}: ssh failed: {last}", "`ssh -v` to the host says more")
+
+
+def connect_hint(text: str, host_name: str) -> str:
+    """The next step for a connection that failed, by what ssh said (the paramiko path's wording)."""
+    if "Could not resolve hostname" in text:
+        return "check the spelling, or the HostName of the alias in ~/.ssh/config; `ssh -G ALIAS` shows what ssh makes of it"
+    if "Connection refused" in text:
+        return "is sshd running there, on that port? check Port in ~/.ssh/config or ssh = in harness.toml"
+    if "kex_exchange_identification" in text or "Connection reset" in text or "Connection closed by" in text:
+        return "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml"
+    return "is the host up and reachable from here (VPN, firewall)? connect_timeout in harness.toml sets the wait"
 
 
 # What ssh prints when the connection it made through a ProxyJump/ProxyCommand pipe closed. A

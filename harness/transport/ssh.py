@@ -13,6 +13,7 @@ path never pays for any of it (~0.3 s of imports alone).
 
 from __future__ import annotations
 
+import logging
 import os
 import stat as st
 import sys
@@ -23,6 +24,10 @@ from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, 
 from harness.transport import openssh
 from harness.transport.base import OWN, SHARED, Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
+
+# paramiko logs a failed handshake's traceback from its own thread (Python's last-resort handler
+# would print it to stderr); the failure reaches the user as one typed error instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     import paramiko
@@ -219,20 +224,24 @@ class SSHTransport(Transport):
             raise ConnectError(f"{self.name}: jump host {hop} cannot reach {conn.host}:{conn.port}: {e}") from None
         except (socket.timeout, TimeoutError):
             conn.close()
-            raise ConnectError(f"{where}: connection timed out after {timeout:g} s") from None
+            raise ConnectError(f"{where}: connection timed out after {timeout:g} s",
+                               "is the host up and reachable from here (VPN, firewall)? connect_timeout in harness.toml sets the wait") from None
         except socket.gaierror as e:
             conn.close()
-            raise ConnectError(f"{where}: cannot resolve host name {conn.host!r}: {e.strerror}") from None
+            raise ConnectError(f"{where}: cannot resolve host name {conn.host!r}: {e.strerror}",
+                               f"check the spelling, or the HostName of {conn.original_host!r} in ~/.ssh/config; `ssh -G {conn.original_host}` shows what ssh makes of it") from None
         except paramiko.ssh_exception.NoValidConnectionsError as e:
             conn.close()
             reasons = sorted({os.strerror(err.errno) if err.errno else str(err) for err in e.errors.values()})
-            raise ConnectError(f"{where}: cannot connect: {'; '.join(reasons)}") from None
+            raise ConnectError(f"{where}: cannot connect: {'; '.join(reasons)}",
+                               f"is sshd running there, on port {conn.port}? check Port in ~/.ssh/config or ssh = in harness.toml") from None
         except paramiko.SSHException as e:
             conn.close()
-            raise ConnectError(f"{where}: SSH handshake failed: {e}") from None
+            raise ConnectError(f"{where}: no SSH server answered on port {conn.port}: {e}",
+                               "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml") from None
         except OSError as e:
             conn.close()
-            raise ConnectError(f"{where}: cannot connect: {e.strerror or e}") from None
+            raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
         conn.transport.set_keepalive(KEEPALIVE_S)
 
     @property
