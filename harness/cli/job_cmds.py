@@ -73,9 +73,13 @@ def logs(ctx: click.Context, host: str, run_id: str, stage: str | None, follow: 
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line.
 
     For a group, every node's log, each line prefixed [host]."""
+    runs = ctx.obj.place(host).runs
     try:
-        ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
+        runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow)
     except KeyboardInterrupt:
+        if follow:  # the person stopped watching, not the run: say so
+            click.echo(f"\ndetached from run {run_id}; it keeps running on {host}{runs.detach_note}.", err=True)
+            click.echo(reattach_hint(host, run_id), err=True)
         ctx.exit(130)
 
 
