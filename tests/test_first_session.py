@@ -39,14 +39,19 @@ class Terminal:
         if shutil.which("tmux") is None:
             bed_unavailable("tmux", "tmux is not installed (scripts/test.sh installs it)")
         self.socket = str(root / "tmux.sock")
+        self.conf = root / "tmux.conf"  # read when the server starts: the first pane keeps all it shows
+        self.conf.write_text("set-option -g history-limit 100000\n")
         env = {**env, "HISTFILE": str(root / "bash_history"), "TERM": "xterm-256color"}
         self._tmux("new-session", "-d", "-x", "160", "-y", "50", "-c", str(cwd), "bash --norc --noprofile", env=env)
-        self._tmux("set-option", "-g", "history-limit", "10000")
-        self.type("PS1='[$?]$ '")
-        self.wait_until(lambda screen: self.prompts(screen) == 1, "the first prompt")
+        try:
+            self.type("PS1='[$?]$ '")
+            self.wait_until(lambda screen: self.prompts(screen) == 1, "the first prompt")
+        except BaseException:
+            self.close()
+            raise
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        return subprocess.run(["tmux", "-S", self.socket, "-f", "/dev/null", *args], env=env, capture_output=True, text=True,
+        return subprocess.run(["tmux", "-S", self.socket, "-f", str(self.conf), *args], env=env, capture_output=True, text=True,
                               check=True, timeout=10).stdout
 
     def screen(self) -> str:
@@ -97,7 +102,7 @@ class Terminal:
         return "\n".join(lines[start + 1:end])
 
     def close(self) -> None:
-        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)  # bash and its children get SIGHUP
 
 
 def edit_starter_config(text: str, box: str, workdir: Path, knobs: dict[str, str]) -> str:

@@ -7,7 +7,7 @@ import click
 
 @click.command()
 @click.argument("host")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout (keys: README, \"Scripting: --json\").")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout (keys: docs/json.md).")
 @click.pass_context
 def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
     """Check HOST: connection, python3, free disk, Docker, GPUs."""

@@ -15,7 +15,7 @@ import click
 from harness.cli.render import reattach_hint
 
 RUN_ID_HELP = "a run id (as printed by `harness run`) or 'last'"
-JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
+JSON_HELP = "Print the answer as JSON on stdout (keys: docs/json.md)."
 
 
 def _stdout_sink(chunk: bytes) -> None:
