@@ -1,6 +1,6 @@
 """The docs say what the commands do: docs/cli.md is what the Click commands say now, and every
-`harness ...` line in a ```bash block of the README is a real command with real options and the
-arguments it needs (parsed by the commands' own Click parser, nothing run)."""
+`harness ...` line in a ```bash block of the README (and of docs/*.md) is a real command with real
+options and the arguments it needs (parsed by the commands' own Click parser, nothing run)."""
 
 from __future__ import annotations
 
@@ -52,15 +52,20 @@ def check_harness_command(args: list[str]) -> None:
         command.make_context(name, rest, parent=ctx).close()
 
 
-README_COMMANDS = [argv for argv in map(harness_argv, shell_commands((REPO / "README.md").read_text())) if argv is not None]
+def shown_commands(page: Path) -> list[list[str]]:
+    return [argv for argv in map(harness_argv, shell_commands(page.read_text())) if argv is not None]
+
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHOWN = [(page.relative_to(REPO).as_posix(), args) for page in PAGES for args in shown_commands(page)]
 
 
 def test_the_readme_shows_harness_commands():
-    assert len(README_COMMANDS) >= 8, README_COMMANDS  # the first session, not an empty parse
+    assert len(shown_commands(REPO / "README.md")) >= 8  # the first session, not an empty parse
 
 
-@pytest.mark.parametrize("args", README_COMMANDS, ids=lambda args: " ".join(args)[:60])
-def test_every_command_the_readme_shows_is_real(args):
+@pytest.mark.parametrize("page, args", SHOWN, ids=[f"{page}: {' '.join(args)[:60]}" for page, args in SHOWN])
+def test_every_command_the_docs_show_is_real(page, args):
     check_harness_command(args)
 
 
