@@ -148,6 +148,7 @@ def test_the_first_session_in_a_terminal(tmp_path, ssh_host):
         shown = term.output_of("harness run gpu prepare train")
         first_run = re.search(r"^(\S+)$", shown, re.M).group(1)  # stdout's run id line
         assert re.search(rf"run {first_run} on gpu: ok", shown), shown
+        assert not re.search(r"\d+/\d+ lines", shown), shown  # the bars left with the run: no copies in the scrollback
 
         assert term.command("harness status gpu") == 0
         table = term.output_of("harness status gpu")
