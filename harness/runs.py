@@ -3,7 +3,7 @@ a run lives.
 
 A host (harness.jobs.Jobs) and a group (harness.multinode.GroupRun) both implement `RunPlace`, so
 the CLI has one code path for both and one renderer (harness/cli/render.py) that shows what they
-return. Each answer also knows its JSON form (`--json`; the keys are listed in the README).
+return. Each answer also knows its JSON form (`--json`; the keys are listed in docs/json.md).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 #   scripts/test.sh [pytest args...]
 # Installs: openssh-server (the tests start their own sshd on loopback), docker.io (dockerd is
 # started here if not running), debootstrap (the offline base image for container tests),
-# rsync (a comparison in benches), iproute2 (network-namespace test hosts); then the Python
+# rsync (a comparison in benches), iproute2 (network-namespace test hosts), tmux (a terminal
+# the first-session test types into); then the Python
 # packages into .venv (scripts/setup.sh --dev: the pipeline, the test tools, a real vLLM). Then
 # ruff (a finding fails the run), then pytest in parallel lanes (pytest-xdist; HARNESS_TEST_LANES,
 # default 3: the stages are single-threaded and many tests wait on sshd, dockerd or vLLM, so a
@@ -19,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 need_apt=()
-for pair in sshd:openssh-server ssh:openssh-client dockerd:docker.io debootstrap:debootstrap rsync:rsync ip:iproute2; do
+for pair in sshd:openssh-server ssh:openssh-client dockerd:docker.io debootstrap:debootstrap rsync:rsync ip:iproute2 tmux:tmux; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${pair%%:*}" ] || need_apt+=("${pair##*:}")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -1,5 +1,5 @@
 """`--json` on status, runs, hosts, doctor and pull, against the real sshd test bed: stdout is one
-JSON document (json.loads of all of it), its keys are the README's ("Scripting: --json") and its
+JSON document (json.loads of all of it), its keys are docs/json.md's and its
 values are the real run's, read back from the run's own files on the host; errors stay one
 `harness: error:` line with a non-zero exit and nothing on stdout."""
 

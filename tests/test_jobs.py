@@ -93,7 +93,7 @@ def test_cli_run_all_runs_the_default_chain_in_order(tmp_path):
     run_id = r.stdout.split()[0]
     status = json.loads(harness_cli(config, "status", "box", run_id, "--json").stdout)
     assert [(s["stage"], s["state"]) for s in status["stages"]] == [(stage, "ok") for stage in DEFAULT_CHAIN]
-    assert DEFAULT_CHAIN == ["regenerate", "prepare", "extract", "train", "evaluate", "export", "serve_check"]  # the README's chain
+    assert DEFAULT_CHAIN == ["regenerate", "prepare", "extract", "train", "evaluate", "export", "serve_check"]  # docs/usage.md's chain
     finished = [s["finished"] for s in status["stages"]]
     assert all(b["started"] >= a for b, a in zip(status["stages"][1:], finished))  # one after another
 

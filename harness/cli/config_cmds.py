@@ -30,7 +30,7 @@ def init(app, path: str | None) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the hosts and groups as JSON on stdout (keys: README, \"Scripting: --json\").")
+@click.option("--json", "as_json", is_flag=True, help="Print the hosts and groups as JSON on stdout (keys: docs/json.md).")
 @click.pass_obj
 def hosts(app, as_json: bool) -> None:
     """List configured hosts and groups."""

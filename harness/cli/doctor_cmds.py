@@ -15,7 +15,7 @@ def _checks_help() -> str:
 
 @click.command(epilog=_checks_help())
 @host_argument()
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout (keys: README, \"Scripting: --json\").")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON on stdout (keys: docs/json.md).")
 @click.pass_context
 def doctor(ctx: click.Context, host: str, as_json: bool) -> None:
     """Check HOST (a group: each host, then the rendezvous port and routes): ok / warn / fail,

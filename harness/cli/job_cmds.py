@@ -15,7 +15,7 @@ import click
 from harness.cli.params import complete_runs, complete_stages, host_argument, remember_runs, run_argument
 from harness.cli.render import reattach_hint
 
-JSON_HELP = "Print the answer as JSON on stdout (keys: README, \"Scripting: --json\")."
+JSON_HELP = "Print the answer as JSON on stdout (keys: docs/json.md)."
 
 
 def _stdout_sink(chunk: bytes) -> None:
@@ -102,6 +102,10 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
     try:
         ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
     except KeyboardInterrupt:
+        if follow:  # the person stopped watching, not the run: say so
+            runs = ctx.obj.place(host).runs
+            click.echo(f"\ndetached from run {run_id}; it keeps running on {host}{runs.detach_note}.", err=True)
+            click.echo(reattach_hint(host, run_id), err=True)
         ctx.exit(EXIT_INTERRUPTED)
 
 

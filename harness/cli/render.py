@@ -6,9 +6,10 @@ One rule for text from the remote side or the config (stage names, states, event
 host names): it reaches rich's markup only through `plain()`, so "[rank1]" or "torch[cuda]" shows
 as written instead of vanishing or raising.
 
-The live stream (supervisor `follow --json`): log text goes to stdout unchanged; `progress`
-events drive one rich progress bar per stage (on stderr, shown only on a terminal, so piped
-output stays plain); `metric` events update the bar's description. The stream's line format:
+The live stream (supervisor `follow --json`): log text goes to stdout unchanged (on a terminal
+that also shows the bars: printed above them through rich, line by line); `progress` events drive
+one rich progress bar per stage (on stderr, shown only on a terminal, so piped output stays
+plain); `metric` events update the bar's description. The stream's line format:
 {"stage", "log"} | {"stage", "event"} | {"stage", "state"}.
 """
 
@@ -48,6 +49,7 @@ class EventRenderer:
         self.log_stream = log_stream or sys.stdout
         self._tasks: dict[str, Any] = {}
         self._pending = b""
+        self._log_pending = ""  # a log line not ended yet (shown with its end)
         self.final_states: dict[str, dict[str, Any]] = {}
 
     def __enter__(self) -> "EventRenderer":
@@ -56,6 +58,22 @@ class EventRenderer:
 
     def __exit__(self, *exc) -> None:
         self.progress.stop()
+        if self._log_pending:
+            self.log_stream.write(self._log_pending)
+            self.log_stream.flush()
+            self._log_pending = ""
+
+    def write_log(self, text: str) -> None:
+        """Stage log text. Where it shares the screen with the live bars, it is printed above them
+        through rich, whole lines only: written past rich, it would leave a copy of every bar
+        in the scrollback."""
+        if not (self.progress.live.is_started and self.log_stream.isatty()):
+            self.log_stream.write(text)
+            self.log_stream.flush()
+            return
+        *lines, self._log_pending = (self._log_pending + text).split("\n")
+        for line in lines:  # a terminal shows what follows a line's last carriage return (tqdm's bars)
+            self.console.print(line.rstrip("\r").rsplit("\r", 1)[-1], markup=False, highlight=False, soft_wrap=True, emoji=False)
 
     def feed(self, chunk: bytes) -> None:
         data = self._pending + chunk
@@ -66,13 +84,12 @@ class EventRenderer:
                 try:
                     self.handle(json.loads(line))
                 except ValueError:
-                    self.log_stream.write(line.decode("utf-8", "replace") + "\n")
+                    self.write_log(line.decode("utf-8", "replace") + "\n")
 
     def handle(self, item: dict[str, Any]) -> None:
         stage = item.get("stage", "?")
         if "log" in item:
-            self.log_stream.write(item["log"])
-            self.log_stream.flush()
+            self.write_log(item["log"])
         elif "event" in item:
             self._on_event(stage, item["event"])
         elif "state" in item:

@@ -136,7 +136,7 @@ class _SyncBars:
 @click.option("--best-checkpoint", is_flag=True, help="Add the checkpoint best.json names (RUN: in train's output; PATH: a checkpoints directory).")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel byte streams (added while they raise throughput on a long link).")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: README, \"Scripting: --json\"); progress stays on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: docs/json.md); progress stays on stderr.")
 @click.pass_context
 def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';

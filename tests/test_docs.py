@@ -1,0 +1,75 @@
+"""The docs say what the commands do: docs/cli.md is what the Click commands say now, and every
+`harness ...` line in a ```bash block of the README (and of docs/*.md) is a real command with real
+options and the arguments it needs (parsed by the commands' own Click parser, nothing run)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from harness.cli.app import cli
+from harness.cli.reference import render
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_docs_cli_md_is_what_the_commands_say():
+    assert (REPO / "docs" / "cli.md").read_text() == render(), "docs/cli.md is stale: python -m harness.cli.reference > docs/cli.md"
+
+
+def shell_commands(markdown: str) -> list[str]:
+    """Each command of the ```bash blocks: continued lines joined, comments dropped, `&&` / `;`
+    / `|` split."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", markdown, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            command: list[str] = []
+            for word in words + [";"]:
+                if word in ("&&", "||", ";", "|"):
+                    if command:
+                        commands.append(shlex.join(command))
+                    command = []
+                else:
+                    command.append(word)
+    return commands
+
+
+def harness_argv(command: str) -> list[str] | None:
+    """The arguments after `harness` (or `.venv/bin/harness`), else None."""
+    argv = shlex.split(command)
+    return argv[1:] if argv and Path(argv[0]).name == "harness" else None
+
+
+def check_harness_command(args: list[str]) -> None:
+    """Parse ARGS as `harness` would, without running anything: a click error if they are wrong."""
+    with cli.make_context("harness", list(args), resilient_parsing=False) as ctx:
+        name, command, rest = cli.resolve_command(ctx, [*ctx._protected_args, *ctx.args])  # what Group.invoke hands on
+        command.make_context(name, rest, parent=ctx).close()
+
+
+def shown_commands(page: Path) -> list[list[str]]:
+    return [argv for argv in map(harness_argv, shell_commands(page.read_text())) if argv is not None]
+
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+SHOWN = [(page.relative_to(REPO).as_posix(), args) for page in PAGES for args in shown_commands(page)]
+
+
+def test_the_readme_shows_harness_commands():
+    assert len(shown_commands(REPO / "README.md")) >= 8  # the first session, not an empty parse
+
+
+@pytest.mark.parametrize("page, args", SHOWN, ids=[f"{page}: {' '.join(args)[:60]}" for page, args in SHOWN])
+def test_every_command_the_docs_show_is_real(page, args):
+    check_harness_command(args)
+
+
+@pytest.mark.parametrize("args", [["sync"], ["run", "gpu", "all", "--no-such-option"], ["no-such-command", "gpu"], ["logs", "gpu"]])
+def test_a_wrong_command_is_caught(args):
+    with pytest.raises(click.UsageError):
+        check_harness_command(args)
