@@ -378,7 +378,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     finally:
         if args.loggers and rank == 0:
             loggers.finish(str(output / loggers.LOG_DIR), exit_code)
-    bridge.detach()
+    if bridge is not None:
+        bridge.detach()
     # speculators catches SIGTERM/SIGINT, saves '<output>/interrupted' and returns normally.
     interrupted = output / "interrupted"
     if interrupted.is_dir() and interrupted.stat().st_mtime >= started_wall - 1:
