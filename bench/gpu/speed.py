@@ -380,6 +380,8 @@ def part_extract(work: Path, args, rows, results) -> None:
                    f"end to end {summary['tokens_per_s']:,.0f} tokens/s over the loop's {summary['loop_seconds']} s",
                    f"{stage_s:.1f} s", f"{tokens / forward_tps:.1f} s forward-only" if forward_tps else "n/a", None, "report"))
     shutil.rmtree(output, ignore_errors=True)
+    if cuda():
+        torch.cuda.empty_cache()  # the train part's processes get the GPU's memory back
 
 
 # ---------------------------------------------------------------------------------------------
