@@ -297,9 +297,9 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
        `speculate`'s: it gives the draft's view of every position and the verifier's own greedy
        choices. Where they disagree with the cached decode (a near tie that the batch's other
-       numerics broke the other way), the prompt is decoded again alone; `greedy_match` says
-       whether the forward then agrees with the decode at every position, as the chain's check
-       does;
+       numerics broke the other way), `settle` takes the forward's choice and decodes on from
+       there, batched; `greedy_match` says whether the forward then agrees with the decode at
+       every position, as the chain's check does;
     3. one draft forward gives its chain at every position (`chain_table`), and `replay` plays
        the rounds against the continuation: under greedy verification the rounds and their
        acceptances are a function of the continuation and the proposals alone.
@@ -309,13 +309,7 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
         references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
-        for prompt, reference in zip(batch, references):
-            greedy, view = verifier.forward(prompt + reference)
-            match = _agrees(greedy, prompt, reference)
-            if not match and len(batch) > 1:
-                reference = verifier.greedy(prompt, budget, eos)
-                greedy, view = verifier.forward(prompt + reference)
-                match = _agrees(greedy, prompt, reference)
+        for prompt, (reference, view, match) in zip(batch, settle(verifier, batch, references, budget, eos)):
             table = chain_table(proposer, prompt + reference, view, k)
             r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens, eos)
             r.greedy_match = match
@@ -323,6 +317,47 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
             if progress:
                 progress(len(results))
     return results
+
+
+# Fix-ups of a batch's decode before its prompts are reported as not greedy (`settle`).
+SETTLE_ROUNDS = 8
+
+
+def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[list[int]], budget: int, eos: set[int]) -> list[tuple[list[int], Any, bool]]:
+    """Each prompt's continuation made to agree with the verifier's forward over prompt +
+    continuation (what `speculate` verifies with), with that forward's view: (reference, view,
+    greedy_match).
+
+    A batched cached decode and a single forward without a cache break a near tie differently
+    now and then (bf16 on a GPU: often). Where the forward disagrees first, at position i, its
+    own choice replaces reference[i] and the rest is decoded again from there, batched over the
+    prompts that need it; at most SETTLE_ROUNDS times, then greedy_match is False (as the chain's
+    check would say). Before, each disagreeing prompt was decoded again alone, a whole decode
+    each: in bf16 on a GPU most prompts disagree somewhere, the likely cause of 160 s for 64
+    prompts of a 135M model (bench/gpu/speed.py counts the decodes: `HFVerifier.decodes`)."""
+    settled: dict[int, tuple[list[int], Any, bool]] = {}
+    pending = dict(enumerate(references))
+    for round_ in range(SETTLE_ROUNDS + 1):
+        fixed: dict[int, list[int]] = {}
+        for i, reference in pending.items():
+            greedy, view = verifier.forward(prompts[i] + reference)
+            first = _first_disagreement(greedy, prompts[i], reference)
+            if first is None or round_ == SETTLE_ROUNDS:
+                settled[i] = (reference, view, first is None)
+            else:
+                fixed[i] = reference[:first] + [greedy[len(prompts[i]) - 1 + first]]
+        # Decode on after each fix (batched), unless it ended the reply or the budget.
+        go_on = [i for i, f in fixed.items() if f[-1] not in eos and len(f) < budget]
+        if go_on:
+            rest = budget - min(len(fixed[i]) for i in go_on)
+            heads = [prompts[i] + fixed[i] for i in go_on]
+            tails = verifier.greedy_batch(heads, rest, eos) if len(heads) > 1 else [verifier.greedy(heads[0], rest, eos)]
+            for i, tail in zip(go_on, tails):
+                fixed[i] += tail[: budget - len(fixed[i])]
+        pending = fixed
+        if not pending:
+            break
+    return [settled[i] for i in range(len(prompts))]
 
 
 def measure_chain(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], check_greedy: bool = True, progress=None) -> list[PromptResult]:
@@ -339,9 +374,11 @@ def measure_chain(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: l
     return results
 
 
-def _agrees(greedy: list[int], prompt: list[int], reference: list[int]) -> bool:
-    """The verifier's own choice after prompt + reference[:i] is reference[i], for every i."""
-    return greedy[len(prompt) - 1 : len(prompt) - 1 + len(reference)] == reference
+def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[int]) -> int | None:
+    """The first i where the verifier's own choice after prompt + reference[:i] is not
+    reference[i] (None: it is, for every i)."""
+    own = greedy[len(prompt) - 1 : len(prompt) - 1 + len(reference)]
+    return next((i for i, (a, b) in enumerate(zip(own, reference)) if a != b), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,6 +398,7 @@ class HFVerifier:
         self.layers = layers
         self.hidden_dtype = hidden_dtype
         self.num_layers = self.parts.num_layers
+        self.decodes = 0  # generate calls (bench/gpu/speed.py reports them)
         self._captured: dict = {}
         for lid in sorted(set(layers)):
             if lid < self.num_layers:
@@ -394,6 +432,7 @@ class HFVerifier:
         import torch
 
         pad = self.model.config.pad_token_id if getattr(self.model.config, "pad_token_id", None) is not None else 0
+        self.decodes += 1
         with torch.no_grad():
             out = self.model.generate(
                 torch.tensor([prompt], device=self.device), attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
@@ -409,6 +448,7 @@ class HFVerifier:
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        self.decodes += 1
         with torch.no_grad():
             out = self.model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad)
         return [_cut_after_eos(row[width:].tolist(), eos) for row in out]

@@ -56,6 +56,7 @@ from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E40
 
 STAGE = "regenerate"
 CPU_BATCH_SIZE = 16  # --batch-size 0: transformers on CPU, and the vllm backend's progress step
+CPU_MAX_BATCH_TOKENS = 16384  # --max-batch-tokens 0, transformers on CPU
 
 
 @dataclass
@@ -257,7 +258,7 @@ class TransformersBackend:
     def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
         torch, args = self.torch, self.args
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else sorted(self.eos)[0]
-        for batch in plan_batches({i: len(p) for i, p in prompts.items()}, self.batch_size(prompts), args.max_batch_tokens):
+        for batch in plan_batches({i: len(p) for i, p in prompts.items()}, self.batch_size(prompts), self.max_batch_tokens()):
             width = max(len(prompts[i]) for i in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
             attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -270,7 +271,7 @@ class TransformersBackend:
             with torch.inference_mode():
                 out = self.model.generate(
                     input_ids=ids.to(self.device), attention_mask=attention.to(self.device), max_new_tokens=args.max_new_tokens,
-                    eos_token_id=sorted(self.eos), pad_token_id=pad, **sampling,
+                    eos_token_id=sorted(self.eos), pad_token_id=pad, **sampling, **({"cache_implementation": "static"} if args.cache == "static" else {}),
                 )
             replies = {}
             for r, i in enumerate(batch):
@@ -279,6 +280,15 @@ class TransformersBackend:
                 kept = tokens[:stop] if stop is not None else tokens
                 replies[i] = Reply(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept) + (stop is not None), "stop" if stop is not None else "length")
             on_batch(replies)
+
+    def max_batch_tokens(self) -> int:
+        """--max-batch-tokens, else CPU_MAX_BATCH_TOKENS on CPU; on a GPU `batch_size` alone
+        bounds a batch: a decode step of a small model there is launch-bound, so rows are nearly
+        free, and the CPU's cap would hold prompts of ~200 tokens to ~80 rows a batch
+        (bench/gpu/speed.py measures both)."""
+        if self.args.max_batch_tokens:
+            return self.args.max_batch_tokens
+        return CPU_MAX_BATCH_TOKENS if not self.device.startswith("cuda") else 1 << 40
 
     def batch_size(self, prompts: dict[int, list[int]]) -> int:
         """--batch-size, else 16 on CPU and, on a GPU, what a third of its free memory holds
@@ -435,7 +445,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=0, help=f"prompts per generate call (vllm: per progress step; 0: {CPU_BATCH_SIZE}, and for transformers on a GPU what a third of its free memory holds)")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded prompt tokens per generate call")
+    p.add_argument("--max-batch-tokens", type=int, default=0, help=f"padded prompt tokens per generate call (0: {CPU_MAX_BATCH_TOKENS} on CPU; on a GPU the memory-sized --batch-size alone)")
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic", help="transformers' KV cache in generate (static: preallocated, and on a GPU transformers compiles the decode step)")
     p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)

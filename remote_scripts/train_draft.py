@@ -71,6 +71,9 @@ STAGE = "train"
 TAU_PROBE_BATCHES = 8  # validation batches per mid-epoch tau estimate (long epochs only)
 ONLINE_CHILD_ENV = "HARNESS_TRAIN_ONLINE_LAUNCHED"  # set by the online launcher for its trainer: it wrote `started`
 STAGING_DIR = "online_staging"
+# For bench/gpu/speed.py only: extras of this stage to leave out ("bridge": no per-step events,
+# "walk": no rounds walked in validation), to measure what each costs per step.
+BENCH_WITHOUT_ENV = "HARNESS_TRAIN_BENCH_WITHOUT"
 TORCHRUN_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
@@ -334,7 +337,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             events.warning(recipe.warning)
 
     reporter = Reporter(events, rank, output, recipe.epochs)
-    bridge = speculators_compat.MetricsBridge(reporter.on_train, reporter.on_val)
+    without = set(filter(None, os.environ.get(BENCH_WITHOUT_ENV, "").split(",")))
+    bridge = None if "bridge" in without else speculators_compat.MetricsBridge(reporter.on_train, reporter.on_val)
 
     def before_training(model, trainer_config, train_loader, val_loader) -> None:
         guard_model(model, device_type, verifier)
@@ -350,7 +354,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         metrics = speculators_compat.partial_validation(trainer, TAU_PROBE_BATCHES)
         reporter.on_tau_probe(trainer.global_step, metrics)
 
-    speculators_compat.walk_rounds_in_validation()  # the honest tau estimate (common/acceptance.py)
+    if "walk" not in without:
+        speculators_compat.walk_rounds_in_validation()  # the honest tau estimate (common/acceptance.py)
     tau_every = args.tau_every or recipe.tau_every
     speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None)
 
@@ -373,7 +378,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     finally:
         if args.loggers and rank == 0:
             loggers.finish(str(output / loggers.LOG_DIR), exit_code)
-    bridge.detach()
+    if bridge is not None:
+        bridge.detach()
     # speculators catches SIGTERM/SIGINT, saves '<output>/interrupted' and returns normally.
     interrupted = output / "interrupted"
     if interrupted.is_dir() and interrupted.stat().st_mtime >= started_wall - 1:

@@ -117,6 +117,47 @@ def test_the_token_budget_stops_generation():
     assert len(r.generated) == 4
 
 
+class MisdecodingVerifier(ChainVerifier):
+    """A ChainVerifier whose batched cached decode breaks a tie the other way at the first token
+    of `wrong` prompts (what bf16 numerics do on a GPU); its forward stays the truth."""
+
+    def __init__(self, wrong: set[int]):
+        super().__init__()
+        self.wrong, self.decodes = wrong, 0
+
+    def _decode(self, prompt, n, eos, slip):
+        out, t = [], prompt[-1]
+        while len(out) < n:
+            t = self.successor[t] if not (slip and not out) else (self.successor[t] % 49) + 1
+            out.append(t)
+            if t in eos:
+                break
+        return out
+
+    def greedy(self, prompt, n, eos):
+        self.decodes += 1
+        return self._decode(prompt, n, eos, False)
+
+    def greedy_batch(self, prompts, n, eos):
+        self.decodes += 1
+        return [self._decode(p, n, eos, tuple(p) in self.wrong) for p in prompts]
+
+
+def test_settle_fixes_a_disagreeing_decode_in_one_batched_decode():
+    """The forward's choice replaces the batch decode's first disagreeing token and the rest is
+    decoded again, for all such prompts in one batched call (not one decode per prompt)."""
+    v0 = ChainVerifier()
+    prompts = _prompts(v0, 8)
+    v = MisdecodingVerifier({tuple(p) for p in prompts[:5]})
+    budget = 30
+    references = v.greedy_batch(prompts, budget, {EOS})
+    settled = ev.settle(v, prompts, references, budget, {EOS})
+    assert v.decodes == 2  # the batch's own, and one for the five fixes together
+    for prompt, (reference, _view, match) in zip(prompts, settled):
+        assert match is True
+        assert reference == v._decode(prompt, budget, {EOS}, False)
+
+
 def test_a_proposer_returning_the_wrong_count_is_an_error():
     v = ChainVerifier()
 

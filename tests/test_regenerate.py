@@ -238,3 +238,17 @@ def test_vllm_server_that_dies_fails_with_its_log(tiny_verifier, tmp_path):
     error = read_events(events)[-1]["error"]
     assert error.startswith("ServerFailed: vllm serve exited with status 3") and "CUDA out of memory (simulated)" in error
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("device", "given", "expected"), [("cpu", 0, regenerate.CPU_MAX_BATCH_TOKENS), ("cuda:0", 0, None), ("cuda:0", 4096, 4096), ("cpu", 512, 512)])
+def test_the_prompt_token_cap_of_a_batch_applies_on_cpu_or_when_given(device, given, expected):
+    """On a GPU the memory-sized batch alone bounds a generate call (a decode step of a small model
+    there is launch-bound: rows are nearly free); on CPU, or when --max-batch-tokens is given, the
+    cap holds."""
+    import argparse
+
+    backend = object.__new__(regenerate.TransformersBackend)
+    backend.device, backend.args = device, argparse.Namespace(max_batch_tokens=given)
+    cap = backend.max_batch_tokens()
+    assert cap == expected if expected is not None else cap >= 1 << 30
+    assert regenerate.parse_args(["--verifier", "v", "--data", "d", "--output", "o"]).max_batch_tokens == 0
