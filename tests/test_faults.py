@@ -1,0 +1,224 @@
+"""The fault table (docs/troubleshooting.md, "Faults"): each fault made for real, each ending
+within a bound in one line that says what happened, nothing lost, and a resume (pull) that
+finishes with every byte verified.
+
+Local disk faults are real file systems: a small tmpfs as LOCAL_DIR (full, read-only), a
+process's RLIMIT_FSIZE (EFBIG). Link faults go through the real sshd behind bench/delayline.py
+(a stall: bytes stop, the TCP connection stays open; a cut)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.pull import PART_SUFFIX, PullOptions, PullProgress, pull, received_bytes
+from harness.pull.local_disk import LocalDiskError
+from harness.transport.local import LocalTransport
+from tests.fixtures.beds import bed_unavailable
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob(f"*{PART_SUFFIX}*"))
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, *options: str):
+    """A small real file system at path (root only: the test beds run as root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        bed_unavailable("tmpfs", r.stderr.strip() or f"mount exit {r.returncode}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def local_config(tmp_path: Path) -> Path:
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.here]\nlocal = true\nworkdir = "{tmp_path / "work"}"\n')
+    return config
+
+
+def harness_pull(config: Path, src: Path, dest: Path, preexec=None, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "pull", "here", str(src), str(dest)],
+                          capture_output=True, text=True, env=env, timeout=timeout, preexec_fn=preexec)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith("harness: error: "), (r.returncode, r.stderr[-3000:])
+    return lines[0]
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    src = tmp_path / "host" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(12 * MiB))
+    (src / "config.json").write_text("{}\n")
+    return src
+
+
+# -------------------------------------------------------------------------------------------------
+# The laptop's disk during a pull
+
+
+def test_a_pull_into_a_disk_too_small_is_one_line_naming_it_and_leaves_nothing(tmp_path, checkpoint):
+    """Before: `connection lost (run the same pull again to resume)`, retries, the disk left full
+    of part files. Now: refused before a byte lands, naming the disk and its free space."""
+    dest = tmp_path / "small"
+    with tmpfs(dest, "6m"):
+        r = harness_pull(local_config(tmp_path), checkpoint, dest)
+        line = one_error_line(r)
+        assert f"local disk full: {dest} has " in line and "free" in line and "run the same pull again" in line, line
+        assert leftovers(dest) == [] and not (dest / "model.safetensors").exists()
+
+
+class FillsTheDisk(PullProgress):
+    """Another writer fills LOCAL_DIR's disk once the pull's first 2 MiB have landed."""
+
+    def __init__(self, filler: Path):
+        super().__init__()
+        self.filler, self.landed = filler, 0
+
+    def advance(self, nbytes: int) -> None:
+        super().advance(nbytes)
+        self.landed += nbytes
+        if self.landed >= 2 * MiB and not self.filler.exists():
+            with open(self.filler, "wb") as f, contextlib.suppress(OSError):
+                while True:
+                    f.write(b"\0" * MiB)
+
+
+def test_a_disk_filled_during_a_pull_stops_it_at_once_and_the_same_pull_resumes(tmp_path, checkpoint):
+    dest = tmp_path / "disk"
+    with tmpfs(dest, "20m"):
+        options = PullOptions(jobs=1, piece_size=MiB, adaptive=False)
+        filler = dest / "someone-else.bin"
+        with pytest.raises(LocalDiskError) as failed:
+            pull(LocalTransport(), str(checkpoint), dest, options, FillsTheDisk(filler))
+        message = str(failed.value)
+        assert message.startswith(f"local disk full: {dest} has ") and "\n" not in message, message
+        kept = received_bytes(dest / "model.safetensors")
+        assert 0 < kept < 12 * MiB  # the pieces written are kept for the resume, nothing at the final name
+        assert not (dest / "model.safetensors").exists()
+        filler.unlink()
+        report = pull(LocalTransport(), str(checkpoint), dest, options)
+        assert report.ok and report.bytes_resumed == kept, report
+        assert sha(dest / "model.safetensors") == sha(checkpoint / "model.safetensors") and leftovers(dest) == []
+
+
+def test_a_file_size_limit_is_one_line_and_the_pull_resumes_without_it(tmp_path, checkpoint):
+    """EFBIG (RLIMIT_FSIZE below the file's size): before, a 47-56-line traceback."""
+    dest = tmp_path / "dest"
+    config = local_config(tmp_path)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 * MiB, resource.RLIM_INFINITY))
+
+    line = one_error_line(harness_pull(config, checkpoint, dest, preexec=limit))
+    assert "model.safetensors" in line and "file size limit" in line and "ulimit -f" in line, line
+    r = harness_pull(config, checkpoint, dest)
+    assert r.returncode == 0, r.stderr
+    assert sha(dest / "model.safetensors") == sha(checkpoint / "model.safetensors") and leftovers(dest) == []
+
+
+def test_local_dir_a_file_or_not_writable_is_one_line(tmp_path, checkpoint):
+    config = local_config(tmp_path)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine\n")
+    line = one_error_line(harness_pull(config, checkpoint, a_file))
+    assert line == f"harness: error: LOCAL_DIR {a_file} is a file, not a directory (or lies under one); choose another LOCAL_DIR"
+    assert a_file.read_text() == "mine\n"
+    line = one_error_line(harness_pull(config, checkpoint, a_file / "sub"))
+    assert "is a file, not a directory" in line
+    with tmpfs(tmp_path / "ro", "1m", "ro") as ro:  # root ignores modes: a read-only mount is what refuses it
+        line = one_error_line(harness_pull(config, checkpoint, ro / "dest"))
+        assert line.startswith(f"harness: error: LOCAL_DIR {ro / 'dest'} is not writable (") and "Read-only file system" in line, line
+
+
+# -------------------------------------------------------------------------------------------------
+# Links
+
+
+def test_a_link_out_of_local_dir_cannot_be_assembled_across_two_pulls(tmp_path):
+    """Pull 1 brings d/e/q -> .. (inside); pull 2 brings d/e/q/r/L -> ../../../outside, inside
+    when read as text, but q on disk makes it climb one level more: out of LOCAL_DIR."""
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    outside.mkdir()
+    first = tmp_path / "host1"
+    (first / "d" / "e").mkdir(parents=True)
+    os.symlink("..", first / "d" / "e" / "q")
+    report = pull(LocalTransport(), str(first), dest)
+    assert report.links == ["d/e/q"] and report.ok, report
+    second = tmp_path / "host2"
+    (second / "d" / "e" / "q" / "r").mkdir(parents=True)
+    os.symlink("../../../outside", second / "d" / "e" / "q" / "r" / "L")
+    (second / "d" / "e" / "q" / "r" / "f").write_text("x\n")
+    report = pull(LocalTransport(), str(second), dest)
+    assert [name for name, _ in report.refused] == ["d/e/q/r/L"], report
+    assert not os.path.lexists(dest / "d" / "r" / "L") and (dest / "d" / "r" / "f").read_text() == "x\n"
+    # a `..` after a name is refused from the text alone: where it climbs from depends on the disk
+    third = tmp_path / "host3"
+    third.mkdir()
+    os.symlink("d/e/../x", third / "M")
+    report = pull(LocalTransport(), str(third), dest)
+    assert [name for name, _ in report.refused] == ["M"] and not os.path.lexists(dest / "M")
+
+
+# -------------------------------------------------------------------------------------------------
+# The pull listener on the host
+
+
+# the helper's own functions (its source without the call of main()), its bound set to 3
+LISTENER = textwrap.dedent("""
+    import sys, time
+    source = open(sys.argv[1]).read()
+    assert source.endswith("\\nmain()\\n")
+    helper = {"__name__": "pull_helper"}
+    exec(source[: -len("main()\\n")], helper)
+    helper["MOST_CONNECTIONS"] = 3
+    print(helper["start_listener"]()["port"], flush=True)
+    time.sleep(60)
+""")
+
+
+def test_the_pull_listener_serves_a_bounded_number_of_connections(tmp_path):
+    """Before: one forked process per connection, without a bound (connections that never send
+    their token were each held by a process for the token timeout)."""
+    import select
+    import socket
+
+    helper = subprocess.Popen([sys.executable, "-c", LISTENER, str(REPO / "harness" / "host_helpers" / "pull_helper.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(helper.stdout.readline())
+        held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(8)]
+        closed: set[int] = set()  # closed unanswered at once: over the bound
+        deadline = time.monotonic() + 3
+        while len(closed) < 5 and time.monotonic() < deadline:
+            readable, _, _ = select.select([c for i, c in enumerate(held) if i not in closed], [], [], 0.1)
+            closed |= {held.index(c) for c in readable if c.recv(1) == b""}
+        assert closed == {3, 4, 5, 6, 7}, closed  # the first three are served (waiting for their token)
+        for conn in held:
+            conn.close()
+    finally:
+        helper.kill()
+        helper.wait()
