@@ -4,7 +4,7 @@ An exec on the slow path (remote_exec.exec_on_host -> openssh_exec.run, which ch
 and starts the master when needed) leaves a recipe beside the master's socket (`save`): the ssh
 command line onto that master, the quoted command line around the user's argv (how the host's
 runtime wraps it), the env names it passes, and the stamp of every file the choice of master was
-made from (`route`). The next exec of the same host and config runs from it (`run`) while every
+made from (`route`), and harness's own version and code files (`code_files`: an upgrade). The next exec of the same host and config runs from it (`run`) while every
 stamp holds, the same env names are set and the master answers; anything else (an edited
 known_hosts, a repointed alias, another env name, no master) takes the slow path again, which
 writes a new recipe. The process then becomes ssh (execvp): nothing of Python stays between the
@@ -44,6 +44,8 @@ def run(key: str, argv: list[str]) -> int | None:
     recipe = _load(_recipe_path(key))
     if recipe is None or recipe.get("format") != FORMAT or recipe.get("key") != key:
         return None
+    if recipe.get("version") != _version():
+        return None  # another harness wrote it: its command line may not be ours
     if recipe["env_inputs"] != [os.environ.get(k) for k in ENV_INPUTS]:
         return None
     if any(_stamp(path) != stamp for path, stamp in recipe["stamps"]):
@@ -192,12 +194,12 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
     path = _recipe_path(key)
     if len(quoted) != 2 or path is None:
         return False
-    stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched])]
+    stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched, *code_files()])]
     ours = control_dir_path() + os.sep  # the `ssh -F` file there is named by its content: no edit can go unseen
     if any(s is not None and max(s[3], s[4]) >= started_ns - RACY_NS and not p.startswith(ours) for p, s in stamps):
         forget(key)
         return False
-    recipe = {"format": FORMAT, "key": key, "env_inputs": [os.environ.get(k) for k in ENV_INPUTS], "stamps": stamps,
+    recipe = {"format": FORMAT, "key": key, "version": _version(), "env_inputs": [os.environ.get(k) for k in ENV_INPUTS], "stamps": stamps,
               "control_path": control_path, "ssh": ssh_argv, "head": quoted[0], "tail": quoted[1],
               "env_names_known": env_names_known, "env_names": env_names}
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -210,6 +212,26 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
             os.unlink(tmp)
         raise
     return True
+
+
+def _version() -> str:
+    import harness  # (already imported: this module is harness's)
+
+    return harness.__version__
+
+
+def code_files() -> list[str]:
+    """harness's own files a recipe is made by (the wrapped command line, the ssh line, the
+    recipe's form): an upgrade, even one that keeps the version string, replaces or edits one of
+    them, and the next exec takes the slow path. (Not their directories: Python's first
+    __pycache__ there changes them.)"""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = [os.path.join(package, "__init__.py"), os.path.join(package, "remote_exec.py"),
+             os.path.join(package, "cli", "warm.py"), os.path.join(package, "cli", "exec_cmds.py")]
+    for sub in ("transport", "runtime"):
+        directory = os.path.join(package, sub)
+        files += sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".py"))
+    return files
 
 
 def forget(key: str) -> None:
