@@ -222,3 +222,91 @@ def test_the_pull_listener_serves_a_bounded_number_of_connections(tmp_path):
     finally:
         helper.kill()
         helper.wait()
+
+
+# -------------------------------------------------------------------------------------------------
+# The link: a stall (bytes stop, the TCP connection stays open) and a cut
+
+
+def slow_host(ssh_host, tmp_path: Path, line_port: int, name: str) -> tuple[Path, dict[str, str]]:
+    """harness.toml with host `slow` behind the delay line, and the env that reaches it: short
+    keepalive and connect timeouts (the settings that bound a stall), a control dir of its own."""
+    from tests.test_pull import _slow_link_files
+
+    ssh_config, known_hosts = _slow_link_files(ssh_host, tmp_path, line_port)
+    config = tmp_path / "harness.toml"
+    config.write_text(f'[hosts.slow]\nssh = "slow"\nworkdir = "{tmp_path / "host"}"\nconnect_timeout = 2\nkeepalive = 1\n')
+    control = Path(ssh_host.control_dir) / name
+    control.mkdir(mode=0o700, exist_ok=True)
+    (tmp_path / "host").mkdir(exist_ok=True)  # the workdir (its parent is a directory a warm exec's recipe watches)
+    env = {**ssh_host.env(), "HARNESS_SSH_CONFIG": str(ssh_config), "HARNESS_KNOWN_HOSTS": str(known_hosts), "HARNESS_CONTROL_DIR": str(control),
+           "PYTHONPATH": str(REPO)}
+    return config, env
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("fault", ["stall", "cut"])
+def test_a_pull_on_a_link_that_stalls_or_drops_ends_in_one_line_and_resumes(ssh_host, tmp_path, fault):
+    from bench.delayline import DelayLine
+
+    src = tmp_path / "host" / "ckpt"
+    src.mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(os.urandom(8 * MiB))
+    dest = tmp_path / "dest"
+    target = dest / "model.safetensors"
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2, rate=2 * MiB) as line:
+        config, env = slow_host(ssh_host, tmp_path, line.port, f"pull-{fault}")
+        argv = [sys.executable, "-m", "harness", "--config", str(config), "pull", "slow", str(src), str(dest)]
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while received_bytes(target) < MiB and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proc.poll() is None, proc.communicate()
+        started = time.monotonic()
+        line.stall() if fault == "stall" else line.cut()
+        if fault == "cut":
+            line.stall()  # and it stays down: reconnects find no box
+        out, err = proc.communicate(timeout=90)
+        print(f"{fault}: ended {time.monotonic() - started:.1f} s after the fault; rc {proc.returncode}\n{err}")
+        assert proc.returncode != 0 and "Traceback" not in err, err
+        assert not target.exists() and received_bytes(target) > 0
+        line.flow()
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert sha(target) == sha(src / "model.safetensors") and leftovers(dest) == []
+
+
+def master_pid(control: Path) -> int:
+    """The ControlMaster's pid (ssh -O check names it)."""
+    import re
+
+    socks = [p for p in control.iterdir() if p.is_socket()]
+    assert len(socks) == 1, socks
+    r = subprocess.run(["ssh", "-o", f"ControlPath={socks[0]}", "-O", "check", "x"], capture_output=True, text=True, timeout=10)
+    return int(re.search(r"pid=(\d+)", r.stderr).group(1))
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("fault", ["stall", "master killed"])
+def test_an_exec_whose_link_stalls_or_whose_master_dies_ends_in_one_line(ssh_host, tmp_path, fault):
+    from bench.delayline import DelayLine
+
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2) as line:
+        config, env = slow_host(ssh_host, tmp_path, line.port, f"exec-{fault.split()[0]}")
+        argv = [sys.executable, "-m", "harness", "--config", str(config), "exec", "slow", "--", "sh", "-c", "echo started; sleep 60"]
+        if fault == "master killed":  # the warm path (transport/warm_exec.py): a recipe first, from inputs older than its racy window
+            time.sleep(2.2)
+            assert subprocess.run(argv[:-3] + ["true"], env=env, capture_output=True, timeout=60).returncode == 0
+            assert list(Path(env["HARNESS_CONTROL_DIR"]).glob("exec-*"))  # the recipe the next exec runs from
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "started\n"
+        started = time.monotonic()
+        if fault == "stall":
+            line.stall()
+        else:
+            os.kill(master_pid(Path(env["HARNESS_CONTROL_DIR"])), 9)
+        out, err = proc.communicate(timeout=60)
+        print(f"{fault}: ended {time.monotonic() - started:.1f} s after the fault; rc {proc.returncode}\n{err}")
+        assert proc.returncode == 255 and err.splitlines() == [
+            "harness: error: slow: the connection ended during the command (the link stalled or dropped, or its SSH master was stopped); "
+            "the command may still be running there"], err

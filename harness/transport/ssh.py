@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from harness.transport import ConnectionSpec, ConnectOptions
     from harness.transport.process import RemoteProcess, StderrLine
 
-KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 
@@ -242,7 +241,7 @@ class SSHTransport(Transport):
         except OSError as e:
             conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
-        conn.transport.set_keepalive(KEEPALIVE_S)
+        conn.transport.set_keepalive(self.spec.keepalive_s)
 
     @property
     def sftp(self) -> paramiko.SFTPClient:

@@ -7,8 +7,9 @@ runtime wraps it), the env names it passes, and the stamp of every file the choi
 made from (`route`), and harness's own version and code files (`code_files`: an upgrade). The next exec of the same host and config runs from it (`run`) while every
 stamp holds, the same env names are set and the master answers; anything else (an edited
 known_hosts, a repointed alias, another env name, no master) takes the slow path again, which
-writes a new recipe. The process then becomes ssh (execvp): nothing of Python stays between the
-terminal and the command.
+writes a new recipe. ssh runs as this process's child (posix_spawn): where the connection ends
+under the command (a stalled link, a killed master), its mux client exits 255 without a word and
+this process says so in one line (`connection_ended`).
 
 What a route watches: every ssh_config file ssh read (`ssh -v -G`, Include'd ones too) and its
 directory (a file an Include glob matches may appear), Include patterns that matched nothing,
@@ -56,16 +57,27 @@ def run(key: str, argv: list[str]) -> int | None:
     import shlex
 
     ssh_argv = [*recipe["ssh"], recipe["head"] + " ".join(shlex.quote(a) for a in argv) + recipe["tail"]]
-    if not names:
-        os.execvp(ssh_argv[0], ssh_argv)  # the process becomes ssh: its exit code is ours
-    from harness.errors import UsageError
-    from harness.transport.remote_shell import env_payload
+    prefix = b""
+    if names:
+        from harness.errors import UsageError
+        from harness.transport.remote_shell import env_payload
 
-    try:
-        prefix = env_payload({n: os.environ[n] for n in names})
-    except UsageError:  # a value no line can carry: the slow path says so in one line
-        return None
-    return run_ssh(ssh_argv, prefix)
+        try:
+            prefix = env_payload({n: os.environ[n] for n in names})
+        except UsageError:  # a value no line can carry: the slow path says so in one line
+            return None
+    # not execvp: when the connection ends under the command, ssh's mux client exits 255 without
+    # a word, and this process says what happened (connection_ended)
+    code = run_ssh(ssh_argv, prefix)
+    if code == 255 and not master_answers(recipe["control_path"]):
+        connection_ended(key.rsplit("\0", 1)[-1])
+    return code
+
+
+def connection_ended(host: str) -> None:
+    """The one line for an exec whose connection ended under it (its master is gone)."""
+    os.write(2, f"harness: error: {host}: the connection ended during the command (the link stalled or dropped, or its "
+                f"SSH master was stopped); the command may still be running there\n".encode())
 
 
 def run_ssh(ssh_argv: list[str], prefix: bytes) -> int:
