@@ -310,3 +310,86 @@ def test_an_exec_whose_link_stalls_or_whose_master_dies_ends_in_one_line(ssh_hos
         assert proc.returncode == 255 and err.splitlines() == [
             "harness: error: slow: the connection ended during the command (the link stalled or dropped, or its SSH master was stopped); "
             "the command may still be running there"], err
+
+
+# -------------------------------------------------------------------------------------------------
+# The box: its disk during a stage, a reboot
+
+
+# a stage as the real ones are made (common/events.run_stage): it writes its output until told to stop
+FILLING_STAGE = textwrap.dedent("""
+    import argparse, os, sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common.events import run_stage
+    p = argparse.ArgumentParser()
+    p.add_argument("--events")
+    p.add_argument("--output")
+    args, _ = p.parse_known_args()
+
+    def run(args, events):
+        os.makedirs(args.output, exist_ok=True)
+        with open(os.path.join(args.output, "shard.bin"), "wb") as f:
+            for _ in range(64):
+                f.write(os.urandom(1 << 20))
+                f.flush()
+        return {}
+
+    sys.exit(run_stage("prepare", args, run))
+""")
+
+
+def box_project(tmp_path: Path, output: Path) -> Path:
+    import shutil
+
+    from tests.fixtures.job_project import write_project
+
+    workdir = tmp_path / "work"
+    config = write_project(tmp_path / "project", workdir, {"prepare": {"output": str(output)}})
+    shutil.copytree(REPO / "remote_scripts" / "common", workdir / "remote_scripts" / "common")
+    (workdir / "remote_scripts" / "prepare_data.py").write_text(FILLING_STAGE)
+    return config
+
+
+def harness(config: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "300"})
+
+
+def test_a_stage_that_fills_the_box_disk_fails_in_one_line_naming_it(tmp_path):
+    """Before: the stage's failure read `OSError: [Errno 28] No space left on device` (no disk named)."""
+    out = tmp_path / "data"
+    with tmpfs(out, "8m"):
+        config = box_project(tmp_path, out / "prepared")
+        r = harness(config, "run", "box", "prepare")
+        assert r.returncode == 1, r.stdout + r.stderr
+        line = f"disk full: {out} on the host has 0.0 MiB free; free space there (or point the output elsewhere) and run the stage again"
+        assert line in r.stdout + r.stderr, r.stdout + r.stderr
+        status = harness(config, "status", "box", "last", "--json")
+        assert '"state": "failed"' in status.stdout and line in status.stdout, status.stdout
+
+
+def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
+    """A reboot, as the run's record sees it: its supervisor and its stage killed at once (SIGKILL),
+    nothing recorded. The run is `lost` (not `running` forever), and `logs -f` ends."""
+    import json
+    import signal
+
+    from tests.fixtures.job_project import write_project
+
+    config = write_project(tmp_path / "project", tmp_path / "work", {"prepare": {"lines": 100, "sleep": 100}})
+    r = harness(config, "run", "box", "prepare", "--detach")
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip()
+    run_dir = tmp_path / "work" / "runs" / run_id
+    deadline = time.monotonic() + 30
+    while "pgid" not in json.loads((run_dir / "prepare" / "state.json").read_text() if (run_dir / "prepare" / "state.json").exists() else "{}"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.killpg(json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"], signal.SIGKILL)
+    os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
+    follow = harness(config, "logs", "box", run_id, "--follow")
+    assert follow.returncode == 1 and follow.stderr.splitlines() == [
+        f"harness: error: run {run_id} on box is lost: its supervisor ended without recording an outcome (the box rebooted or the "
+        "process was killed); start it again: harness run box ..."], follow
+    status = harness(config, "status", "box", run_id)
+    assert "lost" in status.stdout and "running" not in status.stdout.split(run_id, 1)[-1].splitlines()[0], status.stdout
