@@ -393,3 +393,49 @@ def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
         "process was killed); start it again: harness run box ..."], follow
     status = harness(config, "status", "box", run_id)
     assert "lost" in status.stdout and "running" not in status.stdout.split(run_id, 1)[-1].splitlines()[0], status.stdout
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("command", ["sync", "logs -f"])
+def test_a_link_that_stalls_under_sync_or_logs_follow_ends_it_in_one_line(ssh_host, tmp_path, command):
+    from bench.delayline import DelayLine
+    from tests.fixtures.job_project import write_project
+
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2, rate=2 * MiB) as line:
+        config, env = slow_host(ssh_host, tmp_path, line.port, command.split()[0])
+        project = tmp_path / "project"
+        write_project(tmp_path / "unused", tmp_path / "host", {})  # the fake stages, on the host
+        (project / "data").mkdir(parents=True)
+        (project / "data" / "big.bin").write_bytes(os.urandom(8 * MiB))
+        config.rename(project / "harness.toml")
+        config = project / "harness.toml"
+        config.write_text(config.read_text() + '[pipeline.stages.prepare]\nlines = 100\nsleep = 100\n[sync]\npaths = ["data"]\n')
+
+        def harness_slow(*args: str, **kw) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+        if command == "sync":
+            proc = harness_slow("sync", "slow")
+            deadline = time.monotonic() + 60
+            while line.bytes_forwarded - line.bytes_to_client < 2 * MiB and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            started = harness_slow("run", "slow", "prepare", "--detach")
+            run_id = started.communicate(timeout=60)[0].strip()
+            assert started.returncode == 0 and run_id, started.stderr.read() if started.stderr else ""
+            proc = harness_slow("logs", "slow", run_id, "--follow")
+            assert "line 1 of 100" in proc.stdout.readline() + proc.stdout.readline()
+        assert proc.poll() is None, proc.communicate()
+        line.stall()
+        out, err = proc.communicate(timeout=60)
+        lines = err.strip().splitlines()
+        print(f"{command}: rc {proc.returncode}: {err}")
+        assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("harness: error: ") and " slow" in lines[0], (proc.returncode, err)
+        line.flow()
+        if command == "sync":
+            again = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "sync", "slow"], env=env, capture_output=True, text=True, timeout=60)
+            assert again.returncode == 0, again.stderr
+            assert sha(tmp_path / "host" / "data" / "big.bin") == sha(project / "data" / "big.bin")
+        else:
+            subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "cancel", "slow", run_id], env=env, capture_output=True, timeout=60)

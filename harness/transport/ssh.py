@@ -192,10 +192,16 @@ class SSHTransport(Transport):
         return self
 
     def _open_one(self, conn: Connection, previous: Connection | None) -> None:
+        import logging
         import socket
 
         import paramiko
 
+        # paramiko's transport thread logs a failed handshake with its traceback; with no handler,
+        # Python's last resort prints it on stderr. The typed error below is the one line.
+        quiet = logging.getLogger("paramiko")
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
         where, timeout = self._where(conn), self.spec.connect_timeout
         try:
             conn.open()
