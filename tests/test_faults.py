@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -439,3 +440,117 @@ def test_a_link_that_stalls_under_sync_or_logs_follow_ends_it_in_one_line(ssh_ho
             assert sha(tmp_path / "host" / "data" / "big.bin") == sha(project / "data" / "big.bin")
         else:
             subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "cancel", "slow", run_id], env=env, capture_output=True, timeout=60)
+
+
+# -------------------------------------------------------------------------------------------------
+# The Docker engine restarted under a run: an engine of the test's own (the shared one serves the
+# other lanes), with an image of a few files (a shell, sleep, cat and a `python` that sleeps)
+
+
+def tiny_rootfs(root: Path) -> Path:
+    import shutil
+
+    for tool in ("sh", "sleep", "cat"):
+        real = Path(os.path.realpath(shutil.which(tool)))
+        libs = subprocess.run(["ldd", str(real)], capture_output=True, text=True).stdout
+        for path in [str(real), *(w for w in libs.split() if w.startswith("/"))]:
+            (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, root / path.lstrip("/"))
+        (root / "bin").mkdir(exist_ok=True)
+        if not (root / "bin" / tool).exists():
+            (root / "bin" / tool).symlink_to(real)
+    stage = root / "usr" / "bin" / "python3"
+    stage.parent.mkdir(parents=True, exist_ok=True)
+    stage.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "{}"; exit 0; }  # the supervisor\'s version probe\necho stage started\nexec sleep 120\n')
+    stage.chmod(0o755)
+    (root / "usr" / "bin" / "python").symlink_to("python3")
+    for d in ("tmp", "proc", "sys", "dev", "etc"):
+        (root / d).mkdir(exist_ok=True)
+    return root
+
+
+class PrivateEngine:
+    def __init__(self, root: Path):
+        self.root, self.sock = root, f"unix://{root}/d.sock"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.root / "dockerd.log", "ab")
+        self.proc = subprocess.Popen(
+            ["dockerd", "--host", self.sock, "--data-root", f"{self.root}/data", "--exec-root", f"{self.root}/x", "--pidfile", f"{self.root}/d.pid",
+             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--storage-driver", "vfs",
+             "--containerd-namespace", "harness-faults", "--containerd-plugins-namespace", "harness-faults-plugins"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["docker", "-H", self.sock, "info"], capture_output=True).returncode != 0:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                bed_unavailable("private dockerd", (self.root / "dockerd.log").read_text()[-500:])
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+    def crash(self) -> None:
+        """The engine dies: dockerd, its containerd and the containers' shims, SIGKILL (each a
+        process of this engine: its root is on their command lines)."""
+        os.killpg(self.proc.pid, 9)
+        self.proc.wait(60)
+        for pid in subprocess.run(["pgrep", "-f", str(self.root)], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+        time.sleep(0.3)
+        # as a reboot leaves /run: a dockerd finding its containerd's pid file waits for that containerd
+        (self.root / "x" / "containerd" / "containerd.pid").unlink(missing_ok=True)
+
+    def remove(self) -> None:
+        self.stop()
+        subprocess.run(["umount", "-l", f"{self.root}/data"], capture_output=True)  # dockerd mounts its data root on itself
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.mark.docker
+def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_path):
+    import json
+    import shutil
+    import tempfile
+
+    from tests.fixtures.docker_engine import container_table
+    from tests.fixtures.job_project import write_project
+
+    if not shutil.which("dockerd"):
+        bed_unavailable("private dockerd", "dockerd is not installed")
+    root = Path(tempfile.mkdtemp(prefix="hfd-"))  # short: the engine's sockets live under it
+    engine = PrivateEngine(root)
+    try:
+        engine.start()
+        rootfs = tiny_rootfs(tmp_path / "rootfs")
+        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
+        subprocess.run(["docker", "-H", engine.sock, "import", "-", "harness-fault-test:latest"], input=tar, capture_output=True, check=True, timeout=60)
+        config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
+                               container=container_table("unused", image="harness-fault-test"))
+        env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
+        r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "--detach"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.strip()
+        stage_dir = tmp_path / "work" / "runs" / run_id / "prepare"
+        deadline = time.monotonic() + 30
+        while "stage started" not in ((stage_dir / "log").read_text() if (stage_dir / "log").exists() else ""):
+            assert time.monotonic() < deadline, list(stage_dir.iterdir())
+            time.sleep(0.1)
+        engine.crash()  # the engine dies under the stage ...
+        engine.start()  # ... and comes back (a restart)
+        deadline = time.monotonic() + 60
+        while (state := json.loads((stage_dir / "state.json").read_text()).get("state")) == "running":
+            assert time.monotonic() < deadline, "the stage stayed running after the engine restarted"
+            time.sleep(0.2)
+        status = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id, "--json"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        print(status.stdout, status.stderr, (stage_dir / "log").read_text())
+        stage = json.loads(status.stdout)["stages"][0]
+        assert state == "failed" and stage["state"] == "failed", status.stdout
+        assert stage["last_event"]["error"].startswith("the Docker engine went away under the stage (docker wait: "), status.stdout
+    finally:
+        engine.remove()
