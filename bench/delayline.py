@@ -5,7 +5,8 @@ other side. Reading never waits for the delay, so data keeps flowing and in-flig
 bounded only by the protocol's own windows (for SSH: each channel's window), which is exactly
 what caps one stream on a real long link. An optional rate cap (bytes/s per direction) makes
 transfers slow enough for tests to interrupt them; `cut()` drops every open connection at once
-(a dropped link).
+(a dropped link); `stall()` stops every byte in both directions, on open and new connections,
+with every TCP connection left open (a link that hangs without closing) until `flow()`.
 
     from bench.delayline import DelayLine
     with DelayLine(("127.0.0.1", sshd_port), rtt_ms=50) as line:
@@ -38,6 +39,7 @@ class DelayLine:
         self._tasks: set[asyncio.Task] = set()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self.stalled = False  # stall(): nothing is forwarded, nothing is closed
 
     # -- lifecycle (a private event loop in a daemon thread) --------------------------------------
 
@@ -75,6 +77,14 @@ class DelayLine:
         """Drop every open connection (new ones are still accepted): a link that went down."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._drop_all)
+
+    def stall(self) -> None:
+        """Bytes stop flowing both ways on every connection, open or new; none is closed."""
+        self.stalled = True
+
+    def flow(self) -> None:
+        """End a stall (what was held is delivered to connections still open)."""
+        self.stalled = False
 
     def _drop_all(self) -> None:
         for w in list(self._writers):
@@ -136,6 +146,8 @@ class DelayLine:
                     arrived.clear()
                     await arrived.wait()
                     continue
+                while self.stalled:
+                    await asyncio.sleep(0.05)
                 due, chunk = held.popleft()
                 if self.rate:
                     next_free = max(next_free, time.monotonic()) + len(chunk) / self.rate

@@ -64,6 +64,9 @@ class HostConfig:
     env: list[str] = field(default_factory=list)  # names passed through; values never stored
     identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
     connect_timeout: float = 10.0
+    # seconds between keepalives on a silent link; 3 unanswered: the link is declared dead (a
+    # stalled link, a box that vanished) and the command says so instead of waiting forever
+    keepalive: int = 15
     data_dir: str = ""  # where large outputs go if not under workdir
     # runtime = "host": the GPU indices everything the harness runs there may use (its
     # CUDA_VISIBLE_DEVICES), e.g. one node per GPU of a shared box; []: what the host's own
@@ -254,6 +257,8 @@ def _validate_host(file: str, key: str, host: HostConfig) -> None:
             raise ConfigError(file, f"{key}.env", f"expected environment variable names, got {name!r}")
     if host.connect_timeout <= 0:
         raise ConfigError(file, f"{key}.connect_timeout", "expected a positive number of seconds")
+    if isinstance(host.keepalive, bool) or not isinstance(host.keepalive, int) or host.keepalive < 1:
+        raise ConfigError(file, f"{key}.keepalive", "expected a whole number of seconds >= 1")
     if any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in host.gpus) or len(set(host.gpus)) != len(host.gpus):
         raise ConfigError(file, f"{key}.gpus", f"expected distinct GPU indices >= 0, got {host.gpus!r}")
     if host.gpus and host.runtime == "docker":

@@ -91,6 +91,35 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     subprocess.run(["docker", "rmi", "-f", second], capture_output=True, timeout=60)  # one-off image
 
 
+class Recording(LocalTransport):
+    """This machine, with every command line the build starts written down."""
+
+    def __init__(self):
+        super().__init__()
+        self.argvs: list[list[str]] = []
+
+    def run(self, argv, **kw):
+        self.argvs.append(list(argv))
+        return super().run(argv, **kw)
+
+
+@pytest.mark.docker
+def test_build_arg_values_stay_off_command_lines_and_secrets_are_refused(tmp_path, docker_base_image):
+    value = f"six-{os.urandom(6).hex()}"  # unique: its own image
+    config = load_config(project(tmp_path, docker_base_image, build_args={"INSTALL_ML": "0", "EXTRA_PIP_PACKAGES": "", "HARNESS_PROBE": value}))
+    transport = Recording()
+    result = build(transport, config, config.host("box"), output=lambda _: None)
+    assert transport.argvs and not any(value in word for argv in transport.argvs for word in argv), transport.argvs
+    assert any("HARNESS_PROBE" in argv for argv in transport.argvs)  # passed by name
+    subprocess.run(["docker", "rmi", "-f", result.image_id], capture_output=True, timeout=60)
+    for args in ({"PIP_TOKEN": "t0k3n"}, {"EXTRA_PIP_PACKAGES": "--index-url https://me:hunter2@pypi.example/simple x"}):
+        config = load_config(project(tmp_path / str(len(args)) / next(iter(args)), docker_base_image, build_args=args))
+        r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config.path), "build", "box"], capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and f"container.build_args.{next(iter(args))}: looks like a secret" in lines[0], r.stderr
+        assert "hunter2" not in r.stderr and "t0k3n" not in r.stderr
+
+
 @pytest.mark.docker
 def test_build_error_is_one_line_and_exit_code(tmp_path, docker_base_image):
     config_path = project(tmp_path, "harness-no-such-base:1")

@@ -211,3 +211,27 @@ def test_only_the_plain_form_is_offered_to_the_warm_exec(argv, expected):
         assert got is None
     else:
         assert got == (os.path.realpath(expected[0]), expected[1], expected[2])
+
+
+def test_an_upgrade_of_harness_sends_the_exec_back_to_the_slow_path(client):
+    """A recipe holds a command line one version of harness made: another version never replays
+    it, even one that kept the version string (its files changed)."""
+    import shutil
+
+    installed = client.root / "site"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "harness", installed / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    client.age()  # (cwd: not this checkout, whose harness `python -m` would import first)
+    assert not client.exec("true", cwd=client.root, PYTHONPATH=str(installed)).warm
+    assert client.exec("true", cwd=client.root, PYTHONPATH=str(installed)).warm
+    init = installed / "harness" / "__init__.py"
+    upgraded = init.with_name("__init__.py.new")  # as an installer does: the new file, renamed over the old
+    upgraded.write_text(init.read_text().replace('__version__ = "', '__version__ = "9.'))
+    upgraded.replace(init)
+    after = client.exec("true", cwd=client.root, PYTHONPATH=str(installed))
+    assert (after.code, after.warm) == (0, False), after.err
+    runtime = installed / "harness" / "runtime" / "host.py"
+    client.age()
+    client.exec("true", cwd=client.root, PYTHONPATH=str(installed))  # (the last left none: its inputs had just changed)
+    assert client.exec("true", cwd=client.root, PYTHONPATH=str(installed)).warm
+    runtime.write_text(runtime.read_text() + "\n")  # the same version string, other code
+    assert not client.exec("true", cwd=client.root, PYTHONPATH=str(installed)).warm

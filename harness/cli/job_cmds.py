@@ -99,14 +99,19 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
     from harness.errors import EXIT_INTERRUPTED
 
     run_id, stage = _run_and_stage(run_id, stage)
+    runs = ctx.obj.place(host).runs
     try:
-        ctx.obj.place(host).runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
+        runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
     except KeyboardInterrupt:
         if follow:  # the person stopped watching, not the run: say so
-            runs = ctx.obj.place(host).runs
             click.echo(f"\ndetached from run {run_id}; it keeps running on {host}{runs.detach_note}.", err=True)
             click.echo(reattach_hint(host, run_id), err=True)
         ctx.exit(EXIT_INTERRUPTED)
+    if follow and (status := runs.status(run_id)).state == "lost":  # the follow ended, and nobody will finish the run
+        from harness.errors import HarnessError
+
+        raise HarnessError(f"run {status.run_id} on {host} is lost: its supervisor ended without recording an outcome "
+                           f"(the box rebooted or the process was killed); start it again: harness run {host} ...")
 
 
 @click.command("status")

@@ -25,7 +25,8 @@ stdin, after this source: the request, one JSON line (harness/helpers.py), {"mod
               like a `send` stream of its own (ready frame, ROOT line, segments) by a forked process:
               the laptop's extra streams are direct-tcpip channels of its master connection
               (`ssh -W`), with no remote shell or Python to start. A connection with a wrong token
-              is closed unanswered. The listener ends when this helper does (the pull is over).
+              is closed unanswered, and so is one beyond MOST_CONNECTIONS served at once. The
+              listener ends when this helper does (the pull is over).
 """
 
 import hashlib
@@ -38,6 +39,7 @@ import zlib
 
 FRAME = 1 << 20
 TOKEN_BYTES = 32
+MOST_CONNECTIONS = 64  # served at once (a pull opens at most its --jobs); more are closed unanswered
 TOKEN_TIMEOUT_S = 10  # a connection that sends no token in this time is dropped (ours send it at once)
 
 
@@ -218,9 +220,8 @@ def start_listener():
 
 def serve_listener(listener, token, alive_r):
     import select
-    import signal
 
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # served connections reap themselves
+    served = set()  # the processes serving a connection now
     while True:
         ready, _, _ = select.select([listener, alive_r], [], [])
         if alive_r in ready:
@@ -229,13 +230,28 @@ def serve_listener(listener, token, alive_r):
             conn, _ = listener.accept()
         except OSError:
             continue
-        if os.fork() == 0:
+        for pid in list(served):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    served.discard(pid)
+            except ChildProcessError:
+                served.discard(pid)
+        if len(served) >= MOST_CONNECTIONS:
+            conn.close()  # closed unanswered: the pull's stream runs a helper of its own instead
+            continue
+        try:
+            pid = os.fork()
+        except OSError:
+            conn.close()
+            continue
+        if pid == 0:
             try:
                 listener.close()
                 os.close(alive_r)
                 serve_connection(conn, token)
             finally:
                 os._exit(0)
+        served.add(pid)
         conn.close()
 
 

@@ -359,7 +359,7 @@ class Supervisor:
             return started.returncode, False
         # `docker wait` AFTER start: on a created container it returns 0 at once ("not running");
         # on one that already exited it returns that exit code, so no exit is missed.
-        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file)
+        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         cancelled = False
         while waiter.poll() is None:
             if self._cancel_pending() and not cancelled:
@@ -368,7 +368,12 @@ class Supervisor:
                 subprocess.run(["docker", "stop", "-t", str(int(self.grace)), name], stdout=subprocess.DEVNULL, stderr=log_file)
             time.sleep(POLL_S)
         out = waiter.stdout.read().decode().strip()
+        said = waiter.stderr.read()
+        log_file.write(said)
         code = int(out) if out.lstrip("-").isdigit() else 125
+        if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, restarted)
+            why = (said.decode(errors="replace").strip().splitlines() or ["no answer"])[-1]
+            update_json(state_path, error=f"the Docker engine went away under the stage (docker wait: {why}); its container is gone: run it again")
         # The stage's output is already in its log file; the container itself is not needed.
         subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return code, cancelled
@@ -556,6 +561,8 @@ def run_summary(run_dir: str) -> dict | None:
         # `finished`, and a launcher that failed after its trainer writes a second one (the last wins)
         ended = st["state"] in FINAL_STAGE and last_event(events, TAU_WINDOW, lambda ev: ev.get("event") == "finished")
         st["last_event"] = ended or last_event(events)
+        if st["state"] == "failed" and st.get("error") and not ended:  # a failure the stage could not report itself
+            st["last_event"] = {"t": st.get("finished"), "stage": stage, "event": "finished", "status": "failed", "error": st["error"]}
         tau = latest_tau(os.path.join(sd, "events.jsonl"))
         if tau is not None:  # the draft's estimated acceptance while it trains (status shows it beside the last event)
             st["tau"] = tau

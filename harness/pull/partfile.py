@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from harness.pull.local_disk import LocalWriteFailed
 from harness.pull.options import MiB
 from harness.pull.selection import RemoteEntry
 
@@ -110,7 +111,8 @@ class PartFile:
 
     def receive(self, piece: int, pipe_fd: int, length: int, on_bytes: Callable[[int], None]) -> int:
         """Move `length` bytes from the stream into this piece, check-summing them on the way;
-        returns how many arrived (fewer: the stream ended). The counter follows the bytes."""
+        returns how many arrived (fewer: the stream ended). The counter follows the bytes; a
+        failed local write raises LocalWriteFailed."""
         start, _ = self.pieces[piece]
         crc = self._crcs[piece]
         moved = 0
@@ -119,10 +121,16 @@ class PartFile:
             if not data:
                 break
             crc = zlib.crc32(data, crc)
-            os.pwrite(self.fd, data, start + self.done[piece])
+            written = 0
+            try:
+                while written < len(data):  # a short write (a disk filling up): the rest, or its error
+                    n = os.pwrite(self.fd, data[written:], start + self.done[piece])
+                    written += n
+                    self.done[piece] += n  # each piece is written by one stream at a time
+                    self._record(piece)
+            except OSError as e:  # the local disk's fault, not the link's: the pull ends
+                raise LocalWriteFailed(e, self.part) from None
             moved += len(data)
-            self.done[piece] += len(data)  # each piece is written by one stream at a time
-            self._record(piece)
             on_bytes(len(data))
         self._crcs[piece] = crc
         return moved

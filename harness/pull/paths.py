@@ -49,7 +49,21 @@ class Unsafe(Exception):
 
 
 def link_target_ok(rel: str, target: str) -> bool:
+    """A link's target as the listing names it: relative, its `..` only at its start (a `..`
+    after a name climbs from wherever that name leads on disk, which the text cannot tell),
+    and staying inside when read lexically. landed_inside checks it on disk."""
     if not target or target.startswith("/"):
+        return False
+    parts = target.split("/")
+    ups = next((i for i, p in enumerate(parts) if p != ".."), len(parts))
+    if ".." in parts[ups:]:
         return False
     resolved = os.path.normpath(os.path.join(os.path.dirname(rel), target))
     return clean_rel(resolved) is not None
+
+
+def resolves_inside(local_root: Path, directory: Path, target: str) -> bool:
+    """Whether a link in directory (a real directory: safe_parent's) to target leads to a place
+    inside local_root on what is on disk now, every link on the way followed."""
+    root = os.path.realpath(local_root)
+    return inside(os.path.realpath(os.path.join(os.path.realpath(directory), target)), root)

@@ -6,6 +6,7 @@ listing, selection, fetching and verification, with retries of the files that fa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,9 +18,10 @@ from pathlib import Path
 
 from harness.errors import HarnessError, UsageError
 from harness.pull.host import HostHashes, parse_listing, start_send
+from harness.pull.local_disk import LocalDiskError, LocalWriteFailed, check_room, local_failure
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
 from harness.pull.partfile import PART_SUFFIX, PartFile
-from harness.pull.paths import Unsafe, clean_rel, link_target_ok, safe_parent
+from harness.pull.paths import Unsafe, clean_rel, link_target_ok, resolves_inside, safe_parent
 from harness.pull.selection import RemoteEntry, select
 from harness.pull.streams import FirstStream, Listener, Segment, StartStream, Stream, StreamFailed, WorkQueue
 from harness.sync import sha256_file
@@ -149,6 +151,7 @@ class PullSession:
         self.first = first  # the first stream, started ahead (it brings the listing)
         self.received = 0  # bytes over the wire, this attempt
         self._received_lock = threading.Lock()
+        self._local_error: LocalWriteFailed | None = None  # a fetch's local write failed
 
     def run(self) -> PullReport:
         started = time.monotonic()
@@ -156,6 +159,8 @@ class PullSession:
         for attempt in range(self.options.retries + 1):
             try:
                 retry = self._attempt(only)
+            except LocalDiskError:
+                raise  # this machine's disk: another attempt cannot help
             except HarnessError as e:
                 if only is None:
                     raise  # nothing done yet: the caller reports the one error
@@ -231,14 +236,15 @@ class PullSession:
         assert self.first is not None
         big = sum(e.size for e in chosen if e.kind == "file") >= ONE_STREAM_BYTES
         self.first.probe(LONG_LINK_RTT_S, FirstStream.PINGS if big else 0)
-        self.local_root.mkdir(parents=True, exist_ok=True)
         targets: dict[str, Path] = {}
-        for e in chosen:
-            try:
-                name = self.names[e.rel]
-                targets[e.rel] = safe_parent(self.local_root, name) / os.path.basename(name)
-            except Unsafe as why:
-                self.report.refused.append((self.names[e.rel], str(why)))
+        with self._writing(sum(e.size for e in chosen)):
+            self.local_root.mkdir(parents=True, exist_ok=True)
+            for e in chosen:
+                try:
+                    name = self.names[e.rel]
+                    targets[e.rel] = safe_parent(self.local_root, name) / os.path.basename(name)
+                except Unsafe as why:
+                    self.report.refused.append((self.names[e.rel], str(why)))
         files = [e for e in chosen if e.rel in targets and e.kind == "file"]
         links = [e for e in chosen if e.rel in targets and e.kind == "link"]
         # Files already here with the right size may be identical: compare whole-file hashes (the
@@ -246,7 +252,7 @@ class PullSession:
         maybe_same = [e for e in files if targets[e.rel].is_file() and not targets[e.rel].is_symlink() and targets[e.rel].stat().st_size == e.size]
         hashes = HostHashes(self.transport, self.root, [e.rel for e in maybe_same], self.options.python)
         to_fetch = [e for e in files if e not in maybe_same]
-        parts = {e.rel: PartFile(targets[e.rel], e, self.options.piece_size) for e in to_fetch}
+        parts = self._part_files(to_fetch, targets)
         total = sum(e.size for e in files)
         resumed = sum(p.resumed_bytes for p in parts.values())
         self.progress.start(len(files), total, resumed + sum(e.size for e in maybe_same))
@@ -264,16 +270,59 @@ class PullSession:
             else:
                 differing.append(e)
         fetcher.join()
-        if differing:
-            more = {e.rel: PartFile(targets[e.rel], e, self.options.piece_size) for e in differing}
+        if differing and self._local_error is None:
+            more = self._part_files(differing, targets)
             self.progress.start(len(files), total, total - sum(e.size for e in differing) + sum(p.resumed_bytes for p in more.values()))
             self._fetch(list(more.values()))
             parts.update(more)
         self.report.bytes_received += self.received
 
         retry = {rel: why for rel, part in parts.items() if (why := self._verify(part)) is not None}
-        self._place_links(links, targets)
+        if self._local_error is not None:
+            self._stop_on_local_error([parts[rel] for rel in retry])
+        with self._writing(0):
+            self._place_links(links, targets)
         return retry
+
+    @contextlib.contextmanager
+    def _writing(self, needed: int, path: Path | None = None):
+        """Local writes: an OSError is this machine's fault, one LocalDiskError line."""
+        try:
+            yield
+        except OSError as e:
+            raise local_failure(e, self.local_root, needed, path) from None
+
+    def _part_files(self, entries: list[RemoteEntry], targets: dict[str, Path]) -> dict[str, PartFile]:
+        """The part files of entries, once what they still need fits on the local disk (else
+        one line, and no part file left that holds nothing)."""
+        parts: dict[str, PartFile] = {}
+        try:
+            needed = sum(e.size for e in entries)
+            for e in entries:
+                with self._writing(needed, targets[e.rel]):
+                    parts[e.rel] = PartFile(targets[e.rel], e, self.options.piece_size)
+            with self._writing(needed):
+                check_room(self.local_root, sum(p.size - p.resumed_bytes for p in parts.values()))
+        except LocalDiskError:
+            self._keep_only_resumable(list(parts.values()))
+            raise
+        return parts
+
+    def _keep_only_resumable(self, parts: list[PartFile]) -> None:
+        for part in parts:
+            if any(part.done):
+                part.close()
+            else:
+                part.discard()
+
+    def _stop_on_local_error(self, unfinished: list[PartFile]) -> None:
+        """A write failed (the files completed are in place): keep the pieces written for a
+        resume, and say why in one line."""
+        failed = self._local_error
+        assert failed is not None
+        self._keep_only_resumable(unfinished)
+        needed = sum(p.size - sum(p.done) for p in unfinished)
+        raise local_failure(failed.error, self.local_root, needed, failed.path)
 
     def _safe_names(self, chosen: list[RemoteEntry], report_refused: bool, local: str) -> tuple[list[RemoteEntry], list[RemoteEntry]]:
         """(files, links) of one source whose names may land under LOCAL_DIR/local; the others
@@ -315,6 +364,12 @@ class PullSession:
     def _place_links(self, links: list[RemoteEntry], targets: dict[str, Path]) -> None:
         for e in links:
             target = targets[e.rel]
+            if not resolves_inside(self.local_root, target.parent, e.target):
+                self.report.refused.append((self.names[e.rel], f"symlink to {e.target!r} leads outside the destination through what is on disk there"))
+                continue
+            if target.is_dir() and not target.is_symlink():
+                self.report.refused.append((self.names[e.rel], "a symlink on the host, a directory here"))
+                continue
             tmp = target.with_name(f".{target.name}{PART_SUFFIX}-link")
             if os.path.lexists(tmp):
                 os.unlink(tmp)
@@ -380,6 +435,8 @@ class PullSession:
         while any(st.is_alive() for st in streams):
             for st in streams:
                 st.join(ADD_INTERVAL_S / 10)
+            if work.local_error is not None:
+                adding = False
             if not adding:
                 continue
             now = time.monotonic()
@@ -411,6 +468,8 @@ class PullSession:
             streams += [self._stream(own, work) for _ in range(more)]
             mark_time = None
         self.report.streams = max(self.report.streams, len(streams))
+        if work.local_error is not None and self._local_error is None:
+            self._local_error = work.local_error
         why = next((st.gave_up for st in streams if st.gave_up), "connection lost")
         for seg in work.drain():
             if seg.pending:

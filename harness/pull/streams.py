@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.errors import HarnessError
+from harness.pull.local_disk import LocalWriteFailed
 from harness.pull.options import MiB, PullOptions
 from harness.pull.partfile import CHECK, PartFile
 from harness.transport.process import RemoteProcess
@@ -51,6 +52,12 @@ class WorkQueue:
     def __init__(self, segments: list[Segment]):
         self._items = collections.deque(segments)
         self._lock = threading.Lock()
+        self.local_error: LocalWriteFailed | None = None  # a local write failed: no stream takes more
+
+    def stop(self, error: LocalWriteFailed) -> None:
+        with self._lock:
+            if self.local_error is None:
+                self.local_error = error
 
     def __bool__(self) -> bool:
         with self._lock:
@@ -58,7 +65,7 @@ class WorkQueue:
 
     def take(self) -> Segment | None:
         with self._lock:
-            while self._items:
+            while self._items and self.local_error is None:
                 seg = self._items.popleft()
                 if seg.pending:
                     return seg
@@ -265,6 +272,9 @@ class Stream(threading.Thread):
         while True:
             try:
                 finished = self._session()
+            except LocalWriteFailed as e:  # the local disk's fault: no retry can help
+                self.work.stop(e)
+                return
             except Exception as e:  # noqa: BLE001 - e.g. ssh missing; the stream's work is given back
                 finished, why = False, str(e)
             else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,22 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
     return BuildInputs(files=files, dockerfile=dockerfile.as_posix(), build_args=build_args)
 
 
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"://[^/@\s:]+:[^/@\s]+@")
+
+
+def refuse_secret_build_args(config: Config, host: HostConfig) -> None:
+    """A build-arg value stays in the image's history (`docker history` shows each RUN step's
+    build args) for anyone who has the image: one that looks like a secret is refused."""
+    for name, value in sorted(host.container.build_args.items()):
+        if value and (_SECRET_NAME.search(name) or _URL_PASSWORD.search(value)):
+            raise UsageError(
+                f"{config.path}: hosts.{host.name}.container.build_args.{name}: looks like a secret, and docker keeps build-arg "
+                "values in the image's history; give the build no secret (e.g. a package index the host reaches without "
+                "credentials, or pip's own config on the host) and keep secrets in `env` for the runs"
+            )
+
+
 def inspect_argv(ref: str) -> list[str]:
     """The command that prints the ID of `ref` on the host's engine."""
     return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
@@ -193,6 +210,7 @@ def build(
     """Build the image on the host unless an image with the same content hash exists (dry_run:
     only say whether it would be built; nothing is tagged or built)."""
     c = host.container
+    refuse_secret_build_args(config, host)
     inputs = current_inputs(transport, config, host)
     tag = inputs.content_hash
     ref = image_ref(c, tag)
@@ -209,10 +227,12 @@ def build(
     argv = ["docker", "build", "--network=host", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}"]
     if force:
         argv.append("--no-cache")  # forced: every layer again (e.g. to pick up new packages)
-    for key, value in sorted(inputs.build_args.items()):
-        argv += ["--build-arg", f"{key}={value}"]
+    for key in sorted(inputs.build_args):
+        argv += ["--build-arg", key]  # by name: docker reads the value from its environment
     argv.append("-")  # the context is the tar on stdin
-    result = transport.run(argv, stdin=inputs.context_tar(), stdout=output, stderr=output)
+    # the values travel over stdin ahead of the context (transport/remote_shell.py), never on a
+    # command line (`ps` on either side)
+    result = transport.run(argv, env=dict(inputs.build_args), stdin=inputs.context_tar(), stdout=output, stderr=output)
     if result.exit_code != 0:
         raise RemoteCommandError("docker build", result.exit_code, "see the build output above")
     built_id = image_id(transport, ref)

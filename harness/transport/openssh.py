@@ -516,4 +516,5 @@ def options_for(spec, connect_options) -> OpenSSHOptions:
         identity_files=(os.path.expanduser(spec.identity_file),) if spec.identity_file else (),
         accept_new_host_key=connect_options.accept_new_host_key,
         connect_timeout=spec.connect_timeout,
+        keepalive_s=spec.keepalive_s,
     )

@@ -16,7 +16,7 @@ import os
 from typing import Callable, Mapping, Sequence
 
 from harness.transport import openssh
-from harness.transport.warm_exec import master_answers, run_ssh
+from harness.transport.warm_exec import connection_ended, master_answers, run_ssh
 from harness.transport.remote_shell import remote_command
 
 
@@ -31,7 +31,10 @@ def run(options: openssh.OpenSSHOptions, host_name: str, argv: Sequence[str], en
     command, prefix = remote_command(argv, env=env)
     if not master_answers(opts.control_path):
         opts = _ensure_master(opts, host_name, report_host_key)
-    return run_ssh(openssh.command_argv(opts, command, control_master="no"), prefix)
+    code = run_ssh(openssh.command_argv(opts, command, control_master="no"), prefix)
+    if code == 255 and not master_answers(opts.control_path):
+        connection_ended(host_name)
+    return code
 
 
 def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key: Callable[[], object]) -> openssh.OpenSSHOptions:

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from harness.transport import ConnectionSpec, ConnectOptions
     from harness.transport.process import RemoteProcess, StderrLine
 
-KEEPALIVE_S = openssh.DEFAULT_KEEPALIVE_S
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
 
@@ -193,10 +192,16 @@ class SSHTransport(Transport):
         return self
 
     def _open_one(self, conn: Connection, previous: Connection | None) -> None:
+        import logging
         import socket
 
         import paramiko
 
+        # paramiko's transport thread logs a failed handshake with its traceback; with no handler,
+        # Python's last resort prints it on stderr. The typed error below is the one line.
+        quiet = logging.getLogger("paramiko")
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
         where, timeout = self._where(conn), self.spec.connect_timeout
         try:
             conn.open()
@@ -242,7 +247,7 @@ class SSHTransport(Transport):
         except OSError as e:
             conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
-        conn.transport.set_keepalive(KEEPALIVE_S)
+        conn.transport.set_keepalive(self.spec.keepalive_s)
 
     @property
     def sftp(self) -> paramiko.SFTPClient:

@@ -4,11 +4,12 @@ An exec on the slow path (remote_exec.exec_on_host -> openssh_exec.run, which ch
 and starts the master when needed) leaves a recipe beside the master's socket (`save`): the ssh
 command line onto that master, the quoted command line around the user's argv (how the host's
 runtime wraps it), the env names it passes, and the stamp of every file the choice of master was
-made from (`route`). The next exec of the same host and config runs from it (`run`) while every
+made from (`route`), and harness's own version and code files (`code_files`: an upgrade). The next exec of the same host and config runs from it (`run`) while every
 stamp holds, the same env names are set and the master answers; anything else (an edited
 known_hosts, a repointed alias, another env name, no master) takes the slow path again, which
-writes a new recipe. The process then becomes ssh (execvp): nothing of Python stays between the
-terminal and the command.
+writes a new recipe. ssh runs as this process's child (posix_spawn): where the connection ends
+under the command (a stalled link, a killed master), its mux client exits 255 without a word and
+this process says so in one line (`connection_ended`).
 
 What a route watches: every ssh_config file ssh read (`ssh -v -G`, Include'd ones too) and its
 directory (a file an Include glob matches may appear), Include patterns that matched nothing,
@@ -44,6 +45,8 @@ def run(key: str, argv: list[str]) -> int | None:
     recipe = _load(_recipe_path(key))
     if recipe is None or recipe.get("format") != FORMAT or recipe.get("key") != key:
         return None
+    if recipe.get("version") != _version():
+        return None  # another harness wrote it: its command line may not be ours
     if recipe["env_inputs"] != [os.environ.get(k) for k in ENV_INPUTS]:
         return None
     if any(_stamp(path) != stamp for path, stamp in recipe["stamps"]):
@@ -54,16 +57,27 @@ def run(key: str, argv: list[str]) -> int | None:
     import shlex
 
     ssh_argv = [*recipe["ssh"], recipe["head"] + " ".join(shlex.quote(a) for a in argv) + recipe["tail"]]
-    if not names:
-        os.execvp(ssh_argv[0], ssh_argv)  # the process becomes ssh: its exit code is ours
-    from harness.errors import UsageError
-    from harness.transport.remote_shell import env_payload
+    prefix = b""
+    if names:
+        from harness.errors import UsageError
+        from harness.transport.remote_shell import env_payload
 
-    try:
-        prefix = env_payload({n: os.environ[n] for n in names})
-    except UsageError:  # a value no line can carry: the slow path says so in one line
-        return None
-    return run_ssh(ssh_argv, prefix)
+        try:
+            prefix = env_payload({n: os.environ[n] for n in names})
+        except UsageError:  # a value no line can carry: the slow path says so in one line
+            return None
+    # not execvp: when the connection ends under the command, ssh's mux client exits 255 without
+    # a word, and this process says what happened (connection_ended)
+    code = run_ssh(ssh_argv, prefix)
+    if code == 255 and not master_answers(recipe["control_path"]):
+        connection_ended(key.rsplit("\0", 1)[-1])
+    return code
+
+
+def connection_ended(host: str) -> None:
+    """The one line for an exec whose connection ended under it (its master is gone)."""
+    os.write(2, f"harness: error: {host}: the connection ended during the command (the link stalled or dropped, or its "
+                f"SSH master was stopped); the command may still be running there\n".encode())
 
 
 def run_ssh(ssh_argv: list[str], prefix: bytes) -> int:
@@ -192,12 +206,12 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
     path = _recipe_path(key)
     if len(quoted) != 2 or path is None:
         return False
-    stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched])]
+    stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched, *code_files()])]
     ours = control_dir_path() + os.sep  # the `ssh -F` file there is named by its content: no edit can go unseen
     if any(s is not None and max(s[3], s[4]) >= started_ns - RACY_NS and not p.startswith(ours) for p, s in stamps):
         forget(key)
         return False
-    recipe = {"format": FORMAT, "key": key, "env_inputs": [os.environ.get(k) for k in ENV_INPUTS], "stamps": stamps,
+    recipe = {"format": FORMAT, "key": key, "version": _version(), "env_inputs": [os.environ.get(k) for k in ENV_INPUTS], "stamps": stamps,
               "control_path": control_path, "ssh": ssh_argv, "head": quoted[0], "tail": quoted[1],
               "env_names_known": env_names_known, "env_names": env_names}
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -210,6 +224,26 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
             os.unlink(tmp)
         raise
     return True
+
+
+def _version() -> str:
+    import harness  # (already imported: this module is harness's)
+
+    return harness.__version__
+
+
+def code_files() -> list[str]:
+    """harness's own files a recipe is made by (the wrapped command line, the ssh line, the
+    recipe's form): an upgrade, even one that keeps the version string, replaces or edits one of
+    them, and the next exec takes the slow path. (Not their directories: Python's first
+    __pycache__ there changes them.)"""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    files = [os.path.join(package, "__init__.py"), os.path.join(package, "remote_exec.py"),
+             os.path.join(package, "cli", "warm.py"), os.path.join(package, "cli", "exec_cmds.py")]
+    for sub in ("transport", "runtime"):
+        directory = os.path.join(package, sub)
+        files += sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".py"))
+    return files
 
 
 def forget(key: str) -> None:

@@ -109,14 +109,19 @@ class EventLog:
             fields["error"] = error
         self.emit("finished", **fields)
 
-    def failed(self, error: BaseException, *, traceback: bool = True, where: str = "") -> int:
+    def failed(self, error: BaseException, *, traceback: bool = True, where: str = "", places: tuple[str, ...] = ()) -> int:
         """End the stage on `error`: one line for the laptop (`finished` with status failed), the
-        traceback in the log unless the error explains itself. Returns the exit code, 1."""
+        traceback in the log unless the error explains itself. Returns the exit code, 1.
+        places: where the stage writes (a full disk is named among them)."""
         if traceback:
             import traceback as tb
 
             tb.print_exception(error)
-        self.finished("failed", error=f"{type(error).__name__}: {error}{where}")
+        line = (disk_full(error, places) or f"{type(error).__name__}: {error}") + where
+        try:
+            self.finished("failed", error=line)
+        except OSError:  # the events file's own disk is full: the log (stderr) has the line
+            print(f"[{self.stage}] failed: {line}", file=sys.stderr, flush=True)
         return 1
 
     def log_only(self, event: str, **fields: Any) -> None:
@@ -124,6 +129,32 @@ class EventLog:
         other than 0 of a distributed stage says of its own start and end (run_stage)."""
         if self.echo:
             self._echo(event, fields)
+
+
+def disk_full(error: BaseException, places: tuple[str, ...] = ()) -> str | None:
+    """The one line for a write that found its disk full (ENOSPC, EDQUOT): which disk (the
+    file's where the error names one, else the fullest of `places` and the working directory)
+    and what is free there; None for any other error."""
+    import errno
+
+    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+
+    def disk(path: str) -> tuple[int, str]:
+        place = os.path.abspath(path)
+        while not os.path.exists(place):
+            place = os.path.dirname(place)
+        st = os.statvfs(place)
+        mount = place
+        while not os.path.ismount(mount):
+            mount = os.path.dirname(mount)
+        return st.f_bavail * st.f_frsize, mount
+
+    candidates = [str(error.filename)] if error.filename else [str(p) for p in places if p] + [os.getcwd()]
+    free, mount = min(disk(p) for p in candidates)
+    size = f"{free / 2**20:.1f} MiB" if free < 2**30 else f"{free / 2**30:.1f} GiB"
+    writing = f" (writing {error.filename})" if error.filename else ""
+    return f"disk full: {mount} on the host has {size} free{writing}; free space there (or point the output elsewhere) and run the stage again"
 
 
 def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, Any]], *,
@@ -150,7 +181,8 @@ def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, An
     try:
         summary = run(args, events)
     except Exception as e:  # one line for the laptop; the traceback stays in the log
-        return events.failed(e, traceback=not isinstance(e, self_explaining), where=f" (rank {rank})" if rank else "")
+        places = tuple(str(v) for k, v in vars(args).items() if k in ("output", "events") and v)
+        return events.failed(e, traceback=not isinstance(e, self_explaining), where=f" (rank {rank})" if rank else "", places=places)
     if lead:
         events.finished("ok", **summary)
     else:
