@@ -35,6 +35,7 @@ class Answers:
     host: str = "gpu"
     ssh: str = PLACEHOLDER_SSH
     runtime: str = "docker"
+    workdir: str = "~/harness"
     verifier: str = DEMO_VERIFIER
     data: str = DEMO_DATA  # as the user gave it: a laptop file (absolute or relative to cwd) or a box path
 
@@ -85,7 +86,7 @@ def render(answers: Answers, project: Path, cwd: Path) -> str:
     note = (f"{data} is on this laptop: it is in [sync] paths, so `harness sync`/`run` put it there." if sync_path else
             "A file of yours on the laptop: put it under this directory (data/chat.jsonl) and add \"data\" to [sync] paths.")
     template = Template(files("harness").joinpath("templates/harness.toml").read_text(encoding="utf-8"))
-    return template.substitute(host=answers.host, ssh=json.dumps(answers.ssh), runtime=json.dumps(answers.runtime),
+    return template.substitute(host=answers.host, ssh=json.dumps(answers.ssh), runtime=json.dumps(answers.runtime), workdir=json.dumps(answers.workdir),
                                verifier=json.dumps(answers.verifier), data=json.dumps(data), data_note=note,
                                sync_paths=json.dumps(paths))
 

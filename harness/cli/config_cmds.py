@@ -11,11 +11,12 @@ import click
 @click.option("--host", "host", default=None, help="The GPU box's name in harness (default: gpu).")
 @click.option("--ssh", "ssh", default=None, help="How to reach it: user@host[:port] or an alias from ~/.ssh/config.")
 @click.option("--runtime", type=click.Choice(["docker", "host"]), default=None, help="docker: stages run in the ML container (default); host: plain processes.")
+@click.option("--workdir", default=None, help="Where harness keeps code, runs and outputs on the box (default: ~/harness).")
 @click.option("--verifier", default=None, help="A Hugging Face model id, or a directory on the box (default: the demo's tiny verifier).")
 @click.option("--data", default=None, help="Chat JSONL: a file under this directory (synced), or a path on the box.")
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 @click.pass_obj
-def init(app, path: str | None, host: str | None, ssh: str | None, runtime: str | None, verifier: str | None, data: str | None, force: bool) -> None:
+def init(app, path: str | None, host: str | None, ssh: str | None, runtime: str | None, workdir: str | None, verifier: str | None, data: str | None, force: bool) -> None:
     """Write a commented starter harness.toml beside remote_scripts/ and container/.
 
     On a terminal it asks for what the options leave out (offering your ~/.ssh/config aliases);
@@ -30,7 +31,7 @@ def init(app, path: str | None, host: str | None, ssh: str | None, runtime: str 
 
     target = Path(path or app.config_path or CONFIG_NAME)
     check_project(target.resolve().parent)
-    given = {k: v for k, v in dict(host=host, ssh=ssh, runtime=runtime, verifier=verifier, data=data).items() if v is not None}
+    given = {k: v for k, v in dict(host=host, ssh=ssh, runtime=runtime, workdir=workdir, verifier=verifier, data=data).items() if v is not None}
     answers = Answers(**given)
     if sys.stdin.isatty():
         answers = _ask(answers, given, ssh_aliases())
