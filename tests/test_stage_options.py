@@ -103,3 +103,20 @@ def test_loading_the_parsers_imports_nothing_heavy_and_leaves_the_process_as_it_
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"path_same": True, "new": []}
+
+
+def test_what_the_parsers_take_is_kept_until_the_code_changes(project, monkeypatch):
+    import harness.stage_options as stage_options
+
+    path = config_with(project, "[pipeline.stages.train]\nepochs = 2\n")
+    load_config(path)
+    assert json.loads((project / ".harness" / "stage-options.json").read_text())["scripts"]["train_draft.py"]["epochs"]["type"] == "int"
+    loads = []
+    real = stage_options.stage_parser
+    monkeypatch.setattr(stage_options, "stage_parser", lambda script: loads.append(script.name) or real(script))
+    load_config(path)
+    assert loads == []  # unchanged code: no script loaded
+    common = project / "remote_scripts" / "common" / "vllm_server.py"  # train's parser takes options from it
+    common.write_text(common.read_text() + "\n# edited\n")
+    load_config(path)
+    assert loads == ["train_draft.py"]

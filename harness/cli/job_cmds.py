@@ -51,6 +51,10 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     """
     from harness.run_start import dry_run as plan_run, start_run
 
+    if as_json and not dry_run:
+        from harness.errors import UsageError
+
+        raise UsageError("--json goes with --dry-run (a started run's JSON: `harness status HOST RUN --json`)")
     place = ctx.obj.place(host)
     if dry_run:
         from harness.cli.render import print_json
