@@ -41,8 +41,8 @@ def _run_help() -> str:
 def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool, dry_run: bool, as_json: bool) -> None:
     """Start STAGES on HOST as one detached run (stage names, `all` or `demo`).
 
-    What changed in the sync paths is synced first (as `harness sync`; nothing changed: one
-    round trip), so the box runs the code you have. Without STAGES: one line naming them.
+    What changed in the sync paths is synced first (as `harness sync`; nothing changed: about
+    two round trips on the connection the start uses), so the box runs the code you have. Without STAGES: one line naming them.
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
