@@ -1,4 +1,4 @@
-"""The first session on one's own box: `harness init` writes a complete starter, the config is
+"""The first session on one's own box, in pieces (tests/test_first_session.py types it whole): `harness init` writes a complete starter, the config is
 found from a subdirectory (or $HARNESS_CONFIG, --config), and init -> run against the real test
 sshd syncs the code and the laptop's data first, shows the stage command lines (--dry-run), and
 refuses a verifier path missing on the box before anything starts."""
@@ -121,8 +121,6 @@ def test_init_refuses_what_would_not_work_and_writes_nothing(project, tmp_path):
 
 
 def test_init_on_a_terminal_offers_the_ssh_aliases(project, tmp_path):
-    from tests.fixtures.job_project import run_in_pty
-
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text("Host *\n  User x\nHost gpu-a gpu-b\n  HostName a\nHost !neg\n")
@@ -130,13 +128,41 @@ def test_init_on_a_terminal_offers_the_ssh_aliases(project, tmp_path):
     os.chdir(project)
     try:
         # host name, ssh (alias number 2), runtime, verifier, data: Enter keeps a default
-        code, out = run_in_pty([sys.executable, "-m", "harness", "init"], b"box\r2\rhost\r\rdata/chat.jsonl\r", env=env)
+        code, out = answer_on_a_terminal([sys.executable, "-m", "harness", "init"], b"box\r2\rhost\r\rdata/chat.jsonl\r", env=env)
     finally:
         os.chdir(REPO)
     assert "[1] gpu-a, [2] gpu-b" in out, out
     assert code == 0, out
     config = load_config(project / "harness.toml")
     assert (config.hosts["box"].ssh, config.hosts["box"].runtime, config.pipeline.data) == ("gpu-b", "host", "data/chat.jsonl")
+
+
+def answer_on_a_terminal(argv: list[str], keys: bytes, env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    """Run argv on a fresh pseudo-terminal; type `keys` once its first prompt shows (the
+    terminal keeps the lines for the prompts that follow); return (exit code, output)."""
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    out, typed, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed its side
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not typed and b"Name of the GPU box" in out:
+            os.write(fd, keys)
+            typed = True
+    else:
+        os.kill(pid, 9)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out.decode(errors="replace")
 
 
 def test_init_without_a_terminal_asks_nothing(project):
@@ -210,3 +236,12 @@ def test_a_box_without_the_stage_scripts_is_refused_by_the_launch(tmp_path):
     assert r.returncode == 2
     assert "remote_scripts/prepare_data.py (stage prepare) is not on the host, and not beside" in r.stderr
     assert not (tmp_path / "w" / "runs").exists()
+
+
+def test_check_extract_runs_the_synced_script_never_a_missing_one(project, tmp_path):
+    work = tmp_path / "work"
+    (project / "harness.toml").write_text(f'[hosts.l]\nlocal = true\nworkdir = "{work}"\n')
+    r = harness("check-extract", "l", cwd=project)
+    # nothing was extracted here: the synced script itself says so (not python's "can't open file")
+    assert r.returncode != 0 and "can't open file" not in r.stderr, r.stderr
+    assert (work / "remote_scripts" / "check_extraction.py").read_bytes() == (project / "remote_scripts" / "check_extraction.py").read_bytes()
