@@ -1,5 +1,5 @@
-"""The first session on one's own box, in pieces (tests/test_first_session.py types it whole): `harness init` writes a complete starter, the config is
-found from a subdirectory (or $HARNESS_CONFIG, --config), and init -> run against the real test
+"""The first session on one's own box, in pieces (tests/test_first_session.py types it whole):
+`harness init` writes a complete starter, the config is found from a subdirectory (or $HARNESS_CONFIG, --config), and init -> run against the real test
 sshd syncs the code and the laptop's data first, shows the stage command lines (--dry-run), and
 refuses a verifier path missing on the box before anything starts."""
 
