@@ -68,7 +68,7 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
         ctx.exit(result.exit_code())
     synced, started = start_run(place, list(stages), grace_s=grace, now=now)
     for h, result in synced.results.items():
-        if result.files_sent or result.deleted:
+        if (result.files_sent or result.deleted) and not ctx.obj.quiet:
             click.echo(f"synced to {h}: {result.files_sent} file(s), {result.bytes_sent} bytes, {result.deleted} deleted", err=True)
     remember_runs(ctx.obj, host, [started.run_id])
     runs = place.runs
