@@ -20,7 +20,6 @@ the code is unchanged no script is loaded at all.
 from __future__ import annotations
 
 import argparse
-import difflib
 import hashlib
 import importlib.util
 import json
@@ -29,15 +28,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, did_you_mean
 
 SCRIPTS_DIR = "remote_scripts"  # beside the config file; what sync pushes
 CACHE_PATH = ".harness/stage-options.json"  # beside it too (the project's .harness/, never synced)
 
 
 def _nearest(word: str, choices: list[str]) -> str:
-    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+    hint = did_you_mean(word, choices)
+    return f" ({hint})" if hint else ""
 
 
 def _suggest_option(key: str, options: dict[str, dict[str, Any]]) -> str:
