@@ -6,8 +6,9 @@ its sshd (bench/delayline.py, --rtt-ms, default 50), then times `harness run H p
 (a fresh process each time) from its start until the run id is on stdout, on loopback and through the delay line, for this tree and for --base-tree (another
 checkout, e.g. `git archive f7b1dfd | tar -x -C /tmp/base`), the two taking turns. Two states
 of the link: warm (the OpenSSH master of the previous command still up, as between commands
-within ControlPersist) and cold (every master stopped first). The stage itself fails at once on
-the host (nothing was synced): only the start is measured.
+within ControlPersist) and cold (every master stopped first). remote_scripts/ and container/ lie
+beside the config: since `harness run` syncs first, this tree's runs include a sync (a no-op after
+the warm-up); only the start is measured.
 
 Round trips are read from the link: (median through the delay line - median on loopback) / RTT.
 Prints one table (medians, ratio base/this, round trips) and appends it, dated, to
@@ -51,6 +52,10 @@ Host slow
   IdentitiesOnly yes
   UserKnownHostsFile {known_hosts}
 """)
+    import shutil
+
+    for code in ("remote_scripts", "container"):  # what a run syncs first (this tree; the base tree syncs nothing)
+        shutil.copytree(ROOT / code, work / code, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     config = work / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "box"\nworkdir = "{work}/box"\n\n[hosts.slow]\nssh = "slow"\nworkdir = "{work}/slow"\n')
     env = bed.env()

@@ -184,15 +184,14 @@ class Config:
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None) -> Path:
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise UsageError(f"{path}: config file not found")
-        return path
-    path = Path.cwd() / DEFAULT_CONFIG_NAME
-    if not path.is_file():
-        raise UsageError(f"no {DEFAULT_CONFIG_NAME} in {Path.cwd()} (run `harness init` or pass --config PATH)")
-    return path
+    """The config a command uses: --config, else $HARNESS_CONFIG, else the first harness.toml
+    in the current directory or above it (like git; harness.config_discovery)."""
+    from harness.config_discovery import ConfigNotFound, discover
+
+    try:
+        return Path(discover(os.fspath(explicit) if explicit else None))
+    except ConfigNotFound as e:
+        raise UsageError(str(e)) from None
 
 
 def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
@@ -244,6 +243,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
         if os.path.isabs(p) or ".." in Path(p).parts:
             raise ConfigError(file, "sync.paths", f"expected paths inside the project, got {p!r}")
     pipeline = _build(PipelineConfig, raw.get("pipeline", {}), file, "pipeline")
+    from harness.pipeline import STAGES  # harness.pipeline imports this module
+    from harness.stage_options import check_stage_tables
+
+    check_stage_tables(pipeline.stages, path, {n: s.script for n, s in STAGES.items()})
     return Config(path=path.resolve(), hosts=hosts, groups=groups, sync=sync, pipeline=pipeline)
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from harness import helpers
 from harness.config import Config, HostConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
-from harness.pipeline import STAGES, launches_itself, resolve_chain, stage_argv
+from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
@@ -166,6 +166,51 @@ class RunStatus:
         return cls(data["run_id"], state.get("state", "starting"), stages, data.get("record", {}), state.get("started"), state.get("finished"), place)
 
 
+MISSING_EXIT = 3  # the supervisor's answer when a file the run needs is not on the host
+
+
+def requirements(config: Config, host: HostConfig, workdir: str, stages: list[str]) -> list[dict[str, str]]:
+    """What must be on the host before a run starts, each with the one line that says what to do
+    when it is not: every stage's script (not synced yet), and the verifier where it is plainly a
+    path on the host that no stage of this run makes (a hub id, "org/name", is the stage's to load)."""
+    def script_missing(stage: str) -> str:
+        script = f"{SCRIPTS_DIR}/{STAGES[stage].script}"
+        if (config.root / script).is_file():
+            return f"{host.name}: {script} (stage {stage}) is not on the host: run `harness sync {host.name}`"
+        return (f"{host.name}: {script} (stage {stage}) is not on the host, and not beside {config.path} to be synced: "
+                f"keep harness.toml in the harness checkout (where {SCRIPTS_DIR}/ is) and run from there")
+
+    needs = [{"path": f"{workdir}/{SCRIPTS_DIR}/{STAGES[s].script}", "message": script_missing(s)} for s in dict.fromkeys(stages)]
+    verifier = config.pipeline.verifier
+    if "verifier" not in stages and verifier_is_host_path(verifier) and (host.runtime == "host" or not verifier.startswith("/")):
+        path = verifier if verifier.startswith(("/", "~")) else f"{workdir}/{verifier}"
+        needs.append({"path": path, "message": f"{host.name}: the verifier {verifier} ([pipeline] verifier) does not exist on the host "
+                      f"(relative paths are under the workdir {host.workdir}): put it there, or name a Hugging Face model id"})
+    return needs
+
+
+def verifier_is_host_path(verifier: str) -> bool:
+    """A path, not a hub id: absolute, ~, ./, or not of the hub's "org/name" form."""
+    return verifier.startswith(("/", "~", "./", "../")) or verifier.count("/") != 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run as it would start (Jobs.plan): its stages' specs (each spec's `command` is the
+    stage's exact command line, run in `workdir`), the record and what must be on the host."""
+
+    run_id: str
+    host: str
+    stages: list[str]
+    specs: dict[str, dict[str, Any]]
+    record: dict[str, Any]
+    workdir: str
+    requires: list[dict[str, str]]
+
+    def commands(self) -> dict[str, list[str]]:
+        return {stage: self.specs[stage]["command"] for stage in self.stages}
+
+
 class Jobs:
     """Runs on one host, through one transport (`runtime`: the host's, when the caller made it
     already: harness.host.Host, so the workdir is expanded once per command)."""
@@ -224,9 +269,10 @@ class Jobs:
         `queued` while earlier runs hold its GPUs, unless `now`."""
         return self._start(requested, grace_s, run_id, now).run_id
 
-    def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
-        """One supervisor call: the plan in, the started run's status out."""
-        from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
+    def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> "RunPlan":
+        """Everything a run's start decides on the laptop, the preflight included (the image, the
+        GPU count: at most one helper call), and nothing written on the host: `harness run
+        --dry-run` shows it, _start sends it."""
         stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
         self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
@@ -238,11 +284,20 @@ class Jobs:
             specs[stage] = self._stage_spec(run_id, stage, sd, self.stage_command(stage, f"{sd}/events.jsonl", nproc))
         record = self._record(run_id, stages, grace_s, image)
         record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now}
+        return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
+
+    def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
+        """One supervisor call: the plan in, the started run's status out. The supervisor first
+        checks that the files the stages need are on the host (RunPlan.requires)."""
+        from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
+        plan = self.plan(requested, grace_s, run_id, now)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
-        result = self._supervise({"cmd": "launch", "run_dir": run_dir, "specs": specs, "record": record,
-                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env()})
+        result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
+                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires})
+        if result.exit_code == MISSING_EXIT:
+            raise UsageError(result.error.strip().splitlines()[-1])
         if result.exit_code != 0:
-            raise RemoteCommandError("supervisor launch " + run_id, result.exit_code, result.error)
+            raise RemoteCommandError("supervisor launch " + plan.run_id, result.exit_code, result.error)
         reply = result.json()
         self.runtime.home_is(reply["home"], HOME_TOKEN)
         return RunStatus.from_json(reply["status"])

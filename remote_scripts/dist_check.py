@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog  # noqa: E402
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10, help="DDP training steps")
     p.add_argument("--batch", type=int, default=8, help="samples per rank per step")
@@ -46,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--events", default=None, help="events.jsonl path (local rank 0 writes it)")
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with an error at --fail-step (tests)")
     p.add_argument("--fail-step", type=int, default=1)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

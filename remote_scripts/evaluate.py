@@ -743,7 +743,8 @@ def write_json_atomic(path: Path, data: dict) -> None:
 # Main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description="Acceptance length of an EAGLE-3 draft against its verifier.")
     p.add_argument("--verifier", required=True)
     p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (the checkpoint its best.json names, else the latest epoch)")
@@ -762,6 +763,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); the tiny models gain nothing from more")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the verifier's own code (auto_map)")
     p.add_argument("--events", default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -113,13 +113,19 @@ def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:
     return {"parameters": sum(p.numel() for p in draft.parameters()), "hidden_size": hidden, "draft_vocab_size": draft.config.draft_vocab_size}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description="Export a trained EAGLE-3 draft for vLLM.")
     p.add_argument("--draft", required=True, help="a checkpoint directory, or the train stage's output (the checkpoint its best.json names, else the latest epoch)")
     p.add_argument("--verifier", required=True, help="verifier directory (recorded absolute) or hub id")
     p.add_argument("--output", required=True, help="export directory (replaced atomically)")
     p.add_argument("--no-check", action="store_true", help="skip loading the export back with speculators")
     p.add_argument("--events", default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -451,7 +451,8 @@ def write_meta(output: Path, args: argparse.Namespace, spec: CaptureSpec, backen
 # Entry point
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", required=True, help="verifier directory (or hub id on the GPU host)")
     p.add_argument("--prepared", required=True, help="prepared dataset (prepare_data.py / speculators prepare-data)")
@@ -480,6 +481,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
     v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: this python -m speculators generate-offline-data)")
     v.add_argument("--offline-passes", type=int, default=2, help="generate-offline-data runs while samples are missing (each resumes)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.writer_threads is None:
         args.writer_threads = default_writer_threads(os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

@@ -232,7 +232,8 @@ def assistant_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
     return round(correct / max(1, total), 4)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", required=True, help="verifier directory to write")
     p.add_argument("--data-out", required=True, help="chat JSONL to write (train + heldout rows)")
@@ -253,6 +254,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tie-word-embeddings", action="store_true", help="llama only: tie lm_head to the input embeddings (as SmolLM2 does)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default; see run())")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -211,7 +211,8 @@ def write_dataset(columns: dict[str, list], report: PrepareReport, output: Path)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", required=True, help="verifier directory (its tokenizer and chat template are used)")
     p.add_argument("--data", required=True, help="chat JSONL (messages or ShareGPT conversations)")
@@ -223,6 +224,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the tokenizer's own code (auto_map)")
     p.add_argument("--regenerated", default=None, help="the regenerate stage's output: read instead of --data when it was made from --data")
     p.add_argument("--events", default=None, help="events.jsonl to append to")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.max_seq_len < 2:
         p.error("--max-seq-len must be at least 2")

@@ -432,7 +432,8 @@ def eos_ids(tokenizer, model) -> set[int]:
 # Main
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", required=True, help="verifier directory (its tokenizer and chat template render the prompts)")
     p.add_argument("--data", required=True, help="chat JSONL (messages or ShareGPT conversations)")
@@ -461,6 +462,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     v.add_argument("--request-timeout", type=float, default=600.0, help="seconds per completion request")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT.vllm_server.rank<r>.log)")
     p.add_argument("--events", default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.max_new_tokens < 1 or args.batch_size < 0 or args.concurrency < 1:
         p.error("--max-new-tokens and --concurrency must be at least 1, --batch-size at least 0")

@@ -44,7 +44,8 @@ SERVED = "served.json"
 DEFAULT_SPLIT, DEFAULT_PROMPTS, DEFAULT_NEW_TOKENS = "heldout", 64, 96
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, help="the export stage's directory (speculators format, absolute verifier path)")
     p.add_argument("--data", required=True, help="chat JSONL with held-out rows (evaluate's --data)")
@@ -61,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_serve_arguments(serve)
     serve.set_defaults(port=0, health_timeout=1800.0)  # port 0: a free one, chosen at run time
     p.add_argument("--events", default=None)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

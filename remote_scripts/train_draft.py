@@ -123,7 +123,8 @@ def check_hidden_state_layout(shape: tuple[int, ...], dtype: str, num_target_lay
 # Launch
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """This stage's command line; harness checks [pipeline.stages] options against it on the laptop (no torch import)."""
     p = argparse.ArgumentParser(description="Train an EAGLE-3 draft with speculators (torchrun over this host's GPUs).")
     p.add_argument("--verifier", required=True, help="verifier directory (or hub id)")
     p.add_argument("--prepared", required=True, help="prepared dataset (speculators format, with token_freq.pt)")
@@ -172,6 +173,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_serve_arguments(o)
     add_connector_argument(o)
     p.set_defaults(tensor_parallel_size=None)  # online: one tensor-parallel rank per verifier GPU unless given
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     return p.parse_args(argv)
 
 

@@ -81,6 +81,8 @@ def test_missing_config_and_bad_toml(tmp_path):
 
 
 def test_init_writes_a_valid_starter_and_never_overwrites(tmp_path):
+    (tmp_path / "remote_scripts").mkdir()  # init writes beside the code sync sends (tests/test_first_session.py)
+    (tmp_path / "container").mkdir()
     r = cli("init", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     path = tmp_path / "harness.toml"

@@ -49,10 +49,6 @@ def test_run_status_logs_and_pull_with_the_default_workdir(home_box, ssh_host, t
     def harness(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
 
-    # as `harness sync` leaves it: the run records the digest of the code last synced
-    (workdir / MANIFEST_PATH).parent.mkdir(parents=True)
-    (workdir / MANIFEST_PATH).write_text(json.dumps({"digest": "d" * 64, "files": {}}))
-
     connections = server.log_text().count("Connection from ")
     r = harness("run", "box", "prepare", "train")
     assert r.returncode == 0, r.stderr
@@ -63,7 +59,8 @@ def test_run_status_logs_and_pull_with_the_default_workdir(home_box, ssh_host, t
     run_dir = workdir / "runs" / run_id
     record = json.loads((run_dir / "run.json").read_text())
     assert record["workdir"] == str(workdir)  # expanded on the host, in the launch itself
-    assert record["manifest_hash"] == "d" * 64
+    # `harness run` synced first (over the same connection): the run records that sync's digest
+    assert record["manifest_hash"] == json.loads((workdir / MANIFEST_PATH).read_text())["digest"]
     assert json.loads((run_dir / "train" / "spec.json").read_text())["command"][-2:] == ["--events", f"{run_dir}/train/events.jsonl"]
     assert "prepare_data: pid" in (run_dir / "prepare" / "log").read_text() and f"cwd {workdir}" in (run_dir / "prepare" / "log").read_text()
 

@@ -294,13 +294,18 @@ def test_sync_to_three_hosts_at_once(tmp_path, netns_cluster, monkeypatch):
             assert (tmp_path / f"to-{h}" / "data" / f"blob{i}.bin").read_bytes() == (payload / f"blob{i}.bin").read_bytes()
 
 
-def local_pair(tmp_path, monkeypatch, dist_check_options: str):
-    """Two `local = true` hosts (distinct workdirs) as the group `pair`, synced: a runner."""
+def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: bool = False):
+    """Two `local = true` hosts (distinct workdirs) as the group `pair`, synced: a runner.
+    fake_prepare: prepare_data.py is the job tests' fake stage (its options are checked at
+    config load against the script beside the config: the fake's)."""
     from harness.config import load_config
     from harness.multinode import GroupRun, open_all, sync_hosts
     from harness.transport import connect
+    from tests.fixtures.job_project import FAKE_STAGE
 
     shutil.copytree(REPO / "remote_scripts", tmp_path / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    if fake_prepare:
+        (tmp_path / "remote_scripts" / "prepare_data.py").write_text(FAKE_STAGE)
     (tmp_path / "harness.toml").write_text(
         "".join(f'[hosts.l{i}]\nlocal = true\nworkdir = "{tmp_path}/work/l{i}"\npython = "{sys.executable}"\n\n' for i in range(2))
         + '[groups.pair]\nhosts = ["l0", "l1"]\nrdzv_port = 0\nnproc_per_node = 1\n\n[sync]\npaths = ["remote_scripts"]\n\n'
@@ -335,12 +340,8 @@ def test_a_group_run_does_not_queue_and_later_runs_queue_behind_it(tmp_path, mon
     host run on l1 is queued behind the group's node and starts once the group run is cancelled.
     The host runs are the job tests' fake stage (tests/fixtures/job_project.py): only the queue
     matters here."""
-    from tests.fixtures.job_project import FAKE_STAGE
-
     runner = local_pair(tmp_path, monkeypatch, "steps = 400\nstep_seconds = 0.25\ntimeout = 300\n\n"
-                                               "[pipeline.stages.prepare]\nlines = 200\nsleep = 200\n")
-    for i in range(2):
-        (tmp_path / "work" / f"l{i}" / "remote_scripts" / "prepare_data.py").write_text(FAKE_STAGE)
+                                               "[pipeline.stages.prepare]\nlines = 200\nsleep = 200\n", fake_prepare=True)
     l0, l1 = runner.jobs("l0"), runner.jobs("l1")
     ahead = l0.start(["prepare"], grace_s=GRACE_S)
     wait_until(lambda: l0.status(ahead).state == "running", timeout=90)

@@ -205,7 +205,14 @@ def test_a_recipe_is_not_made_from_inputs_changed_within_the_racy_window(client)
     (["--config", "", "exec", "box", "--", "true"], None),
     ([], None),
 ])
-def test_only_the_plain_form_is_offered_to_the_warm_exec(argv, expected):
+def test_only_the_plain_form_is_offered_to_the_warm_exec(argv, expected, tmp_path, monkeypatch):
+    (tmp_path / "harness.toml").write_text("")
+    (tmp_path / "c.toml").write_text("")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # the config is found as the Click side finds it: walking up
+    monkeypatch.delenv("HARNESS_CONFIG", raising=False)
+    expected = expected and (str(tmp_path / expected[0]) if expected[0] == "harness.toml" else f"../{expected[0]}", *expected[1:])
+    argv = [f"../{a}" if a == "c.toml" else a.replace("=c.toml", "=../c.toml") for a in argv]
     got = parse(argv)
     if expected is None:
         assert got is None

@@ -62,7 +62,7 @@ HELP = {
 # gpu --accept-new-host-key`, as the host-key error suggests): each sets the invocation's AppContext.
 GLOBAL_OPTIONS: list[tuple[list[str], str, dict]] = [
     (["--config", "config_path"], "config_path",
-     {"type": click.Path(dir_okay=False), "default": None, "help": "Path to harness.toml (default: ./harness.toml)."}),
+     {"type": click.Path(dir_okay=False), "default": None, "help": "Path to harness.toml (default: $HARNESS_CONFIG, else the first harness.toml in this directory or above)."}),
     (["--accept-new-host-key"], "accept_new_host_key",
      {"is_flag": True, "default": False, "help": "Trust an unknown SSH host key once and record it (a changed key is always refused)."}),
     (["-q", "--quiet"], "quiet",

@@ -17,11 +17,13 @@ def check_extract(ctx: click.Context, target: str, as_json: bool) -> None:
 
     Reports gaps (samples with no valid file anywhere), invalid files, hosts that disagree on
     the extraction's layers, and samples stored on more than one host. Exit 1 unless every
-    sample has exactly one valid file.
+    sample has exactly one valid file. What changed in the sync paths is synced first.
     """
     from harness.extraction_check import check_extraction
+    from harness.run_start import sync_code
 
     app = ctx.obj
+    sync_code(app.place(target))  # its script runs from the synced code: never a missing or stale one
     hosts = [h.name for h in app.config.targets(target)]
     report = check_extraction(app.config, hosts, app.transport)
     if as_json:

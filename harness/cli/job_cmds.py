@@ -31,23 +31,47 @@ def _run_help() -> str:
 
 @click.command("run", epilog=_run_help())
 @host_argument()
-@click.argument("stages", nargs=-1, required=True, shell_complete=complete_stages)
+@click.argument("stages", nargs=-1, shell_complete=complete_stages)
 @click.option("--detach", "-d", is_flag=True, help="Start the run and return at once.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL when the run is cancelled.")
 @click.option("--now", is_flag=True, help="Start at once, even while other runs hold the same GPUs (no queue).")
+@click.option("--dry-run", "-n", is_flag=True, help="Show what would be synced, the preflight's verdict and each stage's command line; start nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the same as JSON on stdout.")
 @click.pass_context
-def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool) -> None:
+def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool, dry_run: bool, as_json: bool) -> None:
     """Start STAGES on HOST as one detached run (stage names, `all` or `demo`).
 
+    What changed in the sync paths is synced first (as `harness sync`; nothing changed: about
+    two round trips on the connection the start uses), so the box runs the code you have. Without STAGES: one line naming them.
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
     by itself when they are done (--now: start at once). Exit code: 0 when the run ends ok, 1
     when it failed or was cancelled (the stage's own code: `harness status`).
     """
-    runs = ctx.obj.place(host).runs
-    started = runs.launch(list(stages), grace_s=grace, now=now)
+    from harness.run_start import dry_run as plan_run, start_run
+
+    if as_json and not dry_run:
+        from harness.errors import UsageError
+
+        raise UsageError("--json goes with --dry-run (a started run's JSON: `harness status HOST RUN --json`)")
+    place = ctx.obj.place(host)
+    if dry_run:
+        from harness.cli.render import print_json
+
+        result = plan_run(place, list(stages))
+        if as_json:
+            print_json(result.to_json())
+        else:
+            for line in result.lines():
+                click.echo(line)
+        ctx.exit(result.exit_code())
+    synced, started = start_run(place, list(stages), grace_s=grace, now=now)
+    for h, result in synced.results.items():
+        if (result.files_sent or result.deleted) and not ctx.obj.quiet:
+            click.echo(f"synced to {h}: {result.files_sent} file(s), {result.bytes_sent} bytes, {result.deleted} deleted", err=True)
     remember_runs(ctx.obj, host, [started.run_id])
+    runs = place.runs
     click.echo(started.line, err=True)
     click.echo(started.run_id)  # stdout: the id alone, for scripts
     if detach:

@@ -23,12 +23,12 @@ def parse(argv: list[str]) -> tuple[str, str, list[str]] | None:
     """(absolute config path, host, command) of the plain form, or None: `--config` is the only
     option before `exec`, none after it (no --pty), and the command either follows `--` or has
     no word starting with '-' (where click's reading of options would rule)."""
-    config, i = "harness.toml", 0
+    config, i = "", 0
     if argv[:1] == ["--config"] and len(argv) > 1:
         config, i = argv[1], 2
     elif argv[:1] and argv[0].startswith("--config="):
         config, i = argv[0][len("--config="):], 1
-    if argv[i:i + 1] != ["exec"] or len(argv) < i + 3 or not config:
+    if argv[i:i + 1] != ["exec"] or len(argv) < i + 3 or (i and not config):
         return None
     host, command = argv[i + 1], argv[i + 2:]
     if host.startswith("-"):
@@ -37,7 +37,14 @@ def parse(argv: list[str]) -> tuple[str, str, list[str]] | None:
         command = command[1:]
     elif any(word.startswith("-") for word in command):
         return None
-    return (config_file(config), host, command) if command else None
+    if not command:
+        return None
+    from harness.config_discovery import ConfigNotFound, discover
+
+    try:
+        return config_file(discover(config or None)), host, command
+    except ConfigNotFound:
+        return None  # the Click group says why
 
 
 def config_file(path: str | os.PathLike[str]) -> str:

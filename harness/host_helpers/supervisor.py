@@ -33,8 +33,9 @@ memory and reach stages by inheritance (host) or by name (`docker create -e NAME
 never written.
 
 Requests (stdin, one JSON document):
-    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env"}
-                            write the plan, daemonize; reply {"home", "status"}. "@harness-home@"
+    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env", "requires"}
+                            exit 3 with the message of a `requires` path that is missing;
+                            else write the plan, daemonize; reply {"home", "status"}. "@harness-home@"
                             anywhere in it stands for the home directory.
     {"cmd": "cancel", "run_dir", "grace"}
     {"cmd": "cancelling", "run_dir"}       mark only (a group cancel's first round); print the state
@@ -434,6 +435,10 @@ def cmd_launch(request: dict, home: str) -> int:
     with the digest of the code last synced), start it, and answer with its status (queued or
     running, the queue place) and the home directory `~` stood for."""
     run_dir = request["run_dir"]
+    for need in request.get("requires") or []:  # what the stages need, before anything is written
+        if not os.path.exists(os.path.expanduser(need["path"])):
+            print(need["message"], file=sys.stderr)
+            return 3
     if read_json(os.path.join(run_dir, "run.json")):
         print(f"{run_dir}: a run with this id exists", file=sys.stderr)
         return 2

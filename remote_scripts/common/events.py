@@ -179,7 +179,12 @@ def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, An
     elif announce:
         events.log_only("started", args=arguments)
     try:
+        from common.verifier_path import VerifierNotFound, check as check_verifier
+
+        check_verifier(getattr(args, "verifier", None))  # a missing path: one line, not the hub's
         summary = run(args, events)
+    except VerifierNotFound as e:
+        return events.failed(e, traceback=False, where=f" (rank {rank})" if rank else "")
     except Exception as e:  # one line for the laptop; the traceback stays in the log
         places = tuple(str(v) for k, v in vars(args).items() if k in ("output", "events") and v)
         return events.failed(e, traceback=not isinstance(e, self_explaining), where=f" (rank {rank})" if rank else "", places=places)

@@ -1,0 +1,117 @@
+"""How `harness run` and `harness check-extract` start on a host: the code synced first.
+
+A run never starts stages the host does not have: `start_run` syncs the configured paths (the
+stage scripts, container/, the config, data listed in [sync] paths) before the launch, exactly
+what `harness sync` does. An unchanged tree costs one exec over the SSH master that the launch
+uses next (the helper sends its manifest, the laptop's hash cache says nothing changed, the helper
+exits: about two round trips and no new connection, bench/sync_first.py). The launch then checks on the host that every stage's
+script, and a verifier given as a host path, are there (jobs.requirements), in the same call.
+
+`dry_run` is the same start short of writing anything: the sync's plan, the preflight's verdict
+(the image, the GPU count) and each stage's exact command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import HarnessError, UsageError
+from harness.pipeline import DEFAULT_CHAIN, STAGES
+
+if TYPE_CHECKING:
+    from harness.host import Group, Host, SyncProgress
+    from harness.runs import Started
+    from harness.sync import SyncOutcome
+
+
+def no_stages_message(where: str) -> str:
+    """`harness run HOST` without stages: what to name (a run of the whole chain takes hours on a
+    real verifier, so it is never started by leaving the stages out)."""
+    return (f"name the stages to run on {where}: `harness run {where} all` ({' -> '.join(DEFAULT_CHAIN)}), "
+            f"or some of: {', '.join(STAGES)}; `--dry-run` shows their command lines first")
+
+
+def sync_code(place: "Host | Group", progress: "SyncProgress | None" = None) -> "SyncOutcome":
+    """The configured sync paths to every host of `place`; a host that failed is an error."""
+    outcome = place.sync(place.config.sync_paths(), progress=progress)
+    if outcome.errors:
+        host, why = next(iter(outcome.errors.items()))
+        raise HarnessError(f"{host}: sync before the run failed: {why}")
+    return outcome
+
+
+def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: bool, progress: "SyncProgress | None" = None) -> tuple["SyncOutcome", "Started"]:
+    """Sync what changed, then launch `stages` on `place` (a host or a group)."""
+    if not stages:
+        raise UsageError(no_stages_message(place.name))
+    outcome = sync_code(place, progress)
+    return outcome, place.runs.launch(stages, grace_s=grace_s, now=now)
+
+
+@dataclass
+class DryRun:
+    """`harness run HOST STAGES --dry-run`: what would be synced, the preflight's verdict and each
+    stage's command line (run in `workdir`); nothing is written on the host."""
+
+    host: str
+    stages: list[str]
+    workdir: str = ""
+    to_send: list[str] = field(default_factory=list)
+    send_bytes: int = 0
+    to_delete: list[str] = field(default_factory=list)
+    commands: dict[str, list[str]] = field(default_factory=dict)
+    requires: list[str] = field(default_factory=list)
+    preflight_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.preflight_error is None
+
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def lines(self) -> list[str]:
+        out = [f"sync: {len(self.to_send)} file(s), {self.send_bytes} bytes to send, {len(self.to_delete)} to delete" if self.to_send or self.to_delete
+               else "sync: nothing to send (the host has this code)"]
+        out.append(f"preflight: ok (the launch also checks on {self.host}: {', '.join(self.requires)})" if self.ok
+                   else f"preflight: FAILED: {self.preflight_error}")
+        out.append(f"in {self.workdir} on {self.host}:" if self.workdir else f"on {self.host}:")
+        out += [f"  {stage}: {shlex.join(argv)}" for stage, argv in self.commands.items()]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "ok": self.ok, "stages": self.stages, "workdir": self.workdir,
+                "sync": {"send": self.to_send, "send_bytes": self.send_bytes, "delete": self.to_delete},
+                "preflight": {"ok": self.ok, "error": self.preflight_error, "requires": self.requires},
+                "commands": [{"stage": s, "argv": argv, "line": shlex.join(argv)} for s, argv in self.commands.items()]}
+
+
+def dry_run(place: "Host | Group", stages: list[str]) -> DryRun:
+    """The start of a run on one host, short of writing anything there."""
+    from harness.pipeline import resolve_chain
+
+    if place.is_group:
+        raise UsageError(f"--dry-run takes one host; {place.name} is a group: run it on each of its hosts")
+    if not stages:
+        raise UsageError(no_stages_message(place.name))
+    result = DryRun(place.name, resolve_chain(stages, place.config.pipeline))
+    planned = place.sync(place.config.sync_paths(), dry_run=True).results[place.name]
+    result.to_send, result.to_delete, result.send_bytes = planned.plan.upload, planned.plan.delete, planned.plan.upload_bytes
+    try:
+        plan = place.runs.plan(stages)
+    except UsageError:
+        raise
+    except HarnessError as e:  # the image is not built, the container does not start, ...
+        result.preflight_error = str(e)
+        return result
+    from harness.jobs import HOME_TOKEN
+
+    def shown(text: str) -> str:  # a configured ~ stays a token until the launch puts the home in
+        return text.replace(HOME_TOKEN, "~")
+
+    result.workdir = shown(plan.workdir)
+    result.commands = {stage: [shown(a) for a in argv] for stage, argv in plan.commands().items()}
+    result.requires = [shown(r["path"].removeprefix(plan.workdir + "/")) for r in plan.requires]
+    return result

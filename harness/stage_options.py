@@ -1,0 +1,178 @@
+"""`[pipeline.stages.NAME]` checked on the laptop against what each stage really accepts.
+
+The one definition of a stage's options is its script's own argparse parser: every stage script
+in remote_scripts/ builds it in `build_parser()` (its `parse_args` calls that), and imports
+torch and the other heavy libraries only inside the functions that run the stage, so the
+module loads on the laptop in milliseconds. `check_stage_tables` loads, for each configured
+table, the script that `harness sync` will push (remote_scripts/ beside the config file), asks
+it for its parser and checks every key against the parser's options (and a value against the
+option's type and choices). A wrong table or key is one ConfigError with the nearest name
+(difflib), at config load: `hosts`, `doctor` and `run` all refuse it with exit 2.
+
+Loading a script runs its module level: the script's own `sys.path.insert` and the `common`
+modules it imports are taken back out afterwards, so the laptop process is left as it was
+(but for standard-library modules). A script without `build_parser` is refused by name rather
+than executed: its module level might be the stage itself. What each parser takes is kept as
+JSON in the project's .harness/stage-options.json under a stamp of the scripts' files, so while
+the code is unchanged no script is loaded at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError, did_you_mean
+
+SCRIPTS_DIR = "remote_scripts"  # beside the config file; what sync pushes
+CACHE_PATH = ".harness/stage-options.json"  # beside it too (the project's .harness/, never synced)
+
+
+def _nearest(word: str, choices: list[str]) -> str:
+    hint = did_you_mean(word, choices)
+    return f" ({hint})" if hint else ""
+
+
+def _suggest_option(key: str, options: dict[str, dict[str, Any]]) -> str:
+    """The nearest option name, else one whose help names the key's words
+    (`learning_rate` -> `lr`: "peak learning rate ...")."""
+    near = _nearest(key, sorted(options))
+    if near:
+        return near
+    words = key.replace("_", " ").lower()
+    by_help = [k for k, o in options.items() if words in o["help"].lower()]
+    return f" (did you mean {by_help[0]!r}?)" if by_help else ""
+
+
+def stage_parser(script_path: Path) -> argparse.ArgumentParser:
+    """The parser `script_path` builds (its build_parser()), loaded without leaving a trace."""
+    source = script_path.read_text(encoding="utf-8")
+    if "\ndef build_parser(" not in source:
+        raise LookupError(f"{script_path} defines no build_parser()")
+    saved_path = list(sys.path)
+    before = set(sys.modules)
+    name = f"_harness_stage_{script_path.stem}"
+    try:
+        spec = importlib.util.spec_from_file_location(name, script_path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+        return module.build_parser()
+    finally:
+        sys.path[:] = saved_path
+        here = str(script_path.parent.resolve())
+        for added in set(sys.modules) - before:
+            file = getattr(sys.modules[added], "__file__", None) or ""
+            if added == name or str(Path(file).resolve()).startswith(here + "/"):
+                del sys.modules[added]
+
+
+def describe(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
+    """Config key -> what its --long-option takes (`max_seq_len` -> `--max-seq-len`), as JSON:
+    `flag` (the option), `nargs` (argparse's; 0 for a flag), `type` ("int", "float", or null:
+    a string or a type not checked here), `choices`, `help`."""
+    out = {}
+    for opt, action in parser._option_string_actions.items():
+        if not opt.startswith("--") or isinstance(action, argparse._HelpAction):
+            continue
+        typ = {int: "int", float: "float"}.get(action.type) if action.type is not None else None
+        choices = [c if isinstance(c, (str, int, float)) else str(c) for c in action.choices] if action.choices is not None else None
+        out[opt[2:].replace("-", "_")] = {"flag": opt, "nargs": action.nargs, "type": typ, "choices": choices, "help": action.help or ""}
+    return out
+
+
+def code_stamp(scripts: Path) -> str:
+    """Size and mtime of every .py the stage scripts are made of: a parser can change only with it."""
+    files = sorted([*scripts.glob("*.py"), *scripts.glob("common/*.py")])
+    table = [(p.relative_to(scripts).as_posix(), st.st_size, st.st_mtime_ns) for p in files for st in [p.stat()]]
+    return hashlib.sha256(json.dumps(table).encode()).hexdigest()
+
+
+class _Descriptions:
+    """Each script's describe(), kept in <project>/.harness/stage-options.json under the code's
+    stamp, so a command whose config has stage tables loads no script while the code is unchanged
+    (a script's first load costs 0.05-0.4 s on the shared 2-core machine; the cache, a stat per file)."""
+
+    def __init__(self, scripts: Path):
+        self.scripts = scripts
+        self.path = scripts.parent / CACHE_PATH
+        self.stamp = code_stamp(scripts)
+        try:
+            cached = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            cached = {}
+        self.table = cached.get("scripts", {}) if isinstance(cached, dict) and cached.get("stamp") == self.stamp else {}
+        self.changed = False
+
+    def __getitem__(self, script: str) -> dict[str, dict[str, Any]]:
+        if script not in self.table:
+            self.table[script] = describe(stage_parser(self.scripts / script))
+            self.changed = True
+        return self.table[script]
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:  # a read-only checkout: no cache, the same checks
+            self.path.parent.mkdir(exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps({"stamp": self.stamp, "scripts": self.table}), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+def check_stage_tables(stages: dict[str, dict[str, Any]], config_path: Path, known: dict[str, str]) -> None:
+    """Raise ConfigError for the first unknown stage, option or unusable value.
+    `known`: stage name -> script file under remote_scripts/ (harness.pipeline.STAGES)."""
+    file = str(config_path)
+    scripts = Path(config_path).resolve().parent / SCRIPTS_DIR
+    descriptions = None
+    for stage, table in stages.items():
+        where = f"[pipeline.stages.{stage}]"
+        if stage not in known:
+            raise ConfigError(file, where, f"no stage {stage!r}{_nearest(stage, list(known))} (stages: {', '.join(known)})")
+        if not table or not (scripts / known[stage]).is_file():
+            continue  # the box has code that was not synced from here: only it can check
+        descriptions = descriptions or _Descriptions(scripts)
+        try:
+            options = descriptions[known[stage]]
+        except LookupError as e:
+            raise ConfigError(file, where, f"cannot check its options: {e}") from None
+        for key, value in table.items():
+            option = options.get(key)
+            if option is None:
+                raise ConfigError(file, f"{where} {key}", f"{known[stage]} takes no --{key.replace('_', '-')}{_suggest_option(key, options)}")
+            problem = _value_problem(option, value)
+            if problem:
+                raise ConfigError(file, f"{where} {key}", problem)
+    if descriptions is not None:
+        descriptions.save()
+
+
+def _value_problem(option: dict[str, Any], value: Any) -> str | None:
+    """Why the option would refuse this value on the box, or None. Flags (store_true and its
+    kind) take booleans; other options a value or, where they take several, a list."""
+    flag, nargs = option["flag"], option["nargs"]
+    if nargs == 0:
+        return None if isinstance(value, bool) else f"expected true or false (a flag), got {value!r}"
+    if isinstance(value, bool):
+        return None if value is False else f"expected a value for {flag}, got true"
+    if isinstance(value, list) and nargs in (None, "?"):
+        return f"expected one value, got a list {value!r}"
+    convert = {"int": int, "float": float}.get(option["type"] or "", str)
+    for item in value if isinstance(value, list) else [value]:
+        try:
+            converted = convert(str(item))
+        except ValueError as e:
+            return f"invalid value {item!r} for {flag} ({e})"
+        choices = option["choices"]
+        if choices is not None and converted not in choices:
+            return f"invalid value {item!r} (choices: {', '.join(map(str, choices))}){_nearest(str(item), [str(c) for c in choices])}"
+    return None

@@ -1,0 +1,27 @@
+"""A verifier that is plainly a path on this host, checked before any library tries it.
+
+`--verifier` is a directory or a Hugging Face id ("org/name"). Given a path that is not there,
+transformers asks the hub and answers with the hub's words ("Repo id must be in the form
+'repo_name' or 'namespace/repo_name'"), which name neither the path nor the fix. Every stage that
+takes --verifier calls `check` first (common/events.run_stage), so a missing directory is one
+line naming it. An "org/name" that is not a directory here is left to the hub. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class VerifierNotFound(Exception):
+    """The verifier is a path and nothing is there; the message says what to do."""
+
+
+def looks_like_hub_id(path: str) -> bool:
+    return not path.startswith(("/", "~", "./", "../")) and path.count("/") == 1
+
+
+def check(path: str | None) -> None:
+    if not path or os.path.exists(os.path.expanduser(path)) or looks_like_hub_id(path):
+        return
+    raise VerifierNotFound(f"{path}: no such directory on this host (working directory {os.getcwd()}): "
+                           "put the verifier there, or set [pipeline] verifier to its path here or to a Hugging Face id (org/name)")
