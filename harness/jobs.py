@@ -247,8 +247,9 @@ class Jobs:
         self.runtime.home_is(reply["home"], HOME_TOKEN)
         return RunStatus.from_json(reply["status"])
 
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
-        started = self._start(stages, grace_s, None, now)
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
+        """`run_id`: chosen by the caller beforehand (harness.sweep records it before the start)."""
+        started = self._start(stages, grace_s, run_id, now)
         run_id = started.run_id
         if started.state == "queued":
             return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
