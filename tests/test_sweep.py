@@ -110,9 +110,8 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
         assert [t.runs for t in sweep.load(None).trials] == [t.runs for t in planned.trials]
         r = harness(config_path, ssh_host, "sweep", "box", "--set", "train.lr=1e-3,3e-4,1e-4", "--detach", "--json")
         assert r.returncode == 0, r.stderr
-        lines = r.stdout.splitlines()
-        assert lines[0] == planned.sweep_id  # the same sweep, picked up
-        first = json.loads("\n".join(lines[1:]))
+        first = json.loads(r.stdout)
+        assert first["sweep_id"] == planned.sweep_id  # the same sweep, picked up
         assert [t["run_id"] for t in first["trials"]] == [t.run_id for t in planned.trials]
         assert f"run {planned.trials[1].run_id} queued on box (place 1 for all GPUs)" in r.stderr  # one GPU set: one at a time
         status = wait_for(lambda: harness(config_path, ssh_host, "sweep", "box", "--status", "--json"), lambda p: json.loads(p.stdout)["trials"][0]["state"] == "running")
@@ -133,7 +132,7 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
         # The same command again: the cancelled trials start again, as new runs of the same sweep.
         again = harness(config_path, ssh_host, "sweep", "box", "--set", "train.lr=1e-3,3e-4,1e-4", "--detach", "--json")
         assert again.returncode == 0, again.stderr
-        resumed = json.loads("\n".join(again.stdout.splitlines()[1:]))
+        resumed = json.loads(again.stdout)
         assert resumed["sweep_id"] == planned.sweep_id
         assert not {t["run_id"] for t in resumed["trials"]} & {t.run_id for t in planned.trials}
         assert [len(t.runs) for t in sweep.load(planned.sweep_id).trials] == [2, 2, 2]
@@ -181,8 +180,8 @@ def test_a_sweep_trains_each_recipe_on_the_same_hidden_states_and_names_the_winn
     # Two trials at once, one per (nominal) GPU; followed to the end; JSON at the end.
     r = harness(config_path, ssh_host, "sweep", "box", "--gpus", "0,1", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.splitlines()
-    result = json.loads("\n".join(lines[1:]))
+    result = json.loads(r.stdout)
+    sid = result["sweep_id"]
     assert result["done"] and [t["state"] for t in result["trials"]] == ["ok", "ok"], result
     assert [t["gpu"] for t in result["trials"]] == [0, 1]
     assert [line.endswith("started on box") for line in r.stderr.splitlines() if line.startswith("trial ")] == [True, True]  # t1 not queued behind t0
@@ -194,7 +193,7 @@ def test_a_sweep_trains_each_recipe_on_the_same_hidden_states_and_names_the_winn
     assert tomllib.loads(winner["harness_toml"])["pipeline"]["stages"]["train"] == {**stages["train"], "lr": winner["flags"]["lr"]}
     test = winner["test"]
     assert test["state"] == "ok" and 1.0 <= test["tau"] <= 4.0 and set(test["tau_by_category"]) == {"chat", "qa"}
-    reports = {name: json.loads((work / "outputs" / "sweeps" / lines[0] / name / "report.json").read_text()) for name in ("t0/eval", "t1/eval", f"{winner['trial']}/test")}
+    reports = {name: json.loads((work / "outputs" / "sweeps" / sid / name / "report.json").read_text()) for name in ("t0/eval", "t1/eval", f"{winner['trial']}/test")}
     assert {n: r["extra"]["split"] for n, r in reports.items()} == {"t0/eval": "selection", "t1/eval": "selection", f"{winner['trial']}/test": "heldout"}
     assert {n: r["by_category"]["chat"]["prompts"] + r["by_category"]["qa"]["prompts"] for n, r in reports.items()} == {n: r["prompts"] for n, r in reports.items()}
     # Shown again (a later laptop): the table with its winner and the lines for harness.toml.
@@ -202,4 +201,4 @@ def test_a_sweep_trains_each_recipe_on_the_same_hidden_states_and_names_the_winn
     assert shown.returncode == 0 and f"{winner['trial']} *" in shown.stdout and "[pipeline.stages.train]" in shown.stdout, shown.stdout
     # Running it again starts nothing: every trial and the test run ended.
     again = harness(config_path, ssh_host, "sweep", "box", "--gpus", "0,1", "--detach")
-    assert again.returncode == 0 and "run " not in again.stderr.replace(f"sweep {lines[0]}", ""), again.stderr
+    assert again.returncode == 0 and again.stdout.strip() == sid and not [line for line in again.stderr.splitlines() if " run " in line], again.stderr

@@ -42,7 +42,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
     Running the same command again picks the sweep up (its state is on the host). Ctrl-C
     detaches; `harness cancel HOST SWEEP` stops every trial.
     """
-    from harness.cli.render import print_json, print_sweep
+    from harness.cli.render import print_json
     from harness.sweep import Sweep, check_axes, config_axes, parse_sets
 
     h = ctx.obj.host(host)
@@ -50,7 +50,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
     sw = Sweep(config, h.cfg, h.transport, h.runtime)
     if show:
         view = sw.view(sw.load(sid))
-        print_json(view.to_json()) if as_json else print_sweep(view)
+        _print(view, as_json)
         ctx.exit(view.exit_code())
     axes = config_axes(config)
     check_axes(axes, f"{config.path.name} [sweep.grid]")
@@ -59,19 +59,29 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
     click.echo(f"sweep {state.sweep_id} on {host}: {len(state.trials)} trials", err=True)
     for line in lines:
         click.echo(line, err=True)
-    click.echo(state.sweep_id)  # stdout: the id alone, for scripts
+    if not as_json:
+        click.echo(state.sweep_id)  # stdout: the id alone, for scripts (--json: its sweep_id)
     if detach:
         if as_json:
             print_json(sw.view(state).to_json())
-        click.echo(f"follow it: harness sweep {host} --status --id {state.sweep_id}", err=True)
+        click.echo(f"see it: harness sweep {host} --status --id {state.sweep_id}", err=True)
         ctx.exit(0)
     try:
         view = _follow(sw, state, live=not as_json)
     except KeyboardInterrupt:
         click.echo(f"\ndetached from sweep {state.sweep_id}; its runs go on on {host}. Pick it up: the same command again.", err=True)
         ctx.exit(130)
-    print_json(view.to_json()) if as_json else print_sweep(view)
+    _print(view, as_json)
     ctx.exit(view.exit_code())
+
+
+def _print(view, as_json: bool) -> None:
+    from harness.cli.render import print_json, print_sweep
+
+    if as_json:
+        print_json(view.to_json())
+    else:
+        print_sweep(view)
 
 
 def _follow(sw, state, live: bool):
