@@ -137,6 +137,7 @@ class SweepConfig:
     grid: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     split: str = "selection"  # the rows trials are measured on (the test split, "heldout", only reports)
     gpus: list[int] = field(default_factory=list)  # trials spread one per GPU over these; []: the host's
+    per_gpu: int = 1  # trials at once on each GPU (small drafts leave a GPU mostly idle)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ the trial's train flags over `[pipeline.stages.train]`, its own output directory
 prepare and extract are not part of it: every trial reads the prepared data and hidden states the
 pipeline's paths name (a `harness run HOST prepare extract` before). Trials are pinned one GPU
 each, round-robin over the sweep's GPUs, and all queued at once: the box's queue runs one trial at
-a time per GPU with no laptop attached. When every trial has ended, the winner (highest selection
+a time per GPU (or `per_gpu` at once, each in a queue slot of its own) with no laptop attached. When every trial has ended, the winner (highest selection
 tau; the first trial on a tie) is measured once on the test split (rows split=heldout), which
 is reported and never used to choose.
 
@@ -144,6 +144,7 @@ class TrialState:
     flags: dict[str, Any]
     gpu: int | None  # the GPU it is pinned to; None: not pinned (a host without GPUs listed)
     runs: list[str] = field(default_factory=list)  # run ids, the current one last
+    slot: int | None = None  # its queue slot on that GPU (trials at once per GPU: [sweep] per_gpu)
 
     @property
     def run_id(self) -> str | None:
@@ -290,9 +291,10 @@ class Sweep:
     def _save(self, state: SweepState) -> None:
         self.transport.put_bytes(json.dumps(state.to_json(), indent=1).encode(), self._record_path(state.sweep_id))
 
-    def plan(self, axes: dict[str, list[Any]], split: str, gpus: list[int]) -> SweepState:
+    def plan(self, axes: dict[str, list[Any]], split: str, gpus: list[int], per_gpu: int = 1) -> SweepState:
         """The sweep these axes make on this host: the one on the host already, or a new one
-        (its run ids chosen now, written before any starts)."""
+        (its run ids chosen now, written before any starts). Trial i goes to GPU i mod len(gpus),
+        in one of `per_gpu` queue slots there: that many trials run at once on a GPU."""
         from harness.jobs import new_run_id
 
         trials = grid(axes)
@@ -303,8 +305,9 @@ class Sweep:
             return self.load(sid)
         except UsageError:
             pass
+        places = placement(len(trials), gpus, per_gpu)
         state = SweepState(sid, self.host.name, axes, split, round(time.time(), 3),
-                           [TrialState(t.name, t.flags, gpus[i % len(gpus)] if gpus else None, [new_run_id()]) for i, t in enumerate(trials)])
+                           [TrialState(t.name, t.flags, gpu, [new_run_id()], slot) for t, (gpu, slot) in zip(trials, places)])
         self._save(state)
         self.transport.put_bytes(sid.encode(), posixpath.join(self.root, "latest"))
         return state
@@ -332,7 +335,7 @@ class Sweep:
                   "train": {**p.stages.get("train", {}), **trial.flags, "output": f"{out}/checkpoints"},
                   "evaluate": {**p.stages.get("evaluate", {}), "draft": f"{out}/checkpoints", "output": f"{out}/eval", "split": state.split}}
         config = dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
-        return Jobs(config, pin(self.host, trial.gpu), self.transport)
+        return Jobs(config, pin(self.host, trial.gpu), self.transport, queue_slot=trial.slot)
 
     def test_jobs(self, state: SweepState, winner: TrialState) -> "Jobs":
         """The winner's checkpoints measured on the test split (evaluate alone)."""
@@ -365,7 +368,8 @@ class Sweep:
                 trial.runs.append(new_run_id())
                 self._save(state)
             started = self.trial_jobs(state, trial).launch(TRIAL_STAGES, run_id=trial.run_id)
-            lines.append(f"trial {trial.name} {_flags_text(trial.flags)}" + (f" (GPU {trial.gpu})" if trial.gpu is not None else "") + f": {started.line}")
+            where = ", ".join(([f"GPU {trial.gpu}"] if trial.gpu is not None else []) + ([f"slot {trial.slot}"] if trial.slot is not None else []))
+            lines.append(f"trial {trial.name} {_flags_text(trial.flags)}" + (f" ({where})" if where else "") + f": {started.line}")
         view = self.view(state, statuses)
         test = statuses.get(state.test_run or "")
         if view.winner is not None and (state.test_run is None or (relaunch and (test is None or test.state in RELAUNCHED))):
@@ -395,9 +399,9 @@ class Sweep:
             test = trial_view(t.name, t.flags, t.gpu, state.test_run, statuses.get(state.test_run))
         return SweepView(state, trials, dict(self.config.pipeline.stages.get("train", {})), self.config.pipeline.speculative_tokens, test)
 
-    def start(self, axes: dict[str, list[Any]], split: str, gpus: list[int]) -> tuple[SweepState, list[str]]:
+    def start(self, axes: dict[str, list[Any]], split: str, gpus: list[int], per_gpu: int = 1) -> tuple[SweepState, list[str]]:
         """Plan (or find) the sweep and start what it still needs."""
-        state = self.plan(axes, split, self.gpus(gpus))
+        state = self.plan(axes, split, self.gpus(gpus), per_gpu)
         return state, self.advance(state, self.statuses(), relaunch=True)
 
     def cancel(self, sid: str, grace_s: float | None = None, dry_run: bool = False) -> dict[str, str]:
@@ -433,6 +437,15 @@ def trial_view(name: str, flags: dict[str, Any], gpu: int | None, run_id: str | 
     measured = evaluation(evaluate.last_event) if evaluate is not None and evaluate.state == "ok" else None
     training_tau = (train.tau or {}).get("tau") if train is not None else None
     return TrialView(name, flags, gpu, run_id, status.state, status.current_stage, measured, training_tau)
+
+
+def placement(trials: int, gpus: list[int], per_gpu: int) -> list[tuple[int | None, int | None]]:
+    """(GPU, queue slot) of each trial: round-robin over the GPUs (None: not pinned), then over
+    `per_gpu` slots on each (None when one trial at a time per GPU)."""
+    if per_gpu < 1:
+        raise UsageError(f"per_gpu {per_gpu}: expected at least 1 trial at a time per GPU")
+    places = len(gpus) or 1
+    return [(gpus[i % places] if gpus else None, (i // places) % per_gpu if per_gpu > 1 else None) for i in range(trials)]
 
 
 def pin(host: HostConfig, gpu: int | None) -> HostConfig:

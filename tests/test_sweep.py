@@ -17,7 +17,8 @@ import pytest
 from harness.config import load_config, parse_config
 from harness.errors import ConfigError, UsageError
 from harness.events import Evaluation
-from harness.sweep import Sweep, TrialView, choose_winner, grid, parse_sets, sweep_id, winner_lines
+from harness.host_helpers.supervisor import competes
+from harness.sweep import Sweep, TrialView, choose_winner, grid, parse_sets, placement, sweep_id, winner_lines
 from harness.transport import connect
 from tests.fixtures.job_project import toml_value
 from tests.test_jobs import ssh_project
@@ -79,6 +80,18 @@ def test_sweep_table_of_the_config_and_the_sweep_id(tmp_path):
                 sweep_id("box", axes, "heldout", config), sweep_id("gpu", axes, "selection", config)}) == 4
 
 
+def test_trials_go_round_robin_over_the_gpus_then_over_the_slots_of_each():
+    assert placement(5, [0, 1], 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 0)]
+    assert placement(3, [3], 1) == [(3, None)] * 3
+    assert placement(3, [], 2) == [(None, 0), (None, 1), (None, 0)]
+    with pytest.raises(UsageError, match="per_gpu 0"):
+        placement(2, [0], 0)
+    # the queue: a slot waits only for runs in its own slot, or in none, on a shared GPU
+    assert competes({"gpus": [0], "slot": 0}, [0], 0) and not competes({"gpus": [0], "slot": 1}, [0], 0)
+    assert competes({"gpus": [0], "slot": None}, [0], 1) and competes({"gpus": "all"}, [0], 1) and competes({"gpus": [0], "slot": 1}, [0], None)
+    assert not competes({"gpus": [1], "slot": 0}, [0], 0)
+
+
 # -- trials as queued runs, over SSH (the fake stages: the run machinery, not the training) -----------
 
 
@@ -106,16 +119,17 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
 
         sweep = Sweep(config, host, transport, runtime_for(host, transport))
         # A lost link after the plan was written, before any launch: the plan is on the box, no run.
-        planned = sweep.plan(parse_sets(["train.lr=1e-3,3e-4,1e-4"]), "selection", [])
+        planned = sweep.plan(parse_sets(["train.lr=1e-3,3e-4,1e-4"]), "selection", [], per_gpu=2)
         assert [t.runs for t in sweep.load(None).trials] == [t.runs for t in planned.trials]
-        r = harness(config_path, ssh_host, "sweep", "box", "--set", "train.lr=1e-3,3e-4,1e-4", "--detach", "--json")
+        r = harness(config_path, ssh_host, "sweep", "box", "--set", "train.lr=1e-3,3e-4,1e-4", "--per-gpu", "2", "--detach", "--json")
         assert r.returncode == 0, r.stderr
         first = json.loads(r.stdout)
         assert first["sweep_id"] == planned.sweep_id  # the same sweep, picked up
         assert [t["run_id"] for t in first["trials"]] == [t.run_id for t in planned.trials]
-        assert f"run {planned.trials[1].run_id} queued on box (place 1 for all GPUs)" in r.stderr  # one GPU set: one at a time
+        # one GPU set, two slots: t0 and t1 at once, t2 behind t0 (its slot)
+        assert f"run {planned.trials[2].run_id} queued on box (place 1 for all GPUs)" in r.stderr and f"run {planned.trials[1].run_id} started" in r.stderr
         status = wait_for(lambda: harness(config_path, ssh_host, "sweep", "box", "--status", "--json"), lambda p: json.loads(p.stdout)["trials"][0]["state"] == "running")
-        assert [t["state"] for t in json.loads(status.stdout)["trials"]] == ["running", "queued", "queued"]
+        assert [t["state"] for t in json.loads(status.stdout)["trials"]] == ["running", "running", "queued"]
         table = harness(config_path, ssh_host, "sweep", "box", "--status")
         assert planned.sweep_id in table.stdout and "0.0003" in table.stdout and "queued" in table.stdout, table.stdout
         # every trial's run reads the same prepared data and hidden states, and writes its own outputs

@@ -29,12 +29,13 @@ def _gpu_list(text: str | None) -> list[int]:
 @click.option("--set", "sets", multiple=True, metavar="train.FLAG=V1,V2", help="An axis of the grid (repeatable; over [sweep.grid.train]): e.g. --set train.lr=1e-3,3e-4 --set train.epochs=5,10.")
 @click.option("--split", default=None, help="The rows each trial is measured on (default: [sweep] split, \"selection\").")
 @click.option("--gpus", default=None, metavar="0,1,...", help="The GPUs trials spread over, one trial per GPU at a time (default: [sweep] gpus, else the host's).")
+@click.option("--per-gpu", type=int, default=None, metavar="N", help="Trials at once on each GPU (default: [sweep] per_gpu, 1).")
 @click.option("--status", "show", is_flag=True, help="Show the sweep once (the newest, or --id) and start nothing.")
 @click.option("--id", "sid", default=None, metavar="SWEEP", help="With --status: this sweep (as `harness sweep` printed).")
 @click.option("--detach", "-d", is_flag=True, help="Start (or pick up) the sweep and return at once.")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
-def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | None, gpus: str | None, show: bool, sid: str | None, detach: bool, as_json: bool) -> None:
+def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | None, gpus: str | None, per_gpu: int | None, show: bool, sid: str | None, detach: bool, as_json: bool) -> None:
     """Train a grid of recipes on HOST as queued runs (train + evaluate, one GPU each), on the
     prepared data and hidden states of an earlier run; measure each on the selection split;
     print the winner as harness.toml lines, and its tau on the test split.
@@ -55,7 +56,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
     axes = config_axes(config)
     check_axes(axes, f"{config.path.name} [sweep.grid]")
     axes.update(parse_sets(list(sets)))
-    state, lines = sw.start(axes, split or config.sweep.split, _gpu_list(gpus) or config.sweep.gpus)
+    state, lines = sw.start(axes, split or config.sweep.split, _gpu_list(gpus) or config.sweep.gpus, per_gpu or config.sweep.per_gpu)
     click.echo(f"sweep {state.sweep_id} on {host}: {len(state.trials)} trials", err=True)
     for line in lines:
         click.echo(line, err=True)
