@@ -366,6 +366,7 @@ class Sweep:
                 continue
             if status is not None:  # a new attempt: recorded before it starts
                 trial.runs.append(new_run_id())
+                state.test_run = state.test_trial = None  # the winner may change: measured again once all ended
                 self._save(state)
             started = self.trial_jobs(state, trial).launch(TRIAL_STAGES, run_id=trial.run_id)
             where = ", ".join(([f"GPU {trial.gpu}"] if trial.gpu is not None else []) + ([f"slot {trial.slot}"] if trial.slot is not None else []))
@@ -415,9 +416,9 @@ class Sweep:
             self._save(state)
         statuses = self.statuses()
         outcome = {}
-        runs = [(t.name, t.run_id, t.gpu) for t in state.trials] + ([("test", state.test_run, None)] if state.test_run else [])
+        runs = [(t.name, t.run_id) for t in state.trials] + ([("test", state.test_run)] if state.test_run else [])
         jobs = self.host_jobs()
-        for name, run_id, _ in runs:
+        for name, run_id in runs:
             status = statuses.get(run_id or "")
             if status is None:
                 outcome[name] = "not started"
