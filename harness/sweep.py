@@ -401,8 +401,12 @@ class Sweep:
         return SweepView(state, trials, dict(self.config.pipeline.stages.get("train", {})), self.config.pipeline.speculative_tokens, test)
 
     def start(self, axes: dict[str, list[Any]], split: str, gpus: list[int], per_gpu: int = 1) -> tuple[SweepState, list[str]]:
-        """Plan (or find) the sweep and start what it still needs."""
-        state = self.plan(axes, split, self.gpus(gpus), per_gpu)
+        """Find (or plan) the sweep and start what it still needs. A sweep found keeps its
+        placement (no GPU probe)."""
+        try:
+            state = self.load(sweep_id(self.host.name, axes, split, self.config))
+        except UsageError:
+            state = self.plan(axes, split, self.gpus(gpus), per_gpu)
         return state, self.advance(state, self.statuses(), relaunch=True)
 
     def cancel(self, sid: str, grace_s: float | None = None, dry_run: bool = False) -> dict[str, str]:
