@@ -432,7 +432,7 @@ def sweep_table(view, width: int = 24):
     winner = view.winner
     for t in view.trials:
         if t.tau is not None:
-            tau, bar = f"{t.tau:.3f}", "█" * max(1, round(width * (t.tau - 1) / max(view.k, 1)))
+            tau, bar = f"{t.tau:.3f}", "█" * max(0, round(width * (t.tau - 1) / max(view.k, 1)))
         elif t.training_tau is not None:
             tau, bar = f"[dim]~{t.training_tau:.2f}[/dim]", ""  # train's estimate while it runs
         else:
