@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.config import Config, HostConfig
 from harness.errors import UsageError
-from harness.events import Evaluation, evaluation
+from harness.events import Evaluation, evaluation, finished_failure
 
 if TYPE_CHECKING:
     from harness.jobs import Jobs, RunStatus
@@ -190,6 +190,7 @@ class TrialView:
     stage: str | None  # the stage running, or where the run stopped
     measured: Evaluation | None  # evaluate's result on the selection split
     training_tau: float | None  # train's latest estimate while it runs
+    error: str | None = None  # a failed stage's one line
 
     @property
     def tau(self) -> float | None:
@@ -197,7 +198,7 @@ class TrialView:
 
     def to_json(self) -> dict[str, Any]:
         return {"trial": self.name, "flags": self.flags, "gpu": self.gpu, "run_id": self.run_id, "state": self.state, "stage": self.stage,
-                "tau": self.tau, "tau_by_category": self.measured.by_category if self.measured else None, "training_tau": self.training_tau}
+                "tau": self.tau, "tau_by_category": self.measured.by_category if self.measured else None, "training_tau": self.training_tau, "error": self.error}
 
 
 def choose_winner(trials: list[TrialView]) -> TrialView | None:
@@ -441,7 +442,9 @@ def trial_view(name: str, flags: dict[str, Any], gpu: int | None, run_id: str | 
     train = by_stage.get("train")
     measured = evaluation(evaluate.last_event) if evaluate is not None and evaluate.state == "ok" else None
     training_tau = (train.tau or {}).get("tau") if train is not None else None
-    return TrialView(name, flags, gpu, run_id, status.state, status.current_stage, measured, training_tau)
+    failed = status.failed_stage
+    failure = finished_failure(failed.last_event) if failed is not None else None
+    return TrialView(name, flags, gpu, run_id, status.state, status.current_stage, measured, training_tau, failure.error if failure else None)
 
 
 def placement(trials: int, gpus: list[int], per_gpu: int) -> list[tuple[int | None, int | None]]:

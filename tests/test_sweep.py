@@ -60,6 +60,21 @@ def test_the_winner_is_the_highest_selection_tau_of_the_trials_that_ended_ok_the
     assert choose_winner([]) is None
 
 
+def test_a_trial_is_read_from_its_runs_stages():
+    """evaluate's finished summary is the trial's tau (per category too); a failed stage's line is its error."""
+    from harness.jobs import RunStatus, StageStatus
+    from harness.sweep import trial_view
+
+    ok = {"t": 1.0, "stage": "evaluate", "event": "finished", "status": "ok", "tau": 2.5, "split": "selection", "tau_by_category": {"math": {"tau": 2.0, "prompts": 3}}}
+    done = RunStatus("r1", "ok", [StageStatus("train", "ok", tau={"step": 9, "tau": 2.7}), StageStatus("evaluate", "ok", last_event=ok)])
+    t = trial_view("t0", {"lr": 0.001}, 0, "r1", done)
+    assert (t.state, t.tau, t.measured.by_category, t.training_tau, t.error) == ("ok", 2.5, {"math": {"tau": 2.0, "prompts": 3}}, 2.7, None)
+    failed = {"t": 1.0, "stage": "evaluate", "event": "finished", "status": "failed", "error": "NoPrompts: chat.jsonl: no rows with split='selection'", "cause": "own"}
+    t = trial_view("t1", {}, None, "r2", RunStatus("r2", "failed", [StageStatus("train", "ok"), StageStatus("evaluate", "failed", exit_code=1, last_event=failed)]))
+    assert (t.state, t.stage, t.tau, t.error) == ("failed", "evaluate", None, failed["error"])
+    assert trial_view("t2", {}, None, "r3", None).state == "not started"
+
+
 def test_the_winner_is_printed_as_the_train_table_of_harness_toml():
     text = winner_lines({"epochs": 3, "threads": 1}, {"lr": 0.0003, "epochs": 10, "optimizer": "muon", "loss_on": "replies"})
     assert text.splitlines()[0] == "[pipeline.stages.train]"

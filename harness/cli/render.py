@@ -427,8 +427,8 @@ def sweep_table(view, width: int = 24):
 
     axes = [key.partition(".")[2].replace("-", "_") for key in view.state.axes]
     table = Table(title=f"sweep {plain(view.state.sweep_id)} on {plain(view.state.host)}: tau on the {plain(view.state.split)} split (k = {view.k})")
-    for col in ("trial", *axes, "gpu", "run", "state", "tau", "", "by category"):
-        table.add_column(plain(col), no_wrap=col != "by category", justify="right" if col == "tau" else "left")
+    for col in ("trial", *axes, "gpu", "run", "state", "tau", "", "by category (or the error)"):
+        table.add_column(plain(col), no_wrap=not col.startswith("by category"), justify="right" if col == "tau" else "left")
     winner = view.winner
     for t in view.trials:
         if t.tau is not None:
@@ -438,7 +438,7 @@ def sweep_table(view, width: int = 24):
         else:
             tau, bar = "", ""
         state = styled_state(t.state) + (f" ({plain(t.stage)})" if t.stage and t.state not in ("ok", "queued") else "")
-        categories = " ".join(f"{plain(c)} {v['tau']:.2f}" for c, v in sorted(t.measured.by_category.items())) if t.measured else ""
+        categories = " ".join(f"{plain(c)} {v['tau']:.2f}" for c, v in sorted(t.measured.by_category.items())) if t.measured else (f"[red]{plain(t.error[:160])}[/red]" if t.error else "")
         name = f"[bold]{plain(t.name)} *[/bold]" if winner is not None and t.name == winner.name else plain(t.name)
         table.add_row(name, *(plain(json.dumps(t.flags.get(a))) for a in axes), "" if t.gpu is None else str(t.gpu), plain(t.run_id or ""), state, tau,
                       f"[green]{bar}[/green]" if winner is not None and t.name == winner.name else bar, categories)

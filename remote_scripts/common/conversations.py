@@ -77,7 +77,8 @@ def load_categorized_prompts(tokenizer, data: Path, split: str, max_prompts: int
             if split == "all" or row.get("split") == split:
                 rows.append(row)
     if not rows:
-        raise NoPrompts(f"{data}: no rows with split={split!r} (held-out prompts); make_tiny_verifier writes them, or pass --split all")
+        where = "bench/quality/prompts.py --selection N writes them (harness sweep measures on them)" if split == "selection" else "make_tiny_verifier writes them, or pass --split all"
+        raise NoPrompts(f"{data}: no rows with split={split!r} (held-out prompts); {where}")
     prompts, categories = [], []
     for row in rows:
         category = row.get("category") if isinstance(row.get("category"), str) else None
