@@ -12,9 +12,9 @@ host, reading those files, so any laptop can re-attach and nothing is lost when 
 Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
 overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
 free; `now=True` starts at once. A run may take a slot of its GPUs (queue_slot: harness sweep's
-trials sharing a GPU), then it waits only for runs in the same slot or in none. Same semantics on both runtimes; the runtime says how a stage
-starts (Runtime.stage_process: a process group per stage on the host, or a container per stage,
-labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
+trials sharing a GPU), then it waits only for runs in the same slot or in none. Same semantics on
+both runtimes; the runtime says how a stage starts (Runtime.stage_process: a process group per
+stage on the host, or a container per stage, labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
 stdin and are never written to the run's files; the record keeps names only.
 """
 

@@ -38,8 +38,8 @@ them) is one prompt too.
 The draft: a checkpoint directory, or the train stage's output, where the checkpoint its best.json
 names (best estimated tau while training) is used, else the latest epoch's.
 
-Categories: a row's "category" (bench/quality/prompts.py writes Spec-Bench's: chat, coding, math, qa,
-summarization, rewriting, retrieval) groups its prompts; the report and the finished event give tau
+Categories: a row's "category" (bench/quality/prompts.py writes Spec-Bench's chat, translation,
+summarization, qa, math and retrieval, and coding, rewriting, writing) groups its prompts; the report and the finished event give tau
 per category beside the overall one (`by_category`, `tau_by_category`).
 
 Outputs in --output: report.json (tau; under extra: the checkpoint, its estimated tau from training
