@@ -132,12 +132,25 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
+class SweepConfig:
+    """`harness sweep HOST` (harness/sweep.py, docs/sweep.md): train recipes tried on the same
+    prepared data and hidden states, chosen by tau on the selection split."""
+
+    # [sweep.grid.train] lr = [1e-3, 3e-4]: every combination of the values is a trial
+    grid: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    split: str = "selection"  # the rows trials are measured on (the test split, "heldout", only reports)
+    gpus: list[int] = field(default_factory=list)  # trials spread one per GPU over these; []: the host's
+    per_gpu: int = 1  # trials at once on each GPU (small drafts leave a GPU mostly idle)
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     hosts: dict[str, HostConfig]
     groups: dict[str, GroupConfig] = field(default_factory=dict)
     sync: SyncConfig = field(default_factory=SyncConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     @property
     def root(self) -> Path:
@@ -207,7 +220,7 @@ def load_config(explicit: str | os.PathLike[str] | None = None) -> Config:
 
 def parse_config(raw: dict[str, Any], path: Path) -> Config:
     file = str(path)
-    _reject_unknown(file, "", raw, {"hosts", "groups", "sync", "pipeline"})
+    _reject_unknown(file, "", raw, {"hosts", "groups", "sync", "pipeline", "sweep"})
     hosts_raw = raw.get("hosts", {})
     _expect(file, "hosts", hosts_raw, dict, "a table of [hosts.NAME] tables")
     hosts: dict[str, HostConfig] = {}
@@ -247,7 +260,11 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
     from harness.stage_options import check_stage_tables
 
     check_stage_tables(pipeline.stages, path, {n: s.script for n, s in STAGES.items()})
-    return Config(path=path.resolve(), hosts=hosts, groups=groups, sync=sync, pipeline=pipeline)
+    sweep = _build(SweepConfig, raw.get("sweep", {}), file, "sweep")
+    for stage in sweep.grid:
+        if stage != "train":
+            raise ConfigError(file, f"sweep.grid.{stage}", "a sweep varies train flags only: [sweep.grid.train]")
+    return Config(path=path.resolve(), hosts=hosts, groups=groups, sync=sync, pipeline=pipeline, sweep=sweep)
 
 
 def _validate_host(file: str, key: str, host: HostConfig) -> None:

@@ -117,6 +117,32 @@ def finished_failure(raw: Any) -> Finished | None:
     return event if isinstance(event, Finished) and event.failed else None
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """evaluate's finished summary as the laptop reads it (docs/events.json, "summaries"): tau
+    over the split's prompts and per category of prompt ({category: {"tau", "prompts"}})."""
+
+    tau: float
+    split: str | None = None
+    by_category: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def evaluation(raw: Any) -> Evaluation | None:
+    """An ok evaluate `finished` -> its Evaluation; anything else (another stage's, an older
+    writer's without a tau) -> None. A category whose entry is not {"tau": number, ...} is left out."""
+    event = parse(raw)
+    if not isinstance(event, Finished) or event.failed or not _is_number(event.summary.get("tau")):
+        return None
+    split = event.summary.get("split")
+    categories = event.summary.get("tau_by_category")
+    by_category = {str(k): v for k, v in categories.items() if isinstance(v, dict) and _is_number(v.get("tau"))} if isinstance(categories, dict) else {}
+    return Evaluation(float(event.summary["tau"]), split if isinstance(split, str) else None, by_category)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def describe(raw: Any) -> str:
     """One short line for a status table's "last event" cell."""
     event = parse(raw)

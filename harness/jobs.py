@@ -11,9 +11,10 @@ Every later command (logs, status, runs, cancel) is one call of the same supervi
 host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
 Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
 overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
-free; `now=True` starts at once. Same semantics on both runtimes; the runtime says how a stage
-starts (Runtime.stage_process: a process group per stage on the host, or a container per stage,
-labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
+free; `now=True` starts at once. A run may take a slot of its GPUs (queue_slot: harness sweep's
+trials sharing a GPU), then it waits only for runs in the same slot or in none. Same semantics on
+both runtimes; the runtime says how a stage starts (Runtime.stage_process: a process group per
+stage on the host, or a container per stage, labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
 stdin and are never written to the run's files; the record keeps names only.
 """
 
@@ -217,8 +218,11 @@ class Jobs:
 
     detach_note = ""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None):
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None, queue_slot: int | None = None):
         self.config = config
+        # harness.sweep's trials that share a GPU: runs in different slots of the same GPUs run at
+        # once (one per slot); None competes with every run on its GPUs.
+        self.queue_slot = queue_slot
         self.host = host
         self.name = host.name
         self.transport = transport
@@ -283,7 +287,7 @@ class Jobs:
             sd = f"{run_dir}/{stage}"
             specs[stage] = self._stage_spec(run_id, stage, sd, self.stage_command(stage, f"{sd}/events.jsonl", nproc))
         record = self._record(run_id, stages, grace_s, image)
-        record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now}
+        record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now, "slot": self.queue_slot}
         return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
 
     def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
@@ -302,8 +306,9 @@ class Jobs:
         self.runtime.home_is(reply["home"], HOME_TOKEN)
         return RunStatus.from_json(reply["status"])
 
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
-        started = self._start(stages, grace_s, None, now)
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
+        """`run_id`: chosen by the caller beforehand (harness.sweep records it before the start)."""
+        started = self._start(stages, grace_s, run_id, now)
         run_id = started.run_id
         if started.state == "queued":
             return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")

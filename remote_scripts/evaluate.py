@@ -38,6 +38,10 @@ them) is one prompt too.
 The draft: a checkpoint directory, or the train stage's output, where the checkpoint its best.json
 names (best estimated tau while training) is used, else the latest epoch's.
 
+Categories: a row's "category" (bench/quality/prompts.py writes Spec-Bench's chat, translation,
+summarization, qa, math and retrieval, and coding, rewriting, writing) groups its prompts; the report and the finished event give tau
+per category beside the overall one (`by_category`, `tau_by_category`).
+
 Outputs in --output: report.json (tau; under extra: the checkpoint, its estimated tau from training
 and every training estimate), acceptance.png (acceptance per position), training.png (loss,
 per-step accuracy and estimated-tau curves, read from the train stage's metrics).
@@ -59,7 +63,7 @@ from typing import Any, Protocol
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.checkpoints import resolve_draft  # noqa: E402
-from common.conversations import load_prompts  # noqa: E402
+from common.conversations import load_categorized_prompts  # noqa: E402
 from common.events import EventLog, read_events, run_stage  # noqa: E402
 
 STAGE = "evaluate"
@@ -113,6 +117,9 @@ class Report:
     looping_prompts: int = 0
     tau_without_loops: float | None = None
     seconds: float = 0.0
+    # tau over each category's prompts ({category: {"tau", "prompts"}}; the rows' "category", empty
+    # when none has one): the figures the field reports (Spec-Bench's categories).
+    by_category: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -225,6 +232,17 @@ def summarize(results: list[PromptResult], k: int) -> Report:
     if loops:
         report.tau_without_loops = round(_summarize([r for r in results if not r.looping], k).tau, 4)
     return report
+
+
+def tau_by_category(results: list[PromptResult], categories: list[str | None], k: int) -> dict[str, dict[str, Any]]:
+    """{category: {"tau", "prompts"}} over the prompts of each category (rows without one: "other");
+    {} when no prompt has a category."""
+    if not any(categories):
+        return {}
+    groups: dict[str, list[PromptResult]] = {}
+    for r, c in zip(results, categories):
+        groups.setdefault(c or "other", []).append(r)
+    return {c: {"tau": round(_summarize(rs, k).tau, 4), "prompts": len(rs)} for c, rs in sorted(groups.items())}
 
 
 def _summarize(results: list[PromptResult], k: int) -> Report:
@@ -773,11 +791,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     def evaluate(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
-        report = run(args, events)
-        return {"tau": round(report.tau, 4), "acceptance_per_position": report.acceptance_per_position, "looping_prompts": report.looping_prompts,
-                "tau_without_loops": report.tau_without_loops, "prompts": report.prompts, "seconds": report.seconds, "report": report.extra.get("report")}
+        return stage_summary(run(args, events), args.split)
 
     return run_stage(STAGE, parse_args(argv), evaluate)
+
+
+def stage_summary(report: Report, split: str) -> dict[str, Any]:
+    """The finished event's summary (docs/events.json "summaries.evaluate": harness sweep reads tau
+    and tau_by_category)."""
+    return {"tau": round(report.tau, 4), "split": split, "tau_by_category": report.by_category, "acceptance_per_position": report.acceptance_per_position,
+            "looping_prompts": report.looping_prompts, "tau_without_loops": report.tau_without_loops, "prompts": report.prompts, "seconds": report.seconds,
+            "report": report.extra.get("report")}
 
 
 def run(args: argparse.Namespace, events: EventLog) -> Report:
@@ -809,7 +833,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     verifier = HFVerifier(model, layers, torch.bfloat16)
     proposer = Eagle3Proposer(draft, autocast_dtype=None)
     eos = _eos_ids(tokenizer, model)
-    prompts = load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
+    prompts, categories = load_categorized_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
     chosen = f", the best while training (estimated tau {best['tau']:.2f} at step {best['step']})" if best else ""
     events.message(f"draft {ckpt}{chosen} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
 
@@ -823,12 +847,15 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     for r in results:
         r.looping = is_looping(r.generated, eos)
     report = summarize(results, args.speculative_tokens)
+    report.by_category = tau_by_category(results, categories, args.speculative_tokens)
     report.seconds = round(time.monotonic() - started, 1)
     if report.greedy_match is not None and report.greedy_match < 1.0:
         events.message(f"warning: speculative output differs from greedy decoding on {1 - report.greedy_match:.0%} of prompts")
     if report.looping_prompts:
         events.message(f"{report.looping_prompts} of {report.prompts} replies loop (a repeated span to the token budget): tau {report.tau:.2f} counts them, {report.tau_without_loops:.2f} without them")
     events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
+    if report.by_category:
+        events.message(f"tau on {args.split} by category: " + ", ".join(f"{c} {v['tau']:.2f} ({v['prompts']} prompts)" for c, v in report.by_category.items()))
 
     plot_acceptance(report, out / "acceptance.png")
     curves_from = [Path(args.train_metrics)] if args.train_metrics else [ckpt.parent / "metrics.jsonl", ckpt / "metrics.jsonl"]

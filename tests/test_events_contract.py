@@ -4,6 +4,7 @@ never imports the other; this test reads both."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -151,3 +152,30 @@ def test_the_supervisor_reads_the_latest_tau_the_writer_wrote(tmp_path):
     log.metric(5, loss=0.4)
     log.progress(5, 10)
     assert latest_tau(str(path)) == {"step": 4, "tau": 2.25}
+
+
+def test_evaluates_summary_is_what_the_sweep_reads(tmp_path):
+    """evaluate's finished summary (evaluate.stage_summary) holds the fields docs/events.json lists
+    under summaries.evaluate, typed; harness.events.evaluation reads them back, per category too."""
+    import evaluate
+
+    spec = SCHEMA["summaries"]["evaluate"]["required"]
+    results = [evaluate.PromptResult(4, [1, 2, 3, 4, 5], 2, [2, 1], [3, 3]), evaluate.PromptResult(4, [1, 2, 3], 2, [0, 1], [3, 3]),
+               evaluate.PromptResult(4, [1, 2, 3, 4], 3, [1, 0, 0], [3, 3, 3])]
+    report = evaluate.summarize(results, 3)
+    report.by_category = evaluate.tau_by_category(results, ["coding", "math", None], 3)
+    summary = evaluate.stage_summary(report, "selection")
+    for name, kind in spec.items():
+        assert isinstance(summary[name], TYPES[kind]), (name, summary[name])
+    assert set(summary["tau_by_category"]) == {"coding", "math", "other"}
+    assert summary["tau_by_category"]["coding"] == {"tau": 2.0, "prompts": 1}  # 4 tokens after the prefill in 2 rounds
+    path = tmp_path / "events.jsonl"
+    writer.EventLog("evaluate", str(path), echo=False).finished("ok", **summary)
+    raw = writer.read_events(str(path))[-1]
+    assert problems(raw) == []
+    read = reader.evaluation(raw)
+    assert (read.tau, read.split, read.by_category) == (summary["tau"], "selection", summary["tau_by_category"])
+    assert [f.name for f in dataclasses.fields(reader.Evaluation)] == ["tau", "split", "by_category"]  # one field per documented one
+    # what is not an ok evaluate summary reads as None, never an exception
+    assert reader.evaluation({**raw, "tau": None}) is None and reader.evaluation({**raw, "status": "failed", "error": "x", "cause": "own"}) is None
+    assert reader.evaluation({**raw, "tau_by_category": {"coding": {"tau": "high"}}}).by_category == {}

@@ -11,7 +11,8 @@ the same rounds and acceptances as the evaluate stage's chain speculation, witho
 forward per round; an EAGLE-3 draft's proposals for every round come from one draft forward,
 evaluate.chain_table). Each report counts the replies stuck in a repetition loop
 (`looping_prompts`, evaluate.is_looping) and gives tau without them (`tau_without_loops`).
-Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}.
+Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}; a report's by_category:
+tau per row category (evaluate.tau_by_category; {} when the rows have none).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "remote_scripts"))
 
 import evaluate  # noqa: E402
-from common.conversations import load_prompts  # noqa: E402
+from common.conversations import load_categorized_prompts  # noqa: E402
 from common.checkpoints import resolve_draft  # noqa: E402
 
 
@@ -61,7 +62,7 @@ def main() -> None:
     model = load_verifier(verifier_path, device=device, dtype=args.dtype)
     num_layers = locate_decoder(model).num_layers
     eos = evaluate._eos_ids(tokenizer, model)
-    prompts = load_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
+    prompts, categories = load_categorized_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
 
     proposers: dict[str, tuple[object, list[int] | None]] = {"ngram": (evaluate.NgramProposer(1, 4), None)}
     for spec in args.draft:
@@ -91,7 +92,7 @@ def main() -> None:
         measured = i
         print(f"prompt {i}/{len(prompts)}", file=sys.stderr, flush=True)
 
-    taus = {name: {str(k): asdict(evaluate.summarize(rs, k)) for k, rs in by_k.items()} for name, by_k in results.items()}
+    taus = {name: {str(k): {**asdict(evaluate.summarize(rs, k)), "by_category": evaluate.tau_by_category(rs, categories, k)} for k, rs in by_k.items()} for name, by_k in results.items()}
     out = {"prompts": measured, "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
     Path(args.output).write_text(json.dumps(out, indent=1))
     print(json.dumps({name: {k: round(r["tau"], 3) for k, r in by_k.items()} for name, by_k in taus.items()}))

@@ -625,6 +625,8 @@ def bench() -> None:
         # Replies stuck in a repetition loop (evaluate.is_looping; the same replies for every
         # proposer, as the continuation is the verifier's) and our tau without them.
         "looping_prompts": (taus["taus"].get("ours") or {}).get("3", {}).get("looping_prompts"),
+        # tau per prompt category at k = 3 (prompts.py's Spec-Bench categories): {proposer: {category: {tau, prompts}}}
+        "tau_by_category": {name: by_k.get("3", {}).get("by_category") or {} for name, by_k in taus["taus"].items()},
         "tau_draft_without_loops": (taus["taus"].get("ours") or {}).get("3", {}).get("tau_without_loops"),
         "verifier_args": spec.verifier_args,
         "verifier_heldout_loss_per_token": summary["heldout_loss_per_token"],
@@ -661,6 +663,19 @@ def table(r: dict) -> str:
     for name, rec in r.get("recipes", {}).items():
         note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
         lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |")
+    return "\n".join(lines) + category_table(r.get("tau_by_category") or {})
+
+
+def category_table(by_proposer: dict[str, dict[str, dict]]) -> str:
+    """tau at k = 3 per prompt category (rows = proposers), beside the overall table; "" when the
+    prompts have no categories (the stdlib verifier's data)."""
+    categories = sorted({c for cats in by_proposer.values() for c in cats})
+    if not categories:
+        return ""
+    lines = ["", "", "| tau per category, k = 3 | " + " | ".join(f"{c} ({max(cats.get(c, {}).get('prompts', 0) for cats in by_proposer.values())})" for c in categories) + " |",
+             "| --- |" + " ---: |" * len(categories)]
+    for name, cats in by_proposer.items():
+        lines.append(f"| {name} | " + " | ".join(_fmt(cats.get(c, {}).get("tau")) for c in categories) + " |")
     return "\n".join(lines)
 
 

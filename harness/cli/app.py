@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "tensorboard": "harness.cli.forward_cmds:tensorboard",
     "serve": "harness.cli.serve_cmds:serve",
     "completion": "harness.cli.completion_cmds:completion",
+    "sweep": "harness.cli.sweep_cmds:sweep",
 }
 
 HELP = {
@@ -55,6 +56,7 @@ HELP = {
     "tensorboard": "Start TensorBoard on a host over a run's training logs and forward it.",
     "serve": "Serve a run's exported draft with vLLM on a host, forward it, show the served acceptance.",
     "completion": "Print the shell completion script (bash, zsh, fish): hosts, stages, run ids.",
+    "sweep": "Train a grid of train recipes as queued runs, measure each on the selection split, print the winner.",
 }
 
 

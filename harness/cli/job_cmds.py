@@ -191,10 +191,14 @@ def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | Non
     """Cancel RUN on HOST (a group: on every node at once): SIGTERM, a grace period, then
     SIGKILL; recorded as `cancelled`.
 
-    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run (--dry-run says which one that is)."""
+    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run (--dry-run says which one that is).
+    A sweep id (as `harness sweep` printed it): every trial of the sweep not ended yet."""
     from harness.cli.render import print_cancel, print_json
     from harness.runs import cancel_preview
+    from harness.sweep import is_sweep_id
 
+    if run_id and is_sweep_id(run_id):
+        ctx.exit(_cancel_sweep(ctx, host, run_id, grace, dry_run, as_json))
     runs = ctx.obj.place(host).runs
     outcome = cancel_preview(runs, run_id or "last") if dry_run else runs.cancel_run(run_id or "last", grace)
     if as_json:
@@ -202,3 +206,17 @@ def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | Non
     else:
         print_cancel(outcome)
     ctx.exit(outcome.exit_code())
+
+
+def _cancel_sweep(ctx: click.Context, host: str, sweep_id: str, grace: float | None, dry_run: bool, as_json: bool) -> int:
+    """`harness cancel HOST SWEEP` (harness.sweep): each trial's state after the cancel (now, with --dry-run)."""
+    from harness.cli.render import print_json, print_sweep_cancel
+    from harness.sweep import Sweep
+
+    h = ctx.obj.host(host)
+    states = Sweep(h.config, h.cfg, h.transport, h.runtime).cancel(sweep_id, grace, dry_run=dry_run)
+    if as_json:
+        print_json({"host": host, "sweep_id": sweep_id, "dry_run": dry_run, "states": states})
+    else:
+        print_sweep_cancel(sweep_id, states)
+    return 0

@@ -417,3 +417,54 @@ def pull_report_json(host: str, target, destination: str, report, missing: list[
         "refused": [{"name": n, "why": w} for n, w in report.refused], "failed": [{"name": n, "why": w} for n, w in report.failed],
         "bytes_received": report.bytes_received, "bytes_resumed": report.bytes_resumed, "streams": report.streams, "seconds": round(report.seconds, 3),
     }
+
+
+def sweep_table(view, width: int = 24):
+    """`harness sweep` (harness.sweep.SweepView): a row per trial (its axes' values, GPU, run,
+    state, tau on the selection split as a number and a bar from 1 to k + 1, tau per category),
+    the winner marked; the winner's test-split tau in the caption."""
+    from rich.table import Table
+
+    axes = [key.partition(".")[2].replace("-", "_") for key in view.state.axes]
+    table = Table(title=f"sweep {plain(view.state.sweep_id)} on {plain(view.state.host)}: tau on the {plain(view.state.split)} split (k = {view.k})")
+    for col in ("trial", *axes, "gpu", "run", "state", "tau", "", "by category (or the error)"):
+        table.add_column(plain(col), no_wrap=not col.startswith("by category"), justify="right" if col == "tau" else "left")
+    winner = view.winner
+    for t in view.trials:
+        if t.tau is not None:
+            tau, bar = f"{t.tau:.3f}", "█" * max(0, round(width * (t.tau - 1) / max(view.k, 1)))
+        elif t.training_tau is not None:
+            tau, bar = f"[dim]~{t.training_tau:.2f}[/dim]", ""  # train's estimate while it runs
+        else:
+            tau, bar = "", ""
+        state = styled_state(t.state) + (f" ({plain(t.stage)})" if t.stage and t.state not in ("ok", "queued") else "")
+        categories = " ".join(f"{plain(c)} {v['tau']:.2f}" for c, v in sorted(t.measured.by_category.items())) if t.measured else (f"[red]{plain(t.error[:160])}[/red]" if t.error else "")
+        name = f"[bold]{plain(t.name)} *[/bold]" if winner is not None and t.name == winner.name else plain(t.name)
+        table.add_row(name, *(plain(json.dumps(t.flags.get(a))) for a in axes), "" if t.gpu is None else str(t.gpu), plain(t.run_id or ""), state, tau,
+                      f"[green]{bar}[/green]" if winner is not None and t.name == winner.name else bar, categories)
+    if winner is not None:
+        test = view.test
+        if test is not None and test.tau is not None:
+            cats = ", ".join(f"{c} {v['tau']:.2f}" for c, v in sorted(test.measured.by_category.items()))
+            table.caption = plain(f"* winner {winner.name}: tau {winner.tau:.3f} on {view.state.split}; {test.tau:.3f} on the test split" + (f" ({cats})" if cats else ""))
+        else:
+            table.caption = plain(f"* winner {winner.name}: tau {winner.tau:.3f} on {view.state.split}; test split: " + (test.state if test else "not measured yet"))
+    return table
+
+
+def print_sweep(view) -> None:
+    """The sweep's table, then the winner as the harness.toml lines to train with."""
+    from rich.console import Console
+
+    Console().print(sweep_table(view))
+    lines = view.winner_lines()
+    if lines:
+        click.echo(f"\nthe winner, for harness.toml (replaces [pipeline.stages.train]):\n\n{lines}")
+    elif view.done:
+        click.echo("no trial ended with a measured tau: see `harness logs HOST RUN` of the failed ones", err=True)
+
+
+def print_sweep_cancel(sweep_id: str, outcome: dict[str, str]) -> None:
+    """`harness cancel HOST SWEEP`: each trial's final state."""
+    for trial, state in outcome.items():
+        click.echo(f"sweep {sweep_id} {trial}: {state}")

@@ -124,9 +124,17 @@ def gpus_overlap(a, b) -> bool:
     return bool(set(a) & set(b))
 
 
+def competes(entry: dict, gpus, slot) -> bool:
+    """Whether a queue entry holds what a run on `gpus` in `slot` needs: a shared GPU, unless both
+    runs took different slots (harness sweep's trials that share a GPU: one run per slot at a time;
+    a run without a slot competes with every run on its GPUs)."""
+    other = entry.get("slot")
+    return gpus_overlap(entry["gpus"], gpus) and (slot is None or other is None or other == slot)
+
+
 class RunQueue:
     """The live runs of one workdir: <workdir>/.harness/queue/<submitted ns>-<run_id>.json =
-    {"run_dir", "gpus"}; names sort in submission order. A run's state (queued | running) is its
+    {"run_dir", "gpus", "slot"}; names sort in submission order. A run's state (queued | running) is its
     own state.json; an entry counts while its supervisor holds the run's supervisor.lock, so the
     entry of a supervisor that died (kill -9, reboot) is ignored and removed by the next reader.
     Decisions are taken under queue.lock (flock: released by the kernel if its holder dies)."""
@@ -160,43 +168,43 @@ class RunQueue:
             out.append({**entry, "state": state, "path": path})
         return out
 
-    def place(self, run_dir: str, gpus) -> int:
-        """1 + the live queued runs ahead of this one on overlapping GPUs."""
+    def place(self, run_dir: str, gpus, slot=None) -> int:
+        """1 + the live queued runs ahead of this one on overlapping GPUs (and its slot)."""
         ahead = 0
         for e in self.live():
             if e["run_dir"] == run_dir:
                 return ahead + 1
-            if e["state"] == "queued" and gpus_overlap(e["gpus"], gpus):
+            if e["state"] == "queued" and competes(e, gpus, slot):
                 ahead += 1
         return ahead + 1
 
-    def _may_start(self, run_dir: str, gpus) -> bool:
+    def _may_start(self, run_dir: str, gpus, slot) -> bool:
         for e in self.live():
             if e["run_dir"] == run_dir:
                 continue
-            if gpus_overlap(e["gpus"], gpus) and (e["state"] == "running" or e["path"] < self.entry):
+            if competes(e, gpus, slot) and (e["state"] == "running" or e["path"] < self.entry):
                 return False  # running on our GPUs, or queued before us
         return True
 
-    def enter(self, run_dir: str, run_id: str, gpus, wait: bool, state_path: str) -> bool:
+    def enter(self, run_dir: str, run_id: str, gpus, wait: bool, state_path: str, slot=None) -> bool:
         """Register the run and record it queued or running; True when it may start now."""
         fd = self._locked()
         try:
             # Names sort in submission order, even if the clock steps back.
             last = max((int(n.split("-", 1)[0]) for n in os.listdir(self.dir) if n.endswith(".json") and n.split("-", 1)[0].isdigit()), default=0)
             self.entry = os.path.join(self.dir, f"{max(time.time_ns(), last + 1):020d}-{run_id}.json")
-            start = not wait or self._may_start(run_dir, gpus)
+            start = not wait or self._may_start(run_dir, gpus, slot)
             # The state first: a reader that finds the entry also finds a live state.
             update_json(state_path, state="running" if start else "queued", queued=now(), pid=os.getpid())
-            write_json(self.entry, {"run_dir": run_dir, "gpus": gpus})
+            write_json(self.entry, {"run_dir": run_dir, "gpus": gpus, "slot": slot})
             return start
         finally:
             os.close(fd)
 
-    def try_start(self, run_dir: str, gpus, state_path: str) -> bool:
+    def try_start(self, run_dir: str, gpus, state_path: str, slot=None) -> bool:
         fd = self._locked()
         try:
-            if not self._may_start(run_dir, gpus):
+            if not self._may_start(run_dir, gpus, slot):
                 return False
             update_json(state_path, state="running")
             return True
@@ -261,15 +269,15 @@ class Supervisor:
         """Queued until no earlier or running run holds our GPUs (record["queue"]; a record
         without it, or with wait false, starts at once). False: cancelled while queued."""
         spec = self.record.get("queue") or {}
-        gpus, wait = spec.get("gpus", "all"), bool(spec.get("wait", False))
-        started = queue.enter(self.run_dir, self.record["run_id"], gpus, wait, state_path)
+        gpus, wait, slot = spec.get("gpus", "all"), bool(spec.get("wait", False)), spec.get("slot")
+        started = queue.enter(self.run_dir, self.record["run_id"], gpus, wait, state_path, slot)
         if not started:
             log(f"queued behind runs on GPUs {gpus}")
         while not started:
             if self._cancel_pending():
                 return False
             time.sleep(QUEUE_POLL_S)
-            started = queue.try_start(self.run_dir, gpus, state_path)
+            started = queue.try_start(self.run_dir, gpus, state_path, slot)
         return not self._cancel_pending()
 
     def _run_chain(self, state_path: str) -> int:
@@ -554,7 +562,7 @@ def run_summary(run_dir: str) -> dict | None:
         state["state"] = "lost"  # the supervisor died without recording an outcome
     if state.get("state") == "queued":
         gpus = (record.get("queue") or {}).get("gpus", "all")
-        state["queue"] = {"place": RunQueue(workdir_of(run_dir)).place(os.path.abspath(run_dir), gpus), "gpus": gpus}
+        state["queue"] = {"place": RunQueue(workdir_of(run_dir)).place(os.path.abspath(run_dir), gpus, (record.get("queue") or {}).get("slot")), "gpus": gpus}
     stages = []
     for stage in record.get("stages", []):
         sd = stage_dir(run_dir, stage)

@@ -1,6 +1,7 @@
 """Chat data rows: one conversation per JSONL line, OpenAI-style {"messages": [{"role", "content"}]}
 or ShareGPT {"conversations": [{"from", "value"}]}, with an optional "split" ("heldout" rows are
-evaluation prompts).
+evaluation prompts, the test split; "selection" rows choose recipes: harness sweep) and an optional
+"category" (evaluate reports tau per category).
 
 prepare_data.py and regenerate.py parse rows with parse_conversation (a bad row is a MalformedRow
 naming what is wrong); evaluate.py and serve_check.py take their held-out prompts with
@@ -58,6 +59,12 @@ class NoPrompts(ValueError):
 def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[list[int]]:
     """Token ids of the held-out prompts: each assistant turn's preceding conversation plus the
     generation prompt."""
+    return load_categorized_prompts(tokenizer, data, split, max_prompts)[0]
+
+
+def load_categorized_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> tuple[list[list[int]], list[str | None]]:
+    """load_prompts, and each prompt's row "category" (coding, math, ...: bench/quality/prompts.py
+    writes them; None where the row has none)."""
     rows, line_no = [], 0
     with open(data, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -70,9 +77,11 @@ def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[li
             if split == "all" or row.get("split") == split:
                 rows.append(row)
     if not rows:
-        raise NoPrompts(f"{data}: no rows with split={split!r} (held-out prompts); make_tiny_verifier writes them, or pass --split all")
-    prompts = []
+        where = "bench/quality/prompts.py --selection N writes them (harness sweep measures on them)" if split == "selection" else "make_tiny_verifier writes them, or pass --split all"
+        raise NoPrompts(f"{data}: no rows with split={split!r} (held-out prompts); {where}")
+    prompts, categories = [], []
     for row in rows:
+        category = row.get("category") if isinstance(row.get("category"), str) else None
         messages = row.get("messages") or _sharegpt(row.get("conversations") or [])
         # Every assistant turn's context, and a conversation that ends with a user turn (a prompt
         # with no reply yet) as a whole.
@@ -82,9 +91,10 @@ def load_prompts(tokenizer, data: Path, split: str, max_prompts: int) -> list[li
         for i in ends:
             text = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
             prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            categories.append(category)
             if len(prompts) >= max_prompts:
-                return prompts
-    return prompts
+                return prompts, categories
+    return prompts, categories
 
 
 def _sharegpt(conversations: list[dict]) -> list[dict]:
