@@ -184,6 +184,8 @@ def test_no_round_is_no_tau_and_a_tau_below_one_is_a_bug():
         ev.summarize([broken], 3)
     looping_only = ev.PromptResult(5, [1] * 9, 4, [1] * 4, [3] * 4, looping=True)
     assert ev.summarize([*at_once, looping_only], 3).tau_without_loops is None  # the others had no round: no figure
+    by_category = ev.tau_by_category([*at_once[:2], one_round], ["code", "code", "chat"], 3)
+    assert by_category == {"chat": {"tau": 2.0, "prompts": 1}, "code": {"tau": None, "prompts": 2}}  # no round in code: no tau
 
 
 def test_loops_are_replies_that_repeat_a_span_to_the_budget():
