@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
 from harness.errors import HarnessError
+from harness.events import acceptance_length, finished_failure
 from harness.pipeline import DEMO_CHAIN, StagePaths
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -132,7 +133,9 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     if status.state != "ok":
         failed = status.failed_stage
         if failed:
-            raise HarnessError(f"demo run {run_id}: stage {failed.stage} exited with code {failed.exit_code}; its log: {host.workdir}/runs/{run_id}/{failed.stage}/log")
+            failure = finished_failure(failed.last_event)
+            why = f" ({failure.error})" if failure and failure.error else ""
+            raise HarnessError(f"demo run {run_id}: stage {failed.stage} exited with code {failed.exit_code}{why}; its log: {host.workdir}/runs/{run_id}/{failed.stage}/log")
         raise HarnessError(f"demo run {run_id} ended {status.state}; logs under {host.workdir}/runs/{run_id}/")
     summary = _summary(run_id, config, time.monotonic() - started)
     _write_atomically(Path(host.workdir) / SUMMARY_FILE, json.dumps(summary.to_json(), indent=2) + "\n")
@@ -154,9 +157,12 @@ def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
     except (OSError, ValueError) as e:
         raise HarnessError(f"demo run {run_id}: no readable evaluation report at {report_path} ({e})") from None
     extra = report.get("extra") or {}
+    tau = acceptance_length(report.get("tau"))
+    if tau is None:  # evaluate fails rather than write one: a report from elsewhere, or a bug
+        raise HarnessError(f"demo run {run_id}: {report_path} holds tau {report.get('tau')!r}, not a measured acceptance length (at least 1): see the evaluate stage's log")
     return DemoSummary(
         run_id=run_id,
-        tau=float(report["tau"]),
+        tau=tau,
         acceptance_per_position=[float(a) for a in report["acceptance_per_position"]],
         k=int(report["k"]),
         prompts=int(report.get("prompts", 0)),

@@ -16,6 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 CAUSES = ("own", "peer", "cancelled")
+# docs/events.json acceptance_lengths: the writer never writes one below 1 (no round measured is a
+# failed stage); one read from an older writer is not shown as if it had been measured.
+ACCEPTANCE_LENGTHS = ("tau", "tau_per_position", "tau_without_loops", "served_tau", "delivered_tau", "evaluate_tau", "best_tau")
+MIN_ACCEPTANCE_LENGTH = 1.0
+
+
+def acceptance_length(value: Any) -> float | None:
+    """`value` when it is an acceptance length as measured (a number, at least 1), else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= MIN_ACCEPTANCE_LENGTH:
+        return float(value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -129,13 +140,14 @@ class Evaluation:
 
 def evaluation(raw: Any) -> Evaluation | None:
     """An ok evaluate `finished` -> its Evaluation; anything else (another stage's, an older
-    writer's without a tau) -> None. A category whose entry is not {"tau": number, ...} is left out."""
+    writer's without a measured tau) -> None. A category whose entry is not {"tau": number >= 1, ...}
+    (None: no round measured there) is left out."""
     event = parse(raw)
-    if not isinstance(event, Finished) or event.failed or not _is_number(event.summary.get("tau")):
+    if not isinstance(event, Finished) or event.failed or acceptance_length(event.summary.get("tau")) is None:
         return None
     split = event.summary.get("split")
     categories = event.summary.get("tau_by_category")
-    by_category = {str(k): v for k, v in categories.items() if isinstance(v, dict) and _is_number(v.get("tau"))} if isinstance(categories, dict) else {}
+    by_category = {str(k): v for k, v in categories.items() if isinstance(v, dict) and acceptance_length(v.get("tau")) is not None} if isinstance(categories, dict) else {}
     return Evaluation(float(event.summary["tau"]), split if isinstance(split, str) else None, by_category)
 
 
@@ -169,14 +181,14 @@ def _headline(summary: dict[str, Any]) -> str:
     number = lambda key: isinstance(summary.get(key), (int, float)) and not isinstance(summary.get(key), bool)  # noqa: E731
     if isinstance(summary.get("skipped"), str):
         return f" (skipped: {summary['skipped'][:100]})"
-    if number("served_tau"):
+    if acceptance_length(summary.get("served_tau")):
         parts = [f"served tau {summary['served_tau']:.2f}"]
-        if number("evaluate_tau"):
+        if acceptance_length(summary.get("evaluate_tau")):
             parts.append(f"evaluate {summary['evaluate_tau']:.2f}")
         if number("tokens_per_s"):
             parts.append(f"{summary['tokens_per_s']:.1f} tok/s" + (f" vs {summary['tokens_per_s_without_draft']:.1f} without the draft" if number("tokens_per_s_without_draft") else ""))
         return " (" + ", ".join(parts) + ")"
-    if number("tau"):
+    if acceptance_length(summary.get("tau")):
         return f" (tau {summary['tau']:.2f})"
     return ""
 

@@ -29,6 +29,12 @@ Loops: a reply that runs to the token budget repeating a span (`is_looping`) is 
 and inflates tau. tau counts such replies (a server speculates on them too); the report gives
 their number and tau without them (`looping_prompts`, `tau_without_loops`).
 
+No round, no tau: a reply that ends at its first token (the prefill's) gives the draft no round.
+Where every reply does, there is nothing measured and the stage fails saying so, rather than
+writing a tau below its floor of 1; a tau outside [1, k+1] is a bug and fails too (`summarize`).
+`--ignore-eos` runs every reply to --max-new-tokens (vLLM's ignore_eos): a measurement that does
+not depend on where a barely-trained verifier ends its turn (tests use it).
+
 Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier writes the last
 --heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
 conversation is one prompt: the conversation up to that turn, with the generation prompt; a
@@ -226,11 +232,18 @@ def is_looping(generated: list[int], eos: set[int], window: int = LOOP_WINDOW, m
 
 
 def summarize(results: list[PromptResult], k: int) -> Report:
+    """The report over `results`; an EvalError where no round was measured (there is no tau to
+    give) or where tau left [1, k+1] (a bug: a round yields 1 to k+1 tokens)."""
     report = _summarize(results, k)
+    if report.rounds == 0:
+        raise EvalError(no_rounds_reason(results))
+    if not 1.0 <= report.tau <= k + 1:
+        raise EvalError(f"bug: tau {report.tau} outside [1, {k + 1}] ({report.generated_tokens} tokens, {report.rounds} rounds): a round yields 1 to k+1 tokens")
     loops = [r for r in results if r.looping]
     report.looping_prompts = len(loops)
-    if loops:
-        report.tau_without_loops = round(_summarize([r for r in results if not r.looping], k).tau, 4)
+    others = _summarize([r for r in results if not r.looping], k)
+    if loops and others.rounds:
+        report.tau_without_loops = round(others.tau, 4)
     return report
 
 
@@ -242,7 +255,24 @@ def tau_by_category(results: list[PromptResult], categories: list[str | None], k
     groups: dict[str, list[PromptResult]] = {}
     for r, c in zip(results, categories):
         groups.setdefault(c or "other", []).append(r)
-    return {c: {"tau": round(_summarize(rs, k).tau, 4), "prompts": len(rs)} for c, rs in sorted(groups.items())}
+    summaries = {c: _summarize(rs, k) for c, rs in sorted(groups.items())}
+    # A category whose every reply ended at its first token measured no round: no tau (None), not 0.
+    return {c: {"tau": round(s.tau, 4) if s.rounds else None, "prompts": len(groups[c])} for c, s in summaries.items()}
+
+
+def no_rounds_reason(results: list[PromptResult]) -> str:
+    """Why no draft round was measured, in one line with what to do."""
+    if not results:
+        return "no prompt was measured: no draft round, so no tau"
+    if all(len(r.generated) <= 1 for r in results):
+        return (f"every reply ended at its first token ({len(results)} prompts: the verifier's first token ends its turn, or "
+                "--max-new-tokens is 1): no draft round was measured, so no tau; check the verifier and the held-out prompts, "
+                "or measure on replies of --max-new-tokens tokens with --ignore-eos")
+    return f"no draft round was measured over {len(results)} prompts, so no tau"
+
+
+def _tau_text(tau: float | None) -> str:
+    return f"{tau:.2f}" if tau is not None else "no round"
 
 
 def _summarize(results: list[PromptResult], k: int) -> Report:
@@ -259,7 +289,7 @@ def _summarize(results: list[PromptResult], k: int) -> Report:
         conditional.append(accepted / reached if reached else 0.0)
     checked = [r.greedy_match for r in results if r.greedy_match is not None]
     return Report(
-        tau=produced / rounds if rounds else 0.0,
+        tau=produced / rounds if rounds else float("nan"),  # no rounds: no tau (summarize refuses it)
         k=k,
         acceptance_per_position=[round(x, 4) for x in per_position],
         conditional_acceptance=[round(x, 4) for x in conditional],
@@ -772,6 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="heldout", help="which rows' prompts to use ('all' for every row)")
     p.add_argument("--max-prompts", type=int, default=64)
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--ignore-eos", action="store_true", help="every reply runs to --max-new-tokens, past the verifier's end of turn (vLLM's ignore_eos): a measurement on a verifier that would end its turn at once")
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: sdpa; inference needs no flex)")
     p.add_argument("--check-greedy", action=argparse.BooleanOptionalAction, default=True, help="--method chain: also decode each prompt greedily and check the speculative output equals it (--method fast always checks)")
     p.add_argument("--method", choices=["fast", "chain"], default="fast", help="fast: a few forwards per prompt (batched greedy decoding with a KV cache, one verifier and one draft forward); chain: the reference, two forwards per round without a cache (same results, many times slower)")
@@ -814,6 +845,8 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         torch.set_num_threads(args.threads)
     if args.speculative_tokens < 1:
         raise EvalError("--speculative-tokens must be at least 1")
+    if args.max_new_tokens < 2:
+        raise EvalError("--max-new-tokens must be at least 2: the first token comes from the prompt's forward, the draft's rounds after it")
     started = time.monotonic()
     verifier_dir = Path(args.verifier)
     if not (verifier_dir / "config.json").is_file():
@@ -832,7 +865,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     layers = draft_layers(draft, locate_decoder(model).num_layers)
     verifier = HFVerifier(model, layers, torch.bfloat16)
     proposer = Eagle3Proposer(draft, autocast_dtype=None)
-    eos = _eos_ids(tokenizer, model)
+    eos = set() if args.ignore_eos else _eos_ids(tokenizer, model)
     prompts, categories = load_categorized_prompts(tokenizer, Path(args.data), args.split, args.max_prompts)
     chosen = f", the best while training (estimated tau {best['tau']:.2f} at step {best['step']})" if best else ""
     events.message(f"draft {ckpt}{chosen} ({draft.config.draft_vocab_size} draft tokens, target layers {layers}); {len(prompts)} held-out prompts; k={args.speculative_tokens}")
@@ -855,7 +888,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         events.message(f"{report.looping_prompts} of {report.prompts} replies loop (a repeated span to the token budget): tau {report.tau:.2f} counts them, {report.tau_without_loops:.2f} without them")
     events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
     if report.by_category:
-        events.message(f"tau on {args.split} by category: " + ", ".join(f"{c} {v['tau']:.2f} ({v['prompts']} prompts)" for c, v in report.by_category.items()))
+        events.message(f"tau on {args.split} by category: " + ", ".join(f"{c} {_tau_text(v['tau'])} ({v['prompts']} prompts)" for c, v in report.by_category.items()))
 
     plot_acceptance(report, out / "acceptance.png")
     curves_from = [Path(args.train_metrics)] if args.train_metrics else [ckpt.parent / "metrics.jsonl", ckpt / "metrics.jsonl"]
@@ -878,6 +911,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         "target_layers": layers,
         "split": args.split,
         "max_new_tokens": args.max_new_tokens,
+        "ignore_eos": args.ignore_eos,
         "method": args.method,
         **({"batch_size": batch_size} if args.method == "fast" else {}),
         "looping": [i for i, r in enumerate(results) if r.looping],  # which prompts (in --data order)

@@ -121,8 +121,19 @@ def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, p
     if draft:
         if not counters.speculating:
             raise ServeCheckError(f"vLLM served {export.verifier} without speculative decoding (no spec_decode counters in /metrics); log {log}")
+        check_drafted(counters, len(prompts), completion_tokens)
         figures.update(counters.summary(requests=len(prompts)))
     return {"figures": figures, "replies": replies}
+
+
+def check_drafted(counters: SpecCounters, requests: int, completion_tokens: int) -> None:
+    """No draft round over the requests is no served tau: one line that says why (as evaluate)."""
+    if counters.drafts > 0:
+        return
+    if completion_tokens <= requests:
+        raise ServeCheckError(f"every reply ended at its first token ({requests} prompts, {completion_tokens} tokens): vLLM ran no draft round, so no served tau; "
+                              "check the verifier and the held-out prompts")
+    raise ServeCheckError(f"vLLM ran no draft round over {requests} prompts ({completion_tokens} tokens returned): no served tau; see its log")
 
 
 def settled_counters(base_url: str, before: SpecCounters, completion_tokens: int, timeout: float = 30.0) -> SpecCounters:

@@ -28,6 +28,10 @@ What this adds around `speculators train` (speculators.train.cli.main, called in
   per-position sum of the TTT accuracies, reads high beside it); OUTPUT/best.json names the latest checkpoint whose estimate
   is within 5% of the highest (common/checkpoints.py), which evaluate and export then use. A run
   that ends while the draft is still learning gets one warning line.
+* the early stop (common/acceptance.py EarlyStop, shim 'early-stop'): training ends after an
+  epoch whose validation leaves the estimate below or at its best for the --early-stop-patience'th
+  time in a row (default 3; 0 trains every epoch), unless the validation loss still falls fast;
+  the epochs the recipe sized are the most a run trains.
 * loggers (`--loggers tensorboard wandb trackio mlflow`, common/loggers.py): a missing package
   is one line before anything is built; W&B goes offline on a box that cannot reach it; they all
   write under OUTPUT/logs.
@@ -60,7 +64,7 @@ from typing import Any
 # torch's OpenMP threads busy-wait by default: on a shared few-core box that makes every op crawl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.acceptance import ROUND_TAU, estimate_tau, per_position_tau, still_learning_warning  # noqa: E402
+from common.acceptance import EARLY_STOP_PATIENCE, ROUND_TAU, EarlyStop, estimate_tau, per_position_tau, still_learning_warning  # noqa: E402
 from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 from common import loggers  # noqa: E402
@@ -150,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-token-id", type=int, default=None, help="default: resolved from the verifier's tokenizer, never its processor (logged)")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the verifier's own config/tokenizer code (auto_map)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
+    p.add_argument("--early-stop-patience", type=int, default=EARLY_STOP_PATIENCE, help=f"stop after this many epoch validations in a row without a higher tau estimate (default {EARLY_STOP_PATIENCE}; 0: train every epoch; see common/acceptance.py)")
     p.add_argument("--tau-every", type=int, default=None, help="also estimate tau every N steps inside an epoch, on a few validation batches (default: only on epochs longer than 2000 steps, every 1000)")
     p.add_argument("--train-data-ratio", type=float, default=0.95, help="the rest of the prepared rows validate")
     p.add_argument("--num-workers", type=int, default=None, help="dataloader workers per rank (default: 0 on CPU)")
@@ -360,10 +365,22 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         metrics = speculators_compat.partial_validation(trainer, TAU_PROBE_BATCHES)
         reporter.on_tau_probe(trainer.global_step, metrics)
 
+    early_stop = EarlyStop(args.early_stop_patience, args.speculative_tokens)
+    if rank == 0 and resumed_from is not None:
+        replay_validations(early_stop, output / "metrics.jsonl", resumed_from)
+
+    def stop_after(epoch: int, metrics: dict) -> str | None:  # every rank, after the epoch's validation
+        reason = None
+        if rank == 0 and epoch + 1 < recipe.epochs:  # after the last epoch there is nothing left to spare
+            val = {k.removesuffix("_epoch"): v for k, v in metrics.items()}
+            reason = early_stop.update(epoch, estimate_tau(val), val.get("loss"))
+        return rank0_verdict(reason)
+
     if "walk" not in without:
         speculators_compat.walk_rounds_in_validation()  # the honest tau estimate (common/acceptance.py)
     tau_every = args.tau_every or recipe.tau_every
-    speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None)
+    speculators_compat.hook_main(before_training, bridge, every_steps=(tau_every, estimate_tau_now) if tau_every else None,
+                                 stop_after=stop_after if args.early_stop_patience > 0 else None)
 
     from speculators.train.cli import main as speculators_main
     from speculators.train.config import TrainConfig
@@ -378,9 +395,13 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         print("speculators argv: " + json.dumps(spec_argv), flush=True)
     started, started_wall = time.monotonic(), time.time()
     exit_code = 1  # what W&B records for the run when speculators raises
+    stopped: speculators_compat.StopTraining | None = None
     try:
         speculators_main(cfg)
         exit_code = 0
+    except speculators_compat.StopTraining as stop:
+        stopped, exit_code = stop, 0
+        end_stopped_training()
     finally:
         if args.loggers and rank == 0:
             loggers.finish(str(output / loggers.LOG_DIR), exit_code)
@@ -403,16 +424,64 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             raise TrainError(f"training ended without a checkpoint in {output}")
         ckpt = output / str(last)
         check_checkpoint_config(ckpt)
-        summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, **reporter.last_val_summary())
+        summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, stopped_early=stopped is not None, **reporter.last_val_summary())
+        if stopped is not None:
+            events.message(f"early stop: {stopped.reason}; {reporter.last_step} of ~{recipe.total_steps} optimizer steps")
         if str(ckpt) not in reporter.reported_checkpoints:
             events.artifact(str(ckpt), kind="checkpoint")
         best = read_best(output)
         if best is not None:
             summary.update(best_checkpoint=str(output / best["checkpoint"]), best_step=best["step"], best_tau=best["tau"])
-        warning = reporter.still_learning_warning(args.speculative_tokens, recipe.epochs)
+        warning = reporter.still_learning_warning(args.speculative_tokens, last + 1)
         if warning:
             events.warning(warning)
     return summary
+
+
+def replay_validations(early_stop: EarlyStop, curves: Path, last_epoch: int) -> None:
+    """A resumed run's early stop picks up the validations of the epochs it resumes after (the
+    curves file keeps them across resumes): a run stopped early and started again stops again."""
+    from common.events import read_events
+
+    if not curves.is_file():
+        return
+    taus: dict[int, float] = {}
+    losses: dict[int, float] = {}
+    for e in read_events(str(curves)):
+        m = e.get("metrics") or {}
+        epoch = m.get("epoch")
+        if e.get("event") != "metric" or not isinstance(epoch, int) or epoch > last_epoch:
+            continue
+        if "tau" in m:
+            taus[epoch] = float(m["tau"])
+        if "val_loss" in m:
+            losses[epoch] = float(m["val_loss"])
+    for epoch in sorted(taus.keys() | losses.keys()):
+        early_stop.update(epoch, taus.get(epoch), losses.get(epoch))
+
+
+def rank0_verdict(reason: str | None) -> str | None:
+    """Rank 0's early-stop verdict on every rank (only rank 0 keeps the history), so all stop together."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        box = [reason]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return reason
+
+
+def end_stopped_training() -> None:
+    """What speculators' main does after run_training returns, which an early stop skipped."""
+    import gc
+
+    import torch
+    from speculators.train.distributed import maybe_destroy_distributed
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    maybe_destroy_distributed()
 
 
 def staging_dir(args: argparse.Namespace) -> Path:

@@ -178,3 +178,21 @@ def test_the_kimi_verifier_changes_only_the_verifier_stage():
         assert stage_argv(stage, kimi) == stage_argv(stage, llama)
     with pytest.raises(HarnessError, match="unknown demo verifier"):
         DemoOptions(verifier="gpt-2").stages()
+
+
+def test_the_summary_never_shows_a_tau_that_was_not_measured(tmp_path):
+    """evaluate fails rather than write a tau below 1; a report holding one anyway (a bug, another
+    writer) stops the demo in one line instead of printing it as its result."""
+    from harness.demo import DemoOptions, _summary, demo_config
+    from harness.errors import HarnessError
+    from harness.pipeline import StagePaths
+
+    config = demo_config(DemoOptions(workdir=tmp_path))
+    report = tmp_path / StagePaths.from_config(config.pipeline).evaluation / "report.json"
+    report.parent.mkdir(parents=True)
+    for tau in (0.0, None):
+        report.write_text(json.dumps({"tau": tau, "acceptance_per_position": [0.0] * 3, "k": 3, "prompts": 4}))
+        with pytest.raises(HarnessError, match=f"holds tau {tau!r}, not a measured acceptance length"):
+            _summary("r1", config, 1.0)
+    report.write_text(json.dumps({"tau": 2.5, "acceptance_per_position": [0.5] * 3, "k": 3, "prompts": 4}))
+    assert _summary("r1", config, 1.0).tau == 2.5

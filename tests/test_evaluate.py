@@ -169,9 +169,23 @@ def test_a_proposer_returning_the_wrong_count_is_an_error():
         ev.speculate(v, Short(), _prompts(v)[0], 3, 50, {EOS})
 
 
-def test_summary_of_nothing():
-    report = ev.summarize([], 3)
-    assert report.tau == 0.0 and report.acceptance_per_position == [0.0, 0.0, 0.0]
+def test_no_round_is_no_tau_and_a_tau_below_one_is_a_bug():
+    """tau is tokens per round, at least 1: where no round was measured there is none to give
+    (not a 0.0 written as if measured), and a tau outside [1, k+1] is a bug."""
+    with pytest.raises(ev.EvalError, match="no prompt was measured"):
+        ev.summarize([], 3)
+    at_once = [ev.PromptResult(5, [EOS], 0, [], []) for _ in range(4)]  # each reply: the prefill's eos
+    with pytest.raises(ev.EvalError, match="every reply ended at its first token .4 prompts.*no draft round was measured.*--ignore-eos"):
+        ev.summarize(at_once, 3)
+    one_round = ev.PromptResult(5, [1, 2, EOS], 1, [1], [2])
+    assert ev.summarize([*at_once, one_round], 3).tau == 2.0  # a prompt with a round is a measurement
+    broken = ev.PromptResult(5, [1], 2, [0, 0], [3, 3])  # 2 rounds that produced nothing: impossible
+    with pytest.raises(ev.EvalError, match=r"bug: tau 0.0 outside \[1, 4\]"):
+        ev.summarize([broken], 3)
+    looping_only = ev.PromptResult(5, [1] * 9, 4, [1] * 4, [3] * 4, looping=True)
+    assert ev.summarize([*at_once, looping_only], 3).tau_without_loops is None  # the others had no round: no figure
+    by_category = ev.tau_by_category([*at_once[:2], one_round], ["code", "code", "chat"], 3)
+    assert by_category == {"chat": {"tau": 2.0, "prompts": 1}, "code": {"tau": None, "prompts": 2}}  # no round in code: no tau
 
 
 def test_loops_are_replies_that_repeat_a_span_to_the_budget():

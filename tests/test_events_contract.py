@@ -111,6 +111,24 @@ def test_a_distributed_stage_writes_one_start_and_one_end_and_every_ranks_failur
         assert problems(r) == [], r
 
 
+def test_an_acceptance_length_below_one_is_never_written_nor_shown(tmp_path):
+    """A round yields at least one token: a stage with no round measured fails saying why, and a
+    tau below 1 (or NaN) reaching the writer is a bug that fails the stage, before `finished`."""
+    assert tuple(writer.ACCEPTANCE_LENGTHS) == tuple(reader.ACCEPTANCE_LENGTHS) == tuple(SCHEMA["acceptance_lengths"]["names"])
+    assert writer.MIN_ACCEPTANCE_LENGTH == reader.MIN_ACCEPTANCE_LENGTH == SCHEMA["acceptance_lengths"]["minimum"]
+    path = tmp_path / "events.jsonl"
+    log = writer.EventLog("evaluate", str(path), echo=False)
+    for bad in (0.0, 0.5, float("nan")):
+        with pytest.raises(ValueError, match="bug: tau .* below 1"):
+            log.metric(0, tau=bad)
+    log.metric(0, tau=1.0, loss=0.0)  # other numbers may be anything
+    assert writer.run_stage("evaluate", type("Args", (), {"events": str(path)})(), lambda a, ev: {"tau": 0.0, "tau_without_loops": None}) == 1
+    finished = writer.read_events(str(path))[-1]
+    assert finished["status"] == "failed" and "bug: tau 0.0 is below 1" in finished["error"]
+    assert [r for r in writer.read_events(str(path)) if r["event"] == "metric"] == [writer.read_events(str(path))[0]]
+    assert [reader.acceptance_length(v) for v in (0.0, 0.99, 1, 2.5, None, True, "3")] == [None, None, 1.0, 2.5, None, None, None]
+
+
 def test_the_checker_itself_rejects_a_broken_record():
     assert problems({"t": 1.0, "stage": "s", "event": "finished", "status": "failed", "error": "x"}) == ["cause: required when status=failed"]
     assert problems({"t": 1.0, "stage": "s", "event": "progress", "step": "1", "total": 3, "unit": "x"}) == ["step: expected integer, got '1'"]

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
-from common.acceptance import estimate_tau, per_position_tau, still_learning, still_learning_warning, walk_rounds  # noqa: E402
+from common.acceptance import EarlyStop, estimate_tau, per_position_tau, still_learning, still_learning_warning, walk_rounds  # noqa: E402
 from common.recipe import DEFAULT_TOKENS_PER_STEP, MAX_EPOCHS, MIN_STEPS, TARGET_STEPS, DataSize, size_recipe  # noqa: E402
 
 TINY = DataSize(train_tokens=3_000, longest_row=120)
@@ -133,3 +133,26 @@ def test_the_estimate_prefers_the_walked_rounds():
     assert estimate_tau({"round_tau": 1.6, "full_acc_0": 0.5}) == 1.6
     assert estimate_tau({"full_acc_0": 0.5, "full_acc_1": 0.25}) == 1.75  # older runs: the per-position sum
     assert estimate_tau({}) is None
+    assert estimate_tau({"round_tau": 0.0, "full_acc_0": 0.0}) is None  # no round walked: no estimate, not 1.0
+
+
+def test_the_early_stop_waits_for_no_rise_at_all_over_its_patience():
+    flat = EarlyStop(patience=3, k=3)
+    # the CPU demo's estimates: flat from epoch 1
+    verdicts = [flat.update(e, tau, loss) for e, (tau, loss) in enumerate([(2.6018, 4.8), (3.7021, 0.63), (3.7021, 0.125), (3.7021, 0.081), (3.7021, 0.063)])]
+    assert verdicts[:4] == [None] * 4 and "not risen above 3.7021 (epoch 1) in 3 validations: stopped after epoch 4" in verdicts[4]
+    # Any rise is a new best, however small: a slowly learning run is never stopped.
+    slow = EarlyStop(patience=2, k=3)
+    assert all(slow.update(e, 2.0 + e * 1e-4, 1.0) is None for e in range(20))
+    # A dip then no new best: stale counts validations since the best, not since the last rise.
+    noisy = EarlyStop(patience=2, k=3)
+    assert [noisy.update(e, tau, 1.0) for e, tau in enumerate([2.5, 2.3, 2.34])][-1] is not None
+    # The estimate flat but the validation loss still falling fast below the ceiling: still learning.
+    learning = EarlyStop(patience=1, k=3)
+    assert learning.update(0, 2.0, 1.0) is None and learning.update(1, 2.0, 0.8) is None  # loss -20%
+    assert learning.update(2, 2.0, 0.79) is not None  # loss -1%: levelled off
+    # patience 0 never stops; an epoch without an estimate is no evidence either way.
+    never = EarlyStop(patience=0, k=3)
+    assert all(never.update(e, 2.0, 1.0) is None for e in range(5))
+    blind = EarlyStop(patience=1, k=3)
+    assert blind.update(0, 2.0, 1.0) is None and blind.update(1, None, 1.0) is None and blind.update(2, 2.0, 1.0) is not None

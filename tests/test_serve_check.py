@@ -56,6 +56,18 @@ def test_the_two_acceptance_lengths_over_the_requests():
     assert SpecCounters().tau is None and SpecCounters().summary(1)["delivered_tau"] is None
 
 
+def test_no_draft_round_is_no_served_tau():
+    import serve_check
+
+    from common.draft_serving import ServeCheckError
+
+    serve_check.check_drafted(SpecCounters.parse(METRICS), requests=4, completion_tokens=80)  # drafts: measured
+    with pytest.raises(ServeCheckError, match=r"every reply ended at its first token \(4 prompts, 4 tokens\): vLLM ran no draft round, so no served tau"):
+        serve_check.check_drafted(SpecCounters(speculating=True), requests=4, completion_tokens=4)
+    with pytest.raises(ServeCheckError, match="no draft round over 4 prompts"):
+        serve_check.check_drafted(SpecCounters(speculating=True), requests=4, completion_tokens=40)
+
+
 def test_serve_check_follows_export_in_the_default_chain_but_not_the_demo():
     assert DEFAULT_CHAIN[-2:] == ["export", "serve_check"] and resolve_chain(["all"]) == DEFAULT_CHAIN
     assert "serve_check" not in DEMO_CHAIN
@@ -69,6 +81,8 @@ def test_status_shows_the_served_figures_a_skip_and_a_measured_tau():
     assert describe(served) == "finished: ok (served tau 3.61, evaluate 3.60, 80.0 tok/s vs 40.0 without the draft)"
     assert describe({**served, "served_tau": None, "skipped": "vllm is not installed"}) == "finished: ok (skipped: vllm is not installed)"
     assert describe({"event": "finished", "status": "ok", "t": 1.0, "stage": "evaluate", "tau": 2.5}) == "finished: ok (tau 2.50)"
+    # An older writer's tau for zero rounds is not shown as if measured.
+    assert describe({"event": "finished", "status": "ok", "t": 1.0, "stage": "evaluate", "tau": 0.0}) == "finished: ok"
 
 
 def _fake_export(tmp_path: Path, heads: int) -> Path:

@@ -61,6 +61,7 @@ def _changed(monkeypatch, owner, name: str):
         ("metrics-bridge", ("speculators.train.trainer", "Trainer", "val_epoch")),
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
         ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
+        ("early-stop", ("speculators.train.trainer", "Trainer", "run_training")),
         ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
         ("round-walk", ("speculators.models.eagle3.core", "Eagle3DraftModel", "forward")),
         ("online-measure", ("speculators.train.data", "ArrowDataset", "_generate_hidden_states_once")),

@@ -58,10 +58,13 @@ def test_a_tied_verifier_through_train_and_evaluate(tied_verifier, tmp_path):
 
     run_script(
         "evaluate.py", "--verifier", verifier, "--draft", tmp_path / "ckpt", "--data", data, "--output", tmp_path / "eval",
-        "--max-prompts", "4", "--max-new-tokens", "24", "--events", tmp_path / "ev.jsonl",
+        # 30 steps leave the verifier's first reply token near a tie with its end of turn (on one
+        # CPU's numerics every reply ended there: no round, no tau): the replies run to the budget.
+        "--max-prompts", "4", "--max-new-tokens", "24", "--ignore-eos", "--events", tmp_path / "ev.jsonl",
     )
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["prompts"] == 4 and report["greedy_match"] == 1.0 and 1.0 <= report["tau"] <= 4.0
+    assert report["generated_tokens"] == 4 * 24 and report["extra"]["ignore_eos"] is True
 
 
 def test_import_verifier_keeps_ties_and_logits(tied_verifier, tmp_path):

@@ -209,6 +209,25 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
 
 
 @pytest.mark.slow
+def test_a_run_whose_estimate_stands_still_stops_early(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    # lr 0 keeps the draft's initial weights: every epoch's estimate is the first one's, so the
+    # early stop must end the run after epoch `patience` (1 here), whatever the CPU's numerics.
+    # --max-steps 1: speculators trains one step in each epoch after the first (few seconds each).
+    out, events_path = tmp_path / "checkpoints", tmp_path / "events.jsonl"
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, events_path, "--epochs", "4", "--max-steps", "1", "--lr", "0", "--early-stop-patience", "1")
+    events = read_events(events_path)
+    finished = events[-1]
+    assert finished["status"] == "ok" and finished["stopped_early"] is True and finished["epochs_done"] == 2, finished
+    taus = [e["metrics"]["tau"] for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
+    assert len(taus) == 2 and taus[1] == taus[0], taus
+    stop = [e["text"] for e in events if e["event"] == "message" and e["text"].startswith("early stop:")]
+    assert len(stop) == 1 and f"has not risen above {taus[0]:.4f} (epoch 0) in 1 validations: stopped after epoch 1" in stop[0], stop
+    assert sorted(p.name for p in out.iterdir() if p.name.isdigit()) == ["0", "1"]  # no checkpoint past the stop
+    assert json.loads((out / "best.json").read_text())["checkpoint"] == "1"  # the latest within the estimate's noise, as without the stop
+    assert not any(e["event"] == "warning" and "still learning" in e["text"] for e in events)
+
+
+@pytest.mark.slow
 def test_a_starved_run_is_named_before_it_starts_and_still_keeps_its_best_checkpoint(tiny_verifier, prepared_data, hidden_states, tmp_path):
     # The fixture's few thousand training tokens under the old GPU default of 8192 tokens per step:
     # a handful of steps per epoch. The user's value wins, and one warning line says so before the
@@ -271,6 +290,22 @@ def test_fsdp_on_one_process_fails_with_one_line(tiny_verifier, prepared_data, h
     finished = read_events(tmp_path / "e.jsonl")[-1]
     assert finished["status"] == "failed" and "--fsdp shards over several processes" in finished["error"]
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_resumed_run_s_early_stop_picks_up_the_validations_it_resumes_after(tmp_path):
+    from common.acceptance import EarlyStop
+    from common.events import EventLog
+
+    curves = EventLog("train", str(tmp_path / "metrics.jsonl"), echo=False)
+    for epoch, (tau, loss) in enumerate([(2.0, 1.0), (2.5, 0.5), (2.5, 0.49), (2.5, 0.48)]):
+        curves.metric(10 * epoch + 5, loss=1.0, epoch=epoch)  # a training step: no validation
+        curves.metric(10 * epoch + 10, val_loss=loss, epoch=epoch)
+        curves.metric(10 * epoch + 10, tau=tau, tau_per_position=tau + 0.1, epoch=epoch)
+    curves.metric(35, tau=3.0)  # a mid-epoch probe: not an epoch's validation
+    stop = EarlyStop(patience=2, k=3)
+    train_draft.replay_validations(stop, tmp_path / "metrics.jsonl", last_epoch=2)  # epoch 3's record is past the checkpoint resumed from
+    assert (stop.best, stop.best_epoch, stop.stale, stop.val_losses) == (2.5, 1, 1, [1.0, 0.5, 0.49])
+    assert stop.update(3, 2.5, 0.48) is not None  # the resumed run's first validation without a rise is the second in a row
 
 
 @pytest.mark.parametrize("estimates, chosen", [

@@ -49,7 +49,9 @@ EVALUATE = {"split": "all", "max_prompts": 32, "max_new_tokens": 48}
 def _project(tmp_path: Path, name: str, fixture: Path, train: dict, extract: dict | None = None) -> Path:
     project = tmp_path / name
     shutil.copytree(SCRIPTS_DIR, project / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
-    tables = {"train": {"prepared": str(fixture / "prepared"), "epochs": EPOCHS, **train}, "evaluate": EVALUATE}
+    # Every epoch (no early stop): the online run, killed and resumed, must train what the offline
+    # one did, so that their taus compare within the seed-to-seed spread.
+    tables = {"train": {"prepared": str(fixture / "prepared"), "epochs": EPOCHS, "early_stop_patience": 0, **train}, "evaluate": EVALUATE}
     if extract is not None:
         tables["extract"] = {"prepared": str(fixture / "prepared"), **extract}
     (project / "harness.toml").write_text(

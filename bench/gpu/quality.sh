@@ -22,6 +22,10 @@
 #        tau of ours, `speculators train` and n-gram lookup, k = 3 and 5, on up to 64 held-out prompts (~2 s each);
 #        the table; $OUT/quality-smollm2.json is run.py's JSON. ~0.5 + 0.5 + 9 + 9 + 4.5 min of device time.
 #   (.whl is installed to /tmp/site in each call that carries it; the staged GGUF stays in /tmp/gguf-stage.)
+#   The early stop's check (issue 38; not run yet): calls 1-3 as above, then calls 4 and 5 with
+#   EXTRA_ARGS="--skip-speculators --train-arg epochs=16" (ours alone, 16 epochs with the early stop on by default),
+#   to set against the 16-epoch run without it (2.928, 4,576 steps; bench/RESULTS.md 2026-12-02 08:13): the early stop
+#   must cost it nothing (the train stage's summary says stopped_early and epochs_done). ~21 min of device time in 5 calls.
 # Its mechanics, checked on 2 CPU cores with the ci size (2026-12-02; the CPU has speculators, so
 # call 2 went on into call 3's work):
 #   ../shared/gpu/split-for-device.sh FILE.gguf .gguf; mv .gguf2 /tmp/g2   # call 1 sees part 1 only

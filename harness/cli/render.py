@@ -161,9 +161,9 @@ def describe_event(ev: dict | None) -> str:
 
 def describe_tau(tau: dict | None, last_event: dict | None) -> str:
     """The draft's latest estimated tau, unless the last event already shows it."""
-    from harness.events import Finished, Metric, parse
+    from harness.events import Finished, Metric, acceptance_length, parse
 
-    if not tau or not isinstance(tau.get("tau"), (int, float)):
+    if not tau or acceptance_length(tau.get("tau")) is None:
         return ""
     shown = parse(last_event)
     if isinstance(shown, Metric) and "tau" in shown.metrics:

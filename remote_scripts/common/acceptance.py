@@ -28,12 +28,19 @@ costs a pass over each validation batch's positions, beside the validation specu
 anyway (each epoch); long epochs add a validation over a few batches every few thousand steps
 (common/recipe.py). `estimate_tau` falls back to the per-position sum where the walk is missing.
 
+The early stop (`EarlyStop`) is the guard's mirror: a run whose estimate has not risen above its
+best for `patience` epoch validations in a row, while the guard sees no other sign of learning,
+has levelled off, and its remaining epochs would only repeat it (the CPU demo's estimate stood at
+3.7021 from epoch 2 to 10, bench/RESULTS.md). "Not risen" means not above the best at all: a
+run still gaining, however slowly, sets a new best and goes on.
+
 Pure (no torch).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 # The guard: over the last interval between two measurements, an estimated tau that still rose by
 # more than TAU_RISE, or a validation loss that still fell by more than LOSS_DROP (relative) while
@@ -43,6 +50,9 @@ import re
 TAU_RISE = 0.05
 LOSS_DROP = 0.1
 TAU_CEILING = 0.9
+
+# Epoch validations in a row without a higher estimate that end training (train --early-stop-patience).
+EARLY_STOP_PATIENCE = 3
 
 _FULL_ACC = re.compile(r"full_acc_(\d+)")
 
@@ -80,9 +90,11 @@ def per_position_tau(metrics: dict[str, float]) -> float | None:
 
 def estimate_tau(metrics: dict[str, float]) -> float | None:
     """The rounds walked (metric round_tau) where validation recorded them, else the per-position
-    figure; None when there is neither."""
-    if metrics.get(ROUND_TAU):
-        return round(float(metrics[ROUND_TAU]), 4)
+    figure; None when there is neither, and when the walk found no round (speculators gives 0
+    for a count of 0: validation rows without a reply position measure nothing)."""
+    if ROUND_TAU in metrics:
+        walked = float(metrics[ROUND_TAU])
+        return round(walked, 4) if walked >= 1.0 else None
     return per_position_tau(metrics)
 
 
@@ -111,3 +123,34 @@ def still_learning_warning(val_losses: list[float], taus: list[float], k: int, e
         f"training ended while the draft was still learning: {sign}, after {steps} optimizer steps in {epochs} epochs; "
         f"fix: more steps (--epochs {epochs * 2}, or a smaller --total-seq-len) or more data"
     )
+
+
+@dataclass
+class EarlyStop:
+    """Whether to end training after an epoch's validation: its estimate has not risen above the
+    best so far for `patience` validations in a row, and `still_learning` sees no sign (a
+    validation loss still falling fast below the ceiling). patience 0: never."""
+
+    patience: int
+    k: int  # proposals per round: the estimate's ceiling is k + 1
+    best: float | None = None
+    best_epoch: int | None = None
+    stale: int = 0  # validations since the best
+    val_losses: list[float] = field(default_factory=list)
+    taus: list[float] = field(default_factory=list)
+
+    def update(self, epoch: int, tau: float | None, val_loss: float | None) -> str | None:
+        """Record epoch `epoch`'s validation; the reason to stop after it, else None."""
+        if val_loss is not None:
+            self.val_losses.append(val_loss)
+        if tau is None:
+            return None  # nothing measured: no evidence either way
+        self.taus.append(tau)
+        if self.best is None or tau > self.best:
+            self.best, self.best_epoch, self.stale = tau, epoch, 0
+            return None
+        self.stale += 1
+        if self.patience < 1 or self.stale < self.patience or still_learning(self.val_losses, self.taus, self.k):
+            return None
+        return (f"the estimated tau has not risen above {self.best:.4f} (epoch {self.best_epoch}) in {self.stale} validations: "
+                f"stopped after epoch {epoch} (--early-stop-patience 0 trains every epoch)")

@@ -32,6 +32,19 @@ EVENTS_ENV = "HARNESS_EVENTS"
 # Whose failure a failed stage was: its own; a peer's (another node of a group run failed and
 # this one stopped because of it); or a cancel.
 CAUSES = ("own", "peer", "cancelled")
+# Acceptance lengths (tokens per verifier round) in metrics and summaries: a round yields at least
+# one token, so a value below 1 (or NaN) was never measured. A stage that measured no round says
+# why and fails; the writer refuses such a value as a bug (docs/events.json: acceptance_lengths).
+ACCEPTANCE_LENGTHS = ("tau", "tau_per_position", "tau_without_loops", "served_tau", "delivered_tau", "evaluate_tau", "best_tau")
+MIN_ACCEPTANCE_LENGTH = 1.0
+
+
+def check_acceptance_lengths(fields: dict[str, Any]) -> None:
+    """ValueError naming the first acceptance length in `fields` below 1 (None: not measured, allowed)."""
+    for name in ACCEPTANCE_LENGTHS:
+        value = fields.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= MIN_ACCEPTANCE_LENGTH:
+            raise ValueError(f"bug: {name} {value} is below {MIN_ACCEPTANCE_LENGTH:g}, the least a verifier round yields: not a measurement")
 
 
 class EventLog:
@@ -85,6 +98,7 @@ class EventLog:
         self.emit("progress", step=step, total=total, unit=unit)
 
     def metric(self, step: int, **metrics: float) -> None:
+        check_acceptance_lengths(metrics)
         self.emit("metric", step=step, metrics=metrics)
 
     def artifact(self, path: str, kind: str) -> None:
@@ -183,6 +197,7 @@ def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, An
 
         check_verifier(getattr(args, "verifier", None))  # a missing path: one line, not the hub's
         summary = run(args, events)
+        check_acceptance_lengths(summary)  # before `finished` is written: a bug fails the stage in one line
     except VerifierNotFound as e:
         return events.failed(e, traceback=False, where=f" (rank {rank})" if rank else "")
     except Exception as e:  # one line for the laptop; the traceback stays in the log

@@ -16,6 +16,11 @@ gave 109 per epoch and tau 3.64. The rule, for values the user did not set:
                      2.93 at 4,576)
   warm-up          = speculators' own (1 % of the steps): it follows the sized step count
 
+The epochs are the most a run trains: train's early stop (common/acceptance.py EarlyStop) ends
+one whose tau estimate has stood still for 3 epoch validations (the CPU demo: flat from epoch 2
+of 10). The learning-rate schedule still decays over the sized steps, so a stopped run ends at
+a rate above zero; best.json names its checkpoint as for any run.
+
 A value the user set is kept; a run that will still get fewer than MIN_STEPS steps gets one
 warning line naming the numbers and the fix. Large data keeps the device default. The pack is
 sized the same on a CPU and a GPU; the step target is not (a GPU step is cheap: 4,576 steps of

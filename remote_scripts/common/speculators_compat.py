@@ -30,6 +30,13 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    train_epoch a callback that, every N steps, runs partial_validation(): the
                    forward of val_epoch over the first few validation batches (same autocast,
                    same val_call_kwargs, same cross-rank reduction), on every rank.
+  early-stop       run_training saves each epoch's checkpoint, then `val_metrics =
+                   self.val_epoch(epoch)` (which logs them: the bridge writes best.json), and
+                   with_graceful_shutdown catches only TrainingInterruptedError. The wrapped
+                   Trainer's val_epoch asks train's early stop (common/acceptance.py EarlyStop)
+                   on every rank, with the reduced metrics every rank has, and raises StopTraining
+                   after the epoch's checkpoint and validation; train catches it and tears down
+                   what speculators' main would have.
   mask-token       build_draft_model() calls resolve_mask_token_id(), which loads the verifier's
                    full AutoProcessor unless --mask-token-id is given: for a multimodal verifier
                    (Kimi-K2.5) that needs a preprocessor config and torchvision, for an id EAGLE-3
@@ -177,6 +184,26 @@ def _check_tau_probe():
     return trainer_mod
 
 
+def _check_early_stop():
+    from speculators.train import graceful_shutdown
+    from speculators.train import trainer as trainer_mod
+
+    _require("early-stop", trainer_mod.Trainer.run_training, "self.maybe_save_checkpoint(epoch)", "val_metrics = self.val_epoch(epoch)")
+    src = _source(_unwrapped(trainer_mod.Trainer.run_training))
+    if src.index("self.maybe_save_checkpoint(epoch)") > src.index("val_metrics = self.val_epoch(epoch)"):
+        raise ShimOutdated("early-stop", "Trainer.run_training now validates an epoch before saving its checkpoint")
+    _require("early-stop", graceful_shutdown.with_graceful_shutdown, "except TrainingInterruptedError:")
+    return trainer_mod
+
+
+class StopTraining(Exception):
+    """Raised on every rank after an epoch's validation when the early stop says so (hook_main)."""
+
+    def __init__(self, epoch: int, reason: str):
+        super().__init__(reason)
+        self.epoch, self.reason = epoch, reason
+
+
 def _check_mask_token():
     from speculators.models import eagle3
     from speculators.train import cli as cli_mod
@@ -290,6 +317,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-hook": _check_main_hooks,
     "flex-kernel-options": _check_flex_kernel_options,
     "tau-probe": _check_tau_probe,
+    "early-stop": _check_early_stop,
     "mask-token": _check_mask_token,
     "every-position": _check_every_position,
     "round-walk": _check_round_walk,
@@ -493,16 +521,21 @@ def hook_main(
     before_training: Callable[..., None],
     bridge: MetricsBridge | None = None,
     every_steps: tuple[int, Callable[[Any], None]] | None = None,
+    stop_after: Callable[[int, dict], str | None] | None = None,
 ) -> None:
     """Make speculators.train.cli.main call `before_training(draft_model, trainer_config,
     train_loader, val_loader)` (Trainer's own arguments) before its Trainer is
     built, and attach `bridge` right after main configures its metric logger. `every_steps`
-    (n, probe): call `probe(trainer)` on every rank after each n-th optimizer step. Idempotent: a
-    later call replaces the earlier hooks."""
+    (n, probe): call `probe(trainer)` on every rank after each n-th optimizer step. `stop_after`
+    (epoch, validation metrics) -> a reason to stop, or None: asked on every rank after each
+    epoch's validation; a reason raises StopTraining (shim 'early-stop'). Idempotent: a later call
+    replaces the earlier hooks."""
     cli_mod = _check_main_hooks()
     _check_metrics_bridge()
     if every_steps is not None:
         _check_tau_probe()
+    if stop_after is not None:
+        _check_early_stop()
     from speculators.train.trainer import Trainer
 
     class GuardedTrainer(Trainer):  # type: ignore[misc,valid-type]
@@ -524,6 +557,13 @@ def hook_main(
                     probe(self)
 
             return super().train_epoch(epoch, step_callback=after_step)
+
+        def val_epoch(self, epoch):
+            metrics = super().val_epoch(epoch)
+            reason = stop_after(epoch, metrics or {}) if stop_after is not None else None
+            if reason:
+                raise StopTraining(epoch, reason)
+            return metrics
 
     cli_mod.Trainer = GuardedTrainer
 
