@@ -8,13 +8,20 @@ on stdout) as a harness.host_server.HostServer, as harness.tensorboard runs Tens
 harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
 the host sends the script SIGTERM and it stops vLLM (its whole process group: SIGTERM, grace,
 SIGKILL), so nothing is left behind on the box.
+
+vLLM wants an API key on every route (docs/security.md): made here per serve, handed to the
+script in a 0600 file that it reads and removes (never on a command line), and kept here in a
+0600 file of this machine's (ServedKey) that `harness serve` names and removes at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import queue
+import secrets
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -67,6 +74,22 @@ def served_line(metric: Metric) -> str | None:
             + " ".join(f"{a:.2f}" for a in positions))
 
 
+class ServedKey:
+    """A served vLLM's API key: on this machine in a 0600 file (`path`) until close()."""
+
+    def __init__(self) -> None:
+        self.value = secrets.token_urlsafe(32)
+        fd, self.path = tempfile.mkstemp(prefix="harness-serve-key-")  # 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(self.value + "\n")
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 class RemoteServer(HostServer):
     """serve_draft.py on the host for as long as this object is open; its events in a queue."""
 
@@ -74,8 +97,11 @@ class RemoteServer(HostServer):
     poll_s = 2.0
     stop_timeout_s = STOP_GRACE_S + 30  # the host stops the script, which stops vLLM
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest):
-        argv = [runtime.python, SCRIPT, "--export", export, "--port", str(request.port), "--host", runtime.server_bind_address,
+    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey):
+        handed = posixpath.join(posixpath.dirname(export), "serve", f".api-key-{request.port}-{secrets.token_hex(4)}")
+        transport.put_bytes(key.value.encode(), handed, mode=0o600)  # serve_draft.py reads and removes it
+        self.key = key
+        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--port", str(request.port), "--host", runtime.server_bind_address,
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
@@ -106,6 +132,10 @@ class RemoteServer(HostServer):
             return error  # the connection's own failure, typed by the transport
         return RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
 
+    def close(self) -> None:
+        super().close()
+        self.key.close()
+
     def hand_on(self, on_event) -> None:
         """What the script said so far, to `on_event`."""
         while not self.events.empty():
@@ -119,7 +149,12 @@ def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServe
     taken = locate(transport, host.python, [request.port]).get(request.port)
     if taken:
         raise UsageError(f"{host.name}: port {request.port} is taken already ({taken['where']}: another vllm serve?): pass --port")
-    server = RemoteServer(transport, runtime, export, request)
+    key = ServedKey()
+    try:
+        server = RemoteServer(transport, runtime, export, request, key)
+    except BaseException:
+        key.close()
+        raise
     try:
         server.wait_listening(transport, host.python, request.start_timeout_s, each_poll=(lambda: server.hand_on(on_event)) if on_event else None)
     except BaseException:
