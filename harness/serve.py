@@ -23,11 +23,12 @@ import queue
 import secrets
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
-from harness.events import Finished, Metric, parse
+from harness.events import Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.port_forward import locate
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8000
 SCRIPT = f"{SCRIPTS_DIR}/serve_draft.py"
 STOP_GRACE_S = 30.0  # serve_draft's --stop-grace: SIGTERM to vLLM's group, then SIGKILL
+READY = "ready after"  # how serve_draft.py's message says vLLM proved itself ours and answers
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,24 @@ class RemoteServer(HostServer):
         super().close()
         self.key.close()
 
+    def wait_ready(self, timeout: float, on_event=None) -> None:
+        """Until serve_draft.py says vLLM is ready: it proved the server is the one it started
+        (common/vllm_server.py), which a port that merely answers does not; `ended()` if it exits
+        first. The other events go to on_event."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=self.poll_s)
+            except queue.Empty:
+                if not self.alive() and self.events.empty():
+                    raise self.ended() from None
+                continue
+            if on_event is not None:
+                on_event(event)
+            if isinstance(event, Message) and event.text.startswith(READY):
+                return
+        raise RemoteCommandError(f"{self.name} (not ready after {timeout:.0f} s)", -1, "\n".join(self._tail))
+
     def hand_on(self, on_event) -> None:
         """What the script said so far, to `on_event`."""
         while not self.events.empty():
@@ -156,7 +176,7 @@ def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServe
         key.close()
         raise
     try:
-        server.wait_listening(transport, host.python, request.start_timeout_s, each_poll=(lambda: server.hand_on(on_event)) if on_event else None)
+        server.wait_ready(request.start_timeout_s, on_event)
     except BaseException:
         server.close()
         raise

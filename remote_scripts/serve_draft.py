@@ -5,7 +5,7 @@
 `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
 verifier and K from the export; common/draft_serving.py), in its own process group, log kept at
 --log. Stage events go to STDOUT as JSON lines (docs/events.json; stage "serve"): a message when
-the server is healthy, then a metric event whenever vLLM's spec-decode counters in /metrics moved
+the server is healthy (its text begins "ready after": `harness serve` waits for it), then a metric event whenever vLLM's spec-decode counters in /metrics moved
 (`served_tau`, `served_acceptance_<i>`, `drafts`: since the server started). `harness serve`
 runs it in the stage runtime, forwards the port and prints those. SIGTERM (or SIGINT) stops the
 server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the server's death.

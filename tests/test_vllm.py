@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.sshd import free_port
 
@@ -190,9 +191,9 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
 
         # Ours alone: another local user gets 401 on every route that serves the model, data or
         # metrics (vllm_compat's key-on-every-route), and the key is on no command line.
-        seen = other_user.probe(opts.base_url, OTHER_USER_ROUTES)
+        seen = other_user.probe(opts.base_url, VLLM_ROUTES)
         assert set(seen.values()) == {401}, seen
-        assert _command_lines_holding(server.api_key) == []
+        assert command_lines_holding(server.api_key) == []
 
     # SIGTERM to the server's process group, then the group is gone: no orphaned engine.
     assert server.exit_code is not None
@@ -201,24 +202,6 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
         time.sleep(0.2)
     assert _live_members(group) == []
     assert "[harness] vllm serve stopped (exit" in (tmp_path / "server.log").read_text().splitlines()[-1]
-
-
-OTHER_USER_ROUTES = [("GET", "/health"), ("GET", "/metrics"), ("GET", "/version"), ("GET", "/v1/models"), ("POST", "/v1/completions"),
-                     ("POST", "/v1/chat/completions"), ("POST", "/tokenize"), ("POST", "/detokenize"), ("POST", "/invocations"), ("GET", "/load")]
-
-
-def _command_lines_holding(secret: str) -> list[str]:
-    """Every process's command line (what `ps` shows anyone) that holds `secret`."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                line = f.read()
-        except OSError:
-            continue
-        if secret.encode() in line:
-            found.append(line.replace(b"\0", b" ").decode(errors="replace"))
-    return found
 
 
 def test_vllm_wants_its_key_on_every_route_when_started_through_vllm_compat():
