@@ -51,7 +51,9 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
   endpoint-key     speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI, the
                    online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY";
                    our servers want their key (VLLM_API_KEY, common/vllm_server.py).
-                   send_server_key() makes openai's clients in this process send it instead.
+                   send_server_key() makes openai's clients in this process send it instead
+                   (train applies it; spawned dataloader workers apply it when they unpickle
+                   common/online.py's MeasuredTransfer).
                    generate-offline-data runs through this file (`python speculators_compat.py
                    generate-offline-data ...`), which applies it first.
 
