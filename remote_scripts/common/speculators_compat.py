@@ -567,11 +567,13 @@ def send_server_key() -> bool:
     instead. A no-op (False) without the variable. Idempotent."""
     import os
 
+    key = os.environ.get("VLLM_API_KEY")
+    if not key:
+        return False
     import openai
 
-    key = os.environ.get("VLLM_API_KEY")
-    if not key or getattr(openai.OpenAI, "_speculators_compat", False):
-        return bool(key)
+    if getattr(openai.OpenAI, "_speculators_compat", False):
+        return True
     _check_endpoint_key()
 
     def keyed(base):
