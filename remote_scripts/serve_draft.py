@@ -1,6 +1,6 @@
 """Serve an exported draft with vLLM until stopped, reporting its served acceptance as it goes.
 
-    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port 8000] [--interval 5] [vllm serve flags]
+    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port PORT] [--interval 5] [vllm serve flags]
 
 `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
 verifier and K from the export; common/draft_serving.py), in its own process group, log kept at

@@ -202,6 +202,7 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
         time.sleep(0.2)
     assert _live_members(group) == []
     assert "[harness] vllm serve stopped (exit" in (tmp_path / "server.log").read_text().splitlines()[-1]
+    assert server.api_key not in (tmp_path / "server.log").read_text()  # nor in its log
 
 
 def test_vllm_wants_its_key_on_every_route_when_started_through_vllm_compat():

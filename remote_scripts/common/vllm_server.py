@@ -306,6 +306,7 @@ class ManagedServer:
         # made here, unless one was handed over (harness serve's, through a 0600 file)
         self.api_key = api_key or secrets.token_urlsafe(32)
         self._key_before: str | None = None
+        self._exported = False
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -319,7 +320,7 @@ class ManagedServer:
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
-        self._key_before = os.environ.get(API_KEY_ENV)
+        self._key_before, self._exported = os.environ.get(API_KEY_ENV), True
         os.environ[API_KEY_ENV] = self.api_key  # this process's clients (auth_headers) while it runs
         env = {**(self.env if self.env is not None else os.environ), API_KEY_ENV: self.api_key}
         with open(self.log_path, "ab") as log:
@@ -369,6 +370,8 @@ class ManagedServer:
             self.exit_code = stop_process_group(self.proc, self.stop_grace)
             with open(self.log_path, "ab") as log:
                 log.write(f"[harness] vllm serve stopped (exit {self.exit_code})\n".encode())
+        if self._exported:
+            self._exported = False
             if self._key_before is None:
                 os.environ.pop(API_KEY_ENV, None)
             else:
