@@ -4,7 +4,7 @@
         [--no-baseline] [--events FILE] [vllm serve flags: --port, --max-model-len, --vllm-arg ...]
 
 1. `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'`
-   (the verifier and K from the export), waits for /health;
+   (the verifier and K from the export), waits until it is ready (common/vllm_server.py);
 2. sends evaluate's held-out prompts (the same rows, split, count and reply length as evaluate's
    report.json in EVAL_DIR records; token ids, greedy, one request at a time) to /v1/completions,
    reading vLLM's spec-decode counters from /metrics before and after (common/spec_metrics.py);
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="the tokenizer's and vLLM's (auto_map)")
     serve = p.add_argument_group("vllm serve")
     add_serve_arguments(serve)
-    serve.set_defaults(port=0, health_timeout=1800.0)  # port 0: a free one, chosen at run time
+    serve.set_defaults(health_timeout=1800.0)
     p.add_argument("--events", default=None)
     return p
 

@@ -111,8 +111,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_port(args, local_rank: int = 0) -> int:
-    """--port (+ the local rank), else a free port (wait_healthy catches one taken meanwhile)."""
-    return args.port + local_rank if args.port is not None else free_port(args.host)
+    """--port (+ the local rank), else (none, or 0) a free port (wait_healthy catches one taken meanwhile)."""
+    return args.port + local_rank if args.port else free_port(args.host)
 
 
 def auth_headers() -> dict[str, str]:
@@ -316,6 +316,8 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> None:
+        if not self.opts.port:  # readiness is judged on this very port
+            raise ValueError("a vllm serve needs its port chosen before it starts (server_port picks a free one)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
