@@ -32,6 +32,8 @@ class HostServer:
 
     def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], port: int, stdout: bool = False):
         self.port = port
+        # where it listens: in its container on docker hosts, never the host's loopback (anyone's)
+        self.containers_only = runtime.uses_image
         self._tail: list[str] = []
         # a connection of its own: the server outlives the other commands of this CLI call
         self._proc = transport.stream(runtime.wrap(until_stdin_closes(argv)), channel=OWN, stdout=stdout, on_stderr_line=self._keep)
@@ -61,7 +63,7 @@ class HostServer:
                 each_poll()
             if not self.alive():
                 raise self.ended()
-            if locate(transport, python, [self.port]).get(self.port):
+            if locate(transport, python, [self.port], self.containers_only).get(self.port):
                 return
             time.sleep(self.poll_s)
         raise RemoteCommandError(f"{self.name} (not listening on port {self.port} after {timeout:.0f} s)", -1, "\n".join(self._tail))

@@ -43,6 +43,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import sys
 import threading
 import time
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 NODE_LAUNCHER = f"{SCRIPTS_DIR}/node_launcher.py"
 # Environment families that configure the collectives; passed through from the laptop.
 DIST_ENV_RE = re.compile(r"^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|TORCH_CPP_LOG_LEVEL$|TORCHELASTIC_)")
+WATCH_SECRET_ENV = "HARNESS_WATCH_SECRET"  # remote_scripts/common/watch_store.py's SECRET_ENV
 POLL_S = 1.0
 UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
 
@@ -113,6 +115,8 @@ class GroupLaunch:
     nproc_per_node: int  # 0: each host's GPU count (at least 1)
     watchdog_timeout: float
     grace_s: float
+    # the watch store's per-run secret (node_launcher.py): every node's environment, never the record
+    watch_secret: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -152,7 +156,7 @@ class NodeJobs(Jobs):
         return not self.launch.nproc_per_node and super().wants_gpu_count(stages)
 
     def stage_env(self) -> dict[str, str]:
-        return {**super().stage_env(), **distributed_env()}
+        return {**super().stage_env(), **distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
 
     def stage_network(self, stage: str) -> bool:
         # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
@@ -162,7 +166,7 @@ class NodeJobs(Jobs):
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
         record = super()._record(run_id, stages, grace_s, image)
         record["group"] = {
-            **dataclasses.asdict(self.launch),
+            **{k: v for k, v in dataclasses.asdict(self.launch).items() if k != "watch_secret"},
             "hosts": list(self.launch.hosts),
             "node_rank": self.rank,
             "nnodes": len(self.launch.hosts),

@@ -8,19 +8,27 @@ on stdout) as a harness.host_server.HostServer, as harness.tensorboard runs Tens
 harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
 the host sends the script SIGTERM and it stops vLLM (its whole process group: SIGTERM, grace,
 SIGKILL), so nothing is left behind on the box.
+
+vLLM wants an API key on every route (docs/security.md): made here per serve, handed to the
+script in a 0600 file that it reads and removes (never on a command line), and kept here in a
+0600 file of this machine's (ServedKey) that `harness serve` names and removes at the end.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import queue
+import secrets
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
-from harness.events import Finished, Metric, parse
+from harness.events import Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.port_forward import locate
@@ -34,6 +42,7 @@ if TYPE_CHECKING:
 DEFAULT_PORT = 8000
 SCRIPT = f"{SCRIPTS_DIR}/serve_draft.py"
 STOP_GRACE_S = 30.0  # serve_draft's --stop-grace: SIGTERM to vLLM's group, then SIGKILL
+READY = "ready after"  # how serve_draft.py's message says vLLM proved itself ours and answers
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,22 @@ def served_line(metric: Metric) -> str | None:
             + " ".join(f"{a:.2f}" for a in positions))
 
 
+class ServedKey:
+    """A served vLLM's API key: on this machine in a 0600 file (`path`) until close()."""
+
+    def __init__(self) -> None:
+        self.value = secrets.token_urlsafe(32)
+        fd, self.path = tempfile.mkstemp(prefix="harness-serve-key-")  # 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(self.value + "\n")
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 class RemoteServer(HostServer):
     """serve_draft.py on the host for as long as this object is open; its events in a queue."""
 
@@ -74,8 +99,11 @@ class RemoteServer(HostServer):
     poll_s = 2.0
     stop_timeout_s = STOP_GRACE_S + 30  # the host stops the script, which stops vLLM
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest):
-        argv = [runtime.python, SCRIPT, "--export", export, "--port", str(request.port), "--host", runtime.server_bind_address,
+    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey):
+        handed = posixpath.join(posixpath.dirname(export), "serve", f".api-key-{request.port}-{secrets.token_hex(4)}")
+        transport.put_bytes(key.value.encode(), handed, mode=0o600)  # serve_draft.py reads and removes it
+        self.key = key
+        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--port", str(request.port), "--host", runtime.server_bind_address,
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
@@ -106,6 +134,28 @@ class RemoteServer(HostServer):
             return error  # the connection's own failure, typed by the transport
         return RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
 
+    def close(self) -> None:
+        super().close()
+        self.key.close()
+
+    def wait_ready(self, timeout: float, on_event=None) -> None:
+        """Until serve_draft.py says vLLM is ready: it proved the server is the one it started
+        (common/vllm_server.py), which a port that merely answers does not; `ended()` if it exits
+        first. The other events go to on_event."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=self.poll_s)
+            except queue.Empty:
+                if not self.alive() and self.events.empty():
+                    raise self.ended() from None
+                continue
+            if on_event is not None:
+                on_event(event)
+            if isinstance(event, Message) and event.text.startswith(READY):
+                return
+        raise RemoteCommandError(f"{self.name} (not ready after {timeout:.0f} s)", -1, "\n".join(self._tail))
+
     def hand_on(self, on_event) -> None:
         """What the script said so far, to `on_event`."""
         while not self.events.empty():
@@ -119,9 +169,14 @@ def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServe
     taken = locate(transport, host.python, [request.port]).get(request.port)
     if taken:
         raise UsageError(f"{host.name}: port {request.port} is taken already ({taken['where']}: another vllm serve?): pass --port")
-    server = RemoteServer(transport, runtime, export, request)
+    key = ServedKey()
     try:
-        server.wait_listening(transport, host.python, request.start_timeout_s, each_poll=(lambda: server.hand_on(on_event)) if on_event else None)
+        server = RemoteServer(transport, runtime, export, request, key)
+    except BaseException:
+        key.close()
+        raise
+    try:
+        server.wait_ready(request.start_timeout_s, on_event)
     except BaseException:
         server.close()
         raise

@@ -372,7 +372,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, refuse_before_serving, run_supervised, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, refuse_before_serving, run_supervised, server_port, sigterm_raises
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
     connector = refuse_before_serving(args, config, what="extract --backend vllm writes bf16 files (what train reads)")
@@ -380,7 +380,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output)
     staging = str(Path(args.staging_dir or output / ".staging") / f"rank{rank}")
-    opts = hidden_state_server(args, layer_ids, n, staging, args.port + local_rank, connector)
+    opts = hidden_state_server(args, layer_ids, n, staging, server_port(args, local_rank), connector)
     if rank == 0:
         write_meta(output, args, CaptureSpec(layer_ids, n, hidden), backend="vllm")
 
@@ -397,7 +397,7 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     env = rank_env(local_rank, args.tensor_parallel_size)
     server_log = Path(args.server_log or output / f"vllm_server.rank{rank}.log")
     client_log = output / f"generate_offline_data.rank{rank}.log"
-    launcher = shlex.split(args.offline_command) if args.offline_command else [sys.executable, "-m", "speculators", "generate-offline-data"]
+    launcher = shlex.split(args.offline_command) if args.offline_command else [sys.executable, str(Path(__file__).resolve().parent / "common" / "speculators_compat.py"), "generate-offline-data"]
     client_argv = offline_data_argv(launcher, opts, args.prepared, str(output), rank, world, args.concurrency)
 
     def progress() -> None:
@@ -479,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")
     v.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
-    v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: this python -m speculators generate-offline-data)")
+    v.add_argument("--offline-command", default=None, help="generate-offline-data launcher (default: speculators' own, through common/speculators_compat.py, which sends the server's key)")
     v.add_argument("--offline-passes", type=int, default=2, help="generate-offline-data runs while samples are missing (each resumes)")
     return p
 

@@ -11,8 +11,9 @@ detached supervisor, with the same run id. It runs
 and watches the other nodes, so that one failed, cancelled or vanished node stops the whole run
 within a bounded time even when no laptop is attached:
 
-  * Node 0's watchdog hosts a small TCPStore on PORT+1 (torch's own key-value store, the same
-    thing the rendezvous uses); every watchdog bumps a heartbeat counter in it every
+  * Node 0's watchdog hosts a small store on PORT+1 (common/watch_store.py: on the rendezvous
+    address only, and only for callers that prove they know the run's secret, which every node
+    gets in its environment, HARNESS_WATCH_SECRET); every watchdog bumps a heartbeat counter in it every
     --heartbeat seconds and posts its node's outcome when torchrun ends or it is cancelled.
   * A watchdog stops its own torchrun (SIGTERM, --grace seconds, then SIGKILL to every process
     it started, ranks included) as soon as a peer posts failed/cancelled, a peer's heartbeat has
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import os
 import signal
 import socket
@@ -110,7 +110,7 @@ def torchrun_argv(a: argparse.Namespace) -> list[str]:
 
 
 class Watchdog:
-    """Heartbeats and outcomes through a TCPStore on node 0.
+    """Heartbeats and outcomes through the watch store on node 0.
 
     Every store call happens in a prober thread: on a partitioned link a call can block for
     minutes (TCP retransmits), and the decision loop must not. The loop only reads what the
@@ -124,6 +124,7 @@ class Watchdog:
         self.me = a.node_rank
         self.peers = [r for r in range(a.nnodes) if r != self.me]
         self.store = None
+        self.server = None  # node 0's
         self.lock = threading.Lock()
         self.store_ok_at = time.monotonic()
         self.seen: dict[int, tuple[int, float]] = {}  # peer -> (heartbeat count, when it last moved)
@@ -138,22 +139,27 @@ class Watchdog:
     # -- the watch store ---------------------------------------------------------------------------
 
     def connect(self) -> None:
-        from torch.distributed import TCPStore
+        from common.watch_store import SECRET_ENV, WatchStoreClient, WatchStoreServer
 
+        secret = os.environ.get(SECRET_ENV, "").encode()
+        if not secret:
+            raise RuntimeError(f"no {SECRET_ENV} in the environment: the watch store takes only callers that know the run's secret")
         host, port = split_endpoint(self.a.endpoint)
-        timeout = datetime.timedelta(seconds=max(5.0, self.a.heartbeat * 3))
+        timeout = max(5.0, self.a.heartbeat * 3)
         if self.me == 0:
-            self.store = TCPStore("0.0.0.0", port + 1, is_master=True, wait_for_workers=False, timeout=timeout)
-        else:
-            deadline = time.monotonic() + self.a.join_timeout
-            while True:  # node 0 may start later than us
-                try:
-                    self.store = TCPStore(host, port + 1, is_master=False, timeout=timeout)
-                    break
-                except (RuntimeError, ValueError, TimeoutError) as e:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"cannot reach the watch store on {self.name(0)} at {host}:{port + 1}: {e}") from None
-                    time.sleep(self.a.heartbeat)
+            try:
+                self.server = WatchStoreServer(socket.gethostbyname(host) if ":" not in host else host, port + 1, secret)
+            except OSError as e:
+                raise RuntimeError(f"cannot listen for the watch store at {host}:{port + 1} (the rendezvous address, on this node?): {e}") from None
+        deadline = time.monotonic() + self.a.join_timeout
+        while True:  # node 0 may start later than us
+            try:
+                self.store = WatchStoreClient(host, port + 1, secret, timeout)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot reach the watch store on {self.name(0)} at {host}:{port + 1}: {e}") from None
+                time.sleep(self.a.heartbeat)
         self.store_ok_at = time.monotonic()
         threading.Thread(target=self._probe_loop, name="watch-store", daemon=True).start()
 
@@ -163,7 +169,7 @@ class Watchdog:
                 self.store.add(f"hb/{self.me}", 1)
                 for peer in self.peers:
                     count = self.store.add(f"hb/{peer}", 0)
-                    outcome = self.store.get(f"outcome/{peer}").decode() if self.store.check([f"outcome/{peer}"]) else None
+                    outcome = self.store.get(f"outcome/{peer}")
                     now = time.monotonic()
                     with self.lock:
                         last = self.seen.get(peer)

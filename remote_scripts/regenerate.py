@@ -311,7 +311,7 @@ class VllmBackend:
     def __init__(self, args: argparse.Namespace, rank: int, local_rank: int):
         from transformers import AutoConfig, AutoTokenizer
 
-        from common.vllm_server import ManagedServer, ServeOptions, rank_env, refuse_unservable, sigterm_raises
+        from common.vllm_server import ManagedServer, ServeOptions, rank_env, refuse_unservable, server_port, sigterm_raises
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
@@ -324,7 +324,7 @@ class VllmBackend:
             return
         refuse_unservable(AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code), args.vllm_command)
         self.opts = ServeOptions(
-            model=args.verifier, host=args.host, port=args.port + local_rank, tensor_parallel_size=args.tensor_parallel_size,
+            model=args.verifier, host=args.host, port=server_port(args, local_rank), tensor_parallel_size=args.tensor_parallel_size,
             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
             vllm_command=args.vllm_command,
             extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
@@ -352,10 +352,10 @@ class VllmBackend:
         """The id the running server serves (GET /v1/models), which the requests must name."""
         import urllib.request
 
-        from common.vllm_server import ServerFailed
+        from common.vllm_server import ServerFailed, auth_headers
 
         try:
-            with urllib.request.urlopen(f"{self.base_url}/v1/models", timeout=30) as response:
+            with urllib.request.urlopen(urllib.request.Request(f"{self.base_url}/v1/models", headers=auth_headers()), timeout=30) as response:
                 return json.loads(response.read())["data"][0]["id"]
         except (OSError, ValueError, KeyError, IndexError) as e:
             raise ServerFailed(f"--endpoint {self.args.endpoint}: no vLLM server answers GET /v1/models ({type(e).__name__}: {e})") from None
@@ -369,14 +369,14 @@ class VllmBackend:
     def _complete(self, prompt: list[int]) -> Reply:
         import urllib.request
 
-        from common.vllm_server import ServerFailed
+        from common.vllm_server import ServerFailed, auth_headers
 
         args = self.args
         # return_token_ids: the reply is decoded here from its tokens alone, as the transformers
         # backend does (vLLM's text is decoded in the prompt's context: a leading space).
         body = {"model": self.model_name, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "skip_special_tokens": True, "return_token_ids": True}
-        request = urllib.request.Request(f"{self.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(f"{self.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **auth_headers()})
         last_error = None
         for attempt in range(3):
             try:

@@ -4,7 +4,7 @@
         [--no-baseline] [--events FILE] [vllm serve flags: --port, --max-model-len, --vllm-arg ...]
 
 1. `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'`
-   (the verifier and K from the export), waits for /health;
+   (the verifier and K from the export), waits until it is ready (common/vllm_server.py);
 2. sends evaluate's held-out prompts (the same rows, split, count and reply length as evaluate's
    report.json in EVAL_DIR records; token ids, greedy, one request at a time) to /v1/completions,
    reading vLLM's spec-decode counters from /metrics before and after (common/spec_metrics.py);
@@ -32,10 +32,10 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.conversations import NoPrompts, load_prompts  # noqa: E402
-from common.draft_serving import Export, ServeCheckError, cannot_serve, complete, free_port, read_export  # noqa: E402
+from common.draft_serving import Export, ServeCheckError, cannot_serve, complete, read_export  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
-from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, sigterm_raises  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, server_port, sigterm_raises  # noqa: E402
 
 STAGE = "serve_check"
 REPORT = "report.json"
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="the tokenizer's and vLLM's (auto_map)")
     serve = p.add_argument_group("vllm serve")
     add_serve_arguments(serve)
-    serve.set_defaults(port=0, health_timeout=1800.0)  # port 0: a free one, chosen at run time
+    serve.set_defaults(health_timeout=1800.0)
     p.add_argument("--events", default=None)
     return p
 
@@ -95,7 +95,7 @@ def measured_settings(args: argparse.Namespace, report: dict | None) -> tuple[st
 
 def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, prompts: list[list[int]], max_tokens: int, draft: bool, log: Path) -> dict[str, Any]:
     """One server (with the draft or without), the prompts sent one at a time; its figures."""
-    port = args.port or free_port(args.host)
+    port = server_port(args)
     extra = [*(export.serve_args(args.speculative_tokens) if draft else []), *(["--trust-remote-code"] if args.trust_remote_code else []),
              *(["--enforce-eager"] if args.enforce_eager else []), *args.vllm_arg]
     opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,

@@ -1,11 +1,11 @@
 """Serve an exported draft with vLLM until stopped, reporting its served acceptance as it goes.
 
-    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port 8000] [--interval 5] [vllm serve flags]
+    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port PORT] [--interval 5] [vllm serve flags]
 
 `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
 verifier and K from the export; common/draft_serving.py), in its own process group, log kept at
 --log. Stage events go to STDOUT as JSON lines (docs/events.json; stage "serve"): a message when
-the server is healthy, then a metric event whenever vLLM's spec-decode counters in /metrics moved
+the server is healthy (its text begins "ready after": `harness serve` waits for it), then a metric event whenever vLLM's spec-decode counters in /metrics moved
 (`served_tau`, `served_acceptance_<i>`, `drafts`: since the server started). `harness serve`
 runs it in the stage runtime, forwards the port and prints those. SIGTERM (or SIGINT) stops the
 server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the server's death.
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.draft_serving import ServeCheckError, cannot_serve, read_export  # noqa: E402
 from common.events import EventLog  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
-from common.vllm_server import ManagedServer, ServeOptions, ServerFailed, StageCancelled, add_serve_arguments, log_tail, sigterm_raises  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, ServerFailed, StageCancelled, add_serve_arguments, log_tail, server_port, sigterm_raises  # noqa: E402
 
 STAGE = "serve"
 
@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reads of /metrics")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--api-key-file", default=None, help="a 0600 file holding vLLM's API key, read and removed at start (harness serve hands its key over so); default: a key made here")
     add_serve_arguments(p.add_argument_group("vllm serve"))
     return p.parse_args(argv)
 
@@ -68,6 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def take_key(path: str | None) -> str | None:
+    """The key in `path`, which is removed: it lives on only in this process and vLLM's."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
 def serve(args: argparse.Namespace, events: EventLog) -> None:
     from common.vllm_compat import default_vllm_command, installed_distribution
 
@@ -79,14 +90,15 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
     if why:
         raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
-    opts = ServeOptions(model=export.verifier, host=args.host, port=args.port, tensor_parallel_size=args.tensor_parallel_size,
+    port = server_port(args)
+    opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
                         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                         vllm_command=args.vllm_command, extra_args=extra)
-    log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{args.port}.log"
-    with sigterm_raises(), ManagedServer(opts, log, stop_grace=args.stop_grace) as server:
+    log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{port}.log"
+    with sigterm_raises(), ManagedServer(opts, log, stop_grace=args.stop_grace, api_key=take_key(args.api_key_file)) as server:
         events.message(f"starting vllm serve {export.verifier} with the eagle3 draft {export.directory} (k={args.speculative_tokens or export.speculative_tokens}); log {log}")
         seconds = server.wait_healthy(args.health_timeout)
-        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at port {args.port} (/v1/completions, /v1/chat/completions, /metrics)")
+        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at port {port} (/v1/completions, /v1/chat/completions, /metrics)")
         last = SpecCounters()
         while True:
             time.sleep(args.interval)

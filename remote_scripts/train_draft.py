@@ -270,6 +270,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     loss_impl = choose_loss_implementation(device_type, torch.__version__) if args.loss_implementation == "auto" else args.loss_implementation
     num_workers = args.num_workers if args.num_workers is not None else default_num_workers(device_type, os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     shims = speculators_compat.apply_cpu_shims()
+    if online:
+        speculators_compat.send_server_key()  # our vLLM wants its key (train --online hands it down)
     kernel_options = None
     if device_type == "cuda" and attn_impl in draft_attention.FLEX_FAMILY:
         smem = draft_attention.device_shared_memory_per_block(int(os.environ.get("LOCAL_RANK", "0")))
@@ -537,7 +539,7 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
 
     from common.online import clear_staging, place_gpus, visible_gpus
     from common.verifier import check_target_layers, default_target_layers, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, refuse_before_serving, run_supervised, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, refuse_before_serving, run_supervised, server_port, sigterm_raises
 
     if under_torchrun():
         raise TrainError("train --online starts vLLM and torchrun itself: run it once per host, not under torchrun (a group run trains offline)")
@@ -553,7 +555,7 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
     layers = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output).resolve()
     staging = staging_dir(args)
-    opts = hidden_state_server(args, layers, n, str(staging), args.port, connector,
+    opts = hidden_state_server(args, layers, n, str(staging), server_port(args), connector,
                                tensor_parallel_size=tensor_parallel, gpu_memory_utilization=placement.gpu_memory_utilization)
     removed = clear_staging(staging)  # a crashed or cancelled run's leftovers: resume starts clean
     server_env, trainer_env = dict(os.environ), {**os.environ, ONLINE_CHILD_ENV: "1"}

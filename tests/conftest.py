@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.fixtures.docker_engine",
     "tests.fixtures.pipeline_data",
     "tests.fixtures.netns",
+    "tests.fixtures.other_user",
 ]
 
 

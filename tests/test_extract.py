@@ -281,7 +281,7 @@ def _vllm_args(tiny_verifier, prepared, out, mode, record, *extra):
     return [
         "--backend", "vllm", "--verifier", tiny_verifier.verifier, "--prepared", prepared, "--output", out,
         "--vllm-command", f"{sys.executable} {STAND_IN} --mode {mode} --record {record}", "--hidden-states-connector", "vllm",
-        "--port", _free_port(), "--concurrency", 4, "--events", out.parent / "events.jsonl", *extra,
+        "--concurrency", 4, "--events", out.parent / "events.jsonl", *extra,
     ]
 
 
@@ -329,6 +329,83 @@ def test_vllm_backend_runs_speculators_offline_datagen_against_a_server(tiny_ver
         ours, reference = load_file(str(out / f"hs_{i}.safetensors")), load_file(str(hidden_states / f"hs_{i}.safetensors"))
         assert torch.equal(ours["token_ids"], reference["token_ids"])
         _assert_bf16_close(ours["hidden_states"], reference["hidden_states"].float())
+
+
+class _Squatter:
+    """An HTTP server on 127.0.0.1:PORT that answers 200 to everything (a stand-in for a stranger's
+    process that grabbed our port) and keeps the Authorization headers it was sent."""
+
+    def __init__(self, port: int):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.authorizations = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(self.headers.get("Authorization"))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"object": "list", "data": [{"id": "anything"}]}')
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_squatter_on_the_port_before_or_while_the_server_loads_is_never_taken_for_it(tiny_verifier, prepared_data, tmp_path):
+    """The server counts as ready only once it proves it is the process the stage started: a
+    stranger's HTTP server on the port (there before the server starts, or taking it while the
+    server loads: the stand-in's hang mode never binds) fails the stage in one line, and is
+    never sent the server's key."""
+    import time
+
+    port = _free_port()
+    squatter = _Squatter(port)
+    try:
+        out, record = tmp_path / "before", tmp_path / "before.json"
+        proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "serve", record, "--port", port), check=False, timeout=300)
+        assert proc.returncode == 1
+        error = read_events(tmp_path / "events.jsonl")[-1]["error"]
+        assert f"port {port} is held by a process this stage did not start" in error, error
+    finally:
+        squatter.close()
+    assert squatter.authorizations == []
+
+    import subprocess
+
+    from tests.fixtures.pipeline_data import offline_env
+
+    out, record = tmp_path / "while", tmp_path / "while.json"
+    argv = [sys.executable, str(SCRIPTS_DIR / "extract_hidden_states.py"),
+            *map(str, _vllm_args(tiny_verifier, prepared_data, out, "hang", record, "--port", port, "--stop-grace", 1))]
+    stage = subprocess.Popen(argv, env=offline_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    squatter = None
+    try:
+        deadline = time.monotonic() + 120
+        while not (record.exists() and record.read_text()):  # the server started (and loads: never listens)
+            assert stage.poll() is None and time.monotonic() < deadline, "the stage ended early"
+            time.sleep(0.1)
+        squatter = _Squatter(port)
+        assert stage.wait(timeout=120) == 1
+    finally:
+        if stage.poll() is None:
+            stage.kill()
+        if squatter is not None:
+            squatter.close()
+    error = read_events(tmp_path / "events.jsonl")[-1]["error"]
+    assert f"port {port} is held by a process this stage did not start" in error, error
+    assert squatter.authorizations == []
+    assert not _alive(json.loads(record.read_text())["pid"])
 
 
 def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):

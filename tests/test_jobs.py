@@ -257,6 +257,30 @@ def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     assert [(s.stage, s.state) for s in jobs.status(run_id).stages] == [("prepare", "cancelled"), ("train", "cancelled")]
 
 
+def test_cancel_of_a_lost_run_signals_no_stranger_that_now_holds_its_pgid(tmp_path):
+    """A run lost across a reboot: its recorded pgid now leads an unrelated process group (a
+    `sleep` started here stands for it; a reboot cannot be made, so the record is pointed at it).
+    cancel says the run is lost and signals nothing."""
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
+    run_id = jobs.start(["prepare"], grace_s=1)
+    _wait_for_line(jobs, run_id, "line 1 of 100")
+    run_dir = workdir / "runs" / run_id
+    stage_state = json.loads((run_dir / "prepare" / "state.json").read_text())
+    assert stage_state["leader"]["start_time"] > 0 and stage_state["leader"]["boot_id"]
+    os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)  # the supervisor, then its stage: "the reboot"
+    os.killpg(stage_state["pgid"], signal.SIGKILL)
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (run_dir / "prepare" / "state.json").write_text(json.dumps({**stage_state, "pid": stranger.pid, "pgid": stranger.pid}))
+        _wait_for_status(lambda: jobs.status(run_id), "lost", key=lambda s: s.state)
+        assert jobs.cancel(run_id) == "lost"
+        assert stranger.poll() is None  # not signalled
+        assert jobs.status(run_id).state == "lost"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_shell_on_host_runtime_is_a_pty_in_the_workdir(tmp_path):
     make_jobs(tmp_path, {})
     config = tmp_path / "project" / "harness.toml"

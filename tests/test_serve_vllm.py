@@ -16,6 +16,7 @@ VLLM_CPU_KVCACHE_SPACE=1 GiB).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.shared import build_once
 from tests.fixtures.sshd import free_port, listening
@@ -126,6 +128,13 @@ def _scrambled_run(workdir: Path) -> str:
     return run_id
 
 
+def _key(shown: str) -> dict[str, str]:
+    """The header harness serve's key makes (it names the 0600 file that holds the key)."""
+    path = next(line for line in shown.splitlines() if line.startswith("its API key is in ")).split()[5]
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    return {"Authorization": f"Bearer {Path(path).read_text().strip()}"}
+
+
 def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(served_run, head32_draft, tmp_path):
     from transformers import AutoTokenizer
 
@@ -142,17 +151,17 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
                                 stdout=o, stderr=e, env=offline_env(**VLLM_ENV), cwd=config.parent)
     try:
         deadline = time.monotonic() + 600
-        while f"http://127.0.0.1:{port}" not in out.read_text():
+        while "its API key is in" not in out.read_text():  # after the URL
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
             time.sleep(1)
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
-        base = f"http://127.0.0.1:{port}"
+        base, key = f"http://127.0.0.1:{port}", _key(out.read_text())
         for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", PROMPTS):
             body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
-            request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
-        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
             counters = SpecCounters.parse(r.read().decode())
         assert counters.drafts > 0 and counters.tau < 1.1, counters  # about 1.0: a scrambled draft is not accepted
         while "served tau" not in out.read_text():  # shown while it runs (every 5 s)
@@ -171,8 +180,10 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
 
 
 @pytest.mark.ssh
-def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path):
+def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path, other_user):
     """The same through the test sshd: `ssh -L` to the box's port, vLLM stopped there on Ctrl-C.
+    Another local user gets 401 on every route, on the box's port and through the forward, and
+    the key is on no command line of either side.
     Environment names do not reach a served process over SSH (its stdin is the lifeline), so
     the KV cache is sized with vLLM's own flag."""
     from transformers import AutoTokenizer
@@ -191,13 +202,18 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
                                 stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
     try:
         deadline = time.monotonic() + 600
-        while f"http://127.0.0.1:{local}" not in out.read_text():
+        while "its API key is in" not in out.read_text():  # after the URL
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
             time.sleep(1)
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
+        key = _key(out.read_text())
+        for url in (f"http://127.0.0.1:{remote}", f"http://127.0.0.1:{local}"):
+            seen = other_user.probe(url, VLLM_ROUTES)
+            assert set(seen.values()) == {401}, (url, seen)
+        assert command_lines_holding(key["Authorization"].split()[1]) == []
         for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", 2):
             body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
-            request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+            request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
         while "served tau" not in out.read_text():

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.sshd import free_port
 
@@ -159,7 +160,7 @@ def _replies(path: Path) -> list[str]:
 
 @pytest.mark.pipeline
 @pytest.mark.vllm
-def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tmp_path):
+def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tmp_path, other_user):
     from common.vllm_compat import default_vllm_command
     from common.vllm_server import ManagedServer, ServeOptions
 
@@ -188,6 +189,12 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
         assert first != other and first != greedy_reference  # another seed, and sampling at all
         assert regenerate("nucleus", "--temperature", 1.0, "--top-p", 1e-6, "--seed", 3) == greedy_reference  # top-p keeps only the top token
 
+        # Ours alone: another local user gets 401 on every route that serves the model, data or
+        # metrics (vllm_compat's key-on-every-route), and the key is on no command line.
+        seen = other_user.probe(opts.base_url, VLLM_ROUTES)
+        assert set(seen.values()) == {401}, seen
+        assert command_lines_holding(server.api_key) == []
+
     # SIGTERM to the server's process group, then the group is gone: no orphaned engine.
     assert server.exit_code is not None
     deadline = time.monotonic() + 10  # SIGKILLed members may take a moment to go
@@ -195,6 +202,46 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
         time.sleep(0.2)
     assert _live_members(group) == []
     assert "[harness] vllm serve stopped (exit" in (tmp_path / "server.log").read_text().splitlines()[-1]
+    assert server.api_key not in (tmp_path / "server.log").read_text()  # nor in its log
+
+
+def test_vllm_wants_its_key_on_every_route_when_started_through_vllm_compat():
+    """vllm_compat's key-on-every-route shim on the installed vLLM's own middleware (no engine):
+    without the key /metrics, /tokenize, /health ... are 401 too, not only /v1."""
+    import asyncio
+
+    from vllm.entrypoints.serve.middleware import authenticate
+
+    from common.vllm_compat import guard_every_route
+
+    before = authenticate.GUARDED_PREFIX
+    reached = []
+
+    async def app(scope, receive, send):
+        reached.append(scope["path"])
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    def status(path: str, headers: list) -> int | None:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        asyncio.run(authenticate.AuthenticationMiddleware(app, tokens=["the-key"])({"type": "http", "method": "GET", "path": path, "headers": headers}, receive, send))
+        return sent[0]["status"] if sent else None
+
+    try:
+        assert status("/metrics", []) is None  # vLLM's own prefixes leave it open
+        reached.clear()
+        guard_every_route()
+        assert {p: status(p, []) for p in ("/metrics", "/tokenize", "/invocations", "/health", "/v1/models")} == dict.fromkeys(
+            ("/metrics", "/tokenize", "/invocations", "/health", "/v1/models"), 401)
+        assert reached == []
+        assert status("/metrics", [(b"authorization", b"Bearer the-key")]) is None and reached == ["/metrics"]
+    finally:
+        authenticate.GUARDED_PREFIX = before
 
 
 @pytest.mark.pipeline

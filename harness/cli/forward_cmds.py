@@ -61,5 +61,5 @@ def tensorboard(ctx: click.Context, host: str, run: str | None, port: int, local
     board, logdir = start(h.config, h.cfg, h.transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
     with board:
         click.echo(f"TensorBoard on {host} over {logdir}", err=True)
-        forwarding, shown = open_forwards(h.transport, h.cfg.python, [spec])
+        forwarding, shown = open_forwards(h.transport, h.cfg.python, [spec], board.containers_only)
         _hold(forwarding, shown, host)

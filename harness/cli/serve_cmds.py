@@ -47,11 +47,13 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
-        forwarding, shown = open_forwards(transport, h.cfg.python, [spec])
+        forwarding, shown = open_forwards(transport, h.cfg.python, [spec], server.containers_only)
         try:
             for f in shown:
                 click.echo(f"{f.url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
                            + f": run {run_id}'s draft {export}")
+                click.echo(f"its API key is in {server.key.path} (removed when this ends): "
+                           f"curl -H \"Authorization: Bearer $(cat {server.key.path})\" {f.url}/v1/models")
             click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
             while server.alive():
                 try:

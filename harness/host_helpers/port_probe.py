@@ -1,8 +1,10 @@
 """Where ports of this host listen (run by harness.port_forward; stdlib only, one round trip).
 
-stdin: {"ports": [PORT, ...]} (harness/helpers.py)  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
+stdin: {"ports": [PORT, ...], "containers_only": BOOL} (harness/helpers.py)  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
 running container's address: a container on docker's bridge network (the stages' default)
 publishes no port on the host, yet the host reaches it at the container's own address.
+containers_only (a server harness started in a container): never the host's loopback, where any
+local user may have taken the same port.
 """
 
 import json
@@ -39,11 +41,11 @@ def container_addresses():
     return found
 
 
-def main(ports):
+def main(ports, containers_only=False):
     located = {}
     containers = None
     for port in ports:
-        if listens("127.0.0.1", port):
+        if not containers_only and listens("127.0.0.1", port):
             located[port] = {"address": "127.0.0.1", "where": "the host"}
             continue
         if containers is None:
@@ -53,4 +55,5 @@ def main(ports):
 
 
 if __name__ == "__main__":
-    main([int(p) for p in json.loads(sys.stdin.read())["ports"]])  # the request (harness/helpers.py)
+    request = json.loads(sys.stdin.read())  # harness/helpers.py
+    main([int(p) for p in request["ports"]], bool(request.get("containers_only")))

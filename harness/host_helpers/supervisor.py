@@ -17,7 +17,8 @@ later, and nothing depends on the connection (or the harness process) that start
     <stage>/spec.json     how to launch the stage (written by the harness)
     <stage>/log           stdout+stderr of the stage, complete, appended live
     <stage>/events.jsonl  progress events (the stage writes them: --events)
-    <stage>/state.json    pending | running | ok | failed | cancelled | skipped, exit code, times
+    <stage>/state.json    pending | running | ok | failed | cancelled | skipped, exit code, times;
+                          a host stage's pgid and its leader's identity (boot id, start time)
 
 A stage spec is one of
     {"kind": "host",   "argv": [...]}                      a process group of its own
@@ -347,7 +348,7 @@ class Supervisor:
         except OSError as e:
             log_file.write(f"harness: cannot start {spec['argv'][0]}: {e}\n".encode())
             return 127, False
-        update_json(state_path, pid=proc.pid, pgid=proc.pid)
+        update_json(state_path, pid=proc.pid, pgid=proc.pid, leader=process_identity(proc.pid))
         cancelled = False
         while proc.poll() is None:
             if self._cancel_pending() and not cancelled:
@@ -536,6 +537,12 @@ def cmd_cancel(run_dir: str, grace: float | None) -> int:
                 subprocess.run(["docker", "stop", "-t", str(int(grace)), st["container"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 subprocess.run(["docker", "rm", "-f", st["container"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             elif st.get("pgid"):
+                if not group_is_ours(st):
+                    print(f"{run_dir}: stage {stage}'s process group {st['pgid']} is no longer this run's "
+                          "(the host rebooted, or the id was reused): the run is lost, nothing signalled", file=sys.stderr)
+                    update_json(state_path, state="lost", finished=now())
+                    print("lost")
+                    return 0
                 terminate_group(int(st["pgid"]), grace, lambda: None if _group_alive(int(st["pgid"])) else 0)
         update_json(sp, state="cancelled", finished=now())
     state = read_json(state_path, {})
@@ -543,6 +550,31 @@ def cmd_cancel(run_dir: str, grace: float | None) -> int:
         update_json(state_path, state="cancelled", finished=now())
     print(read_json(state_path, {}).get("state"))
     return 0
+
+
+# A pid (and so a pgid) is reused, at once after a reboot: a stage's group is signalled only while
+# it is provably the one the stage started. Its leader's identity is recorded at the start.
+
+
+def process_identity(pid: int) -> dict | None:
+    """{"boot_id", "start_time"} of a live process (start_time: /proc/PID/stat field 22, clock
+    ticks after boot), None when there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot_id = f.read().strip()
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command name (it may hold spaces and parentheses): field 3 on
+    return {"boot_id": boot_id, "start_time": int(fields[19])}
+
+
+def group_is_ours(stage_state: dict) -> bool:
+    """The recorded leader still leads the group. A leader gone (its group may live on, or the id
+    may be a stranger's by now) or a record without its identity proves nothing."""
+    leader = stage_state.get("leader")
+    return bool(leader) and process_identity(int(stage_state["pgid"])) == leader
 
 
 def _group_alive(pgid: int) -> bool:

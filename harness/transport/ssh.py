@@ -405,9 +405,9 @@ class SSHTransport(Transport):
         tmp = f"{directory}/.harness-tmp-{uuid.uuid4().hex[:12]}-{os.path.basename(path)}"
         try:
             with self.sftp.open(tmp, "wb") as f:
+                if mode is not None:  # before the bytes: a 0600 file's secret is never readable by others
+                    f.chmod(mode)
                 f.write(data)
-            if mode is not None:
-                self.sftp.chmod(tmp, mode)
             self.sftp.posix_rename(tmp, path)
         except BaseException:
             try:

@@ -13,12 +13,13 @@ common/vllm_server.py's ManagedServer.
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from common.vllm_server import auth_headers
 
 
 
@@ -81,16 +82,10 @@ def cannot_serve(export: Export, distribution: str | None) -> str | None:
     return None
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def complete(base_url: str, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dict:
     """One greedy completion of a token-id prompt: {"token_ids": [...], "completion_tokens": n}."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
-    request = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **auth_headers()})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         answer = json.loads(response.read())
     choice = answer["choices"][0]

@@ -180,6 +180,14 @@ class MeasuredTransfer:
         self.staging = staging
         self.peak = 0
 
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled in a spawned dataloader worker: the one object of ours that gets there, so it
+        # brings the endpoint-key shim along (the worker's requests to our vLLM carry its key).
+        self.__dict__.update(state)
+        from common.speculators_compat import send_server_key
+
+        send_server_key()
+
     def setup(self) -> None:
         self.inner.setup()
 

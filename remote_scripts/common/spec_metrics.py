@@ -116,5 +116,7 @@ class SpecCounters:
 
 def read_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
     """GET BASE_URL/metrics and parse it."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as response:
+    from common.vllm_server import auth_headers
+
+    with urllib.request.urlopen(urllib.request.Request(f"{base_url}/metrics", headers=auth_headers()), timeout=timeout) as response:
         return SpecCounters.parse(response.read().decode("utf-8", "replace"))

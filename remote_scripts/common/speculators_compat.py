@@ -55,6 +55,15 @@ If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.atta
                    common/online.py's MeasuredTransfer, which sums the staging directory between
                    the two (the peak disk of online training); nothing else changes.
 
+  endpoint-key     speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI, the
+                   online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY";
+                   our servers want their key (VLLM_API_KEY, common/vllm_server.py).
+                   send_server_key() makes openai's clients in this process send it instead
+                   (train applies it; spawned dataloader workers apply it when they unpickle
+                   common/online.py's MeasuredTransfer).
+                   generate-offline-data runs through this file (`python speculators_compat.py
+                   generate-offline-data ...`), which applies it first.
+
 The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
 """
 
@@ -309,6 +318,16 @@ def measure_generated_states(dataset, staging: str) -> None:
         dataset.transfer = MeasuredTransfer(dataset.transfer, staging)
 
 
+def _check_endpoint_key():
+    import importlib
+
+    generate_offline_data = importlib.import_module("speculators.cli.generate_offline_data")  # the package's name is the function
+    from speculators.train import data
+
+    _require("endpoint-key", generate_offline_data._generate_and_save_hidden_states, "openai.AsyncOpenAI(", 'api_key="EMPTY"')
+    _require("endpoint-key", data.ArrowDataset._setup_client, "openai.OpenAI(", 'api_key="EMPTY"')
+
+
 CHECKS: dict[str, Callable[[], Any]] = {
     "trainer-device": _check_trainer_device,
     "step-timer-sync": _check_step_timer,
@@ -324,6 +343,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
 
 
     "online-measure": _check_online_measure,
+    "endpoint-key": _check_endpoint_key,
 }
 
 
@@ -577,3 +597,46 @@ def hook_main(
 
     setup_metric_logger._speculators_compat_original = original  # type: ignore[attr-defined]
     cli_mod.setup_metric_logger = setup_metric_logger
+
+
+# --- endpoint-key ---------------------------------------------------------------------------------
+
+
+def send_server_key() -> bool:
+    """The endpoint-key shim: openai's clients made with api_key="EMPTY" send VLLM_API_KEY
+    instead. A no-op (False) without the variable. Idempotent."""
+    import os
+
+    key = os.environ.get("VLLM_API_KEY")
+    if not key:
+        return False
+    import openai
+
+    if getattr(openai.OpenAI, "_speculators_compat", False):
+        return True
+    _check_endpoint_key()
+
+    def keyed(base):
+        class Keyed(base):
+            _speculators_compat = True
+
+            def __init__(self, *args, api_key=None, **kwargs):
+                super().__init__(*args, api_key=key if api_key == "EMPTY" else api_key, **kwargs)
+
+        Keyed.__name__ = Keyed.__qualname__ = base.__name__
+        return Keyed
+
+    openai.OpenAI, openai.AsyncOpenAI = keyed(openai.OpenAI), keyed(openai.AsyncOpenAI)
+    return True
+
+
+if __name__ == "__main__":  # python speculators_compat.py SUBCOMMAND ...: speculators' CLI, keyed
+    import os
+    import runpy
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]  # our modules shadow nothing
+    send_server_key()
+    sys.argv[0] = "speculators"
+    runpy.run_module("speculators", run_name="__main__")

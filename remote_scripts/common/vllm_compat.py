@@ -28,6 +28,14 @@ code's source, that it still looks as expected; if vLLM changed beneath it, it r
                 import it without our modules shadowing anything. `check_cpu_connector()` verifies
                 every method and attribute of the base class it relies on.
 
+  key-on-every-route
+                vLLM checks its API key (VLLM_API_KEY, which every server we start gets:
+                common/vllm_server.py) only on paths under `GUARDED_PREFIX` (/v1, /v2, /inference,
+                /cohere in 0.32.0): /metrics, /tokenize, /invocations and the rest answer anyone.
+                `guard_every_route()` makes the prefix "/", so every route wants the key (/health
+                too); set before the app is built, in the API server process (the CLI run from this
+                file, one API server: vLLM's default).
+
 Verifier checks before a server starts (`unservable_reason`; shim name cpu-head-sizes when vLLM's
 code moved): vLLM's CPU attention
 (`CPUAttentionBackend.get_supported_head_sizes()`, vllm/v1/attention/backends/cpu_attn.py) serves
@@ -110,6 +118,16 @@ def patch_cli_version() -> None:
         return answer if distribution_name == "vllm" else original(distribution_name)
 
     importlib.metadata.version = version
+
+
+def guard_every_route() -> None:
+    """The key-on-every-route shim (see the module docstring)."""
+    from vllm.entrypoints.serve.middleware import authenticate
+
+    _require("key-on-every-route", authenticate.AuthenticationMiddleware.__call__, "url_path.startswith(GUARDED_PREFIX)")
+    if not isinstance(authenticate.GUARDED_PREFIX, tuple):
+        raise ShimOutdated("key-on-every-route", "GUARDED_PREFIX is no longer a tuple of prefixes")
+    authenticate.GUARDED_PREFIX = ("/",)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,6 +301,7 @@ def unservable_reason(config: Any, distribution: str | None = None, what: str = 
 
 def cli_main() -> int | None:
     patch_cli_version()
+    guard_every_route()
     from vllm.entrypoints.cli.main import main
 
     sys.argv[0] = "vllm"

