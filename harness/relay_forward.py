@@ -10,6 +10,7 @@ a socket in a 0700 directory is open to its owner only (and in a container, to `
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 from typing import TYPE_CHECKING, Sequence
 
@@ -71,6 +72,7 @@ class RelayForwarding(Forwarding):
         self._closed = threading.Event()
         self._relays: set["RemoteProcess"] = set()
         self._lock = threading.Lock()
+        self._last_warning = ""
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -112,9 +114,18 @@ class RelayForwarding(Forwarding):
                 pass
             reader.join()
             conn.close()
-            proc.wait()
+            code = proc.wait()
             with self._lock:
                 self._relays.discard(proc)
+        if code != 0 and not self._closed.is_set():
+            self._warn(str(proc.error("the relay")))
+
+    def _warn(self, error: str) -> None:
+        """One line per new failure, not one per browser retry."""
+        if error != self._last_warning:
+            self._last_warning = error
+            sys.stderr.write(f"harness: warning: {self._transport.name}: a forwarded connection failed: {error}\n")
+            sys.stderr.flush()
 
     def wait(self) -> None:
         self._closed.wait()

@@ -107,15 +107,21 @@ class RemoteTensorBoard(HostServer):
         """Until the launcher says the socket listens; `ended()` if it exits first."""
         import threading
 
-        said: list[bytes] = []
-        reader = threading.Thread(target=lambda: said.append(next(iter(self._proc.stdout_lines()), b"")), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if said and said[0].strip() == READY.encode():
-            return
-        if not said:
+        first: list[bytes] = []
+        said = threading.Event()
+
+        def read() -> None:  # the first line, then the rest drained (a full pipe would stall it)
+            for line in self._proc.stdout_lines():
+                if not said.is_set():
+                    first.append(line)
+                    said.set()
+            said.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not said.wait(timeout):
             raise RemoteCommandError(f"{self.name} (not listening after {timeout:.0f} s)", -1, "\n".join(self._tail))
-        raise self.ended()
+        if first[:1] != [READY.encode() + b"\n"]:
+            raise self.ended()
 
     def ended(self) -> Exception:
         error = super().ended()
