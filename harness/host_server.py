@@ -19,7 +19,7 @@ from harness.port_forward import locate
 from harness.transport.base import OWN, until_stdin_closes
 
 if TYPE_CHECKING:
-    from harness.runtime.base import Runtime
+    from harness.runtime.base import Runtime, WrapOptions
     from harness.transport.base import Transport
 
 
@@ -30,13 +30,15 @@ class HostServer:
     poll_s = 1.0  # between checks of its port while it starts
     stop_timeout_s = 15.0  # for the host to stop it once stdin closes
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], port: int, stdout: bool = False):
+    def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], port: int, stdout: bool = False,
+                 options: "WrapOptions | None" = None):
         self.port = port
         # where it listens: in its container on docker hosts, never the host's loopback (anyone's)
         self.containers_only = runtime.uses_image
         self._tail: list[str] = []
         # a connection of its own: the server outlives the other commands of this CLI call
-        self._proc = transport.stream(runtime.wrap(until_stdin_closes(argv)), channel=OWN, stdout=stdout, on_stderr_line=self._keep)
+        wrapped = runtime.wrap(until_stdin_closes(argv), *([options] if options else []))
+        self._proc = transport.stream(wrapped, channel=OWN, stdout=stdout, on_stderr_line=self._keep)
 
     def _keep(self, line: str) -> None:
         self._tail = (self._tail + [line.strip()])[-20:]

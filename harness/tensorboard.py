@@ -1,8 +1,11 @@
 """`harness tensorboard HOST [RUN]`: TensorBoard started on the host, in the runtime where the
 stages run (the ML container on docker hosts), over a run's training-logger directory, and
-forwarded here (harness.port_forward).
+forwarded here (harness.relay_forward).
 
-It runs in the foreground of a connection of its own and reads that connection's stdin: when
+It listens on a unix socket in a directory of its own (0700, made by the launcher, which fails if
+the name exists), never on a TCP port: TensorBoard has no authentication, and any local user of
+the box reaches a TCP port, loopback included. This machine reaches it through a relay per
+connection (docs/security.md). It runs in the foreground of a connection of its own and reads that connection's stdin: when
 harness ends (Ctrl-C, a dropped link, a kill), the stdin closes and the host stops TensorBoard,
 so nothing is left behind on the box.
 """
@@ -10,12 +13,13 @@ so nothing is left behind on the box.
 from __future__ import annotations
 
 import posixpath
+import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
 from harness.host_server import HostServer
-from harness.port_forward import locate
+from harness.relay_forward import relay_argv
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
 
 if TYPE_CHECKING:
@@ -25,11 +29,41 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 6006
 START_TIMEOUT_S = 180.0
+READY = "harness-tensorboard-ready"
+
+# TensorBoard served on a unix socket: argv[1] the directory to make (0700; an existing one is
+# refused), argv[2] the log directory. Prints READY once the socket listens; a SIGTERM (the end of
+# until_stdin_closes) removes the directory. --load_fast=false: the fast loader is a second server,
+# on a loopback TCP port.
+LAUNCHER = r"""
+import os, shutil, signal, sys
+directory, logdir = sys.argv[1], sys.argv[2]
+from tensorboard import program
+from werkzeug import serving
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+os.mkdir(directory, 0o700)
+try:
+    path = os.path.join(directory, "tensorboard.sock")
+    class Server(serving.ThreadedWSGIServer, program.TensorBoardServer):
+        def __init__(self, app, flags):
+            serving.ThreadedWSGIServer.__init__(self, "unix://" + path, 0, app)
+        def get_url(self):
+            return "unix:" + path
+        def print_serving_message(self):
+            print(READY, flush=True)
+    class Board(program.TensorBoard):
+        def _register_info(self, server):
+            pass  # no info file in /tmp for `tensorboard --list`: nothing to connect to
+    board = Board(server_class=Server)
+    board.configure(argv=[None, "--logdir", logdir, "--load_fast", "false"])
+    sys.exit(board.main())
+finally:
+    shutil.rmtree(directory, ignore_errors=True)
+""".replace("READY", repr(READY))
 
 
 @dataclass(frozen=True)
 class TensorBoardOptions:
-    port: int = DEFAULT_PORT  # on the host (inside the container on docker hosts)
     run_id: str | None = None  # None: the configured pipeline's logger directory (every run that trained there)
 
 
@@ -48,13 +82,46 @@ def logs_dir(config: "Config", transport: "Transport", workdir: str, run_id: str
 
 
 class RemoteTensorBoard(HostServer):
-    """TensorBoard on the host for as long as this object is open."""
+    """TensorBoard on the host for as long as this object is open, on a unix socket."""
 
     name = "tensorboard"
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str, port: int):
-        argv = [runtime.python, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port), "--host", runtime.server_bind_address]
-        super().__init__(transport, runtime, argv, port)
+    def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str):
+        from harness.runtime.base import WrapOptions
+
+        token = secrets.token_hex(8)
+        directory = f"/tmp/harness-tensorboard-{token}"
+        self.socket = f"{directory}/tensorboard.sock"
+        self._python = runtime.python
+        # a named container on docker hosts: the relay reaches its socket by `docker exec`
+        self.container = f"harness-tensorboard-{token}" if runtime.uses_image else None
+        argv = [runtime.python, "-c", LAUNCHER, directory, logdir]
+        super().__init__(transport, runtime, argv, 0, stdout=True, options=WrapOptions(name=self.container))
+
+    def relay_argv(self) -> list[str]:
+        """The host command that relays a connection to the socket (in the container: docker exec)."""
+        argv = relay_argv(self._python, self.socket)
+        return ["docker", "exec", "-i", self.container, *argv] if self.container else argv
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until the launcher says the socket listens; `ended()` if it exits first."""
+        import threading
+
+        first: list[bytes] = []
+        said = threading.Event()
+
+        def read() -> None:  # the first line, then the rest drained (a full pipe would stall it)
+            for line in self._proc.stdout_lines():
+                if not said.is_set():
+                    first.append(line)
+                    said.set()
+            said.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not said.wait(timeout):
+            raise RemoteCommandError(f"{self.name} (not listening after {timeout:.0f} s)", -1, "\n".join(self._tail))
+        if first[:1] != [READY.encode() + b"\n"]:
+            raise self.ended()
 
     def ended(self) -> Exception:
         error = super().ended()
@@ -77,12 +144,9 @@ def start(config: "Config", host: "HostConfig", transport: "Transport", options:
     runtime = runtime_for(host, transport)
     logdir = logs_dir(config, transport, runtime.workdir, options.run_id)
     check_logs(transport, logdir)
-    taken = locate(transport, host.python, [options.port]).get(options.port)
-    if taken:
-        raise UsageError(f"{host.name}: port {options.port} is taken already ({taken['where']}: another TensorBoard?): pass --port")
-    board = RemoteTensorBoard(transport, runtime, logdir, options.port)
+    board = RemoteTensorBoard(transport, runtime, logdir)
     try:
-        board.wait_listening(transport, host.python, START_TIMEOUT_S)
+        board.wait_ready(START_TIMEOUT_S)
     except BaseException:
         board.close()
         raise

@@ -1,10 +1,12 @@
 """`harness tensorboard HOST [RUN]`: TensorBoard started on the box behind the test sshd over a
-run's training-logger directory (real event files), read through the forward with urllib, and
-stopped on the box when harness is stopped."""
+run's training-logger directory (real event files), read through the forward with urllib, out of
+reach of another local user (no TCP port; its unix socket refuses them), and stopped on the box
+when harness is stopped."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.requires import require_module
-from tests.fixtures.sshd import free_port, listening
+from tests.fixtures.other_user import PYTHON as OTHER_PYTHON
+from tests.fixtures.sshd import free_port
 
 pytestmark = pytest.mark.ssh
 DEADLINE_S = 240
@@ -49,16 +52,16 @@ def get_json(url: str):
         return json.loads(r.read())
 
 
-def test_tensorboard_of_a_run_is_served_through_the_forward_and_stopped_with_harness(ssh_host, tmp_path):
+def test_tensorboard_of_a_run_is_served_through_the_forward_only_and_stopped_with_harness(ssh_host, tmp_path, other_user):
     require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
-    serve_and_stop(config, workdir, ssh_host)
+    serve_and_stop(config, workdir, ssh_host, other_user)
 
 
 @pytest.mark.docker
-def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_stopped(ssh_host, tmp_path, docker_base_image, harness_test_image):
+def test_tensorboard_in_the_stages_container_is_reached_by_docker_exec_only_and_stopped(ssh_host, tmp_path, docker_base_image, harness_test_image, other_user):
     """runtime docker: TensorBoard runs in a container like the stages' (docker's bridge network,
-    no port published), found there by the forward. The test image has no ML stack: this
+    no port published), on a unix socket in the container, reached through `docker exec`. The test image has no ML stack: this
     interpreter (with tensorboard) is mounted into it read-only and named as the container's python."""
     require_module("tensorboard")
     from tests.fixtures.docker_engine import container_table
@@ -71,24 +74,24 @@ def test_tensorboard_in_the_stages_container_is_found_on_the_bridge_network_and_
     # Containers that mount this test's workdir: TensorBoard's, never another lane's (tests/fixtures/lanes.py).
     ours = ["docker", "ps", "-q", "--filter", f"volume={workdir}"]
     assert subprocess.run(ours, capture_output=True, text=True).stdout.split() == []
-    serve_and_stop(config, workdir, ssh_host, expect_container=True)
+    serve_and_stop(config, workdir, ssh_host, other_user, expect_container=True)
     deadline = time.monotonic() + DEADLINE_S
     while subprocess.run(ours, capture_output=True, text=True).stdout.split():
         assert time.monotonic() < deadline, "TensorBoard's container outlived harness"
         time.sleep(0.5)
 
 
-def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool = False) -> None:
+def serve_and_stop(config: Path, workdir: Path, ssh_host, other_user, expect_container: bool = False) -> None:
     # the configured pipeline's logs, and a run whose record names another output_dir
     write_events(workdir / "outputs" / "checkpoints" / "logs", "configured", [2.0, 1.5])
     run_dir = workdir / "runs" / RUN_ID
     run_dir.mkdir(parents=True)
     (run_dir / "run.json").write_text(json.dumps({"run_id": RUN_ID, "workdir": str(workdir), "config": {"pipeline": {"output_dir": "k3"}}}))
-    write_events(workdir / "k3" / "checkpoints" / "logs", "recorded", [3.0, 2.0, 1.0])
+    logdir = workdir / "k3" / "checkpoints" / "logs"
+    write_events(logdir, "recorded", [3.0, 2.0, 1.0])
 
-    remote, local = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", RUN_ID,
-                             "--port", str(remote), "--local-port", str(local)],
+    local = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", RUN_ID, "--port", str(local)],
                             env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -98,15 +101,52 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, expect_container: bool
         assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
         scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=recorded&tag=train%2Floss")
         assert [(step, value) for _, step, value in scalars] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+        assert_out_of_reach(other_user, tensorboards_over(logdir))
     finally:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=DEADLINE_S)
-    assert proc.returncode == 0 and f"TensorBoard on box over {workdir}/k3/checkpoints/logs" in err, err
-    deadline = time.monotonic() + DEADLINE_S
-    while listening(remote):  # TensorBoard on the box ends with harness
-        assert time.monotonic() < deadline, "TensorBoard still listens on the box"
-        time.sleep(0.5)
+    assert proc.returncode == 0 and f"TensorBoard on box over {logdir}" in err, err
+    assert_stopped_on_the_box(logdir)
 
+
+def assert_out_of_reach(other_user, boards: list[int]) -> None:
+    """TensorBoard (its one process on the box) listens on no TCP port, in whatever network
+    namespace it runs (the host's, or its container's), and its unix socket refuses another uid
+    (host: a 0700 directory; container: a path of the container's own file system)."""
+    assert len(boards) == 1, boards
+    pid = boards[0]
+    family = {pid}
+    for _ in range(3):  # its descendants (TensorBoard's fast loader is a server process of its own)
+        family |= {child for child, (parent, _) in processes().items() if parent in family}
+    held = set()
+    for member in family:
+        for fd in Path(f"/proc/{member}/fd").iterdir():
+            try:
+                held.add(os.readlink(fd))
+            except OSError:
+                pass  # closed meanwhile
+    listening = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A":  # LISTEN
+                listening.add(f"socket:[{fields[9]}]")
+    assert held & listening == set(), "TensorBoard listens on a TCP port"
+    socket_path = (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[3] + b"/tensorboard.sock").decode()
+    said = other_user.run([OTHER_PYTHON, "-c", CONNECT_UNIX, socket_path])
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.strip() in ("EACCES", "ENOENT"), said.stdout  # the ENOENT of a path only the container has
+
+
+# connect to the unix socket argv[1]: prints "connected" or the errno's name
+CONNECT_UNIX = """
+import errno, socket, sys
+try:
+    socket.socket(socket.AF_UNIX).connect(sys.argv[1])
+    print("connected")
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e)))
+"""
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -122,33 +162,40 @@ def processes() -> dict[int, tuple[int, str]]:
     return found
 
 
-def tensorboards_on(port: int) -> list[int]:
-    return [pid for pid, (_, cmd) in processes().items() if "tensorboard.main" in cmd and f"--port {port} " in cmd + " "]
+def tensorboards_over(logdir: Path) -> list[int]:
+    """TensorBoard's processes on the box over logdir (the launcher: python -c SOURCE DIRECTORY LOGDIR)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1] if entry.name.isdigit() else []
+        except OSError:
+            continue  # it ended meanwhile
+        if len(argv) == 5 and argv[1] == b"-c" and b"from tensorboard import program" in argv[2] and argv[4] == str(logdir).encode():
+            found.append(int(entry.name))
+    return found
 
 
-def start_board(config: Path, ssh_host, *run: str) -> tuple[subprocess.Popen, int, int]:
+def start_board(config: Path, ssh_host, logdir: Path, *run: str) -> tuple[subprocess.Popen, int]:
     """`harness tensorboard box [RUN]` in a session of its own (so that the test can end whatever
-    it left); returns it once it printed its URL, with the box's and the local port."""
-    remote, local = free_port(), free_port()
+    it left); returns it once it printed its URL, with the local port."""
+    local = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", *run,
-                             "--port", str(remote), "--local-port", str(local)], start_new_session=True,
+                             "--port", str(local)], start_new_session=True,
                             env=ssh_host.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
-    assert tensorboards_on(remote), "no TensorBoard process on the box"
-    return proc, remote, local
+    assert tensorboards_over(logdir), "no TensorBoard process on the box"
+    return proc, local
 
 
-def assert_stopped_on_the_box(remote: int) -> None:
+def assert_stopped_on_the_box(logdir: Path) -> None:
     deadline = time.monotonic() + DEADLINE_S
-    while tensorboards_on(remote) or listening(remote):
-        assert time.monotonic() < deadline, f"TensorBoard still runs on the box: {tensorboards_on(remote)}"
+    while tensorboards_over(logdir):
+        assert time.monotonic() < deadline, f"TensorBoard still runs on the box: {tensorboards_over(logdir)}"
         time.sleep(0.5)
 
 
 def end_session(proc: subprocess.Popen) -> None:
-    import os
-
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # whatever of this harness is left (its ssh clients)
     except ProcessLookupError:
@@ -163,14 +210,15 @@ def test_without_run_every_run_there_is_served_and_a_killed_harness_stops_it(ssh
     config, workdir = write_config(tmp_path, ssh_host)
     write_events(workdir / "outputs" / "checkpoints" / "logs", "first", [2.0, 1.5])
     write_events(workdir / "outputs" / "checkpoints" / "logs", "second", [4.0, 3.0, 2.0])
-    proc, remote, local = start_board(config, ssh_host)
+    logdir = workdir / "outputs" / "checkpoints" / "logs"
+    proc, local = start_board(config, ssh_host, logdir)
     try:
         assert sorted(get_json(f"http://127.0.0.1:{local}/data/runs")) == ["first", "second"]
         scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=second&tag=train%2Floss")
         assert [(step, value) for _, step, value in scalars] == [(0, 4.0), (1, 3.0), (2, 2.0)]
         proc.kill()
         proc.wait(DEADLINE_S)
-        assert_stopped_on_the_box(remote)
+        assert_stopped_on_the_box(logdir)
     finally:
         end_session(proc)
 
@@ -181,18 +229,17 @@ def test_a_dropped_link_stops_tensorboard_on_the_box(ssh_host, tmp_path):
     require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
     write_events(workdir / "outputs" / "checkpoints" / "logs", "only", [1.0])
-    proc, remote, _ = start_board(config, ssh_host)
+    logdir = workdir / "outputs" / "checkpoints" / "logs"
+    proc, _ = start_board(config, ssh_host, logdir)
     try:
         table = processes()
         ours = {proc.pid}
         for _ in range(4):  # harness's descendants
             ours |= {pid for pid, (ppid, _) in table.items() if ppid in ours}
-        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and "tensorboard.main" in table[pid][1]]
+        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and "from tensorboard import program" in table[pid][1]]
         assert len(links) == 1, [table[pid][1] for pid in ours]
-        import os
-
         os.kill(links[0], signal.SIGKILL)
-        assert_stopped_on_the_box(remote)
+        assert_stopped_on_the_box(logdir)
     finally:
         end_session(proc)
 
@@ -215,7 +262,7 @@ def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tm
     write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{python}"\n')
-    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box", "--port", str(free_port())],
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],
                        env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
     assert r.returncode == 2
     assert r.stderr.splitlines() == ['harness: error: tensorboard is not installed where the stages run: install it there (docker hosts: '

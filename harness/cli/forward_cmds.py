@@ -8,16 +8,11 @@ import click
 from harness.cli.params import complete_runs, host_argument
 
 
-def _hold(forwarding, shown, host: str) -> None:
-    """Print the URLs, then stay until Ctrl-C (or the connection ends)."""
+def _hold(forwarding, lines: list[str]) -> None:
+    """Print where each forward is reached (lines), then stay until Ctrl-C (or the connection ends)."""
     try:  # from the first URL on, Ctrl-C is the normal end
-        for f in shown:
-            if not f.listening:
-                click.echo(f"harness: warning: nothing listens on port {f.spec.remote_port} of {host} yet; "
-                           "the forward stays open for when something does", err=True)
-        for f in shown:
-            where = f"port {f.spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
-            click.echo(f"{f.url}  ->  {where}")
+        for line in lines:
+            click.echo(line)
         click.echo("forwarding; Ctrl-C to stop", err=True)
         forwarding.wait()
     except KeyboardInterrupt:
@@ -40,26 +35,35 @@ def forward(ctx: click.Context, host: str, ports: tuple[str, ...]) -> None:
     h = ctx.obj.host(host)
     specs = [PortSpec.parse(p) for p in ports]
     forwarding, shown = open_forwards(h.transport, h.cfg.python, specs)
-    _hold(forwarding, shown, host)
+    for f in shown:
+        if not f.listening:
+            click.echo(f"harness: warning: nothing listens on port {f.spec.remote_port} of {host} yet; "
+                       "the forward stays open for when something does", err=True)
+    _hold(forwarding, [f"{f.url}  ->  port {f.spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
+                       for f in shown])
 
 
 @click.command("tensorboard")
 @host_argument()
 @click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
-@click.option("--port", type=int, default=6006, show_default=True, help="TensorBoard's port on the host.")
-@click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
+@click.option("--port", type=int, default=6006, show_default=True, help="Port on this machine.")
 @click.pass_context
-def tensorboard(ctx: click.Context, host: str, run: str | None, port: int, local_port: int | None) -> None:
+def tensorboard(ctx: click.Context, host: str, run: str | None, port: int) -> None:
     """Start TensorBoard on HOST over RUN's training logs (RUN: a run id or `last`; default: every
-    run of the configured pipeline) where the stages run, forward it, and stop it on Ctrl-C."""
-    from harness.port_forward import PortSpec, open_forwards
+    run of the configured pipeline) where the stages run, forward it, and stop it on Ctrl-C.
+
+    On the host it listens on a unix socket only its owner reaches, never on a TCP port.
+    """
+    from harness.port_forward import PortSpec
+    from harness.relay_forward import RelayForwarding
     from harness.tensorboard import TensorBoardOptions, start
 
     h = ctx.obj.host(host)
-    spec = PortSpec.parse(f"{port}:{local_port or port}")
+    local_port = PortSpec.parse(str(port)).local_port
     run_id = h.runs.resolve_run_id(run) if run else None
-    board, logdir = start(h.config, h.cfg, h.transport, TensorBoardOptions(port=spec.remote_port, run_id=run_id))
+    board, logdir = start(h.config, h.cfg, h.transport, TensorBoardOptions(run_id=run_id))
     with board:
         click.echo(f"TensorBoard on {host} over {logdir}", err=True)
-        forwarding, shown = open_forwards(h.transport, h.cfg.python, [spec], board.containers_only)
-        _hold(forwarding, shown, host)
+        forwarding = RelayForwarding(h.transport, board.relay_argv(), local_port)
+        where = f" (container {board.container})" if board.container else ""
+        _hold(forwarding, [f"http://127.0.0.1:{forwarding.addresses[0][1]}  ->  TensorBoard's socket on {host}{where}"])
