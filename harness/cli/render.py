@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import click
 
+from harness.units import human_bytes  # noqa: F401 - the CLI modules take it from here
+
 # Every text column folds a long word (a path, a command, a fix) onto the next line instead of
 # cutting it with "…": at 80 columns (a pipe, a small terminal) nothing is lost. Run ids, stages
 # and times never wrap (a user copies them).
@@ -327,12 +329,6 @@ def print_hosts(config) -> None:
         console.print(groups)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def print_sync_plan(host: str, result) -> None:

@@ -13,6 +13,7 @@ import resource
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.units import human_bytes
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -51,18 +52,12 @@ def free_bytes(path: Path) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def disk_full(local_root: Path, needed: int) -> LocalDiskError:
     return LocalDiskError(
-        f"local disk full: {mount_point(local_root)} has {_size(free_bytes(local_root))} free and the pull needs "
-        f"{_size(needed)} more for {local_root}; free space there (or choose another LOCAL_DIR) and run the same pull again to resume"
+        f"local disk full: {mount_point(local_root)} has {human_bytes(free_bytes(local_root))} free and the pull needs "
+        f"{human_bytes(needed)} more for {local_root}; free space there (or choose another LOCAL_DIR) and run the same pull again to resume"
     )
 
 
@@ -73,7 +68,7 @@ def local_failure(error: OSError, local_root: Path, needed: int, path: Path | st
         return disk_full(local_root, needed)
     if error.errno == errno.EFBIG:
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        limit = "unlimited" if soft == resource.RLIM_INFINITY else _size(soft)
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else human_bytes(soft)
         return LocalDiskError(
             f"{where}: larger than this process may write (file size limit `ulimit -f`: {limit}, or the file system's); "
             "raise the limit (or choose another LOCAL_DIR) and run the same pull again to resume"
