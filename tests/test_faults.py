@@ -473,12 +473,18 @@ class PrivateEngine:
     def __init__(self, root: Path):
         self.root, self.sock = root, f"unix://{root}/d.sock"
         self.proc: subprocess.Popen | None = None
+        # A bridge of its own: a dockerd started with `--bridge none` deletes the host's docker0,
+        # the shared engine's network, under every other test.
+        self.bridge = f"hfb{os.getpid()}"[:15]
 
     def start(self) -> None:
+        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True).returncode != 0:
+            for argv in (["link", "add", self.bridge, "type", "bridge"], ["addr", "add", "172.31.213.1/24", "dev", self.bridge], ["link", "set", self.bridge, "up"]):
+                subprocess.run(["ip", *argv], capture_output=True, check=True)
         log = open(self.root / "dockerd.log", "ab")
         self.proc = subprocess.Popen(
             ["dockerd", "--host", self.sock, "--data-root", f"{self.root}/data", "--exec-root", f"{self.root}/x", "--pidfile", f"{self.root}/d.pid",
-             "--bridge", "none", "--iptables=false", "--ip6tables=false", "--storage-driver", "vfs",
+             "--bridge", self.bridge, "--iptables=false", "--ip6tables=false", "--ip-masq=false", "--storage-driver", "vfs",
              "--containerd-namespace", "harness-faults", "--containerd-plugins-namespace", "harness-faults-plugins"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 30
@@ -508,6 +514,7 @@ class PrivateEngine:
         self.stop()
         subprocess.run(["umount", "-l", f"{self.root}/data"], capture_output=True)  # dockerd mounts its data root on itself
         shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
 @pytest.mark.docker
