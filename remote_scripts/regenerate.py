@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return run_stage(STAGE, args, lambda args, events: run(args, events, rank, world, local_rank), rank=rank,
                      started={"resolved_rank": rank, "resolved_world_size": world},
-                     self_explaining=(MalformedRow, ValueError, FileNotFoundError, ServerFailed, StageCancelled))
+                     self_explaining=(MalformedRow, ValueError, FileNotFoundError, ServerFailed, StageCancelled),
+                     verifier_first=False)  # rows that have their replies pass through without it
 
 
 def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
@@ -516,6 +517,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
     events.message(f"rank {rank}: {len(shard)} replies in items {shard.start}..{shard.stop - 1}" + (f"; {kept} kept from an interrupted run" if kept else ""))
     generated_tokens = 0
     if todo:
+        from common.verifier_path import check as check_verifier
+
+        check_verifier(args.verifier)  # a missing path: one line, not the hub's
         backend = VllmBackend(args, rank, local_rank) if args.backend == "vllm" else TransformersBackend(args, local_rank)
         try:
             events.message(f"rank {rank}: {backend.describe()}")

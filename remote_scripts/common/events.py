@@ -173,7 +173,8 @@ def disk_full(error: BaseException, places: tuple[str, ...] = ()) -> str | None:
 
 def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, Any]], *,
               self_explaining: tuple[type[BaseException], ...] = (), rank: int | None = None,
-              started: dict[str, Any] | None = None, echo: bool = True, announce: bool = True) -> int:
+              started: dict[str, Any] | None = None, echo: bool = True, announce: bool = True,
+              verifier_first: bool = True) -> int:
     """A stage's main(): `started` with its arguments (and `started`'s extra fields), then
     `run(args, events)`, whose returned summary goes into `finished`. An exception becomes one
     `failed` line and exit code 1 (its traceback stays in the log, unless it is one of
@@ -184,7 +185,8 @@ def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, An
     other ranks only echo theirs (their own summary) to their log. A failure is the same on
     every rank: its `failed` line goes to the events file, naming the rank when it is not 0.
     `echo` False keeps a process's events out of its log (train's ranks other than 0);
-    `announce` False writes no `started` (a launcher that runs this process wrote it)."""
+    `announce` False writes no `started` (a launcher that runs this process wrote it).
+    `verifier_first` False: the stage checks --verifier itself, only where it loads it."""
     events = EventLog(stage, getattr(args, "events", None), echo=echo)
     lead = rank is None or rank == 0
     arguments = {**{k: v for k, v in vars(args).items() if k != "events"}, **(started or {})}
@@ -195,7 +197,8 @@ def run_stage(stage: str, args: Any, run: Callable[[Any, EventLog], dict[str, An
     try:
         from common.verifier_path import VerifierNotFound, check as check_verifier
 
-        check_verifier(getattr(args, "verifier", None))  # a missing path: one line, not the hub's
+        if verifier_first:
+            check_verifier(getattr(args, "verifier", None))  # a missing path: one line, not the hub's
         summary = run(args, events)
         check_acceptance_lengths(summary)  # before `finished` is written: a bug fails the stage in one line
     except VerifierNotFound as e:
