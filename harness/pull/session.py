@@ -125,7 +125,10 @@ class PullConnection:
 def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
     # it also asks for a listener for the pull's further streams where they can reach it
     listen = options.jobs > 1 and not options.dry_run and transport.forwards_tcp
-    return FirstStream(lambda: start_send(transport, options.python), listen=listen)
+    try:
+        return FirstStream(lambda: start_send(transport, options.python), listen=listen)
+    except StreamFailed as e:  # ssh died before its first question was written (an unknown host)
+        raise e.error(f"pull on {transport.name}") from None
 
 
 @dataclass(frozen=True)
