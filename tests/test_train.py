@@ -221,7 +221,7 @@ def test_a_run_whose_estimate_stands_still_stops_early(tiny_verifier, prepared_d
     taus = [e["metrics"]["tau"] for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
     assert len(taus) == 2 and taus[1] == taus[0], taus
     stop = [e["text"] for e in events if e["event"] == "message" and e["text"].startswith("early stop:")]
-    assert len(stop) == 1 and f"has not risen above {taus[0]:.4f} (epoch 0) in 1 validations: stopped after epoch 1" in stop[0], stop
+    assert len(stop) == 1 and f"has stood flat at {taus[0]:.4f} (epoch 0) for 1 validations: stopped after epoch 1" in stop[0], stop
     assert sorted(p.name for p in out.iterdir() if p.name.isdigit()) == ["0", "1"]  # no checkpoint past the stop
     assert json.loads((out / "best.json").read_text())["checkpoint"] == "1"  # the latest within the estimate's noise, as without the stop
     assert not any(e["event"] == "warning" and "still learning" in e["text"] for e in events)
