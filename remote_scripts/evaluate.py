@@ -335,6 +335,24 @@ def chain_table(proposer: "Eagle3Proposer", sequence: list[int], view, k: int) -
     return torch.stack([s[0] for s in steps], dim=1).tolist()  # [n, k]
 
 
+def without_cudnn_attention(measure):
+    """Runs `measure` with cuDNN's attention off (flash, memory-efficient and math stay on).
+    cuDNN's SDPA, torch's first choice on Hopper, plans a graph for each new shape, and a decode's
+    key length is new every step: on an H200 it held 58% of evaluate's CPU time, the whole
+    measurement being launch-bound (bench/RESULTS.md, speed.sh --evaluate-profile). On a CPU
+    nothing changes: cuDNN is never chosen there."""
+    import functools
+
+    @functools.wraps(measure)
+    def wrapped(*args, **kwargs):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+            return measure(*args, **kwargs)
+    return wrapped
+
+
+@without_cudnn_attention
 def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], batch_size: int, progress=None) -> list[PromptResult]:
     """`speculate` + the greedy check on every prompt, with a handful of forwards per prompt
     instead of two per round (the round-by-round algorithm stays as `--method chain`; tests hold
@@ -408,6 +426,7 @@ def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[li
     return [settled[i] for i in range(len(prompts))]
 
 
+@without_cudnn_attention
 def measure_chain(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], check_greedy: bool = True, progress=None) -> list[PromptResult]:
     """The reference (`--method chain`): `speculate` round by round on every prompt, and, with
     `check_greedy`, plain greedy decoding beside it (`greedy_match`)."""

@@ -158,6 +158,37 @@ def test_settle_fixes_a_disagreeing_decode_in_one_batched_decode():
         assert reference == v._decode(prompt, budget, {EOS}, False)
 
 
+@pytest.mark.parametrize("method", ["fast", "chain"])
+def test_the_measurements_run_without_cudnn_attention(method):
+    """cuDNN's SDPA plans a graph per new shape (every decode step): the measurements turn it off,
+    keep the other kernels, and leave the caller's settings as they were."""
+    import torch
+
+    seen = []
+
+    class Watching(MisdecodingVerifier):
+        def forward(self, tokens):
+            seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+            return super().forward(tokens)
+
+    v = Watching(set())
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    prompts = _prompts(v, 2)
+    if method == "chain":
+        class Ones:
+            def propose(self, tokens, view, k):
+                return [1] * k
+
+        ev.measure_chain(v, Ones(), prompts, 3, 20, {EOS})
+    else:
+        with pytest.raises(AttributeError):  # the toy has no draft: the verifier's forwards before the table are what is checked
+            ev.measure_fast(v, object(), prompts, 3, 20, {EOS}, 2)
+    assert seen and set(seen) == {(False, True, True)}
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    ev.settle(v, prompts, [v.greedy(p, 24, {EOS}) for p in prompts], 24, {EOS})
+    assert seen[-1][0] == before  # outside a measurement: the caller's choice
+
+
 def test_a_proposer_returning_the_wrong_count_is_an_error():
     v = ChainVerifier()
 

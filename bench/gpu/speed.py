@@ -161,11 +161,15 @@ def part_evaluate(work: Path, args, rows, results) -> None:
     batch = min(8, n) if not cuda() else verifier.batch_size(prompts, new + k + 1)
     ev.measure_fast(verifier, proposer, prompts[:2], k, 8, {EOS}, 2)  # kernels' first use
     verifier.decodes = 0
-    sync()
-    t0 = time.perf_counter()
-    fast = ev.measure_fast(verifier, proposer, prompts, k, new, {EOS}, batch)
-    sync()
-    seconds = time.perf_counter() - t0
+    phases = PhaseClock()
+    with phases.watching(ev, verifier):
+        sync()
+        t0 = time.perf_counter()
+        fast = ev.measure_fast(verifier, proposer, prompts, k, new, {EOS}, batch)
+        sync()
+        seconds = time.perf_counter() - t0
+    if args.evaluate_profile:
+        profile_evaluate(ev, verifier, proposer, prompts[:8], k, new, batch, Path(args.out))
     tokens = sum(len(r.generated) for r in fast)
     rounds = sum(r.rounds for r in fast)
     chain_n = 2 if args.quick else 4
@@ -176,7 +180,8 @@ def part_evaluate(work: Path, args, rows, results) -> None:
     results["evaluate"] = {"prompts": n, "seconds": round(seconds, 2), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), "rounds": rounds,
                            "tau": round(ev.summarize(fast, k).tau, 3), "generate_calls": verifier.decodes, "batch_size": batch,
                            "greedy_match": sum(bool(r.greedy_match) for r in fast), "chain_prompts": chain_n, "chain_identical": same,
-                           "chain_tokens_per_s": round(sum(len(c.generated) for c in chain) / chain_s, 1)}
+                           "chain_tokens_per_s": round(sum(len(c.generated) for c in chain) / chain_s, 1), "phases_s": phases.seconds, "phase_calls": phases.calls}
+    print("evaluate phases (s, calls): " + ", ".join(f"{n} {t:.2f} ({phases.calls[n]})" for n, t in phases.seconds.items()), flush=True)
     e = results["evaluate"]
     emit(rows, Row(f"evaluate --method fast, {n} prompts, SmolLM2-135M shape random, untrained draft: seconds ({e['tokens_per_s']:,.0f} tokens/s, "
                    f"{rounds} rounds, tau {e['tau']}, {verifier.decodes} generate calls, greedy {e['greedy_match']}/{n}; chain identical on {same}/{chain_n}, "
@@ -185,6 +190,58 @@ def part_evaluate(work: Path, args, rows, results) -> None:
     del model, verifier, proposer
     if cuda():
         torch.cuda.empty_cache()
+
+
+class PhaseClock:
+    """Seconds spent in each of measure_fast's phases (synchronised): the verifier's generate
+    calls, its forwards, the draft's chain tables, the replays."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def _timed(self, name: str, fn):
+        def timed(*a, **kw):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                sync()
+                self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def watching(self, ev, verifier):
+        import contextlib
+
+        @contextlib.contextmanager
+        def patched():
+            saved = {n: getattr(ev, n) for n in ("chain_table", "replay")}
+            for n, fn in saved.items():
+                setattr(ev, n, self._timed(n, fn))
+            for n in ("greedy", "greedy_batch", "forward"):
+                setattr(verifier, n, self._timed(n, getattr(verifier, n)))
+            try:
+                yield
+            finally:
+                for n, fn in saved.items():
+                    setattr(ev, n, fn)
+                for n in ("greedy", "greedy_batch", "forward"):
+                    delattr(verifier, n)
+        return patched()
+
+
+def profile_evaluate(ev, verifier, proposer, prompts, k: int, new: int, batch: int, out: Path) -> None:
+    """torch.profiler's table of measure_fast on a few prompts (--evaluate-profile): where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda() else [])
+    with profile(activities=activities) as prof:
+        ev.measure_fast(verifier, proposer, prompts, k, new, {EOS}, min(batch, len(prompts)))
+        sync()
+    for key in ("cpu_time_total", "cuda_time_total" if cuda() else "self_cpu_time_total"):
+        (out / f"evaluate_profile_{key}.txt").write_text(prof.key_averages().table(sort_by=key, row_limit=40))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,6 +546,7 @@ def main() -> None:
     p.add_argument("--extract-max-batch-tokens", type=int, default=32768)
     p.add_argument("--extract-skip-batches", type=int, default=2, help="batches before the steady window")
     p.add_argument("--extract-keep-files", action="store_true", help="keep the files (needs 32 KiB a token of disk)")
+    p.add_argument("--evaluate-profile", action="store_true", help="also write torch.profiler's tables of evaluate on 8 prompts under --out")
     p.add_argument("--regen-prompts", type=int, default=512)
     p.add_argument("--regen-new-tokens", type=int, default=256)
     p.add_argument("--train-samples", type=int, default=37)
