@@ -622,7 +622,9 @@ class Reporter:
         self.events.metric(step + 1, **metrics)
         self.curves.metric(step + 1, **metrics)
         if self.steps_per_epoch:
-            self.events.progress(step + 1, self.steps_per_epoch * self.epochs, unit="steps")
+            # len(train_loader) is the first epoch's packing: each epoch's shuffle packs into a
+            # few more or fewer steps, and a bar must not read 140/138.
+            self.events.progress(step + 1, max(step + 1, self.steps_per_epoch * self.epochs), unit="steps")
 
     def on_val(self, epoch: int, step: int, record: dict) -> None:
         if self.rank != 0:
