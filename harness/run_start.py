@@ -46,6 +46,9 @@ def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: 
     """Sync what changed, then launch `stages` on `place` (a host or a group)."""
     if not stages:
         raise UsageError(no_stages_message(place.name))
+    from harness.pipeline import resolve_chain
+
+    resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
     outcome = sync_code(place, progress)
     return outcome, place.runs.launch(stages, grace_s=grace_s, now=now)
 

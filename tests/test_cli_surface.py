@@ -71,6 +71,7 @@ MISTAKES = [
     (("status", "bx"), EXIT_USAGE, "unknown host or group 'bx'", "did you mean 'box'"),
     (("exec", "bx", "true"), EXIT_USAGE, "unknown host 'bx'", "did you mean 'box'"),
     (("run", "box", "trian"), EXIT_USAGE, "unknown stage 'trian'", "did you mean 'train'"),
+    (("run", "nowhere", "trian"), EXIT_USAGE, "unknown stage 'trian'", "did you mean 'train'"),  # checked before connecting
     (("status", "box", "--jsn"), EXIT_USAGE, "no such option: --jsn", "did you mean --json"),
     (("logs",), EXIT_USAGE, "Missing argument 'HOST'", "harness logs --help"),
     (("status", "box"), EXIT_USAGE, "box: no runs yet", "harness run box all"),
