@@ -338,9 +338,9 @@ def chain_table(proposer: "Eagle3Proposer", sequence: list[int], view, k: int) -
 def without_cudnn_attention(measure):
     """Runs `measure` with cuDNN's attention off (flash, memory-efficient and math stay on).
     cuDNN's SDPA, torch's first choice on Hopper, plans a graph for each new shape, and a decode's
-    key length is new every step: on an H200 it held 58% of evaluate's CPU time, the whole
-    measurement being launch-bound (bench/RESULTS.md, speed.sh --evaluate-profile). On a CPU
-    nothing changes: cuDNN is never chosen there."""
+    key length is new every step: on an H200 those plans held most of this launch-bound
+    measurement's CPU time (bench/gpu/speed.sh --evaluate-profile). On a CPU nothing changes:
+    cuDNN is never chosen there."""
     import functools
 
     @functools.wraps(measure)
