@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """OpenMP's wait policy on an oversubscribed CPU: the regenerate stage (transformers, CPU) run
 alone and two at a time, with OpenMP's default (threads spin before they sleep) and with
-OMP_WAIT_POLICY=PASSIVE (they sleep at once). scripts/test.sh runs three pytest lanes of torch on
-2 cores; this is the measurement behind its `export OMP_WAIT_POLICY=PASSIVE`.
+OMP_WAIT_POLICY=PASSIVE (they sleep at once): whether torch processes that share a few cores
+(scripts/test.sh's three pytest lanes on 2 cores, a CPU sweep's slots) should wait passively.
 
     python bench/omp_wait.py --verifier DIR --data CHAT.jsonl [--threads 2] [--repeat 2]
 

@@ -47,10 +47,6 @@ echo "== ruff"
 python3 -m ruff check .
 
 echo "== pytest"
-# Three lanes of torch on 2 cores oversubscribe them; OpenMP's default spin-wait then burns the
-# time slices that the working threads need: two torch processes side by side take twice as long
-# as passive ones (bench/omp_wait.py). The tests' sshd gives its sessions the same.
-export OMP_WAIT_POLICY=PASSIVE
 set +e
 python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
 rc=$?

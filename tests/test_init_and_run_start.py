@@ -78,7 +78,11 @@ def test_paths_resolve_from_the_config_not_the_cwd(project):
     r = harness("init", "--ssh", "box", "--data", "data/chat.jsonl", cwd=project)
     assert r.returncode == 0, r.stderr
     (project / "data" / "deeper").mkdir()
-    r = harness("run", "local", "prepare", "--dry-run", "--json", cwd=project / "data" / "deeper")
+    # A home of its own: the starter's local host works in ~/harness-local, which another test's
+    # sync may already hold (then nothing of remote_scripts/ would be "to send").
+    home = project.parent / "home"
+    home.mkdir()
+    r = harness("run", "local", "prepare", "--dry-run", "--json", cwd=project / "data" / "deeper", env={**os.environ, "HOME": str(home)})
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     # from a subdirectory: the project's files are what would be synced, data included
