@@ -19,7 +19,7 @@ RULES: list[tuple[re.Pattern[str], str]] = [
      "types a client's failure from its stderr: RemoteProcess.error does"),
     (re.compile(r"\bfrom\s+harness\.transport\s+import\s+[^\n]*\bopenssh\b|\bharness\.transport\.openssh\b|\bimport\s+openssh\b"),
      "uses the OpenSSH command-line builder"),
-    (re.compile(r"""\[\s*(?:[rbf]?["'])(?:[^"'\s]*/)?ssh["']\s*(?:,|\]\s*\+)"""),  # a list, not a["ssh"]
+    (re.compile(r"""(?<![\w\])])\[\s*(?:[rbf]?["'])(?:[^"'\s]*/)?ssh["']"""),  # a list literal, not a subscript a["ssh"]
      "an argv starting with ssh"),
     (re.compile(r"""(?:Popen|run|call|check_call|check_output|execvpe?|execlp|spawnlp|which)\(\s*\[?\s*(?:[rbf]?["'])(?:[^"'\s]*/)?ssh["']"""),
      "starts or looks up ssh"),
@@ -66,7 +66,8 @@ def test_the_check_finds_each_kind_of_offence(tmp_path):
         'how = f"ssh {host.ssh}"  # words for a person, not a command\n'
         'asked["ssh"] = alias  # a key, not an argv\n'
         "argv = ['ssh'] + options\n"  # 12
+        'cmd = ["ssh"]\n'  # 13
     )
     found = offences(pkg, skip=pkg / "transport")
-    assert [f.split(":")[1] for f in found] == ["2", "3", "4", "5", "6", "7", "8", "12"], found
+    assert [f.split(":")[1] for f in found] == ["2", "3", "4", "5", "6", "7", "8", "12", "13"], found
     assert all(f.startswith("pkg/bad.py:") for f in found)
