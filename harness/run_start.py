@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import HarnessError, UsageError
-from harness.pipeline import DEFAULT_CHAIN, STAGES
+from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
 
 if TYPE_CHECKING:
     from harness.host import Group, Host, SyncProgress
@@ -46,8 +46,6 @@ def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: 
     """Sync what changed, then launch `stages` on `place` (a host or a group)."""
     if not stages:
         raise UsageError(no_stages_message(place.name))
-    from harness.pipeline import resolve_chain
-
     resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
     outcome = sync_code(place, progress)
     return outcome, place.runs.launch(stages, grace_s=grace_s, now=now)
@@ -93,8 +91,6 @@ class DryRun:
 
 def dry_run(place: "Host | Group", stages: list[str]) -> DryRun:
     """The start of a run on one host, short of writing anything there."""
-    from harness.pipeline import resolve_chain
-
     if place.is_group:
         raise UsageError(f"--dry-run takes one host; {place.name} is a group: run it on each of its hosts")
     if not stages:
