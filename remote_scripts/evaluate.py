@@ -453,41 +453,25 @@ def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[in
 
 
 class HFVerifier:
-    """A transformers causal LM: greedy tokens, and the draft's view of each position: the inputs
-    of the target layers (forward pre-hooks, as the extract stage captures them; id N = the last
-    layer's pre-norm output), in the dtype the draft was trained on."""
+    """A transformers causal LM: greedy tokens, and the draft's view of each position (the
+    extract stage's capture, common/hidden_state_capture.py) in the dtype the draft was trained on."""
 
     def __init__(self, model, layers: list[int], hidden_dtype):
+        from common.hidden_state_capture import HiddenStateCapture
         from common.verifier import locate_decoder
 
         self.model = model
         self.parts = locate_decoder(model)
-        self.layers = layers
         self.hidden_dtype = hidden_dtype
-        self.num_layers = self.parts.num_layers
         self.decodes = 0  # generate calls (bench/gpu/speed.py reports them)
-        self._captured: dict = {}
-        for lid in sorted(set(layers)):
-            if lid < self.num_layers:
-                self.parts.layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True)
-        self.parts.layers[self.num_layers - 1].register_forward_hook(self._last_hook)
-
-    def _pre_hook(self, lid: int):
-        def hook(module, args, kwargs):
-            self._captured[lid] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def _last_hook(self, module, args, output):
-        self._captured[self.num_layers] = output[0] if isinstance(output, (tuple, list)) else output
+        self.capture = HiddenStateCapture(self.parts, layers)
 
     def forward(self, tokens: list[int]):
         import torch
 
-        self._captured = {}
-        with torch.no_grad():
+        with torch.no_grad(), self.capture.capturing():
             logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False).logits
-        aux = torch.cat([self._captured[lid] for lid in self.layers], dim=-1).to(self.hidden_dtype)  # [1, T, n*H]
+        aux = self.capture.draft_input().to(self.hidden_dtype)  # [1, T, n*H]
         return logits[0].argmax(-1).tolist(), aux
 
     @property

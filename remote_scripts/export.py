@@ -36,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.checkpoints import WEIGHTS, resolve_draft  # noqa: E402
+from common import verifier_path  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 
 STAGE = "export"
@@ -76,17 +77,6 @@ def serve_commands(verifier: str, export_dir: str, k: int) -> list[list[str]]:
         ["vllm", "serve", verifier, "--speculative-config", spec_config],
         ["vllm", "serve", export_dir],
     ]
-
-
-def resolve_verifier(verifier: str) -> str:
-    p = Path(verifier)
-    if p.exists():
-        if not (p / "config.json").is_file():
-            raise ExportError(f"--verifier {verifier}: no config.json in that directory")
-        return str(p.resolve())
-    if verifier.startswith((".", "/", "~")):
-        raise ExportError(f"--verifier {verifier}: no such directory")
-    return verifier  # a hub id
 
 
 def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:
@@ -136,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
     started = time.monotonic()
     ckpt, best = resolve_draft(Path(args.draft))
-    verifier = resolve_verifier(args.verifier)
+    verifier = verifier_path.resolve(args.verifier)
     config = export_config(json.loads((ckpt / "config.json").read_text()), verifier)
     k = speculative_tokens(config)
     out = Path(args.output).resolve()

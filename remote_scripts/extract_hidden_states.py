@@ -46,16 +46,13 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog, run_stage  # noqa: E402
+from common.hidden_state_capture import HiddenStateCapture  # noqa: E402
 from common.hidden_state_files import META_FILE, check_file, hs_path  # noqa: E402
 from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
 from common.vllm_server import ServerFailed, StageCancelled, add_connector_argument, add_serve_arguments  # noqa: E402
-
-if TYPE_CHECKING:  # torch is imported late (the --help path and CPU tools stay light)
-    import torch
 
 STAGE = "extract"
 
@@ -89,53 +86,6 @@ class CaptureSpec:
     layer_ids: list[int]  # id i: the input of decoder layer i; id N: the pre-norm output of the last layer
     num_layers: int
     hidden: int
-
-
-class HiddenStateCapture:
-    """Forward hooks collecting, per forward pass, [B, S, k+1, H]: inputs of the aux layers, then
-    the pre-norm output of the last decoder layer. The forward stops right after the last layer
-    (no final norm, no lm_head)."""
-
-    class _Done(Exception):
-        pass
-
-    def __init__(self, parts, layer_ids: list[int]):
-        self.parts = parts
-        self.layer_ids = layer_ids
-        self._captured: dict[int, torch.Tensor] = {}
-        self._handles = []
-        n = parts.num_layers
-        for lid in layer_ids:
-            if lid < n:
-                self._handles.append(parts.layers[lid].register_forward_pre_hook(self._pre_hook(lid), with_kwargs=True))
-        self._handles.append(parts.layers[n - 1].register_forward_hook(self._last_hook))
-
-    def _pre_hook(self, lid: int):
-        def hook(module, args, kwargs):
-            self._captured[lid] = args[0] if args else kwargs["hidden_states"]
-
-        return hook
-
-    def _last_hook(self, module, args, output):
-        self._captured["last"] = output[0] if isinstance(output, (tuple, list)) else output
-        raise self._Done
-
-    def run(self, input_ids, attention_mask):
-        import torch
-
-        self._captured = {}
-        try:
-            self.parts.text_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        except self._Done:
-            pass
-        n = self.parts.num_layers
-        last = self._captured["last"]
-        stack = [last if lid == n else self._captured[lid] for lid in self.layer_ids] + [last]
-        return torch.stack(stack, dim=2)  # [B, S, k+1, H]
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
 
 
 class AsyncWriter:

@@ -67,7 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.acceptance import EARLY_STOP_PATIENCE, ROUND_TAU, EarlyStop, estimate_tau, per_position_tau, still_learning_warning  # noqa: E402
 from common.checkpoints import BEST_FILE, is_checkpoint, latest_checkpoint, read_best, write_best  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
-from common import loggers  # noqa: E402
+from common import loggers, verifier_path  # noqa: E402
 from common.recipe import DataSize, size_recipe  # noqa: E402
 from common.vllm_server import add_connector_argument, add_serve_arguments  # noqa: E402
 
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     if args.fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise TrainError("--fsdp shards over several processes: this run has one (use --processes 2 or more on a host with GPUs)")
     logger_messages = loggers.apply(args.loggers, str(Path(args.output).resolve() / loggers.LOG_DIR)) if args.loggers else []
-    verifier = resolve_verifier(args.verifier)
+    verifier = verifier_path.resolve(args.verifier)
     online = bool(args.vllm_endpoint)
     output = Path(args.output).resolve()
     prepared = Path(args.prepared).resolve()
@@ -258,6 +258,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     for what, path in (("--prepared", prepared), ("--staging-dir" if online else "--hidden-states", hs_dir)):
         if not path.is_dir():
             raise TrainError(f"{what} {path}: no such directory")
+    from common.verifier import load_text_config
+
     verifier_cfg = load_text_config(verifier, args.trust_remote_code)
     layers = args.layers or (None if online else extraction_layers(hs_dir)) or None
     num_target_layers = len(layers) if layers else 3
@@ -548,7 +550,7 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
     tensor_parallel = args.tensor_parallel_size or max(1, len(placement.verifier))
     if placement.verifier and tensor_parallel > len(placement.verifier):
         raise TrainError(f"--tensor-parallel-size {tensor_parallel} needs as many verifier GPUs; verifier_gpus has {len(placement.verifier)}")
-    args.verifier = resolve_verifier(args.verifier)  # the id vLLM serves = the name the trainer asks for
+    args.verifier = verifier_path.resolve(args.verifier)  # the id vLLM serves = the name the trainer asks for
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
     connector = refuse_before_serving(args, config, what="train --online reads bf16 hidden states")
     n = num_hidden_layers(config)
@@ -684,27 +686,6 @@ def _round(v: Any) -> float:
 
 # ---------------------------------------------------------------------------------------------
 # Inputs and guards
-
-
-def resolve_verifier(verifier: str) -> str:
-    """An existing local path becomes absolute (the draft config records it; vLLM reads it from
-    anywhere); anything else is a hub id and kept as given."""
-    p = Path(verifier)
-    if p.exists():
-        if not (p / "config.json").is_file():
-            raise TrainError(f"--verifier {verifier}: no config.json in that directory")
-        return str(p.resolve())
-    if verifier.startswith((".", "/", "~")):
-        raise TrainError(f"--verifier {verifier}: no such directory")
-    return verifier
-
-
-def load_text_config(verifier: str, trust_remote_code: bool = False):
-    """The verifier's text-model config (nested under text_config for multimodal models)."""
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(verifier, trust_remote_code=trust_remote_code)
-    return getattr(cfg, "text_config", None) or cfg
 
 
 def extraction_layers(hs_dir: Path) -> list[int] | None:

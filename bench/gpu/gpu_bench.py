@@ -241,7 +241,7 @@ def forward_only(work: Path, args) -> tuple[float, dict[int, tuple]]:
 
     from common.verifier import default_target_layers, load_verifier, locate_decoder
     from common.sharding import plan_batches
-    from extract_hidden_states import HiddenStateCapture
+    from common.hidden_state_capture import HiddenStateCapture
 
     ds = load_from_disk(str(work / "prepared"))
     ds.set_format(type="torch")

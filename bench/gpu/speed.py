@@ -473,7 +473,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
                 ("ours with the replies' loss mask (speculators' own)", "train_observed.py", "replies", {}),
                 ("ours without the rounds walk", "train_observed.py", "all", {"HARNESS_TRAIN_BENCH_WITHOUT": "walk"}),
                 ("ours, again (order effects)", "train_observed.py", "all", {})]
-    variants = variants[: args.train_variants]
+    variants = [variants[int(i)] for i in args.train_pick.split(",")] if args.train_pick else variants[: args.train_variants]
     results["train"] = {}
     spec_argv = None
     per_run = None
@@ -552,6 +552,7 @@ def main() -> None:
     p.add_argument("--total-seq-len", type=int, default=8192)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--train-variants", type=int, default=6, help="how many of: ours, direct, without bridge, replies' mask, without walk, ours again")
+    p.add_argument("--train-pick", default="", help="which of those, by index, in order (0,1,5: ours, direct, ours again)")
     args = p.parse_args()
     if args.quick:
         args.layers, args.seq_len, args.extract_tokens, args.extract_batch_size = 8, 256, 256 * 24, 4

@@ -64,6 +64,13 @@ def text_config(config: Any) -> Any:
     return nested if nested is not None else config
 
 
+def load_text_config(path: str, trust_remote_code: bool = False) -> Any:
+    """The verifier's language-model config, read without its weights."""
+    from transformers import AutoConfig
+
+    return text_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
+
+
 def num_hidden_layers(config: Any) -> int:
     return int(text_config(config).num_hidden_layers)
 

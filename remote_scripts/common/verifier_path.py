@@ -20,6 +20,18 @@ def looks_like_hub_id(path: str) -> bool:
     return not path.startswith(("/", "~", "./", "../")) and path.count("/") == 1
 
 
+def resolve(path: str) -> str:
+    """An existing local verifier as an absolute path (a draft's config records it, and vLLM reads
+    it from any directory); a Hugging Face id as given."""
+    if os.path.exists(os.path.expanduser(path)):
+        full = os.path.abspath(os.path.expanduser(path))
+        if not os.path.isfile(os.path.join(full, "config.json")):
+            raise VerifierNotFound(f"{path}: no config.json in that directory: point the verifier at a Hugging Face model directory")
+        return full
+    check(path)
+    return path
+
+
 def check(path: str | None) -> None:
     if not path or os.path.exists(os.path.expanduser(path)) or looks_like_hub_id(path):
         return

@@ -1,0 +1,61 @@
+"""The draft trains on what extract stores and is measured on what evaluate feeds it: both come
+from common/hidden_state_capture.py, and here the two are the same tensors, row by row."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.fixtures.pipeline_data import SCRIPTS_DIR
+
+pytestmark = pytest.mark.pipeline
+
+sys.path.insert(0, str(SCRIPTS_DIR))
+
+
+def test_evaluate_feeds_the_draft_what_extract_stored_for_training(tiny_verifier, prepared_data, hidden_states):
+    import torch
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    import evaluate
+    from common.hidden_state_files import hs_path
+    from common.verifier import load_verifier
+
+    layers = json.loads((hidden_states / "extract_meta.json").read_text())["target_layer_ids"]
+    verifier = evaluate.HFVerifier(load_verifier(str(tiny_verifier.verifier), device="cpu"), layers, torch.bfloat16)
+    rows = load_from_disk(str(prepared_data))
+    checked = 0
+    for i in range(min(6, len(rows))):
+        tokens = list(rows[i]["input_ids"])
+        stored = load_file(str(hs_path(hidden_states, i)))["hidden_states"]  # [T, k+1, H], extract batched 8 rows
+        _, view = verifier.forward(tokens)  # [1, T, k*H], evaluate: one row alone
+        assert view.dtype == stored.dtype == torch.bfloat16
+        expected = stored[:, : len(layers), :].reshape(len(tokens), -1)
+        # Equal up to one bf16 step: extract's batch is padded, evaluate's row is alone, and
+        # fp32 sums in another order may round to a neighbouring bf16 value.
+        torch.testing.assert_close(view[0].float(), expected.float(), rtol=2 ** -7, atol=1e-3)
+        checked += 1
+    assert checked >= 2
+
+
+def test_the_hooks_keep_nothing_outside_a_capture(tiny_verifier):
+    import torch
+
+    from common.hidden_state_capture import HiddenStateCapture
+    from common.verifier import load_verifier, locate_decoder
+
+    model = load_verifier(str(tiny_verifier.verifier), device="cpu")
+    parts = locate_decoder(model)
+    capture = HiddenStateCapture(parts, [0, parts.num_layers])
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        stacked = capture.run(ids, torch.ones_like(ids))
+        model(input_ids=ids[:, :2])  # outside a capture (generate's steps): nothing kept
+    assert torch.equal(capture.stacked(), stacked)
+    assert stacked.shape == (1, 4, 3, parts.embed_tokens.weight.shape[1])
+    assert torch.equal(stacked[:, :, 1], stacked[:, :, 2])  # id N is the last layer's pre-norm output
+    capture.close()
+    assert not parts.layers[0]._forward_pre_hooks and not parts.layers[-1]._forward_hooks
