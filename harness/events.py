@@ -82,17 +82,6 @@ KINDS: dict[str, type] = {"started": Started, "progress": Progress, "metric": Me
 _TYPES = {"str": str, "int": int, "float": (int, float), "dict[str, Any]": dict}
 
 
-def fields_of(kind: str) -> tuple[list[str], list[str]]:
-    """(required, optional) field names this reader takes for an event kind, beside the common
-    ones ("t", "stage", "event"); the contract test compares them with docs/events.json."""
-    required, optional = [], []
-    for f in dataclasses.fields(KINDS[kind]):
-        if f.name == "summary":
-            continue
-        (required if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING else optional).append(f.name)
-    return required, optional
-
-
 def parse(raw: Any) -> Event | None:
     """One decoded events.jsonl line -> its typed event, or None when it is not one."""
     if not isinstance(raw, dict):

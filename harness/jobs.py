@@ -375,10 +375,6 @@ class Jobs:
         runner = helpers.Prefetched(self.transport, probes, python=self.host.python, home_token=HOME_TOKEN) if probes else self.transport
         return self.runtime.image_record(runner), (self.runtime.gpu_count(runner) if gpu_count else 0)
 
-    def _gpu_count(self) -> int:
-        """GPUs a distributed stage spreads over (torchrun's --nproc-per-node)."""
-        return self._preflight(gpu_count=True)[1]
-
     # -- read back --------------------------------------------------------------------------------
 
     def resolve_run_id(self, run_id: str) -> str:

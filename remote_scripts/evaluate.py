@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -361,7 +360,7 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     1. greedy continuations (max_new_tokens + k + 1 tokens, or to eos) for `batch_size` prompts
        at once, with a KV cache (`HFVerifier.greedy_batch`);
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
-       `speculate`'s: it gives the draft's view of every position and the verifier's own greedy
+       `speculate`'s (on a GPU the prompts' forwards batched: `HFVerifier.forward_many`): it gives the draft's view of every position and the verifier's own greedy
        choices. Where they disagree with the cached decode (a near tie that the batch's other
        numerics broke the other way), `settle` takes the forward's choice and decodes on from
        there, batched; `greedy_match` says whether the forward then agrees with the decode at
@@ -405,8 +404,10 @@ def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[li
     pending = dict(enumerate(references))
     for round_ in range(SETTLE_ROUNDS + 1):
         fixed: dict[int, list[int]] = {}
-        for i, reference in pending.items():
-            greedy, view = verifier.forward(prompts[i] + reference)
+        sequences = [prompts[i] + reference for i, reference in pending.items()]
+        # HFVerifier batches these on a GPU; a test's verifier has `forward` alone.
+        forwards = verifier.forward_many(sequences) if hasattr(verifier, "forward_many") else [verifier.forward(seq) for seq in sequences]
+        for (i, reference), (greedy, view) in zip(pending.items(), forwards):
             first = _first_disagreement(greedy, prompts[i], reference)
             if first is None or round_ == SETTLE_ROUNDS:
                 settled[i] = (reference, view, first is None)
@@ -452,6 +453,9 @@ def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[in
 # The real models
 
 
+FORWARD_LOGITS_BYTES = 1 << 31  # HFVerifier.forward_many's batches: 2 GiB of fp32 logits at most
+
+
 class HFVerifier:
     """A transformers causal LM: greedy tokens, and the draft's view of each position (the
     extract stage's capture, common/hidden_state_capture.py) in the dtype the draft was trained on."""
@@ -473,6 +477,36 @@ class HFVerifier:
             logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False).logits
         aux = self.capture.draft_input().to(self.hidden_dtype)  # [1, T, n*H]
         return logits[0].argmax(-1).tolist(), aux
+
+    def forward_many(self, sequences: list[list[int]], batched: bool | None = None) -> list[tuple[list[int], Any]]:
+        """`forward` of each sequence. On a GPU batched, longest first, right-padded (causal
+        attention: a row's first T positions are its own), at most FORWARD_LOGITS_BYTES of logits
+        a batch: a forward there is launch-bound, so 64 rows cost about what one does. On a CPU one
+        at a time: there padding costs compute."""
+        if self.device.type != "cuda" or len(sequences) < 2:
+            return [self.forward(seq) for seq in sequences]
+        import torch
+
+        vocab = int(self.model.get_output_embeddings().weight.shape[0])
+        order = sorted(range(len(sequences)), key=lambda j: -len(sequences[j]))
+        results: list[Any] = [None] * len(sequences)
+        start = 0
+        while start < len(order):
+            width = len(sequences[order[start]])
+            batch = order[start : start + max(1, FORWARD_LOGITS_BYTES // (width * vocab * 4))]
+            ids = torch.zeros((len(batch), width), dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for r, j in enumerate(batch):
+                ids[r, : len(sequences[j])] = torch.tensor(sequences[j])
+                mask[r, : len(sequences[j])] = 1
+            with torch.no_grad(), self.capture.capturing():
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False).logits
+            greedy = logits.argmax(-1).tolist()
+            view = self.capture.draft_input().to(self.hidden_dtype)  # [B, width, n*H]
+            for r, j in enumerate(batch):
+                results[j] = (greedy[r][: len(sequences[j])], view[r : r + 1, : len(sequences[j])])
+            start += len(batch)
+        return results
 
     @property
     def device(self):
@@ -630,33 +664,6 @@ class NgramProposer:
                     follow = tokens[start + n : start + n + k]
                     return follow + [-1] * (k - len(follow))
         return [-1] * k
-
-
-class RandomProposer:
-    """Uniform random tokens: a draft that knows nothing (tau ~ 1)."""
-
-    def __init__(self, vocab_size: int, seed: int = 0):
-        self.vocab_size = vocab_size
-        self.rng = random.Random(seed)
-
-    def propose(self, tokens, verifier_view, k):
-        return [self.rng.randrange(self.vocab_size) for _ in range(k)]
-
-
-class GreedyOracleProposer:
-    """The verifier itself, decoding greedily: a draft identical to the verifier (tau = k+1 but for
-    the end of each reply)."""
-
-    def __init__(self, verifier: Verifier):
-        self.verifier = verifier
-
-    def propose(self, tokens, verifier_view, k):
-        seq, out = list(tokens), []
-        for _ in range(k):
-            greedy, _ = self.verifier.forward(seq)
-            out.append(greedy[-1])
-            seq.append(greedy[-1])
-        return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,6 +31,34 @@ from tests.fixtures.pipeline_data import read_events, run_script, tiny_eagle3_dr
 EOS = 0
 
 
+class RandomProposer:
+    """Uniform random tokens: a draft that knows nothing (tau ~ 1)."""
+
+    def __init__(self, vocab_size: int, seed: int = 0):
+        self.vocab_size = vocab_size
+        self.rng = random.Random(seed)
+
+    def propose(self, tokens, verifier_view, k):
+        return [self.rng.randrange(self.vocab_size) for _ in range(k)]
+
+
+class GreedyOracleProposer:
+    """The verifier itself, decoding greedily: a draft identical to the verifier (tau = k+1 but for
+    the end of each reply)."""
+
+    def __init__(self, verifier):
+        self.verifier = verifier
+
+    def propose(self, tokens, verifier_view, k):
+        seq, out = list(tokens), []
+        for _ in range(k):
+            greedy, _ = self.verifier.forward(seq)
+            out.append(greedy[-1])
+            seq.append(greedy[-1])
+        return out
+
+
+
 class ChainVerifier:
     """Greedy next token = successor[token]; each token's chain ends in EOS."""
 
@@ -68,7 +96,7 @@ def _reply_length(v: ChainVerifier, prompt):
 def test_a_draft_identical_to_the_verifier_is_always_accepted(k):
     v = ChainVerifier()
     prompts = _prompts(v)
-    results = [ev.speculate(v, ev.GreedyOracleProposer(v), p, k, 100, {EOS}) for p in prompts]
+    results = [ev.speculate(v, GreedyOracleProposer(v), p, k, 100, {EOS}) for p in prompts]
     report = ev.summarize(results, k)
     assert report.acceptance_per_position == [1.0] * k
     # Every round yields k+1 tokens but the last of each reply: tau is exactly computable.
@@ -82,7 +110,7 @@ def test_a_draft_identical_to_the_verifier_is_always_accepted(k):
 
 def test_a_random_draft_gets_about_one_token_per_round():
     v = ChainVerifier(vocab=50)
-    results = [ev.speculate(v, ev.RandomProposer(50, seed=3), p, 3, 100, {EOS}) for p in _prompts(v)]
+    results = [ev.speculate(v, RandomProposer(50, seed=3), p, 3, 100, {EOS}) for p in _prompts(v)]
     report = ev.summarize(results, 3)
     assert 1.0 <= report.tau < 1.15
     assert report.acceptance_per_position[0] < 0.15
@@ -113,7 +141,7 @@ def test_partial_acceptance_and_output_equals_greedy():
 
 def test_the_token_budget_stops_generation():
     v = ChainVerifier()
-    r = ev.speculate(v, ev.GreedyOracleProposer(v), [5, 7], 3, 4, set())  # no eos: budget only
+    r = ev.speculate(v, GreedyOracleProposer(v), [5, 7], 3, 4, set())  # no eos: budget only
     assert len(r.generated) == 4
 
 
@@ -337,7 +365,7 @@ def test_identity_draft_on_the_real_verifier(tiny_verifier):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_verifier.verifier))
     prompts = load_prompts(tokenizer, tiny_verifier.data, "heldout", 4)
     eos = {tokenizer.eos_token_id}
-    results = [ev.speculate(verifier, ev.GreedyOracleProposer(verifier), p, 3, 40, eos) for p in prompts]
+    results = [ev.speculate(verifier, GreedyOracleProposer(verifier), p, 3, 40, eos) for p in prompts]
     report = ev.summarize(results, 3)
     assert report.acceptance_per_position == [1.0, 1.0, 1.0]
     assert 3.0 < report.tau <= 4.0

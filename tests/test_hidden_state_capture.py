@@ -59,3 +59,22 @@ def test_the_hooks_keep_nothing_outside_a_capture(tiny_verifier):
     assert torch.equal(stacked[:, :, 1], stacked[:, :, 2])  # id N is the last layer's pre-norm output
     capture.close()
     assert not parts.layers[0]._forward_pre_hooks and not parts.layers[-1]._forward_hooks
+
+
+def test_batched_forwards_equal_one_at_a_time(tiny_verifier, prepared_data):
+    """HFVerifier.forward_many's GPU path (forced here on the CPU): right-padded rows of different
+    lengths give each row the greedy tokens and draft views of its own forward."""
+    import torch
+    from datasets import load_from_disk
+
+    import evaluate
+    from common.verifier import load_verifier
+
+    verifier = evaluate.HFVerifier(load_verifier(str(tiny_verifier.verifier), device="cpu"), [0, 1, 2], torch.bfloat16)
+    rows = load_from_disk(str(prepared_data))
+    sequences = [list(rows[i]["input_ids"]) for i in range(min(5, len(rows)))]
+    assert len({len(s) for s in sequences}) > 1  # padding is exercised
+    for (greedy, view), seq in zip(verifier.forward_many(sequences, batched=True), sequences):
+        alone_greedy, alone_view = verifier.forward(seq)
+        assert greedy == alone_greedy and view.shape == alone_view.shape == (1, len(seq), alone_view.shape[-1])
+        torch.testing.assert_close(view.float(), alone_view.float(), rtol=2 ** -7, atol=1e-3)

@@ -137,13 +137,6 @@ class RemoteProcess:
         self._reader.join()
         return code, out or b""
 
-    def check_output(self, what: str, data: bytes = b"") -> bytes:
-        """communicate(), raising error(what) on a non-zero exit."""
-        code, out = self.communicate(data)
-        if code != 0:
-            raise self.error(what)
-        return out
-
     # -- ending it --------------------------------------------------------------------------------
 
     def end_by_stdin(self, timeout_s: float) -> None:
