@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import stat
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
+from harness.transport import control_dir
 from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
@@ -172,7 +172,7 @@ def client_log() -> str:
     the remote command's stderr, so an exit 255 that ssh did not log is the command's own."""
     import tempfile
 
-    fd, path = tempfile.mkstemp(prefix="log-", dir=control_dir())
+    fd, path = tempfile.mkstemp(prefix="log-", dir=control_dir.ensure())
     os.close(fd)
     return path
 
@@ -228,7 +228,7 @@ def safety_config(o: OpenSSHOptions) -> str:
         # Last, so a Ciphers line of the user's (or the system's) config, read first, still wins.
         lines += ["Match all", f"Ciphers {CIPHERS_PREFERRED}"]
     text = "\n".join(lines) + "\n"
-    path = os.path.join(control_dir(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
+    path = os.path.join(control_dir.ensure(), "config-" + hashlib.sha256(text.encode()).hexdigest()[:16])
     if not os.path.exists(path):
         _write_whole(path, text)
     return path
@@ -245,7 +245,7 @@ def _reads_prepend_syntax() -> bool:
     if ssh is None:
         return False
     st = os.stat(ssh)
-    marker = os.path.join(control_dir(), "prepend-" + hashlib.sha256(f"{ssh}:{st.st_size}:{st.st_mtime_ns}:{CIPHERS_PREFERRED}".encode()).hexdigest()[:16])
+    marker = os.path.join(control_dir.ensure(), "prepend-" + hashlib.sha256(f"{ssh}:{st.st_size}:{st.st_mtime_ns}:{CIPHERS_PREFERRED}".encode()).hexdigest()[:16])
     try:
         with open(marker) as f:
             return f.read() == "yes"
@@ -290,21 +290,6 @@ def _ssh_quote_path(path: str) -> str:
 # ControlMaster: a connection that outlives one CLI process
 
 
-def control_dir() -> str:
-    """A private (0700, ours) short directory for control sockets (unix paths max ~104 bytes)."""
-    from harness.transport.warm_exec import control_dir_path
-
-    path = control_dir_path()
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise TransportError(f"{path} must be a directory owned by you with mode 0700 (it holds ssh control sockets)")
-    return path
-
-
 def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
     """Options with a ControlPath specific to EVERYTHING that shapes the connection: our options
     (files, keys, jump host), what the user's ssh_config makes of the target now (`ssh -G`), and
@@ -317,7 +302,7 @@ def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
     key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra,
                 connection, known_hosts))
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    return replace(o, control_path=os.path.join(control_dir(), digest))
+    return replace(o, control_path=os.path.join(control_dir.ensure(), digest))
 
 
 # What a connection resolves to, as `ssh -G` prints it (lower-case keys).

@@ -29,6 +29,8 @@ from __future__ import annotations
 import marshal
 import os
 
+from harness.transport import control_dir
+
 FORMAT = 1
 MARK = "HARNESS-WARM-EXEC-ARGV"  # stands for the user's argv in a wrapped command line
 # A file changed this close to when its content was read may have changed after the read within
@@ -173,7 +175,7 @@ def route(o) -> tuple[list[str], str, list[str]] | None:
     if not reading.files:
         return None  # an ssh that does not say what it read (it reads at least our `ssh -F` file)
     watched: list[str] = []
-    ours = openssh.control_dir()  # recipes and logs come and go there; its `ssh -F` file is named by its content
+    ours = control_dir.ensure()  # recipes and logs come and go there; its `ssh -F` file is named by its content
     for path in reading.files:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
@@ -207,7 +209,7 @@ def save(key: str, route: tuple[list[str], str, list[str]], *, also_watch: list[
     if len(quoted) != 2 or path is None:
         return False
     stamps = [(p, _stamp(p)) for p in dict.fromkeys([*also_watch, *watched, *code_files()])]
-    ours = control_dir_path() + os.sep  # the `ssh -F` file there is named by its content: no edit can go unseen
+    ours = control_dir.path() + os.sep  # the `ssh -F` file there is named by its content: no edit can go unseen
     if any(s is not None and max(s[3], s[4]) >= started_ns - RACY_NS and not p.startswith(ours) for p, s in stamps):
         forget(key)
         return False
@@ -255,22 +257,16 @@ def forget(key: str) -> None:
             pass
 
 
-def control_dir_path() -> str:
-    """Where control sockets (and recipes) live: short, as socket paths are limited to ~104 bytes."""
-    return os.environ.get("HARNESS_CONTROL_DIR") or f"/tmp/harness-ssh-{os.getuid()}"
-
-
 def _recipe_path(key: str) -> str | None:
     """The recipe's file among the control sockets, or None when that directory is not private
-    to us (openssh.control_dir's rule; the slow path reports it)."""
+    to us (control_dir.is_private; the slow path reports it)."""
     import zlib
 
-    directory = control_dir_path()
+    directory = control_dir.path()
     try:
-        st = os.lstat(directory)
+        if not control_dir.is_private(os.lstat(directory)):
+            return None
     except OSError:
-        return None
-    if not (st.st_mode & 0o170000 == 0o040000 and st.st_uid == os.getuid() and not st.st_mode & 0o077):
         return None
     raw = key.encode("utf-8", "surrogateescape")
     return os.path.join(directory, f"exec-{zlib.crc32(raw):08x}-{len(raw)}")
