@@ -78,6 +78,22 @@ class HostConfig:
     def is_local(self) -> bool:
         return self.local
 
+    @property
+    def uses_image(self) -> bool:
+        """The stages run in an image `harness build` makes, on the host's container engine."""
+        return self.runtime == "docker"
+
+    def pinned_gpus(self) -> list[int]:
+        """The GPU indices the stages are pinned to ([] when not pinned to a list): the run
+        queue's set. Containers take theirs from container.gpus."""
+        if self.uses_image:
+            return list(self.container.gpus) if isinstance(self.container.gpus, list) else []
+        return list(self.gpus)
+
+    def runtime_label(self) -> str:
+        """The runtime in one cell (`harness hosts`)."""
+        return f"docker ({self.container.image})" if self.uses_image else self.runtime
+
     def env_values(self) -> dict[str, str]:
         """Values of the `env` names from this process's environment: held in memory, handed to
         the transport, never written to a file or a command line."""

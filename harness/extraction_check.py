@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import Config
 from harness.errors import RemoteCommandError
 from harness.pipeline import SCRIPTS_DIR, StagePaths
 
 if TYPE_CHECKING:
-    from harness.transport.base import Transport
+    from harness.host import Host
 
 CHECK_SCRIPT = f"{SCRIPTS_DIR}/check_extraction.py"
 
@@ -136,18 +136,16 @@ def inventory_argv(config: Config, python: str) -> list[str]:
     return [python, CHECK_SCRIPT, "--prepared", paths.prepared, "--output", paths.hidden_states]
 
 
-def check_extraction(config: Config, hosts: Sequence[str], transport_for: Callable[[str], "Transport"]) -> ExtractionReport:
+def check_extraction(hosts: Sequence["Host"]) -> ExtractionReport:
     """Take every host's inventory (in parallel, in its stage runtime) and merge them."""
     from harness.multinode import parallel
-    from harness.runtime import runtime_for
 
-    def one(host: str) -> HostInventory:
-        transport = transport_for(host)
-        runtime = runtime_for(config.host(host), transport)
-        result = transport.run(runtime.wrap(inventory_argv(config, runtime.python)))
+    def one(host: "Host") -> HostInventory:
+        runtime = host.runtime
+        result = host.transport.run(runtime.wrap(inventory_argv(host.config, runtime.python)))
         if not result.ok:
-            raise RemoteCommandError(f"{CHECK_SCRIPT} on {host}", result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return HostInventory.from_json(host, json.loads(result.text.strip().splitlines()[-1]))
+            raise RemoteCommandError(f"{CHECK_SCRIPT} on {host.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
+        return HostInventory.from_json(host.name, json.loads(result.text.strip().splitlines()[-1]))
 
     inventories = []
     for host, inv, error in parallel(list(hosts), one):

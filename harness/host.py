@@ -58,9 +58,7 @@ class Host:
     @property
     def uses_image(self) -> bool:
         """Whether the stages run in an image `harness build` makes (no connection needed)."""
-        from harness.runtime import runtime_for
-
-        return runtime_for(self.cfg).uses_image
+        return self.cfg.uses_image
 
     @property
     def workdir(self) -> str:

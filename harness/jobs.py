@@ -459,9 +459,9 @@ class Jobs:
 
 def queue_gpus(host: HostConfig) -> list[int] | str:
     """The GPU set a run of this host queues on: the indices it is pinned to (the runtime's
-    pinned_gpus), else "all": the whole host is one set (no GPUs, every GPU, a count docker picks
+    HostConfig.pinned_gpus), else "all": the whole host is one set (no GPUs, every GPU, a count docker picks
     itself, or none at all, since such a run still shares the box)."""
-    chosen = runtime_for(host).pinned_gpus()
+    chosen = host.pinned_gpus()
     return sorted(chosen) if chosen else "all"
 
 

@@ -23,7 +23,8 @@ from harness.relay_forward import relay_argv
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
 
 if TYPE_CHECKING:
-    from harness.config import Config, HostConfig
+    from harness.config import Config
+    from harness.host import Host
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
@@ -137,12 +138,10 @@ def check_logs(transport: "Transport", logdir: str) -> None:
         raise UsageError(f"no training logs at {logdir}: train with loggers = [\"tensorboard\"] in [pipeline.stages.train]")
 
 
-def start(config: "Config", host: "HostConfig", transport: "Transport", options: TensorBoardOptions) -> tuple[RemoteTensorBoard, str]:
+def start(on: "Host", options: TensorBoardOptions) -> tuple[RemoteTensorBoard, str]:
     """TensorBoard listening on the host over the logs; returns it (close it) and its log directory."""
-    from harness.runtime import runtime_for
-
-    runtime = runtime_for(host, transport)
-    logdir = logs_dir(config, transport, runtime.workdir, options.run_id)
+    transport, runtime = on.transport, on.runtime
+    logdir = logs_dir(on.config, transport, runtime.workdir, options.run_id)
     check_logs(transport, logdir)
     board = RemoteTensorBoard(transport, runtime, logdir)
     try:

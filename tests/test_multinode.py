@@ -499,6 +499,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     check_extraction finds every sample exactly once; a deleted and a corrupted file are
     reported as a gap and an invalid file; a second run recomputes only those."""
     from harness.extraction_check import check_extraction
+    from harness.host import Host
     from harness.transport import connect
 
     config = cluster_project
@@ -513,7 +514,8 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
 
     transports = {}
     transport_for = lambda h: transports.setdefault(h, connect(config.host(h)))  # noqa: E731
-    report = check_extraction(config, runner.hosts, transport_for)
+    hosts = [Host(config, config.host(h), transport_for) for h in runner.hosts]
+    report = check_extraction(hosts)
     assert report.ok, report.lines()
     n = report.num_samples
     assert n > 0 and not report.gaps and not report.duplicates
@@ -526,7 +528,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     gone, broken = hs1[0], hs2[-1]
     gone.unlink()
     broken.write_bytes(broken.read_bytes()[:100])  # truncated, as by a crash without the rename
-    report = check_extraction(config, runner.hosts, transport_for)
+    report = check_extraction(hosts)
     assert not report.ok
     gone_i, broken_i = int(gone.stem.split("_")[1]), int(broken.stem.split("_")[1])
     assert report.gaps == sorted({gone_i, broken_i})
@@ -539,7 +541,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
     log1 = (netns_cluster.node("n1").workdir / "runs" / launch.run_id / "extract" / "log").read_text()
     assert "1 to compute" in log1, log1[-1500:]
-    report = check_extraction(config, runner.hosts, transport_for)
+    report = check_extraction(hosts)
     assert report.ok, report.lines()
     for t in transports.values():
         t.close()

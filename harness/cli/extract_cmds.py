@@ -22,10 +22,9 @@ def check_extract(ctx: click.Context, target: str, as_json: bool) -> None:
     from harness.extraction_check import check_extraction
     from harness.run_start import sync_code
 
-    app = ctx.obj
-    sync_code(app.place(target))  # its script runs from the synced code: never a missing or stale one
-    hosts = [h.name for h in app.config.targets(target)]
-    report = check_extraction(app.config, hosts, app.transport)
+    place = ctx.obj.place(target)
+    sync_code(place)  # its script runs from the synced code: never a missing or stale one
+    report = check_extraction(place.hosts)
     if as_json:
         import json
 

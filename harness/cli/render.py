@@ -310,14 +310,13 @@ def print_hosts(config) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from harness.runtime import runtime_for
 
     table = Table(title=f"hosts in {plain(config.path)}")
     for column in ("name", "reach", "runtime", "workdir", "env"):
         table.add_column(column, overflow="fold")
     for name, h in config.hosts.items():
         reach = "local" if h.is_local else f"ssh {h.ssh}"
-        table.add_row(*(plain(cell) for cell in (name, reach, runtime_for(h).describe(), h.workdir, ", ".join(h.env))))
+        table.add_row(*(plain(cell) for cell in (name, reach, h.runtime_label(), h.workdir, ", ".join(h.env))))
     console = Console()
     console.print(table)
     if config.groups:

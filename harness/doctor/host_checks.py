@@ -5,7 +5,6 @@ from __future__ import annotations
 from harness.transport.remote_shell import sh_expand_home
 from harness.config import HostConfig
 from harness.doctor.base import CheckResult, CommandRunner, describe
-from harness.runtime import runtime_for
 
 MIN_PYTHON = (3, 10)
 DISK_FAIL_GIB = 1  # cannot even hold a checkpoint
@@ -55,7 +54,7 @@ def check_disk(runner: CommandRunner, host: HostConfig) -> CheckResult:
 
 @describe("docker", "the Docker engine answers (needed for runtime = docker)")
 def check_docker(runner: CommandRunner, host: HostConfig) -> CheckResult:
-    needed = runtime_for(host).uses_image  # the engine builds and runs the stages' image
+    needed = host.uses_image  # the engine builds and runs the stages' image
     r = runner.run(["docker", "version", "--format", "{{.Server.Version}}"])
     if r.exit_code == 127:
         if not needed:

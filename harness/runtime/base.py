@@ -44,9 +44,6 @@ _VISIBLE_GPUS_PROBE = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia
 class Runtime(abc.ABC):
     #: recorded in run.json and shown by status; never compared by callers
     kind: str
-    #: the stages run in an image that `harness build` makes (build, doctor's image and
-    #: container checks, the Docker engine check)
-    uses_image: bool = False
     #: where doctor says the stages' GPUs are looked for
     where: str = "to the stage interpreter"
 
@@ -130,9 +127,13 @@ class Runtime(abc.ABC):
         """GPUs the configuration gives the stages, or None when the host decides."""
         return None
 
+    @property
+    def uses_image(self) -> bool:
+        """The stages run in an image that `harness build` makes (HostConfig.uses_image)."""
+        return self.host.uses_image
+
     def pinned_gpus(self) -> list[int]:
-        """The GPU indices the stages are pinned to ([] when not pinned to a list): the run queue's set."""
-        return list(self.host.gpus)
+        return self.host.pinned_gpus()
 
     def gpu_count(self, transport: "Transport") -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node): the configured
@@ -157,8 +158,7 @@ class Runtime(abc.ABC):
     # -- words ------------------------------------------------------------------------------------
 
     def describe(self) -> str:
-        """One cell for `harness hosts`."""
-        return self.kind
+        return self.host.runtime_label()
 
     def install_fix(self) -> str:
         """How to get the pinned library versions where the stages run (doctor's fix)."""

@@ -59,7 +59,6 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 
 class DockerRuntime(Runtime):
     kind = "docker"
-    uses_image = True
     where = "inside the container"
     # the container's own interfaces: on docker's bridge network (no port published) only the host
     # reaches them, and `harness forward` finds the container there (harness/host_helpers/port_probe.py)
@@ -173,13 +172,6 @@ class DockerRuntime(Runtime):
 
     def configured_gpu_count(self) -> int | None:
         return gpu_count(self.host.container.gpus)
-
-    def pinned_gpus(self) -> list[int]:
-        chosen = self.host.container.gpus
-        return list(chosen) if isinstance(chosen, list) else []
-
-    def describe(self) -> str:
-        return f"{self.kind} ({self.host.container.image})"
 
     def install_fix(self) -> str:
         return f"pin the versions in container/requirements.txt and run harness build {self.host.name}"
