@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""OpenMP's wait policy on an oversubscribed CPU: the regenerate stage (transformers, CPU) run
-alone and two at a time, with OpenMP's default (threads spin before they sleep) and with
-OMP_WAIT_POLICY=PASSIVE (they sleep at once): whether torch processes that share a few cores
-(scripts/test.sh's three pytest lanes on 2 cores, a CPU sweep's slots) should wait passively.
+"""OpenMP on an oversubscribed CPU: the regenerate stage (transformers, CPU) run alone and two at
+a time, with --threads threads and OpenMP's default wait (threads spin before they sleep), with
+OMP_WAIT_POLICY=PASSIVE (they sleep at once), and with one thread: how torch processes that share
+a few cores (scripts/test.sh's three pytest lanes on 2 cores, a CPU sweep's slots) should run.
 
     python bench/omp_wait.py --verifier DIR --data CHAT.jsonl [--threads 2] [--repeat 2]
 
@@ -23,19 +23,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-POLICIES = {"default (spin)": None, "PASSIVE": "PASSIVE"}
+# name -> (threads: None for --threads, OMP_WAIT_POLICY)
+CONFIGS = {"default (spin)": (None, None), "PASSIVE": (None, "PASSIVE"), "1 thread": (1, None)}
 
 
-def regenerate(args, policy: str | None, out: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+def regenerate(args, config: tuple[int | None, str | None], out: Path) -> subprocess.Popen:
+    threads, policy = config
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     if policy:
         env["OMP_WAIT_POLICY"] = policy
     argv = [sys.executable, str(REPO / "remote_scripts/regenerate.py"), "--verifier", args.verifier, "--data", args.data, "--output", str(out),
-            "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "64", "--dtype", args.dtype, "--threads", str(args.threads)]
+            "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "64", "--dtype", args.dtype, "--threads", str(threads or args.threads)]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def timed(args, policy: str | None, side_by_side: int) -> float:
+def timed(args, policy: tuple[int | None, str | None], side_by_side: int) -> float:
     """Seconds until every one of `side_by_side` regenerations has ended (their mean wall time)."""
     work = Path(tempfile.mkdtemp(prefix="omp-wait-"))
     try:
@@ -62,13 +64,14 @@ def main() -> None:
     args = p.parse_args()
     results = {}
     for side_by_side in (1, 2):
-        for name, policy in POLICIES.items():
+        for name, policy in CONFIGS.items():
             runs = [timed(args, policy, side_by_side) for _ in range(args.repeat)]
             results[f"{side_by_side} at a time, {name}"] = statistics.median(runs)
             print(f"{side_by_side} at a time, {name}: {', '.join(f'{r:.1f}' for r in runs)} s", flush=True)
     for n in (1, 2):
-        spin, passive = results[f"{n} at a time, default (spin)"], results[f"{n} at a time, PASSIVE"]
-        print(f"{n} at a time: passive {passive:.1f} s, spin {spin:.1f} s: passive is {spin / passive:.2f}x", flush=True)
+        spin, passive, one = (results[f"{n} at a time, {name}"] for name in CONFIGS)
+        print(f"{n} at a time: {args.threads} threads spin {spin:.1f} s, passive {passive:.1f} s ({spin / passive:.2f}x), "
+              f"1 thread {one:.1f} s ({spin / one:.2f}x)", flush=True)
     print(json.dumps({"cpus": os.cpu_count(), "load_average": os.getloadavg(), "seconds": results}))
 
 

@@ -23,7 +23,7 @@ reference); `--method fast` (the default) gets every round's outcome from a few 
 prompt (`measure_fast`): greedy decoding with a KV cache, batched over prompts; one verifier
 forward over prompt + reply (the draft's view, and the check that it agrees with the cached
 decode); one draft forward whose free-running chain holds the proposal of every possible round.
-bench/evaluate_speed.py times both (bench/RESULTS.md).
+bench/evaluate_speed.py times both.
 
 Loops: a reply that runs to the token budget repeating a span (`is_looping`) is easy to predict
 and inflates tau. tau counts such replies (a server speculates on them too); the report gives

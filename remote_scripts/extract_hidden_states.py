@@ -190,8 +190,8 @@ class PinnedRing:
 
 def default_writer_threads(cpu_count: int, local_processes: int) -> int:
     """Saving is a copy into the page cache; an 8B verifier on an H200 produces ~4 GiB/s of it (32
-    KiB per token). On 2 x H200 (bench/RESULTS.md) 2 threads fell behind and 8 were no faster
-    than 4. Half of this process's share of the CPUs, 1 to 4."""
+    KiB per token). On 2 x H200 (bench/gpu/gpu_bench.py) 2 threads fell behind and 8 were no
+    faster than 4. Half of this process's share of the CPUs, 1 to 4."""
     return max(1, min(4, cpu_count // (2 * max(1, local_processes))))
 
 

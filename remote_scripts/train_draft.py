@@ -142,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW; linear decay after speculators' warm-up)")
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     # Every position: the loss is a KL to the verifier's logits, a target on prompt tokens as much
-    # as on replies. On the stdlib bench (cpu size, 512 rows) tau 2.27 against 2.04 with the
-    # replies alone at equal steps (bench/RESULTS.md); validation keeps the replies' mask.
+    # as on replies, and a higher held-out tau than the replies alone at equal steps
+    # (bench/quality/run.py --size cpu); validation keeps the replies' mask.
     p.add_argument("--loss-on", choices=["all", "replies"], default="all", help="training positions in the loss: every token's (default) or the replies' only (speculators' own); validation always uses the replies'")
     p.add_argument("--draft-vocab-size", type=int, default=None, help="prune the draft vocabulary to the N most frequent tokens (default: the verifier's full vocabulary)")
     p.add_argument("--num-layers", type=int, default=1, help="draft decoder layers")
@@ -581,9 +581,9 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
         staging.rmdir()
 
 
-# The estimate reads a few validation rows: on bench/quality's cpu size it swung by 0.3 between
-# neighbouring epochs, and "the highest estimate" picked epoch 6 of 10 at held-out tau 1.86 where
-# the last gave 2.09 (bench/RESULTS.md, 2026-12-01 03:38-04:00). So a later checkpoint whose estimate is
+# The estimate reads a few validation rows and swings between neighbouring epochs: on
+# bench/quality's cpu size "the highest estimate" picked a middle epoch whose held-out tau was
+# below the last one's. So a later checkpoint whose estimate is
 # within this fraction of the highest one takes the best's place: trained longer, as good as the
 # estimate can tell.
 BEST_TAU_TOLERANCE = 0.05

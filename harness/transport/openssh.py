@@ -33,8 +33,8 @@ DEFAULT_KEEPALIVE_S = 15
 ACCEPT_FLAG = "--accept-new-host-key"
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 # AES-GCM ahead of OpenSSH's default first choice (chacha20-poly1305): with AES instructions (any
-# x86 since ~2010, Apple silicon) it costs the client half the CPU per byte (bench/RESULTS.md,
-# "2026-12-01 03:26-03:50"). '^' puts them at the head of the default set: the same ciphers, all AEAD.
+# x86 since ~2010, Apple silicon) it costs the client about half the CPU per byte (bench/transfer.py).
+# '^' puts them at the head of the default set: the same ciphers, all AEAD.
 CIPHERS_PREFERRED = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 
 

@@ -3,8 +3,8 @@
 Chosen by measurement (bench/exec_latency.py): a plain (non-PTY) command on an SSH host goes
 through a master connection that outlives this process (started on first use, kept
 ControlPersist seconds); a second `harness exec` then costs one `ssh -S` mux client process on the
-master's socket. (A client of our own for the socket's protocol saved 1% of a warm exec, not
-the 20% its code had to earn: bench/RESULTS.md, 2026-12-01.) Nothing here imports paramiko or rich.
+master's socket. (A client of our own for the socket's protocol did not earn its code:
+bench/exec_latency.py.) Nothing here imports paramiko or rich.
 
 The remote command line comes from remote_shell.remote_command, as for every transport, so env
 values travel on stdin and never on a command line.

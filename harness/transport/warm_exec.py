@@ -19,8 +19,8 @@ the caller's files (harness.toml). A configuration whose reading can change with
 disk changing (Match exec/localnetwork/canonical/final, CanonicalizeHostname, ${VAR}, an Include
 glob over directories) has no route: there every exec takes the slow path.
 
-Why: issue 31 asks a warm exec of at most 1.3x `ssh` through a ControlMaster, and the
-interpreter's start-up alone is 1.2x (bench/exec_latency.py, bench/RESULTS.md). So `run` and
+Why: a warm exec should cost little more than `ssh` through a ControlMaster, and the
+interpreter's start-up is most of what it may add (bench/exec_latency.py). So `run` and
 what it calls import os, marshal and shlex only (with env values: remote_shell.py too) (`route` and `save` run on the slow path).
 """
 
@@ -141,7 +141,7 @@ def master_answers(control_path: str | None) -> bool:
     if not control_path:
         return False
     # _socket, the C module under socket.py: socket.py builds four enum classes on import
-    # (14 M instructions, 4% of a warm exec: callgrind, bench/RESULTS.md)
+    # (a measurable share of a warm exec under callgrind: bench/exec_latency.py)
     import _socket
 
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)

@@ -14,8 +14,7 @@ round starts where the last one ended, so an easy stretch (long acceptances) hol
 starts per token and a hard stretch many. Tokens per round is therefore the harmonic-type
 average of the local acceptance lengths weighted by tokens, which is below their per-position
 (arithmetic) mean whenever acceptance varies along the text (Jensen): half the positions at 4 and
-half at 1.5 read 2.75 per position but deliver 2.18 per round. SmolLM2 on an H200 read 2.61 while
-the evaluate stage measured 2.30 (issue 29).
+half at 1.5 read 2.75 per position but deliver 2.18 per round.
 
 So the estimate the train stage reports walks the rounds instead (`walk_rounds`, fed by the shim
 'round-walk' of common/speculators_compat.py): from the first position of each reply, a round

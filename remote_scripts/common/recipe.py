@@ -35,10 +35,8 @@ import math
 from dataclasses import dataclass
 
 MIN_STEPS = 300  # optimizer steps a run needs (fewer: a smaller pack, else a warning); the CPU demo reached tau 3.64 at 327
-# Steps the epochs are raised to (the pack stays), per device (bench/RESULTS.md): on a CPU,
-# bench/quality's cpu size at 512 tokens per step: tau 2.08 at 579 steps (3 epochs), 2.27 at 968
-# (5), 2.25 at 1936 (10); on an H200, SmolLM2 with 20,480 prompts at 8192 tokens per step: 2.71 at
-# 1,144 steps (4 epochs), 2.93 at 4,576 (16), its estimate flat over the last 3 epochs.
+# Steps the epochs are raised to (the pack stays), per device: about where held-out tau stopped
+# rising in bench/quality/run.py (the cpu size on a CPU, SmolLM2's gpu size on an H200).
 TARGET_STEPS = {"cpu": 1000, "cuda": 4000}
 DEFAULT_TOKENS_PER_STEP = {"cpu": 512, "cuda": 8192}
 MIN_TOKENS_PER_STEP = 256
