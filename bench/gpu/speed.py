@@ -173,7 +173,7 @@ def part_evaluate(work: Path, args, rows, results) -> None:
         profile_evaluate(ev, verifier, proposer, prompts[:8], k, new, batch, Path(args.out))
     tokens = sum(len(r.generated) for r in fast)
     rounds = sum(r.rounds for r in fast)
-    chain_n = 2 if args.quick else 4
+    chain_n = 2 if args.quick else args.evaluate_chain_prompts
     t1 = time.perf_counter()
     chain = [ev.speculate(verifier, proposer, p, k, new, {EOS}) for p in prompts[:chain_n]]
     chain_s = time.perf_counter() - t1
@@ -195,7 +195,8 @@ def part_evaluate(work: Path, args, rows, results) -> None:
 
 class PhaseClock:
     """Seconds spent in each of measure_fast's phases (synchronised): the verifier's generate
-    calls, its forwards, the draft's chain tables, the replays."""
+    calls, its forwards (forward_many: batched on a GPU; on a CPU it calls forward, counted in
+    both), the draft's chain tables, the replays."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -213,19 +214,21 @@ class PhaseClock:
                 self.calls[name] = self.calls.get(name, 0) + 1
         return timed
 
+    METHODS = ("greedy", "greedy_batch", "forward", "forward_many")
+
     @contextlib.contextmanager
     def watching(self, ev, verifier):
         saved = {n: getattr(ev, n) for n in ("chain_table", "replay")}
         for n, fn in saved.items():
             setattr(ev, n, self._timed(n, fn))
-        for n in ("greedy", "greedy_batch", "forward"):
+        for n in self.METHODS:
             setattr(verifier, n, self._timed(n, getattr(verifier, n)))
         try:
             yield
         finally:
             for n, fn in saved.items():
                 setattr(ev, n, fn)
-            for n in ("greedy", "greedy_batch", "forward"):
+            for n in self.METHODS:
                 delattr(verifier, n)  # the instance's timed copy: the class's method shows again
 
 
@@ -543,6 +546,7 @@ def main() -> None:
     p.add_argument("--extract-max-batch-tokens", type=int, default=32768)
     p.add_argument("--extract-skip-batches", type=int, default=2, help="batches before the steady window")
     p.add_argument("--extract-keep-files", action="store_true", help="keep the files (needs 32 KiB a token of disk)")
+    p.add_argument("--evaluate-chain-prompts", type=int, default=4, help="prompts the chain method runs beside the fast one (its identity check)")
     p.add_argument("--evaluate-profile", action="store_true", help="also write torch.profiler's tables of evaluate on 8 prompts under --out")
     p.add_argument("--regen-prompts", type=int, default=512)
     p.add_argument("--regen-new-tokens", type=int, default=256)
