@@ -482,8 +482,8 @@ class HFVerifier:
         """`forward` of each sequence. On a GPU batched, longest first, right-padded (causal
         attention: a row's first T positions are its own), at most FORWARD_LOGITS_BYTES of logits
         a batch: a forward there is launch-bound, so 64 rows cost about what one does. On a CPU one
-        at a time: there padding costs compute."""
-        if self.device.type != "cuda" or len(sequences) < 2:
+        at a time: there padding costs compute (`batched` overrides the choice)."""
+        if not (self.device.type == "cuda" if batched is None else batched) or len(sequences) < 2:
             return [self.forward(seq) for seq in sequences]
         import torch
 
