@@ -360,8 +360,8 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     1. greedy continuations (max_new_tokens + k + 1 tokens, or to eos) for `batch_size` prompts
        at once, with a KV cache (`HFVerifier.greedy_batch`);
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
-       `speculate`'s (on a GPU the prompts' forwards batched: `HFVerifier.forward_many`): it gives the draft's view of every position and the verifier's own greedy
-       choices. Where they disagree with the cached decode (a near tie that the batch's other
+       `speculate`'s (batched on a GPU: `HFVerifier.forward_many`): it gives the draft's view of
+       every position and the verifier's own greedy choices. Where they disagree with the cached decode (a near tie that the batch's other
        numerics broke the other way), `settle` takes the forward's choice and decodes on from
        there, batched; `greedy_match` says whether the forward then agrees with the decode at
        every position, as the chain's check does;
