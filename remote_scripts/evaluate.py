@@ -361,9 +361,9 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
        at once, with a KV cache (`HFVerifier.greedy_batch`);
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
        `speculate`'s (batched on a GPU: `HFVerifier.forward_many`): it gives the draft's view of
-       every position and the verifier's own greedy choices. Where they disagree with the cached decode (a near tie that the batch's other
-       numerics broke the other way), `settle` takes the forward's choice and decodes on from
-       there, batched; `greedy_match` says whether the forward then agrees with the decode at
+       every position and the verifier's own greedy choices. Where they disagree with the
+       cached decode (a near tie that the batch's other numerics broke the other way), `settle`
+       takes the forward's choice and decodes on from there, batched; `greedy_match` says whether the forward then agrees with the decode at
        every position, as the chain's check does;
     3. one draft forward gives its chain at every position (`chain_table`), and `replay` plays
        the rounds against the continuation: under greedy verification the rounds and their
