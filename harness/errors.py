@@ -54,6 +54,11 @@ class ConnectError(TransportError):
     """TCP connect failed or timed out (unreachable host, closed port, DNS)."""
 
 
+class LinkLostError(TransportError):
+    """An established connection stopped answering (its keepalives went unanswered: a stalled
+    link, a box that vanished)."""
+
+
 class HostKeyError(TransportError):
     """Unknown or changed host key. Never silently accepted."""
 

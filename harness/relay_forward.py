@@ -127,8 +127,9 @@ class RelayForwarding(Forwarding):
             sys.stderr.write(f"harness: warning: {self._transport.name}: a forwarded connection failed: {error}\n")
             sys.stderr.flush()
 
-    def wait(self) -> None:
-        self._closed.wait()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until closed (True), or `timeout` seconds (False)."""
+        return self._closed.wait(timeout)
 
     def close(self) -> None:
         self._closed.set()

@@ -25,6 +25,7 @@ from harness.pull import PART_SUFFIX, PullOptions, PullProgress, pull, received_
 from harness.pull.local_disk import LocalDiskError
 from harness.transport.local import LocalTransport
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.sshd import free_port
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
@@ -311,6 +312,40 @@ def test_an_exec_whose_link_stalls_or_whose_master_dies_ends_in_one_line(ssh_hos
         assert proc.returncode == 255 and err.splitlines() == [
             "harness: error: slow: the connection ended during the command (the link stalled or dropped, or its SSH master was stopped); "
             "the command may still be running there"], err
+
+
+@pytest.mark.ssh
+def test_a_server_held_over_a_link_that_stalls_ends_in_one_line_and_stops_on_the_box(ssh_host, tmp_path):
+    """`harness tensorboard` (a server harness holds on the box over a connection, as `harness
+    serve` holds vLLM: harness/host_server.py) on a link that stalls: harness ends within the
+    keepalive's bound in one line; once the stalled connection is gone the box stops the server."""
+    from bench.delayline import DelayLine
+    from tests.fixtures.requires import require_module
+    from tests.test_tensorboard import assert_stopped_on_the_box, tensorboards_over, write_events
+
+    require_module("tensorboard")
+    logdir = tmp_path / "host" / "outputs" / "checkpoints" / "logs"
+    write_events(logdir, "only", [1.0, 0.5])
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2) as line:
+        config, env = slow_host(ssh_host, tmp_path, line.port, "server-stall")
+        config.write_text(config.read_text() + f'python = "{sys.executable}"\n')
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "slow", "--port", str(free_port())],
+                                env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            assert proc.stdout.readline().startswith("http://127.0.0.1:"), proc.stderr.read() if proc.poll() is not None else ""
+            assert tensorboards_over(logdir)
+            line.stall()
+            started = time.monotonic()
+            out, err = proc.communicate(timeout=60)
+            ended = time.monotonic() - started
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+        print(f"ended {ended:.1f} s after the stall; rc {proc.returncode}\n{err}")
+        lines = [ln for ln in err.splitlines() if ln.startswith("harness: error:")]
+        assert proc.returncode not in (0, None) and len(lines) == 1 and "slow" in lines[0], err
+        assert ended < 30  # keepalive 1 s, 3 unanswered
+    assert_stopped_on_the_box(logdir)  # the line closed its connections: sshd saw the end
 
 
 # -------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from harness.errors import HostKeyError
 from harness.transport import ConnectOptions, connect
 from harness.transport.base import OWN, PortForward
 from harness.transport.warm_exec import RACY_NS
+from tests.fixtures.streams import output_of
 from tests.fixtures.sshd import SSHD, SSHHost, free_port, stop_control_masters
 
 pytestmark = pytest.mark.ssh
@@ -39,11 +40,11 @@ def _paramiko(t, target: SSHD) -> None:
 
 
 def _master_channel(t, target: SSHD) -> None:
-    t.stream(["true"], stdin=False).check_output("true")
+    output_of(t.stream(["true"], stdin=False), "true")
 
 
 def _own_connection(t, target: SSHD) -> None:
-    t.stream(["true"], channel=OWN, stdin=False).check_output("true")
+    output_of(t.stream(["true"], channel=OWN, stdin=False), "true")
 
 
 def _tcp_channel(t, target: SSHD) -> None:

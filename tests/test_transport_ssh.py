@@ -17,6 +17,7 @@ from harness.config import HostConfig
 from harness.errors import AuthError, ConnectError, ForwardRefusedError, HostKeyError, RemoteCommandError, UsageError
 from harness.transport import connect
 from harness.transport.base import OWN, SHARED
+from tests.fixtures.streams import output_of
 from tests.fixtures.processes import processes_showing
 from tests.fixtures.sshd import free_port
 
@@ -304,14 +305,6 @@ def test_accepted_key_is_hashed_when_hashknownhosts_is_on(ssh_host, tmp_path):
 # -- Transport.stream / stream_to: the handle types its own failures ----------------------------
 
 
-def _output(proc, what: str) -> bytes:
-    """A stream's stdout, or its typed error on a non-zero exit."""
-    code, out = proc.communicate()
-    if code != 0:
-        raise proc.error(what)
-    return out
-
-
 def test_a_stream_types_the_remote_exit_and_keeps_stderr_inside(box):
     proc = box.stream(["sh", "-c", 'read x; echo "got $x"; echo "oops $x" >&2; exit 3'])
     code, out = proc.communicate(b"it's\n")
@@ -320,8 +313,8 @@ def test_a_stream_types_the_remote_exit_and_keeps_stderr_inside(box):
     assert type(error) is RemoteCommandError and error.remote_exit_code == 3 and "oops it's" in str(error)
     # a remote command that exits 255 itself (ssh's own failure code) is still the command's exit
     with pytest.raises(RemoteCommandError, match="exit code 255"):
-        _output(box.stream(["sh", "-c", "echo 'Connection refused' >&2; exit 255"], stdin=False), "exits 255")
-    assert _output(box.stream(["printf", "%s|", "a b", "$x"], channel=OWN), "printf") == b"a b|$x|"
+        output_of(box.stream(["sh", "-c", "echo 'Connection refused' >&2; exit 255"], stdin=False), "exits 255")
+    assert output_of(box.stream(["printf", "%s|", "a b", "$x"], channel=OWN), "printf") == b"a b|$x|"
 
 
 def test_a_stream_types_the_clients_own_failures(ssh_host, tmp_path):
@@ -331,11 +324,11 @@ def test_a_stream_types_the_clients_own_failures(ssh_host, tmp_path):
     for channel in (SHARED, OWN):
         with connect(HostConfig(name="b", ssh="b"), ssh_host.connect_options(ssh_config=str(cfg))) as t:
             with pytest.raises(AuthError, match="authentication failed"):
-                _output(t.stream(["true"], channel=channel, stdin=False), "true")
+                output_of(t.stream(["true"], channel=channel, stdin=False), "true")
         closed = HostConfig(name="c", ssh=f"root@127.0.0.1:{free_port()}", connect_timeout=5)
         with connect(closed, ssh_host.connect_options()) as t:
             with pytest.raises(ConnectError, match="Connection refused"):
-                _output(t.stream(["true"], channel=channel, stdin=False), "true")
+                output_of(t.stream(["true"], channel=channel, stdin=False), "true")
 
 
 def test_a_refused_forward_is_typed(box, ssh_host, tmp_path):

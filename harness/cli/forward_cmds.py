@@ -8,13 +8,19 @@ import click
 from harness.cli.params import complete_runs, host_argument
 
 
-def _hold(forwarding, lines: list[str]) -> None:
-    """Print where each forward is reached (lines), then stay until Ctrl-C (or the connection ends)."""
+def _hold(forwarding, lines: list[str], server=None) -> None:
+    """Print where each forward is reached (lines), then stay until Ctrl-C (or the connection ends).
+    With `server` (the harness.host_server.HostServer behind a RelayForwarding): until it ends
+    too, and then its error (a link that stalled: its connection's keepalive ended it)."""
     try:  # from the first URL on, Ctrl-C is the normal end
         for line in lines:
             click.echo(line)
         click.echo("forwarding; Ctrl-C to stop", err=True)
-        forwarding.wait()
+        if server is None:
+            forwarding.wait()
+        while server is not None and not forwarding.wait(timeout=1.0):
+            if not server.alive():
+                raise server.ended()
     except KeyboardInterrupt:
         click.echo("harness: forwarding stopped", err=True)
     finally:
@@ -66,4 +72,4 @@ def tensorboard(ctx: click.Context, host: str, run: str | None, port: int) -> No
         click.echo(f"TensorBoard on {host} over {logdir}", err=True)
         forwarding = RelayForwarding(h.transport, board.relay_argv(), local_port)
         where = f" (container {board.container})" if board.container else ""
-        _hold(forwarding, [f"http://127.0.0.1:{forwarding.addresses[0][1]}  ->  TensorBoard's socket on {host}{where}"])
+        _hold(forwarding, [f"http://127.0.0.1:{forwarding.addresses[0][1]}  ->  TensorBoard's socket on {host}{where}"], server=board)

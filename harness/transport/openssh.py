@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, RemoteCommandError, TransportError, UsageError
+from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, LinkLostError, RemoteCommandError, TransportError, UsageError
 from harness.transport import control_dir
 from harness.transport.base import PortForward, port_number, quote_argv
 
@@ -415,6 +415,7 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
         r"Connection refused|Connection timed out|timed out|No route to host|Could not resolve hostname|"
         r"Network is unreachable|Connection closed by .* port|kex_exchange_identification|Connection reset"
     )
+    lost = re.compile(r"Timeout, server \S+ not responding")  # ServerAliveCountMax keepalives unanswered
     # (a channel of the master says less: "Stdio forwarding request failed: Session open refused by peer")
     forward = re.compile(r"open failed: ((?:connect failed|administratively prohibited).*)|[Ss]tdio forwarding (?:request )?failed:? ?(.*)")
     lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
@@ -436,6 +437,9 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     if auth.search(text):
         return AuthError(f"{where}: authentication failed: the server refused every key offered ({last})",
                          "check identity_file / IdentityFile, or load the key with ssh-add")
+    if lost.search(text):
+        return LinkLostError(f"{where}: the link stopped answering (ssh's keepalives went unanswered); the connection ended",
+                             "what ran over it on the host ends once the host notices; check the network, then run the command again")
     if connect.search(text):
         return ConnectError(f"{where}: cannot connect: {last}", connect_hint(text, host_name))
     return TransportError(f"{where}: ssh failed: {last}", "`ssh -v` to the host says more")

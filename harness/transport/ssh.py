@@ -243,7 +243,8 @@ class SSHTransport(Transport):
         except paramiko.SSHException as e:
             conn.close()
             raise ConnectError(f"{where}: no SSH server answered on port {conn.port}: {e}",
-                               "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml") from None
+                               "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml; "
+                               "or the link stalled (it took the connection, then nothing came): try again once it is back") from None
         except OSError as e:
             conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
