@@ -244,7 +244,7 @@ class SSHTransport(Transport):
             conn.close()
             raise ConnectError(f"{where}: no SSH server answered on port {conn.port}: {e}",
                                "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml; "
-                               "or the link stalled (it took the connection, then nothing came): try again once it is back") from None
+                               "or the link stalled, taking the connection and sending nothing: try again once it is back") from None
         except OSError as e:
             conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
