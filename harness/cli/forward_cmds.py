@@ -18,9 +18,10 @@ def _hold(forwarding, lines: list[str], server=None) -> None:
         click.echo("forwarding; Ctrl-C to stop", err=True)
         if server is None:
             forwarding.wait()
-        while server is not None and not forwarding.wait(timeout=1.0):
-            if not server.alive():
-                raise server.ended()
+        else:
+            while not forwarding.wait(timeout=1.0):
+                if not server.alive():
+                    raise server.ended()
     except KeyboardInterrupt:
         click.echo("harness: forwarding stopped", err=True)
     finally:
