@@ -107,8 +107,8 @@ SMOLLM2_SIZES: dict[str, BenchSize] = {
     # tests/test_smollm2.py: the whole path on 2 cores in a few minutes, beside the suite's other
     # lanes. Regenerate on one thread (a decode step's small ops on two spin against the other
     # lanes' processes: bench/omp_wait.py) in the CPU's default batches (16 rows of similar
-    # length: less padding than 64); training and measuring gain from two (bench/RESULTS.md,
-    # .ci/run ci5).
+    # length: less padding than 64); training and measuring on two (in CI, training took the
+    # same on one or two, measuring less on two: bench/RESULTS.md, .ci/run ci5 and ci8).
     "ci": BenchSize(["--train", "64", "--heldout", "8"], _stages(32, 2, {"draft_vocab_size": 2048, "epochs": 20}, 2, {"batch_size": 16, "threads": 1, **CPU_BF16}, CPU_BF16), 256, 8, 32),
     # 2 cores (bench/RESULTS.md says how long it took): generation is the cost (~25 tokens/s at 64
     # rows in bf16 on 2 cores, ~5 one row at a time when measuring).
