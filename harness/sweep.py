@@ -318,7 +318,7 @@ class Sweep:
         every GPU the stages see; [] on a box without GPUs (trials run one after another)."""
         if configured:
             return list(configured)
-        pinned = self.runtime.pinned_gpus()
+        pinned = self.host.pinned_gpus()
         if pinned:
             return pinned
         return list(range(self.runtime.gpu_count(self.transport)))

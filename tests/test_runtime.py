@@ -39,7 +39,7 @@ class NoHost:
 def test_the_configuration_alone_answers_without_a_host():
     host, docker = runtime_for(HOST), runtime_for(DOCKER)
     assert (host.uses_image, docker.uses_image) == (False, True)
-    assert (host.describe(), docker.describe()) == ("host", "docker (eagle)")
+    assert (HOST.runtime_label(), DOCKER.runtime_label()) == ("host", "docker (eagle)")
     assert (host.where, docker.where) == ("to the stage interpreter", "inside the container")
     assert "harness build gpu" in docker.install_fix() and "harness build" not in host.install_fix()
     assert (host.configured_gpu_count(), docker.configured_gpu_count()) == (None, 2)

@@ -132,9 +132,6 @@ class Runtime(abc.ABC):
         """The stages run in an image that `harness build` makes (HostConfig.uses_image)."""
         return self.host.uses_image
 
-    def pinned_gpus(self) -> list[int]:
-        return self.host.pinned_gpus()
-
     def gpu_count(self, transport: "Transport") -> int:
         """GPUs a distributed stage spreads over (torchrun's --nproc-per-node): the configured
         count, else what the stages see on the host (nvidia-smi, limited by the same
@@ -156,9 +153,6 @@ class Runtime(abc.ABC):
         return list(argv)
 
     # -- words ------------------------------------------------------------------------------------
-
-    def describe(self) -> str:
-        return self.host.runtime_label()
 
     def install_fix(self) -> str:
         """How to get the pinned library versions where the stages run (doctor's fix)."""
