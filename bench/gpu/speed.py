@@ -362,6 +362,7 @@ def part_extract(work: Path, args, rows, results) -> None:
     from datasets import load_from_disk
 
     import extract_hidden_states as xh
+    from common.hidden_state_capture import HiddenStateCapture
     from common.sharding import plan_batches
     from common.verifier import default_target_layers, load_verifier, locate_decoder
 
@@ -376,7 +377,7 @@ def part_extract(work: Path, args, rows, results) -> None:
     t0 = time.monotonic()
     model = load_verifier(str(work / "verifier"), device=dev, dtype="auto")
     parts = locate_decoder(model)
-    capture = xh.HiddenStateCapture(parts, default_target_layers(parts.num_layers))
+    capture = HiddenStateCapture(parts, default_target_layers(parts.num_layers))
     load_s = time.monotonic() - t0
     points = []
     with torch.inference_mode():
