@@ -128,24 +128,8 @@ def call(transport: "Transport", name: str, request: dict[str, Any], *, python: 
     environment gets (a runtime's stage env; sent ahead of the request on stdin, as
     transport/remote_shell.py does, never on a command line). After `timeout` seconds the
     call ends with exit code 124. The link's own failure (unknown host key, refused login,
-    unreachable) is raised, typed; the helper's exit code is returned."""
-    from harness.errors import ConnectError, HostKeyError
-
-    received: list[bytes] = []
-    try:
-        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
-    except (HostKeyError, ConnectError):
-        if received:  # the link dropped mid-reply: no second reply
-            raise
-        # OpenSSH's message has no fingerprint, and what the ssh of a ProxyJump hop printed is
-        # lost ("Connection closed"): let the transport report (or, with --accept-new-host-key,
-        # record) the key precisely, as its warm exec path does; then try once more.
-        transport.open()
-        return _call(transport, name, request, python, where, options, env, stdout, timeout, received)
-
-
-def _call(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
-          env: dict[str, str] | None, stdout: Callable[[bytes], None] | None, timeout: float | None, received: list[bytes]) -> HelperResult:
+    unreachable; an unknown host key names its fingerprint) is raised, typed by the transport;
+    the helper's exit code is returned."""
     proc, data = _launch(transport, name, request, python, where, options, env)
     timed_out = threading.Event()
 
@@ -165,7 +149,6 @@ def _call(transport: "Transport", name: str, request: dict[str, Any], python: st
         except OSError:
             pass  # it ended before reading: its exit code and stderr say why
         while chunk := proc.stdout.read(65536):
-            received.append(b"")
             (out.append if stdout is None else stdout)(chunk)
         code = proc.wait()
     except BaseException:  # Ctrl-C while a stream is followed: end the client, leave the host alone

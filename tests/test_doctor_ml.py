@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -95,6 +96,41 @@ class FakeHost:
                 return RunResult(0, (self.images[ref] + "\n").encode(), b"")
             return RunResult(1, b"", f"Error: No such image: {ref}\n".encode())
         raise AssertionError(f"unexpected command {[a[:80] for a in argv]}")
+
+    def stream(self, argv: Sequence[str], **kwargs) -> "FakeProcess":
+        """How harness.helpers starts a helper (the probe): answered as run() answers, once the
+        caller has written the helper's source and request and closed stdin."""
+        return FakeProcess(self, list(argv))
+
+
+class FakeProcess:
+    """A RemoteProcess as helpers.call uses it, whose command is FakeHost.run's."""
+
+    def __init__(self, host: FakeHost, argv: list[str]):
+        self.host, self.argv, self.written = host, argv, b""
+        self.result: RunResult | None = None
+        self.stdin, self.stdout = self, io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.result = self.host.run(self.argv, stdin=self.written)
+        self.stdout = io.BytesIO(self.result.stdout)
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.result.exit_code
+
+    def stderr_text(self) -> str:
+        return self.result.stderr.decode()
+
+    def kill(self) -> None:
+        pass
+
+    def error(self, what: str):
+        from harness.errors import RemoteCommandError
+
+        return RemoteCommandError(what, self.result.exit_code, self.stderr_text())
 
 
 def project(host: str = "", pipeline: str = "", train: str = "", verifier: str = "models/llama") -> Any:

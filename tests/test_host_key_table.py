@@ -1,12 +1,16 @@
-"""One host-key policy on every client path (issue #31, item 1): the same table of cases, run
-against the real sshd (tests/fixtures/sshd.py) through each way harness connects, must give the
-same verdict: paramiko (Transport.run), and OpenSSH as a channel of the master (Transport.stream),
-a connection of its own (stream channel=OWN), a TCP channel of the master (stream_to: pull's
-further streams), the exec path (exec_foreground: its own `ssh -f -N` master), the port
-forward's own `ssh -L`, and `harness exec` itself, whose warm form runs from a recipe an earlier
-exec left (transport/warm_exec.py): where a case opens a master first, this path leaves a
-recipe too, which must then be refused. Both clients keep their own readers of ssh_config and known_hosts; this
-table is what holds them to one rule. Nothing refused is ever recorded in known_hosts."""
+"""One host-key decision on every client path (issue #31, item 1; issue #41): both SSH clients
+take the host's settings from one reading of ssh_config (`ssh -G`: openssh.resolve_host) and
+accept a key only where ONE function says so (transport/host_keys.py `decide`: paramiko's
+missing-host-key policy, OpenSSH's KnownHostsCommand). The table of cases is run twice: against
+that function itself (test_the_one_decision_gives_each_verdict), and end to end against the real
+sshd (tests/fixtures/sshd.py) through each way harness connects, which must give the same verdict
+in the function's own words (the presented key's fingerprint): paramiko (Transport.run), and
+OpenSSH as a channel of the master (Transport.stream), a connection of its own (stream
+channel=OWN), a TCP channel of the master (stream_to: pull's further streams), the exec path
+(exec_foreground: its own `ssh -f -N` master), the port forward's own `ssh -L`, and `harness
+exec` itself, whose warm form runs from a recipe an earlier exec left (transport/warm_exec.py):
+where a case opens a master first, this path leaves a recipe too, which must then be refused.
+Nothing refused is ever recorded in known_hosts."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import pytest
 
 from harness.config import HostConfig
 from harness.errors import HostKeyError
-from harness.transport import ConnectOptions, connect
+from harness.transport import ConnectOptions, connect, host_keys, openssh
 from harness.transport.base import OWN, PortForward
 from harness.transport.warm_exec import RACY_NS
 from tests.fixtures.streams import output_of
@@ -133,23 +137,24 @@ class Files:
                               env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
 
 
-# Each case: set the files up (and do what comes before), then return (alias, target sshd, verdict).
+# Each case: set the files up (and do what comes before), then return (alias, target sshd, verdict,
+# the sshd whose key is refused: the host's, or its jump host's).
 def known_key(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.box, f.bed.behind)
-    return "box", f.bed.box, OK
+    return "box", f.bed.box, OK, None
 
 
 def unknown_key(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.behind)
-    return "box", f.bed.box, UNKNOWN
+    return "box", f.bed.box, UNKNOWN, f.bed.box
 
 
 def changed_key(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.behind, wrong=f.bed.box)
-    return "box", f.bed.box, CHANGED
+    return "box", f.bed.box, CHANGED, f.bed.box
 
 
 def removed_key_with_a_live_master(f: Files):
@@ -157,25 +162,25 @@ def removed_key_with_a_live_master(f: Files):
     f.know(f.bed.box)
     f.warm_master("box")
     f.know()  # the user removed the line: the master opened under it must not carry on
-    return "box", f.bed.box, UNKNOWN
+    return "box", f.bed.box, UNKNOWN, f.bed.box
 
 
 def proxyjump_hop_with_an_unknown_key(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.behind)  # the host is known, the jump host is not
-    return "behind", f.bed.behind, UNKNOWN
+    return "behind", f.bed.behind, UNKNOWN, f.bed.box
 
 
 def strict_checking_off_in_the_users_config(f: Files):
     f.config(f.bed.box, extra="Host *\n  StrictHostKeyChecking no\n")
     f.know(f.bed.behind)
-    return "box", f.bed.box, UNKNOWN
+    return "box", f.bed.box, UNKNOWN, f.bed.box
 
 
 def changed_key_of_a_proxyjump_hop(f: Files):
     f.config(f.bed.box)
     f.know(f.bed.behind, wrong=f.bed.box)
-    return "behind", f.bed.behind, CHANGED
+    return "behind", f.bed.behind, CHANGED, f.bed.box
 
 
 def repointed_alias(f: Files):
@@ -183,7 +188,7 @@ def repointed_alias(f: Files):
     f.know(f.bed.box)
     f.warm_master("box")
     f.config(f.bed.behind)  # `box` now names another machine, whose key is not known
-    return "box", f.bed.behind, UNKNOWN
+    return "box", f.bed.behind, UNKNOWN, f.bed.behind
 
 
 CASES = [known_key, unknown_key, changed_key, removed_key_with_a_live_master, proxyjump_hop_with_an_unknown_key,
@@ -205,26 +210,68 @@ def files(ssh_host, tmp_path, monkeypatch):
     stop_control_masters(control)
 
 
+def fingerprint(server: SSHD) -> str:
+    return host_keys.fingerprint(server.host_pub_line.split()[1])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_the_one_decision_gives_each_verdict(case, files):
+    """host_keys.decide itself, on the case's files, for the host and each of its hops as `ssh -G`
+    resolves them, with the key each sshd presents: the first refusal is the case's verdict, in
+    one line naming the refused key's fingerprint; --accept-new-host-key records an unknown key
+    (then known) and never a changed one."""
+    alias, _, verdict, refused_by = case(files)
+    options = files.transport(alias)._openssh_options()
+    host = openssh.resolve_host(options)
+    chain = [openssh.resolve_host(openssh.hop_options(options, hop)) for hop in host.proxy_jump] + [host]
+    servers = {(s.address, s.port): s for s in (files.bed.box, files.bed.behind)}
+
+    def decisions(accept_new: bool) -> list[host_keys.Decision]:
+        out = []
+        for r in chain:
+            key_type, key = servers[(r.hostname, r.port)].host_pub_line.split()[:2]
+            out.append(host_keys.decide(r.known_hosts, r.known_hosts_name, key_type, key, accept_new=accept_new))
+        return out
+
+    refused = [d for d in decisions(accept_new=False) if not d.accepted]
+    if verdict == OK:
+        assert refused == []
+        return
+    first = refused[0]
+    assert first.kind == {UNKNOWN: host_keys.UNKNOWN, CHANGED: host_keys.CHANGED}[verdict]
+    assert verdict in first.message and fingerprint(refused_by) in first.message and "\n" not in str(first.error(alias))
+    assert first.name == f"[{refused_by.address}]:{refused_by.port}"
+    before = files.known_hosts.read_text()
+    accepted = decisions(accept_new=True)
+    if verdict == CHANGED:
+        assert not all(d.accepted for d in accepted) and files.known_hosts.read_text() == before  # never recorded
+    else:
+        assert [d.kind for d in accepted if d.kind != host_keys.KNOWN] == [host_keys.RECORDED]
+        assert all(d.kind == host_keys.KNOWN for d in decisions(accept_new=False))
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_every_client_path_gives_the_same_verdict(case, path, files, capfd):
     files.with_recipe = path == "harness-exec"
-    alias, target, verdict = case(files)
+    alias, target, verdict, refused_by = case(files)
     recorded = files.known_hosts.read_text()
     t = files.transport(alias)
     try:
         if verdict == OK:
             PATHS[path](t, target)
         else:
-            with pytest.raises(HostKeyError, match=verdict):
+            with pytest.raises(HostKeyError, match=verdict) as refusal:
                 PATHS[path](t, target)
+            # the one decision's words, whichever client asked it: the refused key's fingerprint
+            assert fingerprint(refused_by) in str(refusal.value), str(refusal.value)
     finally:
         t.close()
     assert files.known_hosts.read_text() == recorded  # nothing refused was recorded, nothing rewritten
 
 
-# The two readers of ssh_config (paramiko's for the paramiko path, `ssh -G` for every OpenSSH
-# path) must agree on where an alias leads: user, host name, port, jump hosts.
+# One reading of ssh_config for both clients: the paramiko connection goes where `ssh -G` says
+# an alias leads (user, host name, port, jump hosts).
 READER_CONFIGS = {
     "alias": "Host box\n  HostName 127.0.0.1\n  Port 2201\n  User alice\n",
     "defaults from Host *": "Host box\n  HostName 127.0.0.1\nHost *\n  Port 2202\n  User bob\n",

@@ -215,9 +215,8 @@ class MLDoctor:
                 self._probe = ProbeOutcome(None, 125, self.container(runner).message)
                 return self._probe
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
-            # started and fed as harness.helpers does (the request on stdin), through the runner
-            # doctor's checks take (unit tests drive them with a fake)
-            r = runner.run(helpers.argv("ml_probe.py", where=runtime), env=stage_env(runtime), stdin=helpers.payload("ml_probe.py", request), timeout=PROBE_TIMEOUT_S)
+            # a helper call like every other (the runner doctor's checks take is the host's transport)
+            r = helpers.call(runner, "ml_probe.py", request, where=runtime, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
         return self._probe

@@ -4,9 +4,10 @@ services/ssh/tunnel.py), with its stderr mapped to the same typed errors as the 
 Why both clients: paramiko gives one in-process connection for the many small operations of a
 command; the `ssh` binary moves bulk bytes about twice as fast and, through a ControlMaster
 socket, keeps a connection alive BETWEEN CLI processes, which makes a warm `harness exec` as quick
-as `ssh` itself. Host keys are strict in both: StrictHostKeyChecking=yes, or accept-new only when
-the user passed --accept-new-host-key, whatever the user's ssh_config says (`safety_config`);
-both read and write the same known_hosts file.
+as `ssh` itself. Both are driven from one reading of the user's ssh_config, `ssh -G`'s
+(`resolve_host`), and accept a host key only where the one decision of transport/host_keys.py
+says so: ssh is handed it as its KnownHostsCommand, with no known_hosts file of its own and
+StrictHostKeyChecking=yes, whatever the user's ssh_config says (`safety_config`).
 
 This module imports neither paramiko nor rich: it is on the warm exec path.
 
@@ -21,16 +22,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from harness.errors import AuthError, ConnectError, ForwardRefusedError, HarnessError, HostKeyError, LinkLostError, RemoteCommandError, TransportError, UsageError
-from harness.transport import control_dir
+from harness.transport import control_dir, host_keys
 from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
 DEFAULT_KEEPALIVE_S = 15
-ACCEPT_FLAG = "--accept-new-host-key"
+ACCEPT_FLAG = host_keys.ACCEPT_FLAG
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 # AES-GCM ahead of OpenSSH's default first choice (chacha20-poly1305): with AES instructions (any
 # x86 since ~2010, Apple silicon) it costs the client about half the CPU per byte (bench/transfer.py).
@@ -116,10 +118,12 @@ class OpenSSHOptions:
     extra: tuple[str, ...] = field(default=())  # further -o KEY=VALUE, already split
 
 
-def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: str = "ssh") -> list[str]:
-    """`ssh <options>` (without destination or command)."""
-    argv = [ssh_binary, "-F", safety_config(o)]
-    for key, value in _safety_settings(o):
+def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: str = "ssh", reading: bool = False) -> list[str]:
+    """`ssh <options>` (without destination or command). reading: for `ssh -G` only (the user's
+    known_hosts settings as they are: what resolve_host reads)."""
+    settings = _safety_settings(o, None if reading else _host_key_plan_or_none(o))
+    argv = [ssh_binary, "-F", safety_config(o, settings)]
+    for key, value in settings:
         argv += ["-o", f"{key}={value}"]
     argv += [
         "-o", f"ConnectTimeout={max(1, int(round(o.connect_timeout)))}",
@@ -204,22 +208,29 @@ def forward_argv(o: OpenSSHOptions, forwards: Sequence[PortForward]) -> list[str
     return argv + ["-T", "--", o.target.host, quote_argv(["sh", "-c", f"echo {FORWARD_READY}; exec cat >/dev/null"])]
 
 
-def _safety_settings(o: OpenSSHOptions) -> list[tuple[str, str]]:
-    """Given both as -o and in safety_config (which ProxyJump hops read)."""
-    settings = [("StrictHostKeyChecking", "accept-new" if o.accept_new_host_key else "yes"), ("BatchMode", "yes" if o.batch_mode else "no")]
-    if o.known_hosts:
-        settings.append(("UserKnownHostsFile", _ssh_quote_path(o.known_hosts)))
-    return settings
+def _safety_settings(o: OpenSSHOptions, plan: str | None) -> list[tuple[str, str]]:
+    """Given both as -o and in safety_config (which ProxyJump hops read). With a host-key plan
+    (host_key_plan): ssh knows no host key but what host_keys.py, its KnownHostsCommand, prints
+    (the one decision). Without: the user's known_hosts settings as they are (reading the
+    configuration, `ssh -G`), or an ssh older than 8.5 (no KnownHostsCommand), which then checks
+    the same files strictly itself."""
+    batch = ("BatchMode", "yes" if o.batch_mode else "no")
+    if plan is None:
+        settings = [("StrictHostKeyChecking", "accept-new" if o.accept_new_host_key else "yes"), batch]
+        return settings + ([("UserKnownHostsFile", _ssh_quote_path(o.known_hosts))] if o.known_hosts else [])
+    decider = f"{_ssh_quote_path(sys.executable)} -S -I {_ssh_quote_path(os.path.abspath(host_keys.__file__))} {_ssh_quote_path(plan)} %I %H %t %K"
+    return [("StrictHostKeyChecking", "yes"), batch, ("UserKnownHostsFile", "none"), ("GlobalKnownHostsFile", "none"),
+            ("KnownHostsCommand", decider), ("CheckHostIP", "no"), ("VerifyHostKeyDNS", "no"), ("UpdateHostKeys", "no")]
 
 
-def safety_config(o: OpenSSHOptions) -> str:
-    """The ssh_config file harness hands to `ssh -F`: its own host-key and batch settings first,
-    then the user's config (OpenSSH keeps the first value it reads for an option, so a user's
-    `StrictHostKeyChecking no` cannot weaken them), then harness's cipher preference (where that
-    config names no Ciphers). Why a file and not only -o: for each ProxyJump
-    hop, ssh starts another ssh that gets -F but none of the -o options."""
+def safety_config(o: OpenSSHOptions, settings: list[tuple[str, str]]) -> str:
+    """The ssh_config file for `ssh -F`: harness's host-key and batch settings first, then the
+    user's config (OpenSSH keeps the first value it reads for an option, so a user's
+    `StrictHostKeyChecking no` or `UserKnownHostsFile` cannot change them), then harness's cipher
+    preference (where that config names no Ciphers). Why a file and not only -o: for each
+    ProxyJump hop, ssh starts another ssh that gets -F but none of the -o options."""
     lines = ["# written by harness: its safety settings first, then the user's ssh_config"]
-    lines += [f"{key} {value}" for key, value in _safety_settings(o)]
+    lines += [f"{key} {value}" for key, value in settings]
     includes = [o.ssh_config] if o.ssh_config else []
     if o.ssh_config in (None, os.path.expanduser("~/.ssh/config")) and os.path.isfile(SYSTEM_SSH_CONFIG):
         includes.append(SYSTEM_SSH_CONFIG)  # what ssh reads after the user's file when no -F names one
@@ -234,10 +245,120 @@ def safety_config(o: OpenSSHOptions) -> str:
     return path
 
 
+# ---------------------------------------------------------------------------------------------
+# One reading of the host's settings, for both clients
+
+
+@dataclass(frozen=True)
+class ResolvedHost:
+    """One host (the target or a ProxyJump hop) as `ssh -G` resolves it: what the paramiko client
+    connects to, with, and through (transport/ssh.py), and where host_keys.decide looks up and
+    records its key (for both clients)."""
+
+    alias: str  # as named: the ssh target, or the hop as ProxyJump writes it
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]  # -i first, then IdentityFile (or ssh's defaults): those that exist
+    identities_only: bool
+    proxy_jump: tuple[str, ...]  # hops, first hop first
+    proxy_command: str  # "" where none
+    known_hosts: host_keys.KnownHosts
+    known_hosts_name: str  # what its key is recorded under (HostKeyAlias, or [host]:port)
+
+
+def resolve_host(o: OpenSSHOptions) -> ResolvedHost:
+    """o's target as `ssh -G` resolves it (resolve_config: Match, Include and tokens included)."""
+    v = resolve_config(o)
+
+    def one(key: str, default: str = "") -> str:
+        return (v.get(key) or (default,))[0]
+
+    hostname, port, user = one("hostname", o.target.host), int(one("port", "22")), one("user")
+    tokens = {"%": "%", "d": os.path.expanduser("~"), "h": hostname, "p": str(port), "r": user, "n": o.target.host,
+              "u": _local_user()}
+    identity = [os.path.expanduser(_percent_expand(p, tokens)) for p in v.get("identityfile", ())]
+    user_files = [os.path.expanduser(p) for p in v.get("userknownhostsfile", ()) if p != "none"] or [os.path.expanduser("~/.ssh/known_hosts")]
+    global_files = [os.path.expanduser(p) for p in v.get("globalknownhostsfile", ()) if p != "none"]
+    jump = one("proxyjump", "none")
+    command = one("proxycommand", "none")
+    return ResolvedHost(
+        alias=o.target.host, hostname=hostname, port=port, user=user,
+        identity_files=tuple(p for p in dict.fromkeys(identity) if os.path.isfile(p)),
+        identities_only=one("identitiesonly", "no") == "yes",
+        proxy_jump=() if jump == "none" else tuple(h.strip() for h in jump.split(",") if h.strip()),
+        proxy_command="" if command == "none" else command,
+        known_hosts=host_keys.KnownHosts([*user_files, *global_files], user_files[0], one("hashknownhosts", "no") == "yes"),
+        known_hosts_name=host_keys.known_hosts_name(hostname, port, one("hostkeyalias")),
+    )
+
+
+def hop_options(o: OpenSSHOptions, hop: str) -> OpenSSHOptions:
+    """Options for a ProxyJump hop of o's target, as ssh -J reaches it: the same files and host-key
+    policy, its own ssh_config entry, none of the target's -i keys."""
+    return OpenSSHOptions(target=SSHTarget.parse(hop), ssh_config=o.ssh_config, known_hosts=o.known_hosts,
+                          accept_new_host_key=o.accept_new_host_key, connect_timeout=o.connect_timeout, keepalive_s=o.keepalive_s,
+                          batch_mode=o.batch_mode)
+
+
+def host_key_plan(o: OpenSSHOptions) -> str:
+    """The file host_keys.py reads as ssh's KnownHostsCommand: for o's target and each of its
+    ProxyJump hops (by known_hosts name), where its keys are recorded; the target's for any other
+    name; and whether an unknown key is recorded (--accept-new-host-key). Named by its content."""
+    o = _plain(o)
+    target = resolve_host(o)
+    hosts = {target.known_hosts_name: target.known_hosts}
+    for hop in target.proxy_jump:
+        try:
+            resolved = resolve_host(hop_options(o, hop))
+        except UsageError:  # (a hop written as an ssh:// URI: the target's files apply)
+            continue
+        hosts.setdefault(resolved.known_hosts_name, resolved.known_hosts)
+    text = host_keys.plan_text(o.accept_new_host_key, target.known_hosts, hosts)
+    path = os.path.join(control_dir.ensure(), "hostkeys-" + hashlib.sha256(text.encode()).hexdigest()[:16])
+    if not os.path.exists(path):
+        _write_whole(path, text)
+    return path
+
+
+def _host_key_plan_or_none(o: OpenSSHOptions) -> str | None:
+    return host_key_plan(o) if _ssh_accepts(_KNOWN_HOSTS_COMMAND_PROBE) else None
+
+
+def _plain(o: OpenSSHOptions) -> OpenSSHOptions:
+    """o without what only shapes one process (its master socket, our own -o extras)."""
+    return o if o.control_path is None and not o.extra else replace(o, control_path=None, extra=())
+
+
+def _percent_expand(text: str, tokens: dict[str, str]) -> str:
+    """ssh_config's %-tokens (those that `ssh -G` leaves in IdentityFile); an unknown one is kept."""
+    import re
+
+    return re.sub(r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)), text)
+
+
+def _local_user() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return os.environ.get("USER", "")
+
+
+_KNOWN_HOSTS_COMMAND_PROBE = "KnownHostsCommand /bin/true"  # OpenSSH 8.5 and later
+
+
 @functools.lru_cache(maxsize=1)
 def _reads_prepend_syntax() -> bool:
-    """Whether this ssh reads `Ciphers ^...` (older clients refuse the whole config): probed once
-    per ssh binary with `ssh -G`, the answer kept in control_dir."""
+    """Whether this ssh reads `Ciphers ^...` (older clients refuse the whole config)."""
+    return _ssh_accepts(f"Ciphers {CIPHERS_PREFERRED}")
+
+
+@functools.lru_cache(maxsize=4)
+def _ssh_accepts(line: str) -> bool:
+    """Whether this ssh reads an ssh_config line (older clients refuse the whole config): probed
+    once per ssh binary and line with `ssh -G`, the answer kept in control_dir."""
     import shutil
     import subprocess
 
@@ -245,7 +366,7 @@ def _reads_prepend_syntax() -> bool:
     if ssh is None:
         return False
     st = os.stat(ssh)
-    marker = os.path.join(control_dir.ensure(), "prepend-" + hashlib.sha256(f"{ssh}:{st.st_size}:{st.st_mtime_ns}:{CIPHERS_PREFERRED}".encode()).hexdigest()[:16])
+    marker = os.path.join(control_dir.ensure(), "accepts-" + hashlib.sha256(f"{ssh}:{st.st_size}:{st.st_mtime_ns}:{line}".encode()).hexdigest()[:16])
     try:
         with open(marker) as f:
             return f.read() == "yes"
@@ -253,7 +374,7 @@ def _reads_prepend_syntax() -> bool:
         pass
     probe = f"{marker}.{_writer_id()}.conf"
     with open(probe, "w") as f:
-        f.write(f"Ciphers {CIPHERS_PREFERRED}\n")
+        f.write(f"{line}\n")
     try:
         ok = subprocess.run([ssh, "-G", "-F", probe, "probe"], stdin=subprocess.DEVNULL, capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
@@ -300,7 +421,7 @@ def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
     connection = tuple((k, tuple(resolved.get(k, ()))) for k in RESOLVED_KEYS)
     known_hosts = tuple((p, _content_digest(p)) for k in KNOWN_HOSTS_KEYS for p in resolved.get(k, ()))
     key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra,
-                connection, known_hosts))
+                connection, known_hosts, o.accept_new_host_key))  # (a master that recorded a key is not one opened with it known)
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return replace(o, control_path=os.path.join(control_dir.ensure(), digest))
 
@@ -308,6 +429,7 @@ def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
 # What a connection resolves to, as `ssh -G` prints it (lower-case keys).
 RESOLVED_KEYS = ("hostname", "port", "user", "hostkeyalias", "proxyjump", "proxycommand")
 KNOWN_HOSTS_KEYS = ("userknownhostsfile", "globalknownhostsfile")
+_ALSO_READ = ("identityfile", "identitiesonly", "hashknownhosts")  # (resolve_host)
 
 
 def resolve_config(o: OpenSSHOptions) -> dict[str, tuple[str, ...]]:
@@ -326,7 +448,8 @@ class ConfigReading:
 def read_config(o: OpenSSHOptions) -> ConfigReading:
     """The `ssh -v -G` run behind resolve_config, with its account of the ssh_config files it read
     (warm_exec.route watches them)."""
-    return _ssh_dash_g(tuple(base_argv(o, control_master="no") + ["-v", "-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
+    o = _plain(o)  # (a master's socket or our -o extras change nothing read here)
+    return _ssh_dash_g(tuple(base_argv(o, control_master="no", reading=True) + ["-v", "-G", "--", o.target.host]), o.target.host, _stamp(o.ssh_config))
 
 
 def _stamp(path: str | None) -> tuple:
@@ -360,7 +483,7 @@ def _ssh_dash_g(argv: tuple[str, ...], host: str, config_stamp: tuple) -> Config
     values: dict[str, list[str]] = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if key in RESOLVED_KEYS or key in KNOWN_HOSTS_KEYS:
+        if key in RESOLVED_KEYS or key in KNOWN_HOSTS_KEYS or key in _ALSO_READ:
             values.setdefault(key, []).extend(value.split() if key in KNOWN_HOSTS_KEYS else [value])
     files = tuple(line[len(_READING):] for line in diagnostics if line.startswith(_READING))
     # "debug1: FILE line N: include PATTERN matched no files"
@@ -391,8 +514,12 @@ def start_master(o: OpenSSHOptions, host_name: str) -> None:
     with open(log, errors="replace") as f:
         text = f.read()
     os.unlink(log)
+    stderr = proc.stderr.decode("utf-8", "replace")  # (what host_keys.py, ssh's KnownHostsCommand, printed)
     if proc.returncode != 0:
-        raise map_stderr(text + proc.stderr.decode("utf-8", "replace"), host_name, o)
+        raise _client_failure(text + stderr, host_name, o)
+    for line in stderr.splitlines():
+        if line.startswith("harness: recorded "):  # --accept-new-host-key: say what was recorded
+            sys.stderr.write(line + "\n")
 
 
 def ssh_available() -> bool:
@@ -418,9 +545,12 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     lost = re.compile(r"Timeout, server \S+ not responding")  # ServerAliveCountMax keepalives unanswered
     # (a channel of the master says less: "Stdio forwarding request failed: Session open refused by peer")
     forward = re.compile(r"open failed: ((?:connect failed|administratively prohibited).*)|[Ss]tdio forwarding (?:request )?failed:? ?(.*)")
-    lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith("debug")]
+    lines = [ln.strip() for ln in text.replace("\r", "").splitlines() if ln.strip() and not ln.lstrip().startswith(("debug", host_keys.MARK))]
     last = lines[-1] if lines else "ssh exited with status 255"
     where = host_name if o is None else f"{host_name} ({o.target.host})"
+    refused = host_keys.refusal_in(text)  # the one decision's own words (the key's fingerprint, the next step)
+    if refused:
+        return HostKeyError(f"{host_name}: {refused[0]}", refused[1] or None)  # (as the paramiko client says it)
     if changed.search(text):
         return HostKeyError(f"{where}: the host key has CHANGED since it was recorded; refusing to connect (possible man-in-the-middle)",
                             "if the host was really reinstalled, remove its old line from your known_hosts file")
@@ -468,12 +598,18 @@ def bulk_failure(host_name: str, what: str, code: int, stderr: str, o: OpenSSHOp
     forward) is that typed error, anything else is the remote command's failure. With o, a
     connection closed by a jump hop is diagnosed (`diagnose`) to say why."""
     if code == 255:
-        error = map_stderr(stderr, host_name, o)
-        if o is not None and PROXY_CLOSED in stderr and isinstance(error, ConnectError):
-            error = diagnose(o, host_name) or error
+        error = map_stderr(stderr, host_name, o) if o is None else _client_failure(stderr, host_name, o)
         if type(error) is not TransportError:
             return error
     return RemoteCommandError(what, code, stderr)
+
+
+def _client_failure(text: str, host_name: str, o: OpenSSHOptions) -> TransportError:
+    """map_stderr, and where a jump hop closed the connection, why (`diagnose`)."""
+    error = map_stderr(text, host_name, o)
+    if PROXY_CLOSED in text and isinstance(error, ConnectError):
+        error = diagnose(o, host_name) or error
+    return error
 
 
 def diagnose(o: OpenSSHOptions, host_name: str) -> TransportError | None:

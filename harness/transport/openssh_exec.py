@@ -13,44 +13,24 @@ values travel on stdin and never on a command line.
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from harness.transport import openssh
 from harness.transport.warm_exec import connection_ended, master_answers, run_ssh
 from harness.transport.remote_shell import remote_command
 
 
-def run(options: openssh.OpenSSHOptions, host_name: str, argv: Sequence[str], env: Mapping[str, str] | None,
-        report_host_key: Callable[[], object]) -> int:
-    """Run argv on the host with this process's stdin/stdout/stderr; return its exit code.
-
-    report_host_key(): connects the way that names an unknown or changed host key precisely (with
-    its fingerprint), or records it when the user said so; called once when OpenSSH refuses the
-    key, before one retry."""
+def run(options: openssh.OpenSSHOptions, host_name: str, argv: Sequence[str], env: Mapping[str, str] | None) -> int:
+    """Run argv on the host with this process's stdin/stdout/stderr; return its exit code. A host
+    key the one decision refuses (transport/host_keys.py, ssh's KnownHostsCommand) is a
+    HostKeyError naming its fingerprint, from start_master itself."""
     opts = openssh.with_control_path(options)
     command, prefix = remote_command(argv, env=env)
     if not master_answers(opts.control_path):
-        opts = _ensure_master(opts, host_name, report_host_key)
+        if opts.control_path and os.path.exists(opts.control_path):
+            os.unlink(opts.control_path)  # stale: its master is gone (we could not connect to it)
+        openssh.start_master(opts, host_name)
     code = run_ssh(openssh.command_argv(opts, command, control_master="no"), prefix)
     if code == 255 and not master_answers(opts.control_path):
         connection_ended(host_name)
     return code
-
-
-def _ensure_master(opts: openssh.OpenSSHOptions, host_name: str, report_host_key: Callable[[], object]) -> openssh.OpenSSHOptions:
-    """Start the master for opts; return the options it listens under."""
-    from harness.errors import ConnectError, HostKeyError
-
-    if opts.control_path and os.path.exists(opts.control_path):
-        os.unlink(opts.control_path)  # stale: its master is gone (we could not connect to it)
-    try:
-        openssh.start_master(opts, host_name)
-    except (HostKeyError, ConnectError):
-        # OpenSSH's message has no fingerprint, and a master drops what the ssh of a ProxyJump
-        # hop printed (an unknown jump host reads "Connection closed"): report (or, with
-        # --accept-new-host-key, record) the key precisely, then retry once, under the control
-        # path of the known_hosts content as it is now.
-        report_host_key()
-        opts = openssh.with_control_path(opts)
-        openssh.start_master(opts, host_name)
-    return opts

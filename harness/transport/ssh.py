@@ -1,11 +1,14 @@
 """SSHTransport: one fabric Connection (paramiko underneath) per CLI command.
 
-fabric reads the ssh_config (HostName, User, Port, IdentityFile, ProxyCommand ...: the file given
-by HARNESS_SSH_CONFIG / ConnectOptions as `ssh -F` would, else ~/.ssh/config and
-/etc/ssh/ssh_config), opens the ProxyJump hops as gateways, and runs PTY sessions (terminal.py).
-harness adds what fabric leaves open: strict host keys on every hop (an unknown host is refused
-with its fingerprint and the flag that accepts it once; a changed key is always refused), the
-hops in OpenSSH's order, IdentitiesOnly, timeouts, and errors that say which hop failed.
+What the connection is made of comes from the same reading of the user's ssh_config as every
+OpenSSH command line, `ssh -G`'s (openssh.resolve_host: HostName, User, Port, IdentityFile,
+IdentitiesOnly, ProxyJump, ProxyCommand, the known_hosts files, HostKeyAlias; Match, Include and
+tokens as ssh itself reads them); fabric reads no ssh_config of its own. fabric opens the ProxyJump
+hops as gateways (in OpenSSH's order, first hop first) and runs PTY sessions (terminal.py).
+Host keys: paramiko is given none, so every key a hop or the host presents goes to the one
+decision (host_keys.decide, the OpenSSH client's too): a known key is accepted, an unknown one
+refused with its fingerprint and the flag that records it once, a changed one always refused.
+harness adds timeouts, and errors that say which hop failed.
 fabric is imported and the connection opened on the first operation that needs them, so a
 command that only needs `stream` (sync, pull: bulk streams through OpenSSH) or the warm exec
 path never pays for any of it (~0.3 s of imports alone).
@@ -21,7 +24,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from harness.errors import AuthError, ConnectError, HarnessError, HostKeyError, TransportError
-from harness.transport import openssh
+from harness.transport import host_keys, openssh
 from harness.transport.base import OWN, SHARED, Forwarding, OutputSink, PortForward, RemoteStat, RunResult, Transport
 from harness.transport.remote_shell import remote_command
 
@@ -36,53 +39,40 @@ if TYPE_CHECKING:
     from harness.transport import ConnectionSpec, ConnectOptions
     from harness.transport.process import RemoteProcess, StderrLine
 
-SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 
-
-def strict_host_key_policy(host_name: str, known_hosts: str, accept_new: bool, hash_names: bool) -> paramiko.MissingHostKeyPolicy:
-    """Unknown key: refuse with the fingerprint, or record it once when the user said so.
+def host_key_policy(host_name: str, resolved: openssh.ResolvedHost, accept_new: bool) -> paramiko.MissingHostKeyPolicy:
+    """paramiko's hook for a key it does not know (it knows none): host_keys.decide says.
 
     The class is defined here, at connect time, because it subclasses paramiko's policy and this
     module imports paramiko only when a connection is really opened."""
     import paramiko
 
-    class StrictHostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    class OneDecision(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-            if not accept_new:
-                raise HostKeyError(
-                    f"{host_name}: unknown host key for {hostname}: {key.get_name()} {key.fingerprint}; refusing to connect",
-                    f"if that fingerprint is right, re-run with {openssh.ACCEPT_FLAG} to record it in {known_hosts}",
-                )
-            record_host_key(known_hosts, hostname, key, hashed=hash_names)
-            sys.stderr.write(f"harness: recorded {key.get_name()} {key.fingerprint} for {hostname} in {known_hosts}\n")
+            decision = host_keys.decide(resolved.known_hosts, resolved.known_hosts_name, key.get_name(), key.get_base64(), accept_new=accept_new)
+            if not decision.accepted:
+                raise decision.error(host_name)
+            if decision.kind == host_keys.RECORDED:
+                sys.stderr.write(f"harness: {decision.message}\n")
 
-    return StrictHostKeyPolicy()
+    return OneDecision()
 
 
-def record_host_key(known_hosts: str, name: str, key: paramiko.PKey, *, hashed: bool) -> None:
-    """Append one line like OpenSSH does (hashed when HashKnownHosts is on)."""
+def _preferring(types: list[str]):
+    """paramiko's transport_factory: the host key types recorded for the host asked for first (as
+    OpenSSH orders its HostKeyAlgorithms), so a host presents the key known for it."""
     import paramiko
 
-    entry = paramiko.HostKeys.hash_host(name) if hashed else name
-    directory = os.path.dirname(known_hosts) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    with os.fdopen(fd, "a") as f:
-        if f.tell() > 0:
-            with open(known_hosts, "rb") as r:
-                r.seek(-1, os.SEEK_END)
-                if r.read(1) != b"\n":
-                    f.write("\n")
-        f.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+    def factory(sock, **kwargs):
+        transport = paramiko.Transport(sock, **kwargs)
+        if types:
+            wanted = {a for t in types for a in (("rsa-sha2-512", "rsa-sha2-256", t) if t == "ssh-rsa" else (t,))}
+            options = transport.get_security_options()
+            offered = list(options.key_types)
+            options.key_types = [k for k in offered if k in wanted] + [k for k in offered if k not in wanted]
+        return transport
 
-
-def _yes(ssh_config: Mapping[str, object], key: str) -> bool:
-    return str(ssh_config.get(key, "no")).lower() == "yes"
-
-
-def _jump_hosts(ssh_config: Mapping[str, object]) -> list[str]:
-    jump = str(ssh_config.get("proxyjump", ""))
-    return [] if jump.lower() == "none" else [h.strip() for h in jump.split(",") if h.strip()]
+    return factory
 
 
 class SSHTransport(Transport):
@@ -92,7 +82,6 @@ class SSHTransport(Transport):
         self.name = spec.name
         self.spec = spec
         self.options = options
-        self.ssh_config_path = openssh.ssh_config_path(options.ssh_config)
         self._opened = False
         self._home: str | None = None
 
@@ -100,71 +89,50 @@ class SSHTransport(Transport):
 
     @cached_property
     def connection(self) -> Connection:
-        """The fabric Connection to the host (not opened yet), its gateways set up as strictly
-        as itself."""
+        """The fabric Connection to the host (not opened yet), as `ssh -G` resolves it, its
+        gateways set up as strictly as itself."""
         from fabric import Config, Connection
 
-        # lazy: no fabric/invoke config files (/etc/fabric.yaml ...) shape what harness does
-        config = Config(runtime_ssh_path=self.ssh_config_path, lazy=True)
-        config.load_ssh_config()
-        target = openssh.SSHTarget.parse(self.spec.ssh)
-        extra_key = [os.path.expanduser(self.spec.identity_file)] if self.spec.identity_file else []
-        conn = Connection(target.host, user=target.user or None, port=target.port or None, config=config,
-                          gateway=self._gateway(config, target.host), connect_kwargs={"key_filename": extra_key} if extra_key else None)
-        return self._harden(conn)
+        # lazy: no fabric/invoke config files (/etc/fabric.yaml ...) shape what harness does, and
+        # fabric reads no ssh_config: openssh.resolve_host's values are the one reading
+        config = Config(lazy=True)
+        options = self._openssh_options()
+        resolved = openssh.resolve_host(options)
+        conn = Connection(resolved.hostname, user=resolved.user, port=resolved.port, config=config, gateway=self._gateway(config, options, resolved))
+        return self._harden(conn, resolved)
 
-    def _gateway(self, config, alias: str):
+    def _gateway(self, config, options: openssh.OpenSSHOptions, resolved: openssh.ResolvedHost):
         """What the host is reached through: its ProxyJump hops in OpenSSH's order, first hop
         first (fabric would chain a list of hops the other way round), each hop as its own
-        ssh_config entry says, like ssh -J; else None, which lets fabric run a ProxyCommand.
-        False: nothing (also for `ProxyJump none` / `ProxyCommand none`)."""
+        ssh_config entry says, like ssh -J; else its ProxyCommand; else False (nothing)."""
         from fabric import Connection
 
-        entry = config.base_ssh_config.lookup(alias)
-        if "proxyjump" not in entry:
-            return False if str(entry.get("proxycommand", "")).lower() == "none" else None
+        if not resolved.proxy_jump:
+            return resolved.proxy_command or False
         gateway = False
-        for hop in _jump_hosts(entry):
-            target = openssh.SSHTarget.parse(hop)
-            gateway = self._harden(Connection(target.host, user=target.user or None, port=target.port or None,
-                                              config=config.clone(), gateway=gateway))
+        for hop in resolved.proxy_jump:
+            hop_resolved = openssh.resolve_host(openssh.hop_options(options, hop))
+            gateway = self._harden(Connection(hop_resolved.hostname, user=hop_resolved.user, port=hop_resolved.port,
+                                              config=config.clone(), gateway=gateway), hop_resolved)
         return gateway
 
-    def _harden(self, conn: Connection) -> Connection:
-        """Host keys from known_hosts, refused when unknown or changed; keys, agent and timeouts
-        as the ssh_config entry and harness.toml say. (fabric's default accepts any key.)"""
-        import paramiko
-
-        known_hosts = self._known_hosts_for(conn)
-        for path in (SYSTEM_KNOWN_HOSTS, known_hosts):
-            if os.path.isfile(path):
-                try:
-                    conn.client.load_system_host_keys(path)  # "system": read, never rewritten by paramiko
-                except (OSError, paramiko.SSHException) as e:
-                    raise HostKeyError(f"{self.name}: cannot read known_hosts file {path}: {e}") from None
-        conn.client.set_missing_host_key_policy(
-            strict_host_key_policy(self.name, known_hosts, self.options.accept_new_host_key, _yes(conn.ssh_config, "hashknownhosts"))
-        )
-        identities_only = _yes(conn.ssh_config, "identitiesonly")
+    def _harden(self, conn: Connection, resolved: openssh.ResolvedHost) -> Connection:
+        """No host key known to paramiko, so the one decision sees every key (fabric's default
+        would accept any); keys, agent and timeouts as `ssh -G` and harness.toml say."""
+        conn.original_host = resolved.alias  # (for messages: the name the user wrote)
+        conn.client.set_missing_host_key_policy(host_key_policy(self.name, resolved, self.options.accept_new_host_key))
         timeout = self.spec.connect_timeout
-        keys = [os.path.expanduser(p) for p in conn.connect_kwargs.get("key_filename", [])]
         conn.connect_kwargs = {
-            "key_filename": [p for p in keys if os.path.isfile(p)] or None,
-            "allow_agent": not identities_only,
-            "look_for_keys": not identities_only,
+            "key_filename": list(resolved.identity_files) or None,  # ssh -G lists ssh's default keys where none is configured
+            "allow_agent": not resolved.identities_only,
+            "look_for_keys": False,
             "banner_timeout": timeout,
             "auth_timeout": timeout,
             "channel_timeout": timeout,
+            "transport_factory": _preferring(host_keys.preferred_types(resolved.known_hosts, resolved.known_hosts_name)),
         }
         conn.connect_timeout = timeout  # (fabric's constructor rounds it down to whole seconds)
         return conn
-
-    def _known_hosts_for(self, conn: Connection) -> str:
-        explicit = openssh.known_hosts_override(self.options.known_hosts)
-        if explicit:
-            return explicit
-        files = str(conn.ssh_config.get("userknownhostsfile", ""))
-        return os.path.expanduser(files.split()[0] if files else "~/.ssh/known_hosts")
 
     def _hops(self) -> list[Connection]:
         """The jump hosts, first hop first, then the host."""
@@ -205,16 +173,9 @@ class SSHTransport(Transport):
         where, timeout = self._where(conn), self.spec.connect_timeout
         try:
             conn.open()
-        except HostKeyError:
+        except HostKeyError:  # host_keys.decide refused the key (the policy set in _harden)
             conn.close()
             raise
-        except paramiko.BadHostKeyException as e:
-            conn.close()
-            raise HostKeyError(
-                f"{where}: the host key has CHANGED: expected {e.expected_key.get_name()} {e.expected_key.fingerprint}, "
-                f"got {e.key.get_name()} {e.key.fingerprint}; refusing to connect (possible man-in-the-middle)",
-                f"if the host was really reinstalled, remove its old line from {self._known_hosts_for(conn)}",
-            ) from None
         except paramiko.PasswordRequiredException:
             conn.close()
             raise AuthError(f"{where}: a key file is encrypted and no agent holds it", "load it with ssh-add") from None
@@ -336,8 +297,7 @@ class SSHTransport(Transport):
             return super().exec_foreground(argv, env=env, pty=pty)
         from harness.transport import openssh_exec
 
-        # the warm path: the OpenSSH master; paramiko only to name a refused host key precisely
-        return openssh_exec.run(self._openssh_options(), self.name, argv, env, report_host_key=self.open)
+        return openssh_exec.run(self._openssh_options(), self.name, argv, env)  # the warm path: the OpenSSH master
 
     def remember_exec(self, key: str, wrapped_mark: Sequence[str], *, env_names_known: Sequence[str], env_names: Sequence[str],
                       also_watch: Sequence[str], started_ns: int) -> bool:
