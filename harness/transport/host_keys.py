@@ -1,31 +1,15 @@
-"""The one host-key decision, for both SSH clients (issue #41): `decide`.
+"""The one host-key decision, for both SSH clients: `decide`.
 
-Given where a host's keys are recorded (`KnownHosts`, from the host's settings as `ssh -G`
-resolves them: openssh.resolve_host), the host's known_hosts name and the key it presented:
-- a recorded key -> KNOWN (accept);
-- keys recorded for the name, none of them this one -> CHANGED: refused, always (even with the
-  accept flag: possible man-in-the-middle); this includes a key of a type none of the recorded ones
-  has (the clients ask for a recorded type first, so a host offering none of them has lost them);
-- a key marked @revoked -> REVOKED: refused;
-- nothing recorded for the name -> UNKNOWN: refused with one line naming the key's type and
-  SHA256 fingerprint and the flag that records it, or, with that flag (accept_new), appended to
-  the first user known_hosts file (hashed where HashKnownHosts says) -> RECORDED.
-The user's StrictHostKeyChecking, CheckHostIP and VerifyHostKeyDNS play no part: nothing but this
-function accepts a key. Host certificates (@cert-authority lines) are not used.
-
-Who asks: the paramiko client (transport/ssh.py) loads no host keys, so paramiko hands every
-presented key to its missing-host-key policy, which calls `decide`. The OpenSSH client is given
-`UserKnownHostsFile none`, `GlobalKnownHostsFile none` and this file as its KnownHostsCommand
-(openssh.safety_config): ssh runs `python -S -I host_keys.py PLAN %I %H %t %K` for the host and
-for every ProxyJump hop, and knows only the lines it prints (`main`): the recorded key where the
-decision accepts, the recorded (other) keys where it says CHANGED, nothing where UNKNOWN, so
-ssh's own strict check (StrictHostKeyChecking yes) can only agree. A refusal is also printed on
-ssh's stderr as one line (`MARK` + JSON) that the transport turns into the same HostKeyError
-(`refusal_in`), fingerprint included.
-
-Standard library only, and nothing imported at module level that a KnownHostsCommand would
-wait for (ssh starts this file twice per connection): binascii, not base64 (which pulls in re);
-hashlib, hmac, fnmatch and json only where a line needs them; the plan is plain lines.
+A recorded key -> KNOWN; keys recorded for the name but not this one (or of no recorded type) ->
+CHANGED, always refused; @revoked -> REVOKED; nothing recorded -> UNKNOWN, refused with one line
+naming the key's type and SHA256 fingerprint and the flag that records it (with that flag:
+appended to the first user known_hosts file, hashed where HashKnownHosts says -> RECORDED).
+Nothing but this function accepts a key: paramiko (transport/ssh.py) loads no host keys and asks
+`decide` from its missing-host-key policy; OpenSSH gets no known_hosts files and runs this file as
+its KnownHostsCommand (`main`), so it knows only the lines the decision prints; a refusal is one
+`MARK` line on ssh's stderr that the transport turns into the same HostKeyError.
+docs/ARCHITECTURE.md (transport/, "One reading, one host-key decision") says more. Standard library only, imported lazily: ssh starts
+this file twice per connection.
 """
 
 from __future__ import annotations
