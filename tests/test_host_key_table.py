@@ -1,4 +1,4 @@
-"""One host-key decision on every client path (issue #31, item 1; issue #41): both SSH clients
+"""One host-key decision on every client path: both SSH clients
 take the host's settings from one reading of ssh_config (`ssh -G`: openssh.resolve_host) and
 accept a key only where ONE function says so (transport/host_keys.py `decide`: paramiko's
 missing-host-key policy, OpenSSH's KnownHostsCommand). The table of cases is run twice: against
