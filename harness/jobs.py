@@ -267,16 +267,10 @@ class Jobs:
     # (harness.multinode) never wait: a waiting node would stall the others' rendezvous.
     waits_in_queue = True
 
-    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> str:
-        """Write the run's plan and start its supervisor; return the run id (`run_id`: given by
-        harness.multinode, which starts the same run on every host of a group). The run is
-        `queued` while earlier runs hold its GPUs, unless `now`."""
-        return self._start(requested, grace_s, run_id, now).run_id
-
     def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> "RunPlan":
         """Everything a run's start decides on the laptop, the preflight included (the image, the
         GPU count: at most one helper call), and nothing written on the host: `harness run
-        --dry-run` shows it, _start sends it."""
+        --dry-run` shows it, launch sends it."""
         stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
         self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
@@ -290,11 +284,14 @@ class Jobs:
         record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now, "slot": self.queue_slot}
         return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
 
-    def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
-        """One supervisor call: the plan in, the started run's status out. The supervisor first
-        checks that the files the stages need are on the host (RunPlan.requires)."""
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
+        """Write the run's plan and start its supervisor, in one supervisor call (which first
+        checks that the files the stages need are on the host: RunPlan.requires). The run is
+        `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
+        beforehand (harness.sweep records it before the start; harness.multinode starts the same
+        run on every host of a group)."""
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
-        plan = self.plan(requested, grace_s, run_id, now)
+        plan = self.plan(stages, grace_s, run_id, now)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
         result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
                                   "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires})
@@ -304,18 +301,14 @@ class Jobs:
             raise RemoteCommandError("supervisor launch " + plan.run_id, result.exit_code, result.error)
         reply = result.json()
         self.runtime.home_is(reply["home"], HOME_TOKEN)
-        return RunStatus.from_json(reply["status"])
-
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
-        """`run_id`: chosen by the caller beforehand (harness.sweep records it before the start)."""
-        started = self._start(stages, grace_s, run_id, now)
+        started = RunStatus.from_json(reply["status"])
         run_id = started.run_id
         if started.state == "queued":
             return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
         return Started(run_id, f"run {run_id} started on {self.name}")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "RunStatus":
-        self.follow(run_id, view.events, follow=True, as_json=True)
+        self.stream_logs(run_id, view.events, follow=True, as_json=True)
         return self.status(run_id)
 
     # Hooks that harness.multinode.NodeJobs overrides to launch a stage across several hosts.
@@ -380,7 +373,7 @@ class Jobs:
     def resolve_run_id(self, run_id: str) -> str:
         """Validate a run id from the user; "last" means the newest run on the host."""
         if run_id == "last":
-            runs = self.list_runs()
+            runs = self.listing().runs[self.name]
             if not runs:
                 raise self.no_runs_yet()
             return runs[-1].run_id
@@ -403,11 +396,12 @@ class Jobs:
     def status(self, run_id: str) -> RunStatus:
         return RunStatus.from_json(self._status_json(self.resolve_run_id(run_id))[0])
 
-    def list_runs(self) -> list[RunStatus]:
-        return [RunStatus.from_json(d) for d in self._status_json(None)]
+    def listing(self) -> RunListing:
+        """Every run on the host, oldest first."""
+        return RunListing(self.name, [self.name], {self.name: [RunStatus.from_json(d) for d in self._status_json(None)]})
 
-    def follow(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False, as_json: bool = False,
-               tail: int | None = None) -> int:
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
+                    as_json: bool = False, tail: int | None = None) -> int:
         """Stream stage logs from their first byte, or from the start of their last `tail` lines
         (JSON lines with events when as_json)."""
         request = {"cmd": "follow", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "stage": stage, "follow": follow, "json": as_json, "tail": tail}
@@ -416,14 +410,15 @@ class Jobs:
             if stage is not None and "has no stage" in result.error:
                 raise UsageError(result.error.strip(), f"`harness status {self.name} {run_id}` lists its stages")
             raise self.no_run(run_id)
-        return result.exit_code
+        return 0
 
-    def cancel(self, run_id: str, grace_s: float | None = None) -> str:
-        """SIGTERM, grace period, SIGKILL; returns the run's final state."""
-        result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "grace": grace_s})
+    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
+        """SIGTERM, grace period, SIGKILL; the run's final state."""
+        run_id = self.resolve_run_id(run_id)
+        result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(run_id), "grace": grace_s})
         if result.exit_code == 2:
             raise self.no_run(run_id)
-        return result.checked("supervisor cancel").text.strip()
+        return CancelOutcome(run_id, {self.name: result.checked("supervisor cancel").text.strip()}, where=self.name)
 
     def mark_cancelling(self, run_id: str) -> None:
         """The first round of a group's cancel: from now on a stage of this run that fails (its
@@ -432,20 +427,6 @@ class Jobs:
         if result.exit_code == 2:
             raise self.no_run(run_id)
         result.checked("supervisor cancelling")
-
-    # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
-
-    def listing(self) -> RunListing:
-        return RunListing(self.name, [self.name], {self.name: self.list_runs()})
-
-    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
-                    as_json: bool = False, tail: int | None = None) -> int:
-        self.follow(run_id, sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
-        return 0
-
-    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
-        run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, {self.name: self.cancel(run_id, grace_s)}, where=self.name)
 
     def wait(self, run_id: str, timeout: float, poll_s: float = 0.5) -> RunStatus:
         """Poll until the run reaches a final state (tests, scripts)."""

@@ -131,14 +131,14 @@ class NodeJobs(Jobs):
 
     def __init__(self, config: Config, host: HostConfig, transport: "Transport", launch: GroupLaunch, rank: int):
         super().__init__(config, host, transport)
-        self.launch = launch
+        self.group = launch
         self.rank = rank
 
     def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
         argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
         if not STAGES[stage].distributed:
             return argv
-        launch = self.launch
+        launch = self.group
         per_node = launch.nproc_per_node or max(1, nproc)
         # The watchdog stops torchrun within its own grace, before the supervisor's SIGKILL.
         inner_grace = max(1.0, min(launch.grace_s - 2.0, launch.grace_s * 0.8))
@@ -153,10 +153,10 @@ class NodeJobs(Jobs):
 
     def wants_gpu_count(self, stages: list[str]) -> bool:
         # the group's nproc_per_node, when configured, is every node's count: no probe
-        return not self.launch.nproc_per_node and super().wants_gpu_count(stages)
+        return not self.group.nproc_per_node and super().wants_gpu_count(stages)
 
     def stage_env(self) -> dict[str, str]:
-        return {**super().stage_env(), **distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
+        return {**super().stage_env(), **distributed_env(), WATCH_SECRET_ENV: self.group.watch_secret}
 
     def stage_network(self, stage: str) -> bool:
         # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
@@ -166,11 +166,11 @@ class NodeJobs(Jobs):
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
         record = super()._record(run_id, stages, grace_s, image)
         record["group"] = {
-            **{k: v for k, v in dataclasses.asdict(self.launch).items() if k != "watch_secret"},
-            "hosts": list(self.launch.hosts),
+            **{k: v for k, v in dataclasses.asdict(self.group).items() if k != "watch_secret"},
+            "hosts": list(self.group.hosts),
             "node_rank": self.rank,
-            "nnodes": len(self.launch.hosts),
-            "endpoint": self.launch.endpoint,
+            "nnodes": len(self.group.hosts),
+            "endpoint": self.group.endpoint,
             "env_names": sorted(distributed_env()),  # names only
         }
         return record
@@ -332,7 +332,7 @@ class GroupStatus:
 
 
 class GroupRun:
-    """A group and one transport per host: start, status, follow, cancel, watch."""
+    """A group and one transport per host: launch, attach, status, logs, cancel, watch."""
 
     detach_note = " (each node's watchdog stops the rest if one fails)"
 
@@ -367,38 +367,35 @@ class GroupRun:
             raise RemoteCommandError(f"port probe on {host0.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
         return int(result.text.strip())
 
-    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None) -> GroupLaunch:
-        stages = resolve_chain(list(requested))
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+        """The same run id on every host at once, all or nothing (`now` changes nothing: nodes
+        never queue)."""
+        chain = resolve_chain(list(stages))
         port = self.free_port()
         launch = GroupLaunch(
-            group=self.group.name, hosts=tuple(self.hosts), run_id=run_id or new_run_id(),
+            group=self.group.name, hosts=tuple(self.hosts), run_id=new_run_id(),
             rdzv_host=self.rendezvous_host(), rdzv_port=port, nproc_per_node=self.group.nproc_per_node,
             watchdog_timeout=self.group.watchdog_timeout, grace_s=grace_s,
         )
 
-        def start_node(host: str) -> str:
+        def start_node(host: str) -> Started:
             rank = self.hosts.index(host)
-            return self.jobs(host, launch).start(stages_for_node(stages, rank), grace_s=grace_s, run_id=launch.run_id)
+            return self.jobs(host, launch).launch(stages_for_node(chain, rank), grace_s=grace_s, run_id=launch.run_id)
 
         outcome = parallel(self.hosts, start_node)
         failed = [(h, e) for h, _, e in outcome if e is not None]
         if failed:
             # All or nothing: stop the nodes that did start, then say which one could not.
             started = [h for h, _, e in outcome if e is None]
-            parallel(started, lambda h: self.jobs(h).cancel(launch.run_id, grace_s))
+            parallel(started, lambda h: self.jobs(h).cancel_run(launch.run_id, grace_s))
             host, error = failed[0]
             raise HarnessError(f"{host}: could not start run {launch.run_id}: {error}; stopped it on {', '.join(started) or 'no other host'}")
-        return launch
-
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
-        """RunPlace.launch: every node starts at once (`now` changes nothing: nodes never queue)."""
-        launch = self.start(stages, grace_s=grace_s)
         return Started(launch.run_id, f"run {launch.run_id} started on {self.name} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "GroupStatus":
         """Every node's log into view.node_line while watch() stops the others when one fails."""
         run_id = self.resolve_run_id(run_id)
-        threads = self.follow(run_id, view.node_line, follow=True)
+        threads = self._follow_nodes(run_id, view.node_line, follow=True)
         announced = False
 
         def on_update(status: GroupStatus) -> None:
@@ -445,41 +442,38 @@ class GroupRun:
 
     def listing(self) -> RunListing:
         """Every host's runs, asked in parallel."""
-        outcome = parallel(self.hosts, lambda h: self.jobs(h).list_runs())
+        outcome = parallel(self.hosts, lambda h: self.jobs(h).listing().runs[h])
         return RunListing(self.name, list(self.hosts), {h: runs for h, runs, error in outcome if error is None},
                           {h: f"{type(error).__name__}: {error}" for h, _, error in outcome if error is not None}, group=True)
-
-    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
-        run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, self.cancel(run_id, grace_s), group=True, where=self.name)
 
     def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
                     as_json: bool = False, tail: int | None = None) -> int:
         """Every node's log into sink, each line `[host] ...` (as_json: each JSON line with its
         "host"), until every stream ends."""
-        threads = self.follow(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
-                              as_json=as_json, tail=tail)
+        threads = self._follow_nodes(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
+                                     as_json=as_json, tail=tail)
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
         return 0
 
-    def cancel(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
-        """Cancel on every host (in parallel); host -> final state or the error. The whole group's
-        cancel first marks every node, so that one whose ranks die of an earlier node's cancel is
-        cancelled, not failed (an unreachable node answers in the second round)."""
+    def cancel_run(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> CancelOutcome:
+        """Cancel on every host (`hosts`: on those only), in parallel: each host's final state or
+        the error. The whole group's cancel first marks every node, so that one whose ranks die of
+        an earlier node's cancel is cancelled, not failed (an unreachable node answers in the
+        second round)."""
         run_id = self.resolve_run_id(run_id)
         out = {}
         if hosts is None:
             for host, _, error in parallel(list(self.hosts), lambda h: self.jobs(h).mark_cancelling(run_id)):
                 if error is not None:  # unreachable or no such run: asking again would only wait again
                     out[host] = f"error: {error}"
-        for host, state, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel(run_id, grace_s)):
-            out[host] = state if error is None else f"error: {error}"
-        return {h: out[h] for h in (hosts or self.hosts)}
+        for host, cancelled, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel_run(run_id, grace_s)):
+            out[host] = cancelled.states[host] if error is None else f"error: {error}"
+        return CancelOutcome(run_id, {h: out[h] for h in (hosts or self.hosts)}, group=True, where=self.name)
 
-    def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
-               as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
+    def _follow_nodes(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
+                      as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
         """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the
         (daemon) threads; join them to wait for the end."""
         run_id = self.resolve_run_id(run_id)
@@ -489,7 +483,7 @@ class GroupRun:
 
             def pump(host=host, splitter=splitter) -> None:
                 try:
-                    self.jobs(host).follow(run_id, splitter.feed, stage=stage, follow=follow, as_json=as_json, tail=tail)
+                    self.jobs(host).stream_logs(run_id, splitter.feed, stage=stage, follow=follow, as_json=as_json, tail=tail)
                 except UsageError as e:
                     splitter.feed(f"harness: {e}\n".encode())
                 except Exception as e:  # noqa: BLE001 - a dead node ends its stream, not the others
@@ -549,7 +543,7 @@ class GroupRun:
                     stopped_others = True
                     others = [n.host for n in nodes if not n.final and n.status is not None]
                     if others:
-                        self.cancel(run_id, grace_s, hosts=others)
+                        self.cancel_run(run_id, grace_s, hosts=others)
                 group = GroupStatus(self.group.name, run_id, nodes, first_failure)
                 if on_update:
                     on_update(group)

@@ -390,7 +390,7 @@ class Sweep:
 
     def statuses(self) -> dict[str, "RunStatus"]:
         """Every run on the host by id (one supervisor call)."""
-        return {r.run_id: r for r in self.host_jobs().list_runs()}
+        return {r.run_id: r for rs in self.host_jobs().listing().runs.values() for r in rs}
 
     def view(self, state: SweepState, statuses: dict[str, "RunStatus"] | None = None) -> SweepView:
         statuses = self.statuses() if statuses is None else statuses
@@ -430,7 +430,7 @@ class Sweep:
             elif status.state in FINAL_RUN_STATES or dry_run:
                 outcome[name] = status.state
             else:
-                outcome[name] = jobs.cancel(run_id, grace_s)
+                outcome[name] = jobs.cancel_run(run_id, grace_s).states[jobs.name]
         return outcome
 
 

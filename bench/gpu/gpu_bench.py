@@ -170,7 +170,7 @@ def run_stage(work: Path, stage: str, stage_args: dict, gpus: list[int], timeout
     transport = LocalTransport("gpu")
     sync(transport, config.root, config.sync.paths, str(workdir), python=sys.executable)
     jobs = Jobs(config, config.host("gpu"), transport)
-    run_id = jobs.start([stage])
+    run_id = jobs.launch([stage]).run_id
     status = jobs.wait(run_id, timeout=timeout, poll_s=2.0)
     return stage_outcome(workdir, run_id, stage, status.state)
 
@@ -191,7 +191,7 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
         if error is not None:
             raise SystemExit(f"sync to {host} failed: {error}")
     runner = GroupRun(config, "pair", lambda h: transports[h])
-    launch = runner.start([stage])
+    launch = runner.launch([stage])
     status = runner.watch(launch.run_id, timeout=timeout)
     if status.state != "ok":
         for node in status.nodes:

@@ -265,9 +265,9 @@ class HarnessRun:
         self.jobs = Jobs(config, host, transport)
 
     def start(self, stages: list[str]) -> str:
-        run_id = self.jobs.start(stages)
+        run_id = self.jobs.launch(stages).run_id
         log(f"harness run {run_id}: {' -> '.join(stages)} (logs {self.work}/runs/{run_id}/)")
-        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel(run_id, grace_s=5))
+        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel_run(run_id, grace_s=5))
         return run_id
 
     def running(self, run_id: str) -> bool:
@@ -277,7 +277,7 @@ class HarnessRun:
 
     def stop(self, run_id: str) -> None:
         log(f"harness run {run_id}: cancelled at the train deadline (its latest checkpoint is measured)")
-        self.jobs.cancel(run_id, grace_s=15)
+        self.jobs.cancel_run(run_id, grace_s=15)
 
     def wait(self, run_id: str, cancelled_ok: bool = False) -> dict[str, dict]:
         """The stages' `finished` events once the run ends; exits naming the stage that failed
