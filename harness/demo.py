@@ -115,7 +115,7 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     """Sync, run the demo chain attached (its JSON-lines stream goes to `on_output`), summarize."""
     import time
 
-    from harness.jobs import Jobs
+    from harness.host import Host
     from harness.sync import sync
     from harness.transport.local import LocalTransport
 
@@ -126,7 +126,7 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     host = config.hosts["local"]
     transport = LocalTransport("local")
     sync(transport, config.root, config.sync_paths(), host.workdir, python=host.python)
-    jobs = Jobs(config, host, transport)
+    jobs = Host(config, host, lambda _name: transport).runs
     run_id = jobs.launch(list(DEMO_CHAIN)).run_id
     jobs.stream_logs(run_id, on_output, follow=True, as_json=True)
     status = jobs.status(run_id)

@@ -34,10 +34,10 @@ from harness.config import Config, HostConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
-from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
+    from harness.multinode import GroupNode
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
@@ -213,20 +213,24 @@ class RunPlan:
 
 
 class Jobs:
-    """Runs on one host, through one transport (`runtime`: the host's, when the caller made it
-    already: harness.host.Host, so the workdir is expanded once per command)."""
+    """Runs on one host, through its transport and runtime (made by harness.host.Host.jobs, so
+    the workdir is expanded once per command)."""
 
     detach_note = ""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None, queue_slot: int | None = None):
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime", queue_slot: int | None = None,
+                 node: "GroupNode | None" = None):
         self.config = config
         # harness.sweep's trials that share a GPU: runs in different slots of the same GPUs run at
         # once (one per slot); None competes with every run on its GPUs.
         self.queue_slot = queue_slot
+        # This host as one node of a group run (harness.multinode): its distributed stages start
+        # under node_launcher.py, and its runs never wait in the queue.
+        self.node = node
         self.host = host
         self.name = host.name
         self.transport = transport
-        self.runtime = runtime or runtime_for(host, transport)
+        self.runtime = runtime
 
     @property
     def workdir(self) -> str:
@@ -263,9 +267,11 @@ class Jobs:
 
     # -- start ------------------------------------------------------------------------------------
 
-    # A run waits in the host's queue for its GPUs unless started with now=True. Group nodes
-    # (harness.multinode) never wait: a waiting node would stall the others' rendezvous.
-    waits_in_queue = True
+    @property
+    def waits_in_queue(self) -> bool:
+        """A run waits in the host's queue for its GPUs unless started with now=True. A group's
+        node never waits: a waiting node would stall the others' rendezvous."""
+        return self.node is None
 
     def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> "RunPlan":
         """Everything a run's start decides on the laptop, the preflight included (the image, the
@@ -311,18 +317,23 @@ class Jobs:
         self.stream_logs(run_id, view.events, follow=True, as_json=True)
         return self.status(run_id)
 
-    # Hooks that harness.multinode.NodeJobs overrides to launch a stage across several hosts.
+    # How a stage starts: on this host alone, or as one node of a group run (self.node).
 
     def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
+        if self.node is not None:
+            argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+            return self.node.stage_command(stage, argv, events_path, nproc)
         return stage_command(stage, self.config, self.runtime.python, events_path, nproc)
 
     def stage_env(self) -> dict[str, str]:
         """Environment values the stages get (through the supervisor's stdin, never a file)."""
-        return self.host.env_values()
+        return {**self.host.env_values(), **(self.node.env() if self.node is not None else {})}
 
     def stage_network(self, stage: str) -> bool:
-        """Whether the stage listens on the host's own addresses (a group's rendezvous)."""
-        return False
+        """Whether the stage listens on the host's own addresses: a group's rendezvous, the
+        watchdog's store and NCCL/Gloo, which the other hosts reach (a container shares the
+        host network)."""
+        return self.node is not None and STAGES[stage].distributed
 
     def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
         options = WrapOptions(env_names=tuple(self.stage_env()), host_network=self.stage_network(stage))
@@ -331,7 +342,7 @@ class Jobs:
 
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
         probe = self.runtime.versions_probe([self.runtime.python, "-c", VERSIONS_SNIPPET])
-        return {
+        record = {
             "run_id": run_id,
             "host": self.host.name,
             "runtime": self.runtime.kind,
@@ -351,9 +362,15 @@ class Jobs:
             "versions": None,  # filled in by the supervisor before the first stage
             "probe_argv": probe,
         }
+        if self.node is not None:
+            record["group"] = self.node.record()
+        return record
 
     def wants_gpu_count(self, stages: list[str]) -> bool:
-        """Whether the stage commands need the GPU count (torchrun's --nproc-per-node)."""
+        """Whether the stage commands need the GPU count (torchrun's --nproc-per-node). A group's
+        nproc_per_node, when configured, is every node's count: no probe."""
+        if self.node is not None and self.node.launch.nproc_per_node:
+            return False
         return any(STAGES[s].distributed for s in stages)
 
     def _preflight(self, gpu_count: bool) -> tuple[dict[str, Any], int]:

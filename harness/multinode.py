@@ -40,25 +40,24 @@ way secrets are: values on the supervisor's stdin, names only in the run record.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from harness.config import Config, GroupConfig, HostConfig
+from harness.config import GroupConfig
 from harness.errors import HarnessError, RemoteCommandError, UsageError
 from harness.events import Finished, finished_failure
+from harness.fanout import LinePrefixer, host_json_sink, open_all, parallel, prefixed_sink
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
-from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
+from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 
 if TYPE_CHECKING:
-    from harness.transport.base import Transport
+    from harness.host import Group
 
 NODE_LAUNCHER = f"{SCRIPTS_DIR}/node_launcher.py"
 # Environment families that configure the collectives; passed through from the laptop.
@@ -124,21 +123,19 @@ class GroupLaunch:
         return f"{host}:{self.rdzv_port}"
 
 
-class NodeJobs(Jobs):
-    """Jobs on one node of a group run: distributed stages go through node_launcher.py."""
+@dataclass(frozen=True)
+class GroupNode:
+    """One host's part in a group run, as its Jobs (harness.jobs.Jobs' `node`) starts the
+    stages there: distributed stages go through node_launcher.py."""
 
-    waits_in_queue = False  # every node starts at once (a queued node would stall the rendezvous)
+    launch: GroupLaunch
+    rank: int
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", launch: GroupLaunch, rank: int):
-        super().__init__(config, host, transport)
-        self.group = launch
-        self.rank = rank
-
-    def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
-        argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+    def stage_command(self, stage: str, argv: list[str], events_path: str, nproc: int) -> list[str]:
+        """The stage's own command line `argv`, under node_launcher.py if it is distributed."""
         if not STAGES[stage].distributed:
             return argv
-        launch = self.group
+        launch = self.launch
         per_node = launch.nproc_per_node or max(1, nproc)
         # The watchdog stops torchrun within its own grace, before the supervisor's SIGKILL.
         inner_grace = max(1.0, min(launch.grace_s - 2.0, launch.grace_s * 0.8))
@@ -151,87 +148,20 @@ class NodeJobs(Jobs):
             "--", *argv[1:],
         ]
 
-    def wants_gpu_count(self, stages: list[str]) -> bool:
-        # the group's nproc_per_node, when configured, is every node's count: no probe
-        return not self.group.nproc_per_node and super().wants_gpu_count(stages)
+    def env(self) -> dict[str, str]:
+        """What every node's stages get besides the host's own env (values in memory only)."""
+        return {**distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
 
-    def stage_env(self) -> dict[str, str]:
-        return {**super().stage_env(), **distributed_env(), WATCH_SECRET_ENV: self.group.watch_secret}
-
-    def stage_network(self, stage: str) -> bool:
-        # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
-        # addresses, reachable from the other hosts (a container shares the host network).
-        return STAGES[stage].distributed
-
-    def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
-        record = super()._record(run_id, stages, grace_s, image)
-        record["group"] = {
-            **{k: v for k, v in dataclasses.asdict(self.group).items() if k != "watch_secret"},
-            "hosts": list(self.group.hosts),
+    def record(self) -> dict[str, Any]:
+        """The run record's "group" (no secret values)."""
+        return {
+            **{k: v for k, v in dataclasses.asdict(self.launch).items() if k != "watch_secret"},
+            "hosts": list(self.launch.hosts),
             "node_rank": self.rank,
-            "nnodes": len(self.group.hosts),
-            "endpoint": self.group.endpoint,
+            "nnodes": len(self.launch.hosts),
+            "endpoint": self.launch.endpoint,
             "env_names": sorted(distributed_env()),  # names only
         }
-        return record
-
-
-# ---------------------------------------------------------------------------------------------
-# Parallel helpers
-
-
-def parallel(items: Sequence[Any], fn: Callable[[Any], Any]) -> list[tuple[Any, Any, BaseException | None]]:
-    """fn(item) for every item at once (one thread each); [(item, result, error)] in order."""
-    results: list[Any] = [None] * len(items)
-    errors: list[BaseException | None] = [None] * len(items)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = fn(items[i])
-        except BaseException as e:  # noqa: BLE001 - reported per item
-            errors[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [(items[i], results[i], errors[i]) for i in range(len(items))]
-
-
-def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) -> dict[str, "Transport"]:
-    """Connect to every host in parallel; the first failure is raised (naming its host)."""
-
-    def connect(name: str):
-        return transport_for(name).open()
-
-    out = {}
-    for name, transport, error in parallel(list(hosts), connect):
-        if error is not None:
-            raise error
-        out[name] = transport
-    return out
-
-
-def sync_hosts(config: Config, transports: dict[str, "Transport"], paths: Sequence[str], *, workdirs: dict[str, str] | None = None,
-               on_plan: Callable[[str, Any], None] | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None):
-    """`harness sync GROUP`: plan every host in turn (harness.sync.PreparedSync: a local scan,
-    cached, while the host sends its manifest; one thread touches the local hash cache), then
-    apply the plans on all hosts at once, one transport each. [(host, SyncResult, error)]."""
-    from harness.sync import PreparedSync
-
-    hosts = list(transports)
-    workdirs = workdirs or {h: config.host(h).workdir for h in hosts}
-    prepared: dict[str, PreparedSync] = {}
-    try:
-        for h in hosts:
-            prepared[h] = PreparedSync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude, python=config.host(h).python)
-            if on_plan:
-                on_plan(h, prepared[h].plan)
-        return parallel(hosts, lambda h: prepared[h].apply(progress_for(h) if progress_for else None))
-    finally:
-        for p in prepared.values():
-            p.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,21 +266,23 @@ class GroupRun:
 
     detach_note = " (each node's watchdog stops the rest if one fails)"
 
-    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"]):
+    def __init__(self, place: "Group"):
+        config, group = place.config, place.name
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
         self.name = group
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
-        self.transports = open_all(transport_for, self.hosts)
-        # One Jobs per host (nothing to install: each call ships the supervisor, harness.helpers).
-        self._jobs: dict[str, Jobs] = {h: Jobs(config, config.host(h), self.transports[h]) for h in self.hosts}
+        self._places = {h.name: h for h in place.hosts}
+        # Each host connected at once (nothing to install: each call ships the supervisor, harness.helpers).
+        self.transports = open_all(lambda h: self._places[h].transport, self.hosts)
 
     def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
+        """One host's runs; with `launch`, that host as a node of the group run."""
         if launch is None:
-            return self._jobs[host]
-        return NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
+            return self._places[host].runs
+        return self._places[host].jobs(node=GroupNode(launch, self.hosts.index(host)))
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -551,63 +483,3 @@ class GroupRun:
                     return group
         finally:
             stop.set()
-
-
-class LinePrefixer:
-    """Bytes from one node's log -> whole lines, each handed on with the node's name."""
-
-    def __init__(self, host: str, write: Callable[[str, bytes], None]):
-        self.host = host
-        self.write = write
-        self.pending = b""
-
-    def feed(self, chunk: bytes) -> None:
-        data = self.pending + chunk
-        *lines, self.pending = data.split(b"\n")
-        for line in lines:
-            self.write(self.host, line + b"\n")
-
-    def flush(self) -> None:
-        if self.pending:
-            self.write(self.host, self.pending + b"\n")
-            self.pending = b""
-
-
-def prefixed_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of `[host] line` into sink."""
-    lock = threading.Lock()
-
-    def write(host: str, line: bytes) -> None:
-        with lock:
-            sink(f"[{host}] ".encode() + line)
-
-    return write
-
-
-def host_json_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of a node's JSON log lines with its "host" added (a line that is no
-    JSON object, e.g. a node's error, becomes {"host", "error"})."""
-    lock = threading.Lock()
-
-    def write(host: str, line: bytes) -> None:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            item = None
-        if not isinstance(item, dict):
-            item = {"error": line.decode("utf-8", "replace").strip()}
-        with lock:
-            sink((json.dumps({"host": host, **item}) + "\n").encode())
-
-    return write
-
-
-def prefixed_writer(stream=None) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of `[host] line` to stdout."""
-    out = stream or sys.stdout.buffer
-
-    def sink(data: bytes) -> None:
-        out.write(data)
-        out.flush()
-
-    return prefixed_sink(sink)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from harness.host import Host
 from harness.jobs import Jobs
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, script_stem, write_project
@@ -31,7 +32,8 @@ def make_jobs(tmp_path: Path, stages: dict, **kw) -> tuple[Jobs, Path]:
     config_path = write_project(tmp_path / "project", workdir, stages, **kw)
     config = load_config(config_path)
     host = config.host("box")
-    return Jobs(config, host, connect(host)), workdir
+    transport = connect(host)
+    return Host(config, host, lambda _name: transport).runs, workdir
 
 
 def harness_cli(config: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -415,7 +417,7 @@ def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
     config = load_config(config_path)
     host = config.host("box")
     with connect(host, ssh_host.connect_options()) as transport:
-        jobs = Jobs(config, host, transport)
+        jobs = Host(config, host, lambda _name: transport).runs
         failed = jobs.launch(["prepare", "export"]).run_id
         long = jobs.launch(["train"], grace_s=1).run_id
         st = jobs.wait(failed, timeout=60)

@@ -55,7 +55,8 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
             monkeypatch.setenv(key, value)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # passed through to every rank by the harness
     from harness.config import load_config
-    from harness.multinode import open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.sync import sync_hosts
     from harness.transport import connect
 
     config = load_config(config_path)
@@ -68,10 +69,10 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
 
 
 def group_run(config):
-    from harness.multinode import GroupRun
+    from harness.host import Group
     from harness.transport import connect
 
-    return GroupRun(config, "cluster", lambda h: connect(config.host(h)))
+    return Group(config, "cluster", lambda h: connect(config.host(h))).runs
 
 
 def rank_processes(node) -> list[str]:
@@ -276,7 +277,8 @@ def test_sync_to_three_hosts_at_once(tmp_path, netns_cluster, monkeypatch):
     """sync_hosts (what `harness sync GROUP` runs) brings every file to every host. What running
     them in parallel saves is timed by bench/parallel_sync.py, not here."""
     from harness.config import load_config
-    from harness.multinode import open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.sync import sync_hosts
     from harness.transport import connect
     from tests.fixtures.netns import ensure_nodes_up, write_cluster_config
 
@@ -309,7 +311,9 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     fake_prepare: prepare_data.py is the job tests' fake stage (its options are checked at
     config load against the script beside the config: the fake's)."""
     from harness.config import load_config
-    from harness.multinode import GroupRun, open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.host import Group
+    from harness.sync import sync_hosts
     from harness.transport import connect
     from tests.fixtures.job_project import FAKE_STAGE
 
@@ -325,7 +329,7 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     config = load_config(tmp_path / "harness.toml")
     transports = open_all(lambda h: connect(config.host(h)), ["l0", "l1"])
     assert all(error is None for _, _, error in sync_hosts(config, transports, ["remote_scripts"]))
-    return GroupRun(config, "pair", lambda h: transports[h])
+    return Group(config, "pair", lambda h: transports[h]).runs
 
 
 @pytest.mark.slow
@@ -420,7 +424,7 @@ def test_distributed_env_passes_only_the_collectives_settings():
 
 
 def test_line_prefixer_keeps_lines_whole():
-    from harness.multinode import LinePrefixer
+    from harness.fanout import LinePrefixer
 
     out = []
     p = LinePrefixer("n1", lambda h, line: out.append((h, line)))
@@ -434,13 +438,14 @@ def test_line_prefixer_keeps_lines_whole():
 
 def test_node_command_runs_torchrun_through_the_launcher(tmp_path):
     from harness.config import parse_config
-    from harness.multinode import GroupLaunch, NodeJobs
+    from harness.host import Host
+    from harness.multinode import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     config = parse_config({"hosts": {"a": {"local": True, "workdir": str(tmp_path / "a")}, "b": {"local": True, "workdir": str(tmp_path / "b")}},
                            "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 2, 30.0, 10.0)
-    jobs = NodeJobs(config, config.host("b"), LocalTransport("b"), launch, 1)
+    jobs = Host(config, config.host("b"), LocalTransport).jobs(node=GroupNode(launch, 1))
     argv = jobs.stage_command("train", "/x/events.jsonl", nproc=8)
     assert argv[1] == "remote_scripts/node_launcher.py"
     joined = " ".join(argv)
@@ -455,13 +460,14 @@ def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
     own addresses, which the other hosts reach: distributed stages get --network=host, plain ones
     keep Docker's default."""
     from harness.config import parse_config
-    from harness.multinode import GroupLaunch, NodeJobs
+    from harness.host import Host
+    from harness.multinode import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     hosts = {h: {"local": True, "workdir": str(tmp_path / h), "runtime": "docker"} for h in ("a", "b")}
     config = parse_config({"hosts": hosts, "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 1, 30.0, 10.0)
-    jobs = NodeJobs(config, config.host("a"), LocalTransport("a"), launch, 0)
+    jobs = Host(config, config.host("a"), LocalTransport).jobs(node=GroupNode(launch, 0))
     run_dir = str(tmp_path / "a" / "runs" / launch.run_id)
     train = jobs._stage_spec(launch.run_id, "train", f"{run_dir}/train", jobs.stage_command("train", f"{run_dir}/train/events.jsonl", nproc=1))
     assert train["kind"] == "docker" and train["argv"][:3] == ["docker", "create", "--network=host"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config, parse_config
+from harness.host import Host
 from harness.jobs import Jobs, RunStatus, queue_gpus
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines
@@ -53,7 +54,7 @@ def box(tmp_path, ssh_host):
         host = config.host("box")
         transport = connect(host, ssh_host.connect_options())
         opened.append(transport)
-        return config_path, Jobs(config, host, transport)
+        return config_path, Host(config, host, lambda _name: transport).runs
 
     opened: list = []
     yield make
@@ -123,7 +124,7 @@ def test_cancel_while_queued(box, ssh_host):
 
 def test_disjoint_gpu_sets_run_at_once_overlapping_wait(box):
     _, jobs = box(LONG, gpus=[0])
-    on = {gpus: Jobs(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), jobs.transport) for gpus in ((0,), (1,), (1, 2))}
+    on = {gpus: Host(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), lambda _name: jobs.transport).runs for gpus in ((0,), (1,), (1, 2))}
     assert queue_gpus(on[(1, 2)].host) == [1, 2]
     zero = on[(0,)].launch(["prepare"], grace_s=1).run_id
     one = on[(1,)].launch(["prepare"], grace_s=1).run_id

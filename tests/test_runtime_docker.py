@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from harness.host import Host
 from harness.jobs import Jobs
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
@@ -42,7 +43,8 @@ def docker_jobs(tmp_path: Path, base_image: str, stages: dict, host_table: dict 
     )
     config = load_config(config_path)
     host = config.host("box")
-    return Jobs(config, host, connect(host)), workdir
+    transport = connect(host)
+    return Host(config, host, lambda _name: transport).runs, workdir
 
 
 @pytest.mark.parametrize(

@@ -252,7 +252,7 @@ class HarnessRun:
 
     def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]], verifier: str = "stdlib"):
         from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
-        from harness.jobs import Jobs
+        from harness.host import Host
         from harness.sync import sync
         from harness.transport.local import LocalTransport
 
@@ -262,7 +262,7 @@ class HarnessRun:
         config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
-        self.jobs = Jobs(config, host, transport)
+        self.jobs = Host(config, host, lambda _name: transport).runs
 
     def start(self, stages: list[str]) -> str:
         run_id = self.jobs.launch(stages).run_id

@@ -5,14 +5,12 @@ rendezvous host (a UDP connect only routes: no packet is sent)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from harness.doctor import diagnose
 from harness.doctor.base import CheckResult
 
 if TYPE_CHECKING:
-    from harness.config import Config
-    from harness.transport.base import Transport
+    from harness.host import Group
 
 ROUTE_PROBE = (
     "import socket, sys\n"
@@ -51,21 +49,22 @@ class GroupDiagnosis:
         }
 
 
-def diagnose_group(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> GroupDiagnosis:
-    from harness.multinode import parallel
+def diagnose_group(place: "Group") -> GroupDiagnosis:
+    from harness.fanout import parallel
 
-    hosts = list(config.groups[group].hosts)
-    outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: transport_for(h), project=config))
-    errors = {h: str(e) for h, _, e in outcome if e is not None}
-    results = {h: (r if e is None else []) for h, r, e in outcome}
-    return GroupDiagnosis(group, hosts, results, errors, group_checks(config, group, transport_for) if not errors else [])
+    hosts = [h.name for h in place.hosts]
+    outcome = parallel(place.hosts, lambda h: h.doctor().results)
+    errors = {h.name: str(e) for h, _, e in outcome if e is not None}
+    results = {h.name: (r if e is None else []) for h, r, e in outcome}
+    return GroupDiagnosis(place.name, hosts, results, errors, group_checks(place) if not errors else [])
 
 
-def group_checks(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> list[CheckResult]:
+def group_checks(place: "Group") -> list[CheckResult]:
     """CheckResults of the group as a whole."""
-    from harness.multinode import GroupRun, parallel
+    from harness.fanout import parallel
 
-    runner = GroupRun(config, group, transport_for)  # writes nothing
+    runner = place.runs  # writes nothing
+    config, group = place.config, place.name
     cfg = runner.group
     host = runner.rendezvous_host()
     checks = []
