@@ -49,16 +49,7 @@ RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a 
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
-# Library versions as the stages see them; importlib.metadata does not import torch (fast).
-VERSIONS_SNIPPET = (
-    "import json, importlib.metadata as m\n"
-    "def v(name):\n"
-    "    try:\n"
-    "        return m.version(name)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        return None\n"
-    "print(json.dumps({n: v(n) for n in ('torch', 'transformers', 'speculators', 'vllm')}))\n"
-)
+STAGE_VERSIONS = "stage_versions.py"  # host_helpers/: the library versions the stages see, for run.json
 
 
 def new_run_id() -> str:
@@ -299,8 +290,10 @@ class Jobs:
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
         plan = self.plan(stages, grace_s, run_id, now)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
+        versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
         result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
-                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires})
+                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
+                                  "versions_probe": versions_probe})
         if result.exit_code == MISSING_EXIT:
             raise UsageError(result.error.strip().splitlines()[-1])
         if result.exit_code != 0:
@@ -341,7 +334,6 @@ class Jobs:
         return {**process, "stage": stage, "command": argv}
 
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
-        probe = self.runtime.versions_probe([self.runtime.python, "-c", VERSIONS_SNIPPET])
         record = {
             "run_id": run_id,
             "host": self.host.name,
@@ -359,8 +351,7 @@ class Jobs:
                 "host": self.host.to_record(),
                 "pipeline": dataclasses.asdict(self.config.pipeline),
             },
-            "versions": None,  # filled in by the supervisor before the first stage
-            "probe_argv": probe,
+            "versions": None,  # filled in by the supervisor before the first stage (STAGE_VERSIONS)
         }
         if self.node is not None:
             record["group"] = self.node.record()

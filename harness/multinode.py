@@ -48,8 +48,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from harness import helpers
 from harness.config import GroupConfig
-from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness.errors import HarnessError, UsageError
 from harness.events import Finished, finished_failure
 from harness.fanout import LinePrefixer, host_json_sink, open_all, parallel, prefixed_sink
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
@@ -66,26 +67,7 @@ WATCH_SECRET_ENV = "HARNESS_WATCH_SECRET"  # remote_scripts/common/watch_store.p
 POLL_S = 1.0
 UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
 
-# Host 0 answers with a free port pair (P for the rendezvous, P+1 for the watchdog store).
-PORT_PROBE = (
-    "import socket, sys\n"
-    "def free(p):\n"
-    "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "    try:\n"
-    "        s.bind(('', p)); return True\n"
-    "    except OSError:\n"
-    "        return False\n"
-    "    finally:\n"
-    "        s.close()\n"
-    "want = int(sys.argv[1])\n"
-    "if want and free(want) and free(want + 1):\n"
-    "    print(want); sys.exit(0)\n"
-    "for _ in range(50):\n"
-    "    s = socket.socket(); s.bind(('', 0)); p = s.getsockname()[1]; s.close()\n"
-    "    if p < 65535 and free(p) and free(p + 1):\n"
-    "        print(p); sys.exit(0)\n"
-    "sys.exit(1)\n"
-)
+FREE_PORT = "free_port.py"  # host_helpers/: a free port pair on host 0 (rendezvous, watchdog store)
 
 
 def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -294,10 +276,8 @@ class GroupRun:
     def free_port(self) -> int:
         """The configured rendezvous port if it (and +1) is free on host 0, else a free pair."""
         host0 = self.config.host(self.hosts[0])
-        result = self.transports[self.hosts[0]].run([host0.python, "-c", PORT_PROBE, str(self.group.rdzv_port)])
-        if not result.ok or not result.text.strip().isdigit():
-            raise RemoteCommandError(f"port probe on {host0.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return int(result.text.strip())
+        result = helpers.call(self.transports[host0.name], FREE_PORT, {"port": self.group.rdzv_port}, python=host0.python)
+        return int(result.checked(f"port probe on {host0.name}").json()["port"])
 
     def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
         """The same run id on every host at once, all or nothing (`now` changes nothing: nodes

@@ -7,19 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness import helpers
 from harness.doctor.base import CheckResult
 
 if TYPE_CHECKING:
     from harness.host import Group
 
-ROUTE_PROBE = (
-    "import socket, sys\n"
-    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET, socket.SOCK_DGRAM)\n"
-    "try:\n"
-    "    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])\n"
-    "except OSError as e:\n"
-    "    print('no route: %s' % e); sys.exit(1)\n"
-)
+ROUTE_PROBE = "route_probe.py"  # host_helpers/: the local address a host reaches another one by
 
 
 @dataclass(frozen=True)
@@ -79,12 +73,12 @@ def group_checks(place: "Group") -> list[CheckResult]:
         checks.append(CheckResult("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python3 on that host"))
 
     def route(h: str):
-        return runner.transports[h].run([config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
+        return helpers.call(runner.transports[h], ROUTE_PROBE, {"address": host, "port": cfg.rdzv_port}, python=config.host(h).python)
 
     for h, result, error in parallel(runner.hosts, route):
-        if error is None and result.ok:
-            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}"))
+        if error is None and result.exit_code == 0:
+            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.json()['via']}"))
         else:
-            why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
+            why = str(error) if error else result.error
             checks.append(CheckResult(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
     return checks
