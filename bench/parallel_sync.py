@@ -41,8 +41,8 @@ def main() -> None:
         sys.exit(f"bench/parallel_sync.py: network namespaces unavailable: {reason}")
 
     from harness.config import load_config
-    from harness.multinode import open_all, sync_hosts
-    from harness.sync import prepare_sync
+    from harness.fanout import open_all
+    from harness.sync import prepare_sync, sync_hosts
     from harness.transport import connect
 
     work = Path(tempfile.mkdtemp(prefix="harness-bench-psync-"))

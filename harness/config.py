@@ -90,6 +90,13 @@ class HostConfig:
             return list(self.container.gpus) if isinstance(self.container.gpus, list) else []
         return list(self.gpus)
 
+    def pinned_to(self, gpu: int) -> "HostConfig":
+        """This host with its stages pinned to one GPU (the run queue's set), by its runtime's
+        setting (a sweep's trial)."""
+        if self.uses_image:
+            return dataclasses.replace(self, container=dataclasses.replace(self.container, gpus=[gpu]))
+        return dataclasses.replace(self, gpus=[gpu])
+
     def runtime_label(self) -> str:
         """The runtime in one cell (`harness hosts`)."""
         return f"docker ({self.container.image})" if self.uses_image else self.runtime

@@ -2,7 +2,7 @@
 
 Nothing here is special-cased: the demo is a config with one local host (runtime "host"), and it
 goes through the same library path as a GPU box: `sync` pushes remote_scripts/ into the demo's
-workdir, `Jobs.start` launches the detached supervisor that runs the stages one after another,
+workdir, `Jobs.launch` starts the detached supervisor that runs the stages one after another,
 and the summary is read from the evaluate stage's report.json.
 """
 
@@ -115,7 +115,7 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     """Sync, run the demo chain attached (its JSON-lines stream goes to `on_output`), summarize."""
     import time
 
-    from harness.jobs import Jobs
+    from harness.host import Host
     from harness.sync import sync
     from harness.transport.local import LocalTransport
 
@@ -126,9 +126,9 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     host = config.hosts["local"]
     transport = LocalTransport("local")
     sync(transport, config.root, config.sync_paths(), host.workdir, python=host.python)
-    jobs = Jobs(config, host, transport)
-    run_id = jobs.start(list(DEMO_CHAIN))
-    jobs.follow(run_id, on_output, follow=True, as_json=True)
+    jobs = Host(config, host, lambda _name: transport).runs
+    run_id = jobs.launch(list(DEMO_CHAIN)).run_id
+    jobs.stream_logs(run_id, on_output, follow=True, as_json=True)
     status = jobs.status(run_id)
     if status.state != "ok":
         failed = status.failed_stage

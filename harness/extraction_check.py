@@ -138,7 +138,7 @@ def inventory_argv(config: Config, python: str) -> list[str]:
 
 def check_extraction(hosts: Sequence["Host"]) -> ExtractionReport:
     """Take every host's inventory (in parallel, in its stage runtime) and merge them."""
-    from harness.multinode import parallel
+    from harness.fanout import parallel
 
     def one(host: "Host") -> HostInventory:
         runtime = host.runtime

@@ -2,16 +2,19 @@
 
 The CLI context (harness/cli/context.py) hands each command one of these. A Host makes its
 transport, runtime, workdir and run interface once, on first use, so no command assembles them
-itself; everything it opened ends with the context (one close per command). A Group holds one
-Host per member. Both answer `runs`, the run interface (harness.runs.RunPlace: start, attach,
-locate, status, logs, cancel), and `sync`, `build` and `doctor`, each returning one result type
-for both (harness.sync.SyncOutcome, harness.runtime.image.BuildOutcome, a doctor diagnosis with
-`sections()`), so a command that takes HOST or GROUP has one code path. A host's failure raises;
-a group goes on with its other hosts and names the failed ones in the result.
+itself: Host.runtime and Host.jobs are the one place a runtime and a Jobs are made, and whoever
+needs one takes the Host it was given. Everything it opened ends with the context (one close per
+command). A Group holds one Host per member. Both answer `runs`, the run interface
+(harness.runs.RunPlace: launch, attach, locate, status, listing, stream_logs, cancel_run), and
+`sync`, `build` and `doctor`, each returning one result type for both (harness.sync.SyncOutcome,
+harness.runtime.image.BuildOutcome, a doctor diagnosis with `sections()`), so a command that
+takes HOST or GROUP has one code path. A host's failure raises; a group goes on with its other
+hosts and names the failed ones in the result.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
     from harness.jobs import Jobs
     from harness.runtime.image import BuildOutcome
     from harness.sync import ProgressCallback, SyncOutcome, SyncPlan
-    from harness.multinode import GroupRun
+    from harness.multinode import GroupNode, GroupRun
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
@@ -66,10 +69,22 @@ class Host:
 
     @cached_property
     def runs(self) -> "Jobs":
-        """The run interface of this host (harness.jobs.Jobs, a RunPlace)."""
+        """The run interface of this host as configured (harness.jobs.Jobs, a RunPlace)."""
+        return self.jobs()
+
+    def jobs(self, config: Config | None = None, queue_slot: int | None = None, node: "GroupNode | None" = None) -> "Jobs":
+        """A run interface on this host (the one place a Jobs is made); `runs` is the one as
+        configured. A sweep's trial gives its own `config` (its pipeline) and `queue_slot`, on
+        the host `pinned` to its GPU; a group run's node gives its `node`
+        (harness.multinode.GroupNode)."""
         from harness.jobs import Jobs
 
-        return Jobs(self.config, self.cfg, self.transport, runtime=self.runtime)
+        return Jobs(config or self.config, self.cfg, self.transport, self.runtime, queue_slot=queue_slot, node=node)
+
+    def pinned(self, gpu: int | None) -> "Host":
+        """This host with its stages pinned to one GPU (None: as configured), on the same
+        connection; its runtime is its own (the GPU is part of how a stage starts)."""
+        return self if gpu is None else dataclasses.replace(self, cfg=self.cfg.pinned_to(gpu))
 
     @property
     def hosts(self) -> list["Host"]:
@@ -102,7 +117,7 @@ class Host:
         from harness.doctor import diagnose
         from harness.doctor.base import HostDiagnosis
 
-        return HostDiagnosis(self.name, diagnose(self.cfg, lambda: self.transport, project=self.config))
+        return HostDiagnosis(self.name, diagnose(self.cfg, lambda: self.transport, project=self.config, runtime=lambda: self.runtime))
 
 
 @dataclass
@@ -124,12 +139,12 @@ class Group:
         """The run interface of the group (harness.multinode.GroupRun, a RunPlace)."""
         from harness.multinode import GroupRun
 
-        return GroupRun(self.config, self.name, self.transport_for)
+        return GroupRun(self)
 
     def sync(self, paths: Sequence[str], dry_run: bool = False, progress: "SyncProgress | None" = None) -> "SyncOutcome":
-        """Every host at once (harness.multinode.sync_hosts: planned in turn, applied together)."""
-        from harness.multinode import open_all, sync_hosts
-        from harness.sync import SyncOutcome
+        """Every host at once (harness.sync.sync_hosts: planned in turn, applied together)."""
+        from harness.fanout import open_all
+        from harness.sync import SyncOutcome, sync_hosts
 
         names = [h.name for h in self.hosts]
         transports = open_all(self.transport_for, names)
@@ -147,7 +162,7 @@ class Group:
     def build(self, force: bool, output: Callable[[bytes], None], dry_run: bool = False) -> "BuildOutcome":
         """Build on every host at once; docker's lines into `output`, each prefixed `[host] `."""
         from harness.errors import UsageError
-        from harness.multinode import LinePrefixer, open_all, parallel, prefixed_sink
+        from harness.fanout import LinePrefixer, open_all, parallel, prefixed_sink
         from harness.runtime.image import BuildOutcome, build as build_image
 
         no_image = [h.name for h in self.hosts if not h.uses_image]
@@ -171,7 +186,7 @@ class Group:
         """Every host's checks (in parallel), then the group's own (harness.doctor.group_checks)."""
         from harness.doctor.group_checks import diagnose_group
 
-        return diagnose_group(self.config, self.name, self.transport_for)
+        return diagnose_group(self)
 
 
 class SyncProgress(Protocol):

@@ -34,10 +34,10 @@ from harness.config import Config, HostConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
-from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
+    from harness.multinode import GroupNode
     from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
@@ -49,16 +49,7 @@ RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a 
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
-# Library versions as the stages see them; importlib.metadata does not import torch (fast).
-VERSIONS_SNIPPET = (
-    "import json, importlib.metadata as m\n"
-    "def v(name):\n"
-    "    try:\n"
-    "        return m.version(name)\n"
-    "    except m.PackageNotFoundError:\n"
-    "        return None\n"
-    "print(json.dumps({n: v(n) for n in ('torch', 'transformers', 'speculators', 'vllm')}))\n"
-)
+STAGE_VERSIONS = "stage_versions.py"  # host_helpers/: the library versions the stages see, for run.json
 
 
 def new_run_id() -> str:
@@ -213,20 +204,24 @@ class RunPlan:
 
 
 class Jobs:
-    """Runs on one host, through one transport (`runtime`: the host's, when the caller made it
-    already: harness.host.Host, so the workdir is expanded once per command)."""
+    """Runs on one host, through its transport and runtime (made by harness.host.Host.jobs, so
+    the workdir is expanded once per command)."""
 
     detach_note = ""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime | None" = None, queue_slot: int | None = None):
+    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime", queue_slot: int | None = None,
+                 node: "GroupNode | None" = None):
         self.config = config
         # harness.sweep's trials that share a GPU: runs in different slots of the same GPUs run at
         # once (one per slot); None competes with every run on its GPUs.
         self.queue_slot = queue_slot
+        # This host as one node of a group run (harness.multinode): its distributed stages start
+        # under node_launcher.py, and its runs never wait in the queue.
+        self.node = node
         self.host = host
         self.name = host.name
         self.transport = transport
-        self.runtime = runtime or runtime_for(host, transport)
+        self.runtime = runtime
 
     @property
     def workdir(self) -> str:
@@ -263,20 +258,16 @@ class Jobs:
 
     # -- start ------------------------------------------------------------------------------------
 
-    # A run waits in the host's queue for its GPUs unless started with now=True. Group nodes
-    # (harness.multinode) never wait: a waiting node would stall the others' rendezvous.
-    waits_in_queue = True
-
-    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> str:
-        """Write the run's plan and start its supervisor; return the run id (`run_id`: given by
-        harness.multinode, which starts the same run on every host of a group). The run is
-        `queued` while earlier runs hold its GPUs, unless `now`."""
-        return self._start(requested, grace_s, run_id, now).run_id
+    @property
+    def waits_in_queue(self) -> bool:
+        """A run waits in the host's queue for its GPUs unless started with now=True. A group's
+        node never waits: a waiting node would stall the others' rendezvous."""
+        return self.node is None
 
     def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> "RunPlan":
         """Everything a run's start decides on the laptop, the preflight included (the image, the
         GPU count: at most one helper call), and nothing written on the host: `harness run
-        --dry-run` shows it, _start sends it."""
+        --dry-run` shows it, launch sends it."""
         stages = resolve_chain(list(requested), self.config.pipeline)
         run_id = run_id or new_run_id()
         self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
@@ -290,46 +281,52 @@ class Jobs:
         record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now, "slot": self.queue_slot}
         return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
 
-    def _start(self, requested: list[str], grace_s: float, run_id: str | None, now: bool) -> "RunStatus":
-        """One supervisor call: the plan in, the started run's status out. The supervisor first
-        checks that the files the stages need are on the host (RunPlan.requires)."""
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
+        """Write the run's plan and start its supervisor, in one supervisor call (which first
+        checks that the files the stages need are on the host: RunPlan.requires). The run is
+        `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
+        beforehand (harness.sweep records it before the start; harness.multinode starts the same
+        run on every host of a group)."""
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
-        plan = self.plan(requested, grace_s, run_id, now)
+        plan = self.plan(stages, grace_s, run_id, now)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
+        versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
         result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
-                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires})
+                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
+                                  "versions_probe": versions_probe})
         if result.exit_code == MISSING_EXIT:
             raise UsageError(result.error.strip().splitlines()[-1])
         if result.exit_code != 0:
             raise RemoteCommandError("supervisor launch " + plan.run_id, result.exit_code, result.error)
         reply = result.json()
         self.runtime.home_is(reply["home"], HOME_TOKEN)
-        return RunStatus.from_json(reply["status"])
-
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
-        """`run_id`: chosen by the caller beforehand (harness.sweep records it before the start)."""
-        started = self._start(stages, grace_s, run_id, now)
+        started = RunStatus.from_json(reply["status"])
         run_id = started.run_id
         if started.state == "queued":
             return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
         return Started(run_id, f"run {run_id} started on {self.name}")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "RunStatus":
-        self.follow(run_id, view.events, follow=True, as_json=True)
+        self.stream_logs(run_id, view.events, follow=True, as_json=True)
         return self.status(run_id)
 
-    # Hooks that harness.multinode.NodeJobs overrides to launch a stage across several hosts.
+    # How a stage starts: on this host alone, or as one node of a group run (self.node).
 
     def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
+        if self.node is not None:
+            argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+            return self.node.stage_command(stage, argv, events_path, nproc)
         return stage_command(stage, self.config, self.runtime.python, events_path, nproc)
 
     def stage_env(self) -> dict[str, str]:
         """Environment values the stages get (through the supervisor's stdin, never a file)."""
-        return self.host.env_values()
+        return {**self.host.env_values(), **(self.node.env() if self.node is not None else {})}
 
     def stage_network(self, stage: str) -> bool:
-        """Whether the stage listens on the host's own addresses (a group's rendezvous)."""
-        return False
+        """Whether the stage listens on the host's own addresses: a group's rendezvous, the
+        watchdog's store and NCCL/Gloo, which the other hosts reach (a container shares the
+        host network)."""
+        return self.node is not None and STAGES[stage].distributed
 
     def _stage_spec(self, run_id: str, stage: str, stage_dir: str, argv: list[str]) -> dict[str, Any]:
         options = WrapOptions(env_names=tuple(self.stage_env()), host_network=self.stage_network(stage))
@@ -337,8 +334,7 @@ class Jobs:
         return {**process, "stage": stage, "command": argv}
 
     def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
-        probe = self.runtime.versions_probe([self.runtime.python, "-c", VERSIONS_SNIPPET])
-        return {
+        record = {
             "run_id": run_id,
             "host": self.host.name,
             "runtime": self.runtime.kind,
@@ -355,12 +351,17 @@ class Jobs:
                 "host": self.host.to_record(),
                 "pipeline": dataclasses.asdict(self.config.pipeline),
             },
-            "versions": None,  # filled in by the supervisor before the first stage
-            "probe_argv": probe,
+            "versions": None,  # filled in by the supervisor before the first stage (STAGE_VERSIONS)
         }
+        if self.node is not None:
+            record["group"] = self.node.record()
+        return record
 
     def wants_gpu_count(self, stages: list[str]) -> bool:
-        """Whether the stage commands need the GPU count (torchrun's --nproc-per-node)."""
+        """Whether the stage commands need the GPU count (torchrun's --nproc-per-node). A group's
+        nproc_per_node, when configured, is every node's count: no probe."""
+        if self.node is not None and self.node.launch.nproc_per_node:
+            return False
         return any(STAGES[s].distributed for s in stages)
 
     def _preflight(self, gpu_count: bool) -> tuple[dict[str, Any], int]:
@@ -380,7 +381,7 @@ class Jobs:
     def resolve_run_id(self, run_id: str) -> str:
         """Validate a run id from the user; "last" means the newest run on the host."""
         if run_id == "last":
-            runs = self.list_runs()
+            runs = self.listing().runs[self.name]
             if not runs:
                 raise self.no_runs_yet()
             return runs[-1].run_id
@@ -403,11 +404,12 @@ class Jobs:
     def status(self, run_id: str) -> RunStatus:
         return RunStatus.from_json(self._status_json(self.resolve_run_id(run_id))[0])
 
-    def list_runs(self) -> list[RunStatus]:
-        return [RunStatus.from_json(d) for d in self._status_json(None)]
+    def listing(self) -> RunListing:
+        """Every run on the host, oldest first."""
+        return RunListing(self.name, [self.name], {self.name: [RunStatus.from_json(d) for d in self._status_json(None)]})
 
-    def follow(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False, as_json: bool = False,
-               tail: int | None = None) -> int:
+    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
+                    as_json: bool = False, tail: int | None = None) -> int:
         """Stream stage logs from their first byte, or from the start of their last `tail` lines
         (JSON lines with events when as_json)."""
         request = {"cmd": "follow", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "stage": stage, "follow": follow, "json": as_json, "tail": tail}
@@ -416,14 +418,15 @@ class Jobs:
             if stage is not None and "has no stage" in result.error:
                 raise UsageError(result.error.strip(), f"`harness status {self.name} {run_id}` lists its stages")
             raise self.no_run(run_id)
-        return result.exit_code
+        return 0
 
-    def cancel(self, run_id: str, grace_s: float | None = None) -> str:
-        """SIGTERM, grace period, SIGKILL; returns the run's final state."""
-        result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(self.resolve_run_id(run_id)), "grace": grace_s})
+    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
+        """SIGTERM, grace period, SIGKILL; the run's final state."""
+        run_id = self.resolve_run_id(run_id)
+        result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(run_id), "grace": grace_s})
         if result.exit_code == 2:
             raise self.no_run(run_id)
-        return result.checked("supervisor cancel").text.strip()
+        return CancelOutcome(run_id, {self.name: result.checked("supervisor cancel").text.strip()}, where=self.name)
 
     def mark_cancelling(self, run_id: str) -> None:
         """The first round of a group's cancel: from now on a stage of this run that fails (its
@@ -432,20 +435,6 @@ class Jobs:
         if result.exit_code == 2:
             raise self.no_run(run_id)
         result.checked("supervisor cancelling")
-
-    # -- the run interface (harness.runs.RunPlace) ---------------------------------------------------
-
-    def listing(self) -> RunListing:
-        return RunListing(self.name, [self.name], {self.name: self.list_runs()})
-
-    def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
-                    as_json: bool = False, tail: int | None = None) -> int:
-        self.follow(run_id, sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
-        return 0
-
-    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
-        run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, {self.name: self.cancel(run_id, grace_s)}, where=self.name)
 
     def wait(self, run_id: str, timeout: float, poll_s: float = 0.5) -> RunStatus:
         """Poll until the run reaches a final state (tests, scripts)."""

@@ -40,25 +40,25 @@ way secrets are: values on the supervisor's stdin, names only in the run record.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from harness.config import Config, GroupConfig, HostConfig
-from harness.errors import HarnessError, RemoteCommandError, UsageError
+from harness import helpers
+from harness.config import GroupConfig
+from harness.errors import HarnessError, UsageError
 from harness.events import Finished, finished_failure
+from harness.fanout import LinePrefixer, host_json_sink, open_all, parallel, prefixed_sink
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
-from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain, stage_argv
+from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 
 if TYPE_CHECKING:
-    from harness.transport.base import Transport
+    from harness.host import Group
 
 NODE_LAUNCHER = f"{SCRIPTS_DIR}/node_launcher.py"
 # Environment families that configure the collectives; passed through from the laptop.
@@ -67,26 +67,7 @@ WATCH_SECRET_ENV = "HARNESS_WATCH_SECRET"  # remote_scripts/common/watch_store.p
 POLL_S = 1.0
 UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
 
-# Host 0 answers with a free port pair (P for the rendezvous, P+1 for the watchdog store).
-PORT_PROBE = (
-    "import socket, sys\n"
-    "def free(p):\n"
-    "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "    try:\n"
-    "        s.bind(('', p)); return True\n"
-    "    except OSError:\n"
-    "        return False\n"
-    "    finally:\n"
-    "        s.close()\n"
-    "want = int(sys.argv[1])\n"
-    "if want and free(want) and free(want + 1):\n"
-    "    print(want); sys.exit(0)\n"
-    "for _ in range(50):\n"
-    "    s = socket.socket(); s.bind(('', 0)); p = s.getsockname()[1]; s.close()\n"
-    "    if p < 65535 and free(p) and free(p + 1):\n"
-    "        print(p); sys.exit(0)\n"
-    "sys.exit(1)\n"
-)
+FREE_PORT = "free_port.py"  # host_helpers/: a free port pair on host 0 (rendezvous, watchdog store)
 
 
 def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -124,18 +105,16 @@ class GroupLaunch:
         return f"{host}:{self.rdzv_port}"
 
 
-class NodeJobs(Jobs):
-    """Jobs on one node of a group run: distributed stages go through node_launcher.py."""
+@dataclass(frozen=True)
+class GroupNode:
+    """One host's part in a group run, as its Jobs (harness.jobs.Jobs' `node`) starts the
+    stages there: distributed stages go through node_launcher.py."""
 
-    waits_in_queue = False  # every node starts at once (a queued node would stall the rendezvous)
+    launch: GroupLaunch
+    rank: int
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", launch: GroupLaunch, rank: int):
-        super().__init__(config, host, transport)
-        self.launch = launch
-        self.rank = rank
-
-    def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
-        argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+    def stage_command(self, stage: str, argv: list[str], events_path: str, nproc: int) -> list[str]:
+        """The stage's own command line `argv`, under node_launcher.py if it is distributed."""
         if not STAGES[stage].distributed:
             return argv
         launch = self.launch
@@ -151,21 +130,13 @@ class NodeJobs(Jobs):
             "--", *argv[1:],
         ]
 
-    def wants_gpu_count(self, stages: list[str]) -> bool:
-        # the group's nproc_per_node, when configured, is every node's count: no probe
-        return not self.launch.nproc_per_node and super().wants_gpu_count(stages)
+    def env(self) -> dict[str, str]:
+        """What every node's stages get besides the host's own env (values in memory only)."""
+        return {**distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
 
-    def stage_env(self) -> dict[str, str]:
-        return {**super().stage_env(), **distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
-
-    def stage_network(self, stage: str) -> bool:
-        # The rendezvous, the watchdog's store and NCCL/Gloo must listen on the host's own
-        # addresses, reachable from the other hosts (a container shares the host network).
-        return STAGES[stage].distributed
-
-    def _record(self, run_id: str, stages: list[str], grace_s: float, image: dict[str, str | None]) -> dict[str, Any]:
-        record = super()._record(run_id, stages, grace_s, image)
-        record["group"] = {
+    def record(self) -> dict[str, Any]:
+        """The run record's "group" (no secret values)."""
+        return {
             **{k: v for k, v in dataclasses.asdict(self.launch).items() if k != "watch_secret"},
             "hosts": list(self.launch.hosts),
             "node_rank": self.rank,
@@ -173,65 +144,6 @@ class NodeJobs(Jobs):
             "endpoint": self.launch.endpoint,
             "env_names": sorted(distributed_env()),  # names only
         }
-        return record
-
-
-# ---------------------------------------------------------------------------------------------
-# Parallel helpers
-
-
-def parallel(items: Sequence[Any], fn: Callable[[Any], Any]) -> list[tuple[Any, Any, BaseException | None]]:
-    """fn(item) for every item at once (one thread each); [(item, result, error)] in order."""
-    results: list[Any] = [None] * len(items)
-    errors: list[BaseException | None] = [None] * len(items)
-
-    def one(i: int) -> None:
-        try:
-            results[i] = fn(items[i])
-        except BaseException as e:  # noqa: BLE001 - reported per item
-            errors[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [(items[i], results[i], errors[i]) for i in range(len(items))]
-
-
-def open_all(transport_for: Callable[[str], "Transport"], hosts: Sequence[str]) -> dict[str, "Transport"]:
-    """Connect to every host in parallel; the first failure is raised (naming its host)."""
-
-    def connect(name: str):
-        return transport_for(name).open()
-
-    out = {}
-    for name, transport, error in parallel(list(hosts), connect):
-        if error is not None:
-            raise error
-        out[name] = transport
-    return out
-
-
-def sync_hosts(config: Config, transports: dict[str, "Transport"], paths: Sequence[str], *, workdirs: dict[str, str] | None = None,
-               on_plan: Callable[[str, Any], None] | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None):
-    """`harness sync GROUP`: plan every host in turn (harness.sync.PreparedSync: a local scan,
-    cached, while the host sends its manifest; one thread touches the local hash cache), then
-    apply the plans on all hosts at once, one transport each. [(host, SyncResult, error)]."""
-    from harness.sync import PreparedSync
-
-    hosts = list(transports)
-    workdirs = workdirs or {h: config.host(h).workdir for h in hosts}
-    prepared: dict[str, PreparedSync] = {}
-    try:
-        for h in hosts:
-            prepared[h] = PreparedSync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude, python=config.host(h).python)
-            if on_plan:
-                on_plan(h, prepared[h].plan)
-        return parallel(hosts, lambda h: prepared[h].apply(progress_for(h) if progress_for else None))
-    finally:
-        for p in prepared.values():
-            p.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,25 +244,27 @@ class GroupStatus:
 
 
 class GroupRun:
-    """A group and one transport per host: start, status, follow, cancel, watch."""
+    """A group and one transport per host: launch, attach, status, logs, cancel, watch."""
 
     detach_note = " (each node's watchdog stops the rest if one fails)"
 
-    def __init__(self, config: Config, group: str, transport_for: Callable[[str], "Transport"]):
+    def __init__(self, place: "Group"):
+        config, group = place.config, place.name
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
         self.name = group
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
-        self.transports = open_all(transport_for, self.hosts)
-        # One Jobs per host (nothing to install: each call ships the supervisor, harness.helpers).
-        self._jobs: dict[str, Jobs] = {h: Jobs(config, config.host(h), self.transports[h]) for h in self.hosts}
+        self._places = {h.name: h for h in place.hosts}
+        # Each host connected at once (nothing to install: each call ships the supervisor, harness.helpers).
+        self.transports = open_all(lambda h: self._places[h].transport, self.hosts)
 
     def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
+        """One host's runs; with `launch`, that host as a node of the group run."""
         if launch is None:
-            return self._jobs[host]
-        return NodeJobs(self.config, self.config.host(host), self.transports[host], launch, self.hosts.index(host))
+            return self._places[host].runs
+        return self._places[host].jobs(node=GroupNode(launch, self.hosts.index(host)))
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -362,43 +276,38 @@ class GroupRun:
     def free_port(self) -> int:
         """The configured rendezvous port if it (and +1) is free on host 0, else a free pair."""
         host0 = self.config.host(self.hosts[0])
-        result = self.transports[self.hosts[0]].run([host0.python, "-c", PORT_PROBE, str(self.group.rdzv_port)])
-        if not result.ok or not result.text.strip().isdigit():
-            raise RemoteCommandError(f"port probe on {host0.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
-        return int(result.text.strip())
+        result = helpers.call(self.transports[host0.name], FREE_PORT, {"port": self.group.rdzv_port}, python=host0.python)
+        return int(result.checked(f"port probe on {host0.name}").json()["port"])
 
-    def start(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None) -> GroupLaunch:
-        stages = resolve_chain(list(requested))
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+        """The same run id on every host at once, all or nothing (`now` changes nothing: nodes
+        never queue)."""
+        chain = resolve_chain(list(stages))
         port = self.free_port()
         launch = GroupLaunch(
-            group=self.group.name, hosts=tuple(self.hosts), run_id=run_id or new_run_id(),
+            group=self.group.name, hosts=tuple(self.hosts), run_id=new_run_id(),
             rdzv_host=self.rendezvous_host(), rdzv_port=port, nproc_per_node=self.group.nproc_per_node,
             watchdog_timeout=self.group.watchdog_timeout, grace_s=grace_s,
         )
 
-        def start_node(host: str) -> str:
+        def start_node(host: str) -> Started:
             rank = self.hosts.index(host)
-            return self.jobs(host, launch).start(stages_for_node(stages, rank), grace_s=grace_s, run_id=launch.run_id)
+            return self.jobs(host, launch).launch(stages_for_node(chain, rank), grace_s=grace_s, run_id=launch.run_id)
 
         outcome = parallel(self.hosts, start_node)
         failed = [(h, e) for h, _, e in outcome if e is not None]
         if failed:
             # All or nothing: stop the nodes that did start, then say which one could not.
             started = [h for h, _, e in outcome if e is None]
-            parallel(started, lambda h: self.jobs(h).cancel(launch.run_id, grace_s))
+            parallel(started, lambda h: self.jobs(h).cancel_run(launch.run_id, grace_s))
             host, error = failed[0]
             raise HarnessError(f"{host}: could not start run {launch.run_id}: {error}; stopped it on {', '.join(started) or 'no other host'}")
-        return launch
-
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
-        """RunPlace.launch: every node starts at once (`now` changes nothing: nodes never queue)."""
-        launch = self.start(stages, grace_s=grace_s)
         return Started(launch.run_id, f"run {launch.run_id} started on {self.name} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "GroupStatus":
         """Every node's log into view.node_line while watch() stops the others when one fails."""
         run_id = self.resolve_run_id(run_id)
-        threads = self.follow(run_id, view.node_line, follow=True)
+        threads = self._follow_nodes(run_id, view.node_line, follow=True)
         announced = False
 
         def on_update(status: GroupStatus) -> None:
@@ -445,41 +354,38 @@ class GroupRun:
 
     def listing(self) -> RunListing:
         """Every host's runs, asked in parallel."""
-        outcome = parallel(self.hosts, lambda h: self.jobs(h).list_runs())
+        outcome = parallel(self.hosts, lambda h: self.jobs(h).listing().runs[h])
         return RunListing(self.name, list(self.hosts), {h: runs for h, runs, error in outcome if error is None},
                           {h: f"{type(error).__name__}: {error}" for h, _, error in outcome if error is not None}, group=True)
-
-    def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:
-        run_id = self.resolve_run_id(run_id)
-        return CancelOutcome(run_id, self.cancel(run_id, grace_s), group=True, where=self.name)
 
     def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
                     as_json: bool = False, tail: int | None = None) -> int:
         """Every node's log into sink, each line `[host] ...` (as_json: each JSON line with its
         "host"), until every stream ends."""
-        threads = self.follow(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
-                              as_json=as_json, tail=tail)
+        threads = self._follow_nodes(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
+                                     as_json=as_json, tail=tail)
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
         return 0
 
-    def cancel(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> dict[str, str]:
-        """Cancel on every host (in parallel); host -> final state or the error. The whole group's
-        cancel first marks every node, so that one whose ranks die of an earlier node's cancel is
-        cancelled, not failed (an unreachable node answers in the second round)."""
+    def cancel_run(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> CancelOutcome:
+        """Cancel on every host (`hosts`: on those only), in parallel: each host's final state or
+        the error. The whole group's cancel first marks every node, so that one whose ranks die of
+        an earlier node's cancel is cancelled, not failed (an unreachable node answers in the
+        second round)."""
         run_id = self.resolve_run_id(run_id)
         out = {}
         if hosts is None:
             for host, _, error in parallel(list(self.hosts), lambda h: self.jobs(h).mark_cancelling(run_id)):
                 if error is not None:  # unreachable or no such run: asking again would only wait again
                     out[host] = f"error: {error}"
-        for host, state, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel(run_id, grace_s)):
-            out[host] = state if error is None else f"error: {error}"
-        return {h: out[h] for h in (hosts or self.hosts)}
+        for host, cancelled, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel_run(run_id, grace_s)):
+            out[host] = cancelled.states[host] if error is None else f"error: {error}"
+        return CancelOutcome(run_id, {h: out[h] for h in (hosts or self.hosts)}, group=True, where=self.name)
 
-    def follow(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
-               as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
+    def _follow_nodes(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
+                      as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
         """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the
         (daemon) threads; join them to wait for the end."""
         run_id = self.resolve_run_id(run_id)
@@ -489,7 +395,7 @@ class GroupRun:
 
             def pump(host=host, splitter=splitter) -> None:
                 try:
-                    self.jobs(host).follow(run_id, splitter.feed, stage=stage, follow=follow, as_json=as_json, tail=tail)
+                    self.jobs(host).stream_logs(run_id, splitter.feed, stage=stage, follow=follow, as_json=as_json, tail=tail)
                 except UsageError as e:
                     splitter.feed(f"harness: {e}\n".encode())
                 except Exception as e:  # noqa: BLE001 - a dead node ends its stream, not the others
@@ -549,7 +455,7 @@ class GroupRun:
                     stopped_others = True
                     others = [n.host for n in nodes if not n.final and n.status is not None]
                     if others:
-                        self.cancel(run_id, grace_s, hosts=others)
+                        self.cancel_run(run_id, grace_s, hosts=others)
                 group = GroupStatus(self.group.name, run_id, nodes, first_failure)
                 if on_update:
                     on_update(group)
@@ -557,63 +463,3 @@ class GroupRun:
                     return group
         finally:
             stop.set()
-
-
-class LinePrefixer:
-    """Bytes from one node's log -> whole lines, each handed on with the node's name."""
-
-    def __init__(self, host: str, write: Callable[[str, bytes], None]):
-        self.host = host
-        self.write = write
-        self.pending = b""
-
-    def feed(self, chunk: bytes) -> None:
-        data = self.pending + chunk
-        *lines, self.pending = data.split(b"\n")
-        for line in lines:
-            self.write(self.host, line + b"\n")
-
-    def flush(self) -> None:
-        if self.pending:
-            self.write(self.host, self.pending + b"\n")
-            self.pending = b""
-
-
-def prefixed_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of `[host] line` into sink."""
-    lock = threading.Lock()
-
-    def write(host: str, line: bytes) -> None:
-        with lock:
-            sink(f"[{host}] ".encode() + line)
-
-    return write
-
-
-def host_json_sink(sink: Callable[[bytes], None]) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of a node's JSON log lines with its "host" added (a line that is no
-    JSON object, e.g. a node's error, becomes {"host", "error"})."""
-    lock = threading.Lock()
-
-    def write(host: str, line: bytes) -> None:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            item = None
-        if not isinstance(item, dict):
-            item = {"error": line.decode("utf-8", "replace").strip()}
-        with lock:
-            sink((json.dumps({"host": host, **item}) + "\n").encode())
-
-    return write
-
-
-def prefixed_writer(stream=None) -> Callable[[str, bytes], None]:
-    """A thread-safe writer of `[host] line` to stdout."""
-    out = stream or sys.stdout.buffer
-
-    def sink(data: bytes) -> None:
-        out.write(data)
-        out.flush()
-
-    return prefixed_sink(sink)

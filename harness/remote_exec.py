@@ -9,11 +9,12 @@ in bench/exec_latency.py). On a host runtime nothing is asked of the host before
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from harness.config import HostConfig
-from harness.runtime import Runtime, WrapOptions, runtime_for
-from harness.transport import Transport
+from harness.runtime import WrapOptions
+
+if TYPE_CHECKING:
+    from harness.host import Host
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,12 @@ class WarmExec:
     started_ns: int  # when this process began reading its inputs (time.time_ns())
 
 
-def exec_on_host(host: HostConfig, argv: Sequence[str], *, pty: bool, transport: Transport, runtime: Runtime | None = None,
-                 warm: WarmExec | None = None) -> int:
+def exec_on_host(place: "Host", argv: Sequence[str], *, pty: bool, warm: WarmExec | None = None) -> int:
     """Run argv on the host; return its exit code. With `warm`, a plain exec leaves the recipe
     for the next one."""
+    host, transport, runtime = place.cfg, place.transport, place.runtime
     env = host.env_values()
     options = WrapOptions(interactive=pty, env_names=tuple(env))
-    runtime = runtime or runtime_for(host, transport)
     # Env values travel through the transport; a container gets them by name.
     code = transport.exec_foreground(runtime.foreground(list(argv), options), env=env, pty=pty)
     if warm is not None and not pty:

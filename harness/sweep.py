@@ -30,14 +30,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harness.config import Config, HostConfig
+from harness.config import Config
 from harness.errors import UsageError
 from harness.events import Evaluation, evaluation, finished_failure
 
 if TYPE_CHECKING:
+    from harness.host import Host
     from harness.jobs import Jobs, RunStatus
-    from harness.runtime.base import Runtime
-    from harness.transport.base import Transport
 
 SWEEP_ID_RE = re.compile(r"^sweep-[0-9a-f]{10}$")
 SWEPT_STAGES = ("train",)  # evaluate is the measurement: every trial is measured the same way
@@ -254,11 +253,12 @@ class SweepView:
 
 
 class Sweep:
-    """One host's sweeps: plan, start or resume, read back, cancel. `transport` and `runtime` are
-    the host's (harness.host.Host); each trial's runs go through a Jobs pinned to its GPU."""
+    """One host's sweeps: plan, start or resume, read back, cancel, on the host a command was
+    given (harness.host.Host); each trial's runs go through a Jobs pinned to its GPU."""
 
-    def __init__(self, config: Config, host: HostConfig, transport: "Transport", runtime: "Runtime"):
-        self.config, self.host, self.transport, self.runtime = config, host, transport, runtime
+    def __init__(self, place: "Host"):
+        self.place = place
+        self.config, self.host, self.transport, self.runtime = place.config, place.cfg, place.transport, place.runtime
 
     # paths on the host
 
@@ -327,26 +327,22 @@ class Sweep:
 
     def trial_jobs(self, state: SweepState, trial: TrialState) -> "Jobs":
         """The Jobs that runs this trial: the pipeline with its train flags, outputs and split,
-        on a host pinned to its GPU."""
-        from harness.jobs import Jobs
-
+        on the host pinned to its GPU, in its queue slot."""
         p = self.config.pipeline
         out = self.trial_dir(state.sweep_id, trial.name)
         stages = {**p.stages,
                   "train": {**p.stages.get("train", {}), **trial.flags, "output": f"{out}/checkpoints"},
                   "evaluate": {**p.stages.get("evaluate", {}), "draft": f"{out}/checkpoints", "output": f"{out}/eval", "split": state.split}}
         config = dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
-        return Jobs(config, pin(self.host, trial.gpu), self.transport, queue_slot=trial.slot)
+        return self.place.pinned(trial.gpu).jobs(config, queue_slot=trial.slot)
 
     def test_jobs(self, state: SweepState, winner: TrialState) -> "Jobs":
         """The winner's checkpoints measured on the test split (evaluate alone)."""
-        from harness.jobs import Jobs
-
         p = self.config.pipeline
         out = self.trial_dir(state.sweep_id, winner.name)
         stages = {**p.stages, "evaluate": {**p.stages.get("evaluate", {}), "draft": f"{out}/checkpoints", "output": f"{out}/test", "split": TEST_SPLIT}}
         config = dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
-        return Jobs(config, pin(self.host, winner.gpu), self.transport)
+        return self.place.pinned(winner.gpu).jobs(config)
 
     def advance(self, state: SweepState, statuses: dict[str, "RunStatus"], relaunch: bool = False) -> list[str]:
         """Start what the sweep still needs: trials with no run on the host (a lost link before
@@ -382,15 +378,9 @@ class Sweep:
             lines.append(f"winner {winner.name} {_flags_text(winner.flags)}, measured on the test split: {started.line}")
         return lines
 
-    def host_jobs(self) -> "Jobs":
-        """The host's runs as configured (read back, cancel)."""
-        from harness.jobs import Jobs
-
-        return Jobs(self.config, self.host, self.transport, self.runtime)
-
     def statuses(self) -> dict[str, "RunStatus"]:
         """Every run on the host by id (one supervisor call)."""
-        return {r.run_id: r for r in self.host_jobs().list_runs()}
+        return {r.run_id: r for rs in self.place.runs.listing().runs.values() for r in rs}
 
     def view(self, state: SweepState, statuses: dict[str, "RunStatus"] | None = None) -> SweepView:
         statuses = self.statuses() if statuses is None else statuses
@@ -422,7 +412,7 @@ class Sweep:
         statuses = self.statuses()
         outcome = {}
         runs = [(t.name, t.run_id) for t in state.trials] + ([("test", state.test_run)] if state.test_run else [])
-        jobs = self.host_jobs()
+        jobs = self.place.runs
         for name, run_id in runs:
             status = statuses.get(run_id or "")
             if status is None:
@@ -430,7 +420,7 @@ class Sweep:
             elif status.state in FINAL_RUN_STATES or dry_run:
                 outcome[name] = status.state
             else:
-                outcome[name] = jobs.cancel(run_id, grace_s)
+                outcome[name] = jobs.cancel_run(run_id, grace_s).states[jobs.name]
         return outcome
 
 
@@ -454,15 +444,6 @@ def placement(trials: int, gpus: list[int], per_gpu: int) -> list[tuple[int | No
         raise UsageError(f"per_gpu {per_gpu}: expected at least 1 trial at a time per GPU")
     places = len(gpus) or 1
     return [(gpus[i % places] if gpus else None, (i // places) % per_gpu if per_gpu > 1 else None) for i in range(trials)]
-
-
-def pin(host: HostConfig, gpu: int | None) -> HostConfig:
-    """The host with its stages pinned to one GPU (the run queue's set), by its runtime's setting."""
-    if gpu is None:
-        return host
-    if host.runtime == "docker":
-        return dataclasses.replace(host, container=dataclasses.replace(host.container, gpus=[gpu]))
-    return dataclasses.replace(host, gpus=[gpu])
 
 
 def _flags_text(flags: dict[str, Any]) -> str:

@@ -49,13 +49,16 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from harness import helpers
 from harness.transport.remote_shell import sh_expand_home
 from harness.errors import HarnessError, UsageError
 from harness.transport.base import Transport
 from harness.transport.process import RemoteProcess
+
+if TYPE_CHECKING:
+    from harness.config import Config
 
 MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
@@ -704,3 +707,24 @@ def sync(
     """Push `paths` (relative to `root`) to `workdir` on the host; see the module docstring."""
     with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
         return prepared.dry_run() if dry_run else prepared.apply(progress)
+
+
+def sync_hosts(config: "Config", transports: dict[str, Transport], paths: Sequence[str], *, workdirs: dict[str, str] | None = None,
+               on_plan: Callable[[str, Any], None] | None = None, progress_for: Callable[[str], Callable[[int, int], None]] | None = None):
+    """`harness sync GROUP`: plan every host in turn (PreparedSync: a local scan, cached, while
+    the host sends its manifest; one thread touches the local hash cache), then apply the plans
+    on all hosts at once, one transport each. [(host, SyncResult, error)]."""
+    from harness.fanout import parallel
+
+    hosts = list(transports)
+    workdirs = workdirs or {h: config.host(h).workdir for h in hosts}
+    prepared: dict[str, PreparedSync] = {}
+    try:
+        for h in hosts:
+            prepared[h] = PreparedSync(transports[h], config.root, paths, workdirs[h], exclude=config.sync.exclude, python=config.host(h).python)
+            if on_plan:
+                on_plan(h, prepared[h].plan)
+        return parallel(hosts, lambda h: prepared[h].apply(progress_for(h) if progress_for else None))
+    finally:
+        for p in prepared.values():
+            p.close()

@@ -3,51 +3,12 @@
     python remote_scripts/train_draft.py --verifier DIR --prepared DIR --hidden-states DIR \
         --output CHECKPOINTS [--speculative-tokens 3] [--epochs 20] [--lr 1e-3] [--events FILE]
 
-What this adds around `speculators train` (speculators.train.cli.main, called in-process):
-* launch: one process per visible GPU through torchrun (this script re-executes itself under
-  `python -m torch.distributed.run` unless it already runs under torchrun; `--processes 1` or CPU:
-  in-process). DDP by default, `--fsdp` for speculators' FSDP2 sharding. On CPU it runs
-  single-process, with the shims of common/speculators_compat.py.
-* explicit choices instead of defaults that break on one platform or another: the draft's
-  attention implementation (simple_flex_attention on GPU, sdpa on CPU, then checked against the
-  mask the built model makes), the loss implementation (eager on CPU and on torch 2.11, where the
-  fused Triton loss crashes under dynamo), flex_attention tiles for GPUs with ~100 KiB shared
-  memory, dataloader workers.
-* the mask token id, resolved from the verifier's tokenizer (common/speculators_compat.py, shim
-  'mask-token') and passed explicitly: speculators would load the verifier's full processor for
-  it, which a multimodal verifier (Kimi-K2.5) cannot give without torchvision.
-* preflight guards before the first step: hidden-state files match the verifier (shape
-  [T, layers+1, H], bf16), fp32 master weights, the verifier path recorded ABSOLUTE in the draft
-  config.
-* the loss on every token by default (`--loss-on all`, common/every_position.py; validation keeps
-  the replies' mask).
-* a recipe sized to the data (common/recipe.py): tokens per step and epochs, unless given, so the
-  run gets enough optimizer steps; a run that will not gets one warning line before it starts.
-* acceptance while it trains (common/acceptance.py): after each validation, tau estimated by
-  walking speculation rounds over the validation rows (metric `tau`; `tau_per_position`, the
-  per-position sum of the TTT accuracies, reads high beside it); OUTPUT/best.json names the latest checkpoint whose estimate
-  is within 5% of the highest (common/checkpoints.py), which evaluate and export then use. A run
-  that ends while the draft is still learning gets one warning line.
-* the early stop (common/acceptance.py EarlyStop, shim 'early-stop'): training ends after an
-  epoch whose validation leaves the estimate below or at its best for the --early-stop-patience'th
-  time in a row (default 3; 0 trains every epoch), unless the validation loss still falls fast;
-  the epochs the recipe sized are the most a run trains.
-* loggers (`--loggers tensorboard wandb trackio mlflow`, common/loggers.py): a missing package
-  is one line before anything is built; W&B goes offline on a box that cannot reach it; they all
-  write under OUTPUT/logs.
-* resume: speculators resumes from the latest epoch checkpoint under --output (default; --no-resume
-  starts over).
-* events: per-step loss and accuracy per TTT step and tokens/s (metric), epochs (progress),
-  validation metrics and tau, each saved checkpoint (artifact), warnings, then finished.
-* online (`--online`, common/online.py): no extract stage, no copy of the hidden states on disk.
-  This script starts `vllm serve` with hidden-state extraction for the verifier (the extract
-  stage's composition and lifecycle: common/vllm_server.py hidden_state_server, ManagedServer),
-  then runs itself as the trainer (torchrun over `--train-gpus`, vLLM on `--verifier-gpus`) with
-  `--vllm-endpoint`: speculators' dataloader asks vLLM for each row's states (`--on-missing
-  generate`), loads the file vLLM wrote into OUTPUT/online_staging and deletes it. The peak of that
-  directory is measured and reported against its bound (summary: peak_staging_bytes,
-  staging_bound_bytes). A server that dies fails the stage in one line; the server is always
-  stopped; resume works as offline (the checkpoints, not the states, carry the run).
+speculators' trainer (speculators.train.cli.main) runs in-process, one process per visible GPU
+through torchrun (this script re-executes itself), with what harness adds around it: explicit
+choices where a default breaks on some platform (attention, loss, flex tiles, the mask token),
+preflight guards before the first step, a recipe sized to the data, tau estimated while it trains
+(best.json, the early stop), loggers, resume, events, and --online (the states from a vLLM server
+instead of the extract stage). docs/ARCHITECTURE.md ("The GPU side") says what each does and why.
 """
 
 from __future__ import annotations

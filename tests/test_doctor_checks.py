@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+from harness import helpers
 from harness.config import HostConfig
 from harness.doctor import CHECK_GROUPS, diagnose
 from harness.doctor.base import run_checks
@@ -11,17 +14,22 @@ from harness.transport.base import RunResult
 
 
 class FakeRunner:
-    """Answers by the first word of argv; records what ran."""
+    """Answers by the first word of argv, or a host helper's name (harness.helpers); records what ran."""
 
     def __init__(self, answers: dict[str, RunResult]):
         self.answers, self.calls = answers, []
 
     def run(self, argv, **kwargs) -> RunResult:
         self.calls.append(list(argv))
-        return self.answers.get(argv[0], RunResult(127, b"", b"not found"))
+        key = argv[argv.index(helpers.BOOT) + 1] if helpers.BOOT in argv else argv[0]
+        return self.answers.get(key, RunResult(127, b"", b"not found"))
 
     def open(self) -> "FakeRunner":  # Transport.open: doctor connects first
         return self
+
+
+def python_is(version: str) -> dict[str, RunResult]:
+    return {"python_version.py": RunResult(0, json.dumps({"version": version, "executable": "/usr/bin/python3"}).encode())}
 
 
 HOST = HostConfig(name="gpu", ssh="u@h", workdir="~/w")
@@ -29,8 +37,8 @@ DOCKER_HOST = HostConfig(name="gpu", ssh="u@h", runtime="docker")
 
 
 def test_python_versions():
-    assert check_python3(FakeRunner({"python3": RunResult(0, b"3.11.4\n")}), HOST).status == "ok"
-    old = check_python3(FakeRunner({"python3": RunResult(0, b"3.8.10\n")}), HOST)
+    assert check_python3(FakeRunner(python_is("3.11.4")), HOST).status == "ok"
+    old = check_python3(FakeRunner(python_is("3.8.10")), HOST)
     assert old.status == "fail" and "3.8.10" in old.message and old.fix
     assert check_python3(FakeRunner({}), HOST).status == "fail"
 
@@ -71,7 +79,7 @@ def test_diagnose_stops_at_a_failed_connection_and_groups_are_extensible():
     assert [(r.name, r.status) for r in results] == [("connect", "fail")]
     names = [c.__name__ for _, checks in CHECK_GROUPS for c in checks]
     assert names == ["check_python3", "check_disk", "check_docker", "check_gpus"]
-    ok = diagnose(HOST, lambda: FakeRunner({"python3": RunResult(0, b"3.12.0\n")}))
+    ok = diagnose(HOST, lambda: FakeRunner(python_is("3.12.0")))
     assert [r.name for r in ok] == ["connect", "python3", "disk", "docker", "gpus"]
 
 

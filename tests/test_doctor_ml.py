@@ -20,6 +20,7 @@ import pytest
 from harness import compat
 from harness.config import parse_config
 from harness.doctor.ml_checks import PROBE_MARKER, MLDoctor, hidden_state_bytes
+from harness.runtime import runtime_for
 from harness.runtime.preflight import VERSIONS_FILE
 from harness.runtime.host import HostRuntime
 from harness.transport.base import RunResult
@@ -173,7 +174,7 @@ def run_checks(runner: FakeHost, config=None, **host_changes) -> dict[str, Any]:
         import dataclasses
 
         host = dataclasses.replace(host, **host_changes)
-    doctor = MLDoctor(config, host, image_ref_factory=lambda c, h: IMAGE_REFS)
+    doctor = MLDoctor(config, host, runtime_for(host, runner), image_ref_factory=lambda c, h: IMAGE_REFS)
     from harness.doctor.base import run_checks as run_all
 
     return {r.name: r for r in run_all(runner, host, doctor.checks())}
@@ -294,7 +295,7 @@ def test_image_tag_is_the_content_hash_of_container(tmp_path):
     config = parse_config_file(write_project(tmp_path, tmp_path / "work", {}, host_name="gpu", host_table={"runtime": "docker"}))
     host = config.host("gpu")
     tag = gather_inputs(config, host).content_hash
-    doctor = MLDoctor(config, host)
+    doctor = MLDoctor(config, host, runtime_for(host, LocalTransport()))
     assert doctor.image_refs(LocalTransport()) == (f"harness-eagle3:{tag}", "harness-eagle3:latest")
 
 
@@ -465,7 +466,7 @@ def test_probe_runs_on_this_machine(tmp_path):
     import dataclasses
 
     host = dataclasses.replace(host, runtime="host", python=sys.executable, workdir=str(tmp_path))
-    doctor = MLDoctor(config, host, runtime_factory=lambda h, t: HostRuntime(h, str(tmp_path)))
+    doctor = MLDoctor(config, host, HostRuntime(host, str(tmp_path)))
     outcome = doctor.probe(LocalTransport())
     assert outcome.facts is not None, outcome.error
     f = outcome.facts

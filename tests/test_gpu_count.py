@@ -28,7 +28,7 @@ def test_the_probe_sees_the_gpus_the_stages_see(tmp_path, monkeypatch):
     does. A stand-in nvidia-smi listing four GPUs (there is no GPU here); the probe itself runs
     for real through the local transport."""
     from harness.config import load_config
-    from harness.jobs import Jobs
+    from harness.host import Host
     from harness.transport.local import LocalTransport
 
     bin_dir = tmp_path / "bin"
@@ -43,7 +43,7 @@ def test_the_probe_sees_the_gpus_the_stages_see(tmp_path, monkeypatch):
     config = load_config(toml)
 
     def ranks(host: str) -> int:
-        return Jobs(config, config.host(host), LocalTransport(host))._preflight(gpu_count=True)[1]
+        return Host(config, config.host(host), LocalTransport).runs._preflight(gpu_count=True)[1]
 
     assert ranks("pair") == 2
     assert ranks("box") == 4

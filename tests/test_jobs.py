@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from harness.host import Host
 from harness.jobs import Jobs
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines, run_in_pty, script_stem, write_project
@@ -31,7 +32,8 @@ def make_jobs(tmp_path: Path, stages: dict, **kw) -> tuple[Jobs, Path]:
     config_path = write_project(tmp_path / "project", workdir, stages, **kw)
     config = load_config(config_path)
     host = config.host("box")
-    return Jobs(config, host, connect(host)), workdir
+    transport = connect(host)
+    return Host(config, host, lambda _name: transport).runs, workdir
 
 
 def harness_cli(config: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -40,20 +42,20 @@ def harness_cli(config: Path, *args: str, **kw) -> subprocess.CompletedProcess:
 
 def collect(jobs: Jobs, run_id: str, stage: str | None = None, follow: bool = False) -> str:
     chunks: list[bytes] = []
-    jobs.follow(run_id, chunks.append, stage=stage, follow=follow)
+    jobs.stream_logs(run_id, chunks.append, stage=stage, follow=follow)
     return b"".join(chunks).decode()
 
 
 def test_an_ended_stage_shows_how_it_ended_not_a_later_ranks_progress(tmp_path):
     jobs, _ = make_jobs(tmp_path, {"prepare": {"lines": 1, "late_progress": True}})
-    status = jobs.wait(jobs.start(["prepare"]), timeout=60)
+    status = jobs.wait(jobs.launch(["prepare"]).run_id, timeout=60)
     assert status.state == "ok", status
     assert status.stages[0].last_event["event"] == "finished"  # the events file ends with a progress line
 
 
 def test_chain_runs_detached_with_complete_logs_and_record(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 4}, "train": {"lines": 3, "sleep": 0.5}})
-    run_id = jobs.start(["prepare", "train"])
+    run_id = jobs.launch(["prepare", "train"]).run_id
     status = jobs.wait(run_id, timeout=60)
     assert status.state == "ok", status
     assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "ok", 0), ("train", "ok", 0)]
@@ -99,7 +101,7 @@ def test_cli_run_all_runs_the_default_chain_in_order(tmp_path):
 
 def test_failed_stage_stops_chain_and_keeps_exit_code(tmp_path):
     jobs, _ = make_jobs(tmp_path, {"prepare": {"lines": 2, "exit_code": 7}})
-    run_id = jobs.start(["prepare", "train", "evaluate"])
+    run_id = jobs.launch(["prepare", "train", "evaluate"]).run_id
     status = jobs.wait(run_id, timeout=60)
     assert status.state == "failed"
     assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "failed", 7), ("train", "skipped", None), ("evaluate", "skipped", None)]
@@ -108,11 +110,11 @@ def test_failed_stage_stops_chain_and_keeps_exit_code(tmp_path):
 
 def test_cancel_terminates_then_records_cancelled(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
-    run_id = jobs.start(["prepare", "train"], grace_s=2)
+    run_id = jobs.launch(["prepare", "train"], grace_s=2).run_id
     _wait_for_line(jobs, run_id, "line 2 of 100")
     pgid = json.loads((workdir / "runs" / run_id / "prepare" / "state.json").read_text())["pgid"]
     t0 = time.monotonic()
-    assert jobs.cancel(run_id) == "cancelled"
+    assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
     assert time.monotonic() - t0 < 60  # SIGTERM ended it: no wait for a grace period (generous: loaded CI)
     status = jobs.status(run_id)
     assert [(s.stage, s.state) for s in status.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
@@ -122,7 +124,7 @@ def test_cancel_terminates_then_records_cancelled(tmp_path):
 
 
 def test_a_stage_that_fails_once_its_group_is_being_cancelled_is_cancelled(tmp_path):
-    """A group's cancel marks every node first (harness.multinode.GroupRun.cancel): a node whose
+    """A group's cancel marks every node first (harness.multinode.GroupRun.cancel_run): a node whose
     ranks die of an earlier node's cancel, before its own cancel lands, is cancelled, and so is
     the rest of its chain. Without the mark the same failure is a failure."""
     release = tmp_path / "release"
@@ -130,7 +132,7 @@ def test_a_stage_that_fails_once_its_group_is_being_cancelled_is_cancelled(tmp_p
     for marked in (False, True):
         release.unlink(missing_ok=True)
         jobs, _ = make_jobs(tmp_path / str(marked), {"prepare": {"lines": 1, "until_file": str(release), "exit_code": 3}})
-        run_id = jobs.start(["prepare", "train"])
+        run_id = jobs.launch(["prepare", "train"]).run_id
         _wait_for_line(jobs, run_id, "line 1 of 1")
         if marked:
             jobs.mark_cancelling(run_id)
@@ -144,10 +146,10 @@ def test_a_stage_that_fails_once_its_group_is_being_cancelled_is_cancelled(tmp_p
 
 def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100, "ignore_term": True}})
-    run_id = jobs.start(["prepare"], grace_s=1.5)
+    run_id = jobs.launch(["prepare"], grace_s=1.5).run_id
     _wait_for_line(jobs, run_id, "line 1 of 100")
     t0 = time.monotonic()
-    assert jobs.cancel(run_id) == "cancelled"
+    assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
     elapsed = time.monotonic() - t0
     assert 1.4 < elapsed < 60, elapsed  # waited the grace period, then killed
     assert jobs.status(run_id).stages[0].exit_code == -signal.SIGKILL
@@ -156,7 +158,7 @@ def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
 def test_two_concurrent_runs_never_collide(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 5, "sleep": 1}})
     ids: list[str] = []
-    threads = [threading.Thread(target=lambda: ids.append(jobs.start(["prepare"]))) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: ids.append(jobs.launch(["prepare"]).run_id)) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -165,13 +167,13 @@ def test_two_concurrent_runs_never_collide(tmp_path):
     for run_id in ids:
         assert jobs.wait(run_id, timeout=60).state == "ok"
         assert log_lines(collect(jobs, run_id)) == expected_log("prepare_data", 5)
-    assert sorted(r.run_id for r in jobs.list_runs()) == sorted(ids)
+    assert sorted(r.run_id for r in jobs.listing().runs[jobs.name]) == sorted(ids)
 
 
 def test_secret_values_reach_the_stage_but_no_file(tmp_path, monkeypatch):
     monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 1, "print_env": SECRET_NAME}}, host_table={"env": [SECRET_NAME]})
-    run_id = jobs.start(["prepare"])
+    run_id = jobs.launch(["prepare"]).run_id
     assert jobs.wait(run_id, timeout=60).state == "ok"
     digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
     assert f"env {SECRET_NAME} sha256 {digest}" in collect(jobs, run_id)  # delivered
@@ -227,7 +229,7 @@ def test_cli_status_runs_cancel(tmp_path):
 def test_status_shows_the_latest_tau_while_a_stage_runs(tmp_path):
     jobs, _ = make_jobs(tmp_path, {"train": {"lines": 40, "sleep": 40, "tau_at": 2}})
     config = tmp_path / "project" / "harness.toml"
-    run_id = jobs.start(["train"])
+    run_id = jobs.launch(["train"]).run_id
     deadline = time.monotonic() + 60
     while True:  # until progress events have followed the tau metric: the last event is not the tau
         train = jobs.status(run_id).stages[0]
@@ -238,12 +240,12 @@ def test_status_shows_the_latest_tau_while_a_stage_runs(tmp_path):
     assert train.state == "running" and train.tau == {"step": 2, "tau": 2.5}
     r = harness_cli(config, "status", "box", run_id, env={**os.environ, "COLUMNS": "200"})  # one line per row
     assert r.returncode == 0 and "3/40 lines  (tau 2.50 at step 2)" in r.stdout, r.stdout
-    jobs.cancel(run_id, 1)
+    jobs.cancel_run(run_id, 1)
 
 
 def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
-    run_id = jobs.start(["prepare", "train"], grace_s=1)
+    run_id = jobs.launch(["prepare", "train"], grace_s=1).run_id
     _wait_for_line(jobs, run_id, "line 1 of 100")
     run_dir = workdir / "runs" / run_id
     os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
@@ -252,7 +254,7 @@ def test_dead_supervisor_shows_lost_and_cancel_cleans_up(tmp_path):
     assert "line 1 of 100" in collect(jobs, run_id, follow=True)  # follow ends: nobody will finish it
     pgid = json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"]
     os.killpg(pgid, 0)  # the stage itself still runs
-    assert jobs.cancel(run_id) == "cancelled"
+    assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
     assert _dead(pgid)  # (its parent is gone: a zombie until init reaps it counts as dead)
     assert [(s.stage, s.state) for s in jobs.status(run_id).stages] == [("prepare", "cancelled"), ("train", "cancelled")]
 
@@ -262,7 +264,7 @@ def test_cancel_of_a_lost_run_signals_no_stranger_that_now_holds_its_pgid(tmp_pa
     `sleep` started here stands for it; a reboot cannot be made, so the record is pointed at it).
     cancel says the run is lost and signals nothing."""
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
-    run_id = jobs.start(["prepare"], grace_s=1)
+    run_id = jobs.launch(["prepare"], grace_s=1).run_id
     _wait_for_line(jobs, run_id, "line 1 of 100")
     run_dir = workdir / "runs" / run_id
     stage_state = json.loads((run_dir / "prepare" / "state.json").read_text())
@@ -273,7 +275,7 @@ def test_cancel_of_a_lost_run_signals_no_stranger_that_now_holds_its_pgid(tmp_pa
     try:
         (run_dir / "prepare" / "state.json").write_text(json.dumps({**stage_state, "pid": stranger.pid, "pgid": stranger.pid}))
         _wait_for_status(lambda: jobs.status(run_id), "lost", key=lambda s: s.state)
-        assert jobs.cancel(run_id) == "lost"
+        assert jobs.cancel_run(run_id).states[jobs.name] == "lost"
         assert stranger.poll() is None  # not signalled
         assert jobs.status(run_id).state == "lost"
     finally:
@@ -415,15 +417,15 @@ def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
     config = load_config(config_path)
     host = config.host("box")
     with connect(host, ssh_host.connect_options()) as transport:
-        jobs = Jobs(config, host, transport)
-        failed = jobs.start(["prepare", "export"])
-        long = jobs.start(["train"], grace_s=1)
+        jobs = Host(config, host, lambda _name: transport).runs
+        failed = jobs.launch(["prepare", "export"]).run_id
+        long = jobs.launch(["train"], grace_s=1).run_id
         st = jobs.wait(failed, timeout=60)
         assert [(s.stage, s.state, s.exit_code) for s in st.stages] == [("prepare", "failed", 4), ("export", "skipped", None)]
         digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
         assert f"env {SECRET_NAME} sha256 {digest}" in collect(jobs, failed)
         _wait_for_line(jobs, long, "line 1 of 100")
-        assert jobs.cancel(long) == "cancelled"
+        assert jobs.cancel_run(long).states[jobs.name] == "cancelled"
         assert jobs.status(long).stages[0].state == "cancelled"
     assert_secret_absent(tmp_path / "work", SECRET_VALUE)
     assert SECRET_VALUE not in ssh_host.box.log_text()  # nor in the sshd's (DEBUG) log

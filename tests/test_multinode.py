@@ -55,7 +55,8 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
             monkeypatch.setenv(key, value)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")  # passed through to every rank by the harness
     from harness.config import load_config
-    from harness.multinode import open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.sync import sync_hosts
     from harness.transport import connect
 
     config = load_config(config_path)
@@ -68,10 +69,10 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
 
 
 def group_run(config):
-    from harness.multinode import GroupRun
+    from harness.host import Group
     from harness.transport import connect
 
-    return GroupRun(config, "cluster", lambda h: connect(config.host(h)))
+    return Group(config, "cluster", lambda h: connect(config.host(h))).runs
 
 
 def rank_processes(node) -> list[str]:
@@ -114,6 +115,19 @@ def wait_until(predicate, timeout: float, poll: float = 0.5) -> float:
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+class MergedLines:
+    """An AttachView (harness.runs) that hands each node's log line to `collect(host, line)`."""
+
+    def __init__(self, collect):
+        self.node_line = collect
+
+    def events(self, chunk: bytes) -> None:
+        raise AssertionError("a group run feeds node lines, not a host's events")
+
+    def note(self, text: str) -> None:
+        pass
+
+
 # ---------------------------------------------------------------------------------------------
 # A run across three hosts
 
@@ -130,7 +144,7 @@ def test_one_run_across_three_hosts(cluster_project, netns_cluster):
 
     config = load_config(path)
     runner = group_run(config)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     lines: list[tuple[str, str]] = []
     lock = threading.Lock()
 
@@ -138,10 +152,7 @@ def test_one_run_across_three_hosts(cluster_project, netns_cluster):
         with lock:
             lines.append((host, line.decode(errors="replace")))
 
-    threads = runner.follow(launch.run_id, collect, follow=True)
-    status = runner.watch(launch.run_id, timeout=300)
-    for t in threads:
-        t.join(30)
+    status = runner.attach(launch.run_id, MergedLines(collect))
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
     assert status.first_failure is None
     # every node ran its rank of the same world, each in its own run directory
@@ -149,7 +160,7 @@ def test_one_run_across_three_hosts(cluster_project, netns_cluster):
         run_dir = node.workdir / "runs" / launch.run_id
         record = __import__("json").loads((run_dir / "run.json").read_text())
         assert record["group"]["node_rank"] == i and record["group"]["nnodes"] == 3
-        assert record["group"]["endpoint"] == f"{netns_cluster.nodes[0].address}:{launch.rdzv_port}"
+        assert record["group"]["endpoint"] == f"{netns_cluster.nodes[0].address}:{record['group']['rdzv_port']}"
         assert "GLOO_SOCKET_IFNAME" in record["group"]["env_names"] and "eth0" not in (run_dir / "run.json").read_text()
         log = (run_dir / "dist_check" / "log").read_text()
         assert f"rank {i}/3" in log and "all checks passed" in log, log[-2000:]
@@ -170,7 +181,7 @@ def test_killed_node_stops_the_others_and_is_named(cluster_project, netns_cluste
     """n1 dies mid-training (every process in its namespace, sshd included). Every other node
     stops within the bound and the attached watcher names n1 as the failure."""
     runner = group_run(cluster_project)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     wait_for_training(runner, launch.run_id)
     victim = netns_cluster.node("n1")
     killed_at = time.monotonic()
@@ -198,7 +209,7 @@ def test_partitioned_node_stops_everything_without_a_laptop(cluster_project, net
     The per-node watchdogs stop n0 and n1 (peer silent) and n2 itself (store lost) within
     watchdog_timeout + grace + a few heartbeats."""
     runner = group_run(cluster_project)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     wait_for_training(runner, launch.run_id)
     n2 = netns_cluster.node("n2")
     cut_at = time.monotonic()
@@ -220,10 +231,10 @@ def test_partitioned_node_stops_everything_without_a_laptop(cluster_project, net
 @pytest.mark.slow
 def test_cancel_stops_every_node(cluster_project, netns_cluster):
     runner = group_run(cluster_project)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     wait_for_training(runner, launch.run_id)
     started = time.monotonic()
-    states = runner.cancel(launch.run_id)
+    states = runner.cancel_run(launch.run_id).states
     took = time.monotonic() - started
     assert set(states) == {"n0", "n1", "n2"}
     assert all(s == "cancelled" for s in states.values()), states
@@ -241,10 +252,10 @@ def test_cancelling_one_node_stops_the_others_without_a_laptop(cluster_project, 
     """`harness cancel n1 RUN` (one host only, nobody watching): n1's watchdog posts
     `cancelled` and the other nodes' watchdogs stop their ranks within a few heartbeats."""
     runner = group_run(cluster_project)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     wait_for_training(runner, launch.run_id)
     started = time.monotonic()
-    assert runner.jobs("n1").cancel(launch.run_id) == "cancelled"
+    assert runner.jobs("n1").cancel_run(launch.run_id).states == {"n1": "cancelled"}
     survivors = [n for n in netns_cluster.nodes if n.name != "n1"]
     took = wait_until(lambda: all(not rank_processes(n) for n in survivors), timeout=60)
     assert took < GRACE_S + 20, took
@@ -266,7 +277,8 @@ def test_sync_to_three_hosts_at_once(tmp_path, netns_cluster, monkeypatch):
     """sync_hosts (what `harness sync GROUP` runs) brings every file to every host. What running
     them in parallel saves is timed by bench/parallel_sync.py, not here."""
     from harness.config import load_config
-    from harness.multinode import open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.sync import sync_hosts
     from harness.transport import connect
     from tests.fixtures.netns import ensure_nodes_up, write_cluster_config
 
@@ -299,7 +311,9 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     fake_prepare: prepare_data.py is the job tests' fake stage (its options are checked at
     config load against the script beside the config: the fake's)."""
     from harness.config import load_config
-    from harness.multinode import GroupRun, open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.host import Group
+    from harness.sync import sync_hosts
     from harness.transport import connect
     from tests.fixtures.job_project import FAKE_STAGE
 
@@ -315,7 +329,7 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     config = load_config(tmp_path / "harness.toml")
     transports = open_all(lambda h: connect(config.host(h)), ["l0", "l1"])
     assert all(error is None for _, _, error in sync_hosts(config, transports, ["remote_scripts"]))
-    return GroupRun(config, "pair", lambda h: transports[h])
+    return Group(config, "pair", lambda h: transports[h]).runs
 
 
 @pytest.mark.slow
@@ -323,9 +337,10 @@ def test_group_of_local_hosts_runs_without_root(tmp_path, monkeypatch):
     """The same launch path with no namespaces or sshd: two `local = true` hosts as two nodes
     on loopback, as on one GPU box split into two nodes."""
     runner = local_pair(tmp_path, monkeypatch, "steps = 3")
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
-    assert launch.rdzv_host == "127.0.0.1" and launch.rdzv_port > 0  # rdzv_port = 0: chosen free on host 0
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     status = runner.watch(launch.run_id, timeout=300)
+    group = runner.jobs("l0").status(launch.run_id).record["group"]
+    assert group["rdzv_host"] == "127.0.0.1" and group["rdzv_port"] > 0  # rdzv_port = 0: chosen free on host 0
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
     for i in range(2):
         log = (tmp_path / "work" / f"l{i}" / "runs" / launch.run_id / "dist_check" / "log").read_text()
@@ -343,30 +358,30 @@ def test_a_group_run_does_not_queue_and_later_runs_queue_behind_it(tmp_path, mon
     runner = local_pair(tmp_path, monkeypatch, "steps = 400\nstep_seconds = 0.25\ntimeout = 300\n\n"
                                                "[pipeline.stages.prepare]\nlines = 200\nsleep = 200\n", fake_prepare=True)
     l0, l1 = runner.jobs("l0"), runner.jobs("l1")
-    ahead = l0.start(["prepare"], grace_s=GRACE_S)
+    ahead = l0.launch(["prepare"], grace_s=GRACE_S).run_id
     wait_until(lambda: l0.status(ahead).state == "running", timeout=90)
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     later = None
     try:
         wait_for_training(runner, launch.run_id)  # both nodes' ranks train: l0's node did not wait
         assert l0.status(ahead).state == "running"
-        later = l1.start(["prepare"], grace_s=GRACE_S)
+        later = l1.launch(["prepare"], grace_s=GRACE_S).run_id
         status = l1.status(later)
         assert (status.state, status.queue_place) == ("queued", 1)  # behind the group run's node
-        assert set(runner.cancel(launch.run_id).values()) == {"cancelled"}
+        assert set(runner.cancel_run(launch.run_id).states.values()) == {"cancelled"}
         wait_until(lambda: l1.status(later).state == "running", timeout=90)
     finally:
         for jobs, run_id in ((l1, later), (l0, ahead)):
             if run_id:
-                jobs.cancel(run_id, grace_s=1)
-        runner.cancel(launch.run_id)
+                jobs.cancel_run(run_id, grace_s=1)
+        runner.cancel_run(launch.run_id)
 
 @pytest.mark.slow
 def test_a_failed_rank_is_named_in_the_group_status(tmp_path, monkeypatch):
     """torchrun exits 1 whatever went wrong; the node's status line carries the cause it printed
     (the rank, its exit code and its last words), so nobody has to dig through the logs."""
     runner = local_pair(tmp_path, monkeypatch, "steps = 3\nfail_rank = 1\nfail_step = 2")
-    launch = runner.start(["dist_check"], grace_s=GRACE_S)
+    launch = runner.launch(["dist_check"], grace_s=GRACE_S)
     status = runner.watch(launch.run_id, timeout=300)
     lines = [(n.host, n.state, n.failure()) for n in status.nodes]
     # Rank 1 is on l1 (the static rendezvous follows the node order), and l1 is named as where it
@@ -409,7 +424,7 @@ def test_distributed_env_passes_only_the_collectives_settings():
 
 
 def test_line_prefixer_keeps_lines_whole():
-    from harness.multinode import LinePrefixer
+    from harness.fanout import LinePrefixer
 
     out = []
     p = LinePrefixer("n1", lambda h, line: out.append((h, line)))
@@ -423,13 +438,14 @@ def test_line_prefixer_keeps_lines_whole():
 
 def test_node_command_runs_torchrun_through_the_launcher(tmp_path):
     from harness.config import parse_config
-    from harness.multinode import GroupLaunch, NodeJobs
+    from harness.host import Host
+    from harness.multinode import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     config = parse_config({"hosts": {"a": {"local": True, "workdir": str(tmp_path / "a")}, "b": {"local": True, "workdir": str(tmp_path / "b")}},
                            "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 2, 30.0, 10.0)
-    jobs = NodeJobs(config, config.host("b"), LocalTransport("b"), launch, 1)
+    jobs = Host(config, config.host("b"), LocalTransport).jobs(node=GroupNode(launch, 1))
     argv = jobs.stage_command("train", "/x/events.jsonl", nproc=8)
     assert argv[1] == "remote_scripts/node_launcher.py"
     joined = " ".join(argv)
@@ -444,13 +460,14 @@ def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
     own addresses, which the other hosts reach: distributed stages get --network=host, plain ones
     keep Docker's default."""
     from harness.config import parse_config
-    from harness.multinode import GroupLaunch, NodeJobs
+    from harness.host import Host
+    from harness.multinode import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     hosts = {h: {"local": True, "workdir": str(tmp_path / h), "runtime": "docker"} for h in ("a", "b")}
     config = parse_config({"hosts": hosts, "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 1, 30.0, 10.0)
-    jobs = NodeJobs(config, config.host("a"), LocalTransport("a"), launch, 0)
+    jobs = Host(config, config.host("a"), LocalTransport).jobs(node=GroupNode(launch, 0))
     run_dir = str(tmp_path / "a" / "runs" / launch.run_id)
     train = jobs._stage_spec(launch.run_id, "train", f"{run_dir}/train", jobs.stage_command("train", f"{run_dir}/train/events.jsonl", nproc=1))
     assert train["kind"] == "docker" and train["argv"][:3] == ["docker", "create", "--network=host"]
@@ -508,7 +525,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
         shutil.copytree(tiny_verifier.verifier, outputs / "tiny-verifier")
         shutil.copytree(prepared_data, outputs / "prepared")
     runner = group_run(config)
-    launch = runner.start(["extract"], grace_s=GRACE_S)
+    launch = runner.launch(["extract"], grace_s=GRACE_S)
     status = runner.watch(launch.run_id, timeout=400)
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
 
@@ -536,7 +553,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     text = "\n".join(report.lines())
     assert "GAPS: 2 sample(s)" in text and "INVALID: n2:" in text
 
-    launch = runner.start(["extract"], grace_s=GRACE_S)  # resumable: only the two are recomputed
+    launch = runner.launch(["extract"], grace_s=GRACE_S)  # resumable: only the two are recomputed
     status = runner.watch(launch.run_id, timeout=400)
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
     log1 = (netns_cluster.node("n1").workdir / "runs" / launch.run_id / "extract" / "log").read_text()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config, parse_config
+from harness.host import Host
 from harness.jobs import Jobs, RunStatus, queue_gpus
 from harness.transport import connect
 from tests.fixtures.job_project import expected_log, log_lines
@@ -53,7 +54,7 @@ def box(tmp_path, ssh_host):
         host = config.host("box")
         transport = connect(host, ssh_host.connect_options())
         opened.append(transport)
-        return config_path, Jobs(config, host, transport)
+        return config_path, Host(config, host, lambda _name: transport).runs
 
     opened: list = []
     yield make
@@ -74,7 +75,7 @@ def words(table: str) -> str:
 def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_path):
     release = tmp_path / "release"  # the first run ends once the test has seen the queue
     config, jobs = box({"prepare": {"lines": 3, "until_file": str(release)}})
-    first = jobs.start(["prepare"])
+    first = jobs.launch(["prepare"]).run_id
     wait_line(jobs, first, "line 3 of 3")
     r = harness(config, ssh_host, "run", "box", "prepare", "--detach")
     assert r.returncode == 0, r.stderr
@@ -90,7 +91,7 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_pa
     as_json = json.loads(harness(config, ssh_host, "status", "box", second, "--json").stdout)
     assert (as_json["state"], as_json["queue_place"], as_json["exit_code"]) == ("queued", 1, None)
     # a third run queues behind the second
-    third = jobs.start(["prepare"])
+    third = jobs.launch(["prepare"]).run_id
     assert jobs.status(third).queue_place == 2
     assert jobs.status(first).state == "running"  # (the queue was seen while the first held the GPUs)
     release.touch()
@@ -106,9 +107,9 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_pa
 
 def test_cancel_while_queued(box, ssh_host):
     config, jobs = box(LONG)
-    first = jobs.start(["prepare"], grace_s=1)
-    second = jobs.start(["prepare", "train"])
-    third = jobs.start(["prepare"], grace_s=1)
+    first = jobs.launch(["prepare"], grace_s=1).run_id
+    second = jobs.launch(["prepare", "train"]).run_id
+    third = jobs.launch(["prepare"], grace_s=1).run_id
     assert jobs.status(third).queue_place == 2
     r = harness(config, ssh_host, "cancel", "box", second)
     assert r.returncode == 0 and f"run {second}: cancelled" in r.stdout, r.stderr
@@ -116,33 +117,33 @@ def test_cancel_while_queued(box, ssh_host):
     assert st.state == "cancelled" and [(s.stage, s.state) for s in st.stages] == [("prepare", "cancelled"), ("train", "cancelled")]
     assert st.stages[0].started is None  # it never ran
     assert jobs.status(third).queue_place == 1  # moved up
-    assert jobs.cancel(first) == "cancelled"
+    assert jobs.cancel_run(first).states[jobs.name] == "cancelled"
     wait_line(jobs, third, "line 1 of 200")  # the GPUs are free: the third starts
-    assert jobs.cancel(third) == "cancelled"
+    assert jobs.cancel_run(third).states[jobs.name] == "cancelled"
 
 
 def test_disjoint_gpu_sets_run_at_once_overlapping_wait(box):
     _, jobs = box(LONG, gpus=[0])
-    on = {gpus: Jobs(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), jobs.transport) for gpus in ((0,), (1,), (1, 2))}
+    on = {gpus: Host(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), lambda _name: jobs.transport).runs for gpus in ((0,), (1,), (1, 2))}
     assert queue_gpus(on[(1, 2)].host) == [1, 2]
-    zero = on[(0,)].start(["prepare"], grace_s=1)
-    one = on[(1,)].start(["prepare"], grace_s=1)
+    zero = on[(0,)].launch(["prepare"], grace_s=1).run_id
+    one = on[(1,)].launch(["prepare"], grace_s=1).run_id
     assert jobs.status(one).state == "running"  # GPU 1 is free while GPU 0 is busy
     wait_line(jobs, zero, "line 1 of 200")
     wait_line(jobs, one, "line 1 of 200")
-    both = on[(1, 2)].start(["prepare"], grace_s=1)
+    both = on[(1, 2)].launch(["prepare"], grace_s=1).run_id
     st = jobs.status(both)
     assert (st.state, st.queue_place) == ("queued", 1) and "GPUs 1,2" in st.queue_note  # overlaps GPU 1
-    assert jobs.cancel(one) == "cancelled"
+    assert jobs.cancel_run(one).states[jobs.name] == "cancelled"
     wait_line(jobs, both, "line 1 of 200")
     assert jobs.status(zero).state == "running"  # untouched throughout
     for run_id in (zero, both):
-        assert jobs.cancel(run_id) == "cancelled"
+        assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
 
 
 def test_now_bypasses_the_queue(box, ssh_host):
     config, jobs = box(LONG)
-    first = jobs.start(["prepare"], grace_s=1)
+    first = jobs.launch(["prepare"], grace_s=1).run_id
     r = harness(config, ssh_host, "run", "box", "prepare", "--detach", "--now", "--grace", "1")
     assert r.returncode == 0, r.stderr
     now = r.stdout.strip()
@@ -150,18 +151,18 @@ def test_now_bypasses_the_queue(box, ssh_host):
     wait_line(jobs, now, "line 1 of 200")
     assert jobs.status(first).state == "running"
     # a run without --now still waits (for both)
-    queued = jobs.start(["prepare"])
+    queued = jobs.launch(["prepare"]).run_id
     assert jobs.status(queued).state == "queued"
     for run_id in (queued, first, now):
-        assert jobs.cancel(run_id) == "cancelled"
+        assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
 
 
 def test_killed_supervisors_do_not_block_the_queue(box, tmp_path):
     """kill -9 of a running run's supervisor and of a queued run's: the run behind them starts."""
     _, jobs = box(LONG)
-    running = jobs.start(["prepare"], grace_s=1)
-    queued = jobs.start(["prepare"], grace_s=1)
-    behind = jobs.start(["prepare"], grace_s=1)
+    running = jobs.launch(["prepare"], grace_s=1).run_id
+    queued = jobs.launch(["prepare"], grace_s=1).run_id
+    behind = jobs.launch(["prepare"], grace_s=1).run_id
     wait_line(jobs, running, "line 1 of 200")
     assert jobs.status(behind).queue_place == 2
     runs = tmp_path / "work" / "runs"
@@ -172,7 +173,7 @@ def test_killed_supervisors_do_not_block_the_queue(box, tmp_path):
     wait_line(jobs, behind, "line 1 of 200")  # its own supervisor noticed: no laptop call needed
     assert jobs.status(behind).state == "running"
     for run_id in (behind, running, queued):  # cancel also stops the lost run's orphaned stage
-        assert jobs.cancel(run_id) == "cancelled"
+        assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
     assert not [n for n in os.listdir(tmp_path / "work" / ".harness" / "queue") if n.endswith(".json")]
 
 

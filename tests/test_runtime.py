@@ -62,7 +62,6 @@ def test_host_stage_process_is_a_process_group_in_the_workdir():
     spec = runtime.stage_process(["python3", "s.py"], run_id="R", stage="train", log_path="/work/runs/R/train/log", options=WrapOptions(host_network=True))
     assert spec == {"kind": "host", "argv": runtime.wrap(["python3", "s.py"])}
     assert spec["argv"][3:] == ["/work", "env", "CUDA_VISIBLE_DEVICES=1", "python3", "s.py"]
-    assert runtime.versions_probe(["python3", "-c", "x"]) == ["python3", "-c", "x"]
 
 
 def test_docker_stage_process_is_a_labelled_container_writing_its_log():
@@ -80,7 +79,6 @@ def test_docker_stage_process_is_a_labelled_container_writing_its_log():
     # a group's distributed stage: the host's network, first, so it reads as the mode of the container
     shared = runtime.stage_process(["python3", "s.py"], run_id="R1", stage="train", log_path="/l", options=WrapOptions(host_network=True))
     assert shared["argv"][:3] == ["docker", "create", "--network=host"]
-    assert runtime.versions_probe(["python3", "-c", "x"]) == runtime.wrap(["python3", "-c", "x"])
 
 
 def test_a_runtime_asks_the_host_only_when_it_needs_to():

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from harness.host import Host
 from harness.jobs import Jobs
 from harness.runtime import runtime_for
 from harness.runtime.base import WrapOptions
@@ -42,7 +43,8 @@ def docker_jobs(tmp_path: Path, base_image: str, stages: dict, host_table: dict 
     )
     config = load_config(config_path)
     host = config.host("box")
-    return Jobs(config, host, connect(host)), workdir
+    transport = connect(host)
+    return Host(config, host, lambda _name: transport).runs, workdir
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,7 @@ def test_container_host_config(tmp_path, docker_base_image, gpus, expected, monk
 
 def test_gpu_job_without_gpu_fails_with_dockers_reason(tmp_path, harness_test_image, docker_base_image):
     jobs, workdir = docker_jobs(tmp_path, docker_base_image, {}, gpus="all")
-    run_id = jobs.start(["prepare", "train"])
+    run_id = jobs.launch(["prepare", "train"]).run_id
     status = jobs.wait(run_id, timeout=60)
     assert status.state == "failed" and status.stages[0].state == "failed" and status.stages[0].exit_code != 0
     assert status.stages[1].state == "skipped"
@@ -106,7 +108,7 @@ def test_gpu_job_without_gpu_fails_with_dockers_reason(tmp_path, harness_test_im
 
 def test_docker_chain_logs_record_labels_and_cleanup(tmp_path, harness_test_image, docker_base_image):
     jobs, workdir = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 3, "sleep": 3}, "train": {"lines": 2}})
-    run_id = jobs.start(["prepare", "train"])
+    run_id = jobs.launch(["prepare", "train"]).run_id
     # while it runs: one container, labelled with run and stage
     deadline = time.monotonic() + 20
     while not (names := docker("ps", "--filter", f"label=harness.run={run_id}", "--format", '{{.Names}} {{.Label "harness.stage"}}').stdout.split()):
@@ -130,10 +132,10 @@ def test_docker_chain_logs_record_labels_and_cleanup(tmp_path, harness_test_imag
 def test_docker_exit_code_cancel_and_secrets(tmp_path, harness_test_image, docker_base_image, monkeypatch):
     monkeypatch.setenv(SECRET_NAME, SECRET_VALUE)
     jobs, workdir = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 1, "exit_code": 3, "print_env": SECRET_NAME}}, host_table={"env": [SECRET_NAME]})
-    failed = jobs.start(["prepare", "train"])
+    failed = jobs.launch(["prepare", "train"]).run_id
     # a second run at the same time, to be cancelled: runs never collide
     jobs2, _ = docker_jobs(tmp_path, docker_base_image, {"prepare": {"lines": 100, "sleep": 100}})
-    long = jobs2.start(["prepare", "train"], grace_s=2)
+    long = jobs2.launch(["prepare", "train"], grace_s=2).run_id
     status = jobs.wait(failed, timeout=60)
     assert [(s.stage, s.state, s.exit_code) for s in status.stages] == [("prepare", "failed", 3), ("train", "skipped", None)]
     digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
@@ -143,7 +145,7 @@ def test_docker_exit_code_cancel_and_secrets(tmp_path, harness_test_image, docke
         assert time.monotonic() < deadline
         time.sleep(0.3)
     t0 = time.monotonic()
-    assert jobs2.cancel(long) == "cancelled"
+    assert jobs2.cancel_run(long).states[jobs2.name] == "cancelled"
     assert time.monotonic() - t0 < 60  # SIGTERM ended it, no 100 s wait (generous: loaded CI)
     st = jobs2.status(long)
     assert [(s.stage, s.state) for s in st.stages] == [("prepare", "cancelled"), ("train", "cancelled")]

@@ -130,9 +130,9 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
     host = config.host("box")
     transport = connect(host, ssh_host.connect_options())
     try:
-        from harness.runtime import runtime_for
+        from harness.host import Host
 
-        sweep = Sweep(config, host, transport, runtime_for(host, transport))
+        sweep = Sweep(Host(config, host, lambda _name: transport))
         # A lost link after the plan was written, before any launch: the plan is on the box, no run.
         planned = sweep.plan(parse_sets(["train.lr=1e-3,3e-4,1e-4"]), "selection", [], per_gpu=2)
         assert [t.runs for t in sweep.load(None).trials] == [t.runs for t in planned.trials]

@@ -161,7 +161,7 @@ def stage_outcome(workdir: Path, run_id: str, stage: str, state: str) -> dict:
 def run_stage(work: Path, stage: str, stage_args: dict, gpus: list[int], timeout: float) -> dict:
     """One stage as a harness run (supervisor, spec, events) on the local transport, on `gpus`
     (the host's `gpus`: its CUDA_VISIBLE_DEVICES); returns the stage's `finished` event."""
-    from harness.jobs import Jobs
+    from harness.host import Host
     from harness.sync import sync
     from harness.transport.local import LocalTransport
 
@@ -169,8 +169,8 @@ def run_stage(work: Path, stage: str, stage_args: dict, gpus: list[int], timeout
     config = bench_config(work, {"gpu": local_host("gpu", workdir, gpus)}, stage, stage_args)
     transport = LocalTransport("gpu")
     sync(transport, config.root, config.sync.paths, str(workdir), python=sys.executable)
-    jobs = Jobs(config, config.host("gpu"), transport)
-    run_id = jobs.start([stage])
+    jobs = Host(config, config.host("gpu"), lambda _name: transport).runs
+    run_id = jobs.launch([stage]).run_id
     status = jobs.wait(run_id, timeout=timeout, poll_s=2.0)
     return stage_outcome(workdir, run_id, stage, status.state)
 
@@ -179,7 +179,9 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
     """The stage as one group run over two `local` hosts of one GPU each (node 0: GPU 0, node 1:
     GPU 1): the multi-node launch path, with the rendezvous on 127.0.0.1. Node 0's outcome."""
     from harness.config import GroupConfig
-    from harness.multinode import GroupRun, open_all, sync_hosts
+    from harness.fanout import open_all
+    from harness.host import Group
+    from harness.sync import sync_hosts
     from harness.transport.local import LocalTransport
 
     workdirs = {f"node{i}": work / f"node{i}-workdir" for i in range(2)}
@@ -190,8 +192,8 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
     for host, _, error in sync_hosts(config, transports, config.sync.paths):
         if error is not None:
             raise SystemExit(f"sync to {host} failed: {error}")
-    runner = GroupRun(config, "pair", lambda h: transports[h])
-    launch = runner.start([stage])
+    runner = Group(config, "pair", lambda h: transports[h]).runs
+    launch = runner.launch([stage])
     status = runner.watch(launch.run_id, timeout=timeout)
     if status.state != "ok":
         for node in status.nodes:

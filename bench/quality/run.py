@@ -254,7 +254,7 @@ class HarnessRun:
 
     def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]], verifier: str = "stdlib"):
         from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
-        from harness.jobs import Jobs
+        from harness.host import Host
         from harness.sync import sync
         from harness.transport.local import LocalTransport
 
@@ -264,12 +264,12 @@ class HarnessRun:
         config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
-        self.jobs = Jobs(config, host, transport)
+        self.jobs = Host(config, host, lambda _name: transport).runs
 
     def start(self, stages: list[str]) -> str:
-        run_id = self.jobs.start(stages)
+        run_id = self.jobs.launch(stages).run_id
         log(f"harness run {run_id}: {' -> '.join(stages)} (logs {self.work}/runs/{run_id}/)")
-        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel(run_id, grace_s=5))
+        CLEANUP.append(lambda: self.running(run_id) and self.jobs.cancel_run(run_id, grace_s=5))
         return run_id
 
     def running(self, run_id: str) -> bool:
@@ -279,7 +279,7 @@ class HarnessRun:
 
     def stop(self, run_id: str) -> None:
         log(f"harness run {run_id}: cancelled at the train deadline (its latest checkpoint is measured)")
-        self.jobs.cancel(run_id, grace_s=15)
+        self.jobs.cancel_run(run_id, grace_s=15)
 
     def wait(self, run_id: str, cancelled_ok: bool = False) -> dict[str, dict]:
         """The stages' `finished` events once the run ends; exits naming the stage that failed

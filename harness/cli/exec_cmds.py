@@ -25,4 +25,4 @@ def exec_(ctx: click.Context, pty: bool, host: str, command: tuple[str, ...]) ->
     h = app.host(host)
     path = config_file(app.config.path)
     warm = WarmExec(recipe_key(path, host), path, app.started_ns)
-    ctx.exit(exec_on_host(h.cfg, list(command), pty=pty, transport=h.transport, runtime=h.runtime, warm=warm))
+    ctx.exit(exec_on_host(h, list(command), pty=pty, warm=warm))

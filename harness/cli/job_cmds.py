@@ -214,7 +214,7 @@ def _cancel_sweep(ctx: click.Context, host: str, sweep_id: str, grace: float | N
     from harness.sweep import Sweep
 
     h = ctx.obj.host(host)
-    states = Sweep(h.config, h.cfg, h.transport, h.runtime).cancel(sweep_id, grace, dry_run=dry_run)
+    states = Sweep(h).cancel(sweep_id, grace, dry_run=dry_run)
     if as_json:
         print_json({"host": host, "sweep_id": sweep_id, "dry_run": dry_run, "states": states})
     else:

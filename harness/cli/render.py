@@ -120,7 +120,7 @@ class AttachRenderer:
     notes to stderr."""
 
     def __init__(self) -> None:
-        from harness.multinode import prefixed_writer
+        from harness.fanout import prefixed_writer
 
         self._events: EventRenderer | None = None
         self.node_line = prefixed_writer()

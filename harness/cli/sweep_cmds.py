@@ -48,7 +48,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
 
     h = ctx.obj.host(host)
     config = h.config
-    sw = Sweep(config, h.cfg, h.transport, h.runtime)
+    sw = Sweep(h)
     if show:
         view = sw.view(sw.load(sid))
         _print(view, as_json)

@@ -13,6 +13,7 @@ from harness.doctor.base import Check, CheckResult, CommandRunner, describe, run
 from harness.doctor.host_checks import HOST_CHECKS
 
 if TYPE_CHECKING:
+    from harness.runtime.base import Runtime
     from harness.transport.base import Transport
 
 CHECK_GROUPS: list[tuple[str, list[Check]]] = [
@@ -20,7 +21,7 @@ CHECK_GROUPS: list[tuple[str, list[Check]]] = [
 ]
 
 # Groups whose checks need the project's configuration (pipeline settings, container/): a
-# factory `(config, host) -> [check, ...]`, imported and built once per doctor run.
+# factory `(config, host, runtime) -> [check, ...]`, imported and built once per doctor run.
 PROJECT_CHECK_GROUPS: list[tuple[str, str]] = [
     ("ml", "harness.doctor.ml_checks:ml_checks"),  # the factory's .catalogue(): the checks, for their names
 ]
@@ -39,9 +40,11 @@ def check_connect(host: HostConfig, open_transport: Callable[[], "Transport"]) -
     return CheckResult("connect", "ok", f"reached and authenticated ({how})"), transport
 
 
-def diagnose(host: HostConfig, open_transport: Callable[[], "Transport"], project=None) -> list[CheckResult]:
+def diagnose(host: HostConfig, open_transport: Callable[[], "Transport"], project=None,
+             runtime: Callable[[], "Runtime"] | None = None) -> list[CheckResult]:
     """Connect, then run every group's checks on that one connection. `project` (the loaded
-    Config) adds PROJECT_CHECK_GROUPS."""
+    Config) adds PROJECT_CHECK_GROUPS, which look into the host's stage environment: `runtime`
+    (harness.host.Host.runtime, on the same connection)."""
     result, transport = check_connect(host, open_transport)
     if transport is None:
         return [result]
@@ -54,7 +57,7 @@ def diagnose(host: HostConfig, open_transport: Callable[[], "Transport"], projec
         for _group, target in PROJECT_CHECK_GROUPS:
             module, attr = target.split(":")
             factory = getattr(importlib.import_module(module), attr)
-            results += run_checks(transport, host, factory(project, host))
+            results += run_checks(transport, host, factory(project, host, runtime()))
     return results
 
 

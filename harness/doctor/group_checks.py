@@ -5,23 +5,15 @@ rendezvous host (a UDP connect only routes: no packet is sent)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from harness.doctor import diagnose
+from harness import helpers
 from harness.doctor.base import CheckResult
 
 if TYPE_CHECKING:
-    from harness.config import Config
-    from harness.transport.base import Transport
+    from harness.host import Group
 
-ROUTE_PROBE = (
-    "import socket, sys\n"
-    "s = socket.socket(socket.AF_INET6 if ':' in sys.argv[1] else socket.AF_INET, socket.SOCK_DGRAM)\n"
-    "try:\n"
-    "    s.connect((sys.argv[1], int(sys.argv[2]))); print(s.getsockname()[0])\n"
-    "except OSError as e:\n"
-    "    print('no route: %s' % e); sys.exit(1)\n"
-)
+ROUTE_PROBE = "route_probe.py"  # host_helpers/: the local address a host reaches another one by
 
 
 @dataclass(frozen=True)
@@ -51,21 +43,22 @@ class GroupDiagnosis:
         }
 
 
-def diagnose_group(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> GroupDiagnosis:
-    from harness.multinode import parallel
+def diagnose_group(place: "Group") -> GroupDiagnosis:
+    from harness.fanout import parallel
 
-    hosts = list(config.groups[group].hosts)
-    outcome = parallel(hosts, lambda h: diagnose(config.host(h), lambda h=h: transport_for(h), project=config))
-    errors = {h: str(e) for h, _, e in outcome if e is not None}
-    results = {h: (r if e is None else []) for h, r, e in outcome}
-    return GroupDiagnosis(group, hosts, results, errors, group_checks(config, group, transport_for) if not errors else [])
+    hosts = [h.name for h in place.hosts]
+    outcome = parallel(place.hosts, lambda h: h.doctor().results)
+    errors = {h.name: str(e) for h, _, e in outcome if e is not None}
+    results = {h.name: (r if e is None else []) for h, r, e in outcome}
+    return GroupDiagnosis(place.name, hosts, results, errors, group_checks(place) if not errors else [])
 
 
-def group_checks(config: "Config", group: str, transport_for: Callable[[str], "Transport"]) -> list[CheckResult]:
+def group_checks(place: "Group") -> list[CheckResult]:
     """CheckResults of the group as a whole."""
-    from harness.multinode import GroupRun, parallel
+    from harness.fanout import parallel
 
-    runner = GroupRun(config, group, transport_for)  # writes nothing
+    runner = place.runs  # writes nothing
+    config, group = place.config, place.name
     cfg = runner.group
     host = runner.rendezvous_host()
     checks = []
@@ -80,12 +73,12 @@ def group_checks(config: "Config", group: str, transport_for: Callable[[str], "T
         checks.append(CheckResult("rendezvous port", "fail", f"cannot probe ports on {runner.hosts[0]}: {e}", "check python3 on that host"))
 
     def route(h: str):
-        return runner.transports[h].run([config.host(h).python, "-c", ROUTE_PROBE, host, str(cfg.rdzv_port)])
+        return helpers.call(runner.transports[h], ROUTE_PROBE, {"address": host, "port": cfg.rdzv_port}, python=config.host(h).python)
 
     for h, result, error in parallel(runner.hosts, route):
-        if error is None and result.ok:
-            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.text.strip()}"))
+        if error is None and result.exit_code == 0:
+            checks.append(CheckResult(f"route {h} -> {host}", "ok", f"via local address {result.json()['via']}"))
         else:
-            why = str(error) if error else (result.text or result.stderr.decode("utf-8", "replace")).strip()
+            why = str(error) if error else result.error
             checks.append(CheckResult(f"route {h} -> {host}", "fail", why, f"set rdzv_host in [groups.{group}] to an address every node can reach"))
     return checks

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
+from harness import helpers
 from harness.transport.remote_shell import sh_expand_home
 from harness.config import HostConfig
 from harness.doctor.base import CheckResult, CommandRunner, describe
 
 MIN_PYTHON = (3, 10)
+PYTHON_VERSION = "python_version.py"  # host_helpers/
 DISK_FAIL_GIB = 1  # cannot even hold a checkpoint
 DISK_WARN_GIB = 20  # hidden states and checkpoints of a real verifier need tens of GiB
 
@@ -21,12 +25,17 @@ def _last_line(data: bytes) -> str:
 
 @describe("python3", "the host's python3 (>= 3.10: the helpers run with it)")
 def check_python3(runner: CommandRunner, host: HostConfig) -> CheckResult:
-    r = runner.run([host.python, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"])
+    # Asked of the interpreter the helpers really start (harness.helpers: /usr/bin/python3 for a
+    # plain `python3`), the way they start it, through the runner the checks take.
+    r = runner.run(helpers.argv(PYTHON_VERSION, python=host.python), stdin=helpers.payload(PYTHON_VERSION, {}))
     if r.exit_code == 127:
         return CheckResult("python3", "fail", f"{host.python} not found on the host", "install Python >= 3.10 (harness's helpers run with it)")
-    if r.exit_code != 0:
+    try:
+        version = json.loads(r.stdout)["version"]
+    except (ValueError, KeyError, TypeError):
+        version = None
+    if r.exit_code != 0 or version is None:
         return CheckResult("python3", "fail", f"{host.python} failed: {_last_line(r.stderr)}", "set python = \"...\" for this host in harness.toml")
-    version = r.text.strip()
     parsed = tuple(int(p) for p in version.split(".")[:2])
     if parsed < MIN_PYTHON:
         return CheckResult("python3", "fail", f"{host.python} is {version}; need >= 3.10", "install Python >= 3.10 and set python = \"...\" in harness.toml")

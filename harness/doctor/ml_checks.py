@@ -178,37 +178,26 @@ def _tail(data: bytes, lines: int = 3) -> str:
 class MLDoctor:
     """Gathers the host's facts once (lazily, on first use by a check) for all ML checks."""
 
-    def __init__(self, config: Config, host: HostConfig, runtime_factory: Callable | None = None, image_ref_factory: Callable | None = None):
+    def __init__(self, config: Config, host: HostConfig, runtime: Runtime, image_ref_factory: Callable | None = None):
         self.config = config
         self.host = host
+        self.runtime = runtime  # the stage environment, on the connection the checks run through
         self.plan = RunPlan.from_config(config)
-        self._runtime_factory = runtime_factory
         self._image_ref_factory = image_ref_factory
-        self._runtime: Runtime | None = None
         self._probe: ProbeOutcome | None = None
         self._container: CheckResult | None = None
         self._space: dict[str, FreeSpace] | None = None
-
-    def runtime(self, runner) -> Runtime:
-        if self._runtime is None:
-            if self._runtime_factory is not None:
-                self._runtime = self._runtime_factory(self.host, runner)
-            else:
-                from harness.runtime import runtime_for
-
-                self._runtime = runtime_for(self.host, runner)
-        return self._runtime
 
     def container(self, runner) -> CheckResult:
         """An image runtime: the image is built and a throwaway container starts with the configured
         options (ulimits, shm, mounts; harness.runtime.preflight), before the probe or any stage."""
         if self._container is None:
-            self._container = verdict_container(self.runtime(runner), runner)
+            self._container = verdict_container(self.runtime, runner)
         return self._container
 
     def probe(self, runner: CommandRunner) -> ProbeOutcome:
         if self._probe is None:
-            runtime = self.runtime(runner)
+            runtime = self.runtime
             if runtime.uses_image and self.container(runner).status == "fail":
                 # no image or an engine that refuses the options: the probe would fail the same
                 # way (or, without --pull=never, try a registry): say why once
@@ -251,11 +240,11 @@ class MLDoctor:
 
         @describe("stage-gpus", "GPUs visible where the stages run, usable by torch")
         def check_gpus_in_stage_env(runner, host):
-            return verdict_gpus_in_stage_env(self.probe(runner), self.runtime(runner))
+            return verdict_gpus_in_stage_env(self.probe(runner), self.runtime)
 
         @describe("image", "the image for the current container/ is built on the host")
         def check_image_current(runner, host):
-            if not self.runtime(runner).uses_image:
+            if not self.runtime.uses_image:
                 return CheckResult("image", "ok", f'no image: runtime = "{host.runtime}"')
             try:
                 current, latest = self.image_refs(runner)
@@ -268,13 +257,13 @@ class MLDoctor:
 
         @describe("container", "a container starts with the configured options")
         def check_container_starts(runner, host):
-            if not self.runtime(runner).uses_image:
+            if not self.runtime.uses_image:
                 return CheckResult("container", "ok", f'no container: runtime = "{host.runtime}"')
             return self.container(runner)
 
         @describe("versions", "torch, transformers, speculators, vllm against the tested matrix")
         def check_library_versions(runner, host):
-            return verdict_library_versions(self.probe(runner), self.runtime(runner))
+            return verdict_library_versions(self.probe(runner), self.runtime)
 
         @describe("flex-attention", "flex_attention compiles on the GPU")
         def check_flex_attention(runner, host):
@@ -314,9 +303,9 @@ class MLDoctor:
         ]
 
 
-def ml_checks(config: Config, host: HostConfig) -> list[Check]:
+def ml_checks(config: Config, host: HostConfig, runtime: Runtime) -> list[Check]:
     """The ML check group for one host (registered in harness.doctor)."""
-    return MLDoctor(config, host).checks()
+    return MLDoctor(config, host, runtime).checks()
 
 
 ml_checks.catalogue = MLDoctor.catalogue  # the checks it makes, without a config: their names (doctor --help)

@@ -34,10 +34,12 @@ memory and reach stages by inheritance (host) or by name (`docker create -e NAME
 never written.
 
 Requests (stdin, one JSON document):
-    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env", "requires"}
+    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env", "requires", "versions_probe"}
                             exit 3 with the message of a `requires` path that is missing;
                             else write the plan, daemonize; reply {"home", "status"}. "@harness-home@"
-                            anywhere in it stands for the home directory.
+                            anywhere in it stands for the home directory. versions_probe:
+                            {"argv", "stdin"} of a host helper (stage_versions.py) run in the
+                            stage environment before the first stage, its reply added to run.json.
     {"cmd": "cancel", "run_dir", "grace"}
     {"cmd": "cancelling", "run_dir"}       mark only (a group cancel's first round); print the state
     {"cmd": "status", "runs_dir", "run_id"} JSON on stdout (run_id null: every run)
@@ -232,8 +234,9 @@ def workdir_of(run_dir: str) -> str:
 
 
 class Supervisor:
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, versions_probe: dict | None = None):
         self.run_dir = run_dir
+        self.versions_probe = versions_probe  # {"argv", "stdin"}: the launch request's
         self.record = read_json(os.path.join(run_dir, "run.json"))
         if not self.record:
             raise SystemExit(f"{run_dir}: no run.json")
@@ -305,12 +308,13 @@ class Supervisor:
 
     def _probe_versions(self) -> None:
         """Library versions as the stages see them, added to the run record (null when absent)."""
-        probe = self.record.get("probe_argv")
+        probe = self.versions_probe
         if not probe:
             return
         versions = None
         try:
-            out = subprocess.run(probe, cwd=self.record.get("workdir"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+            out = subprocess.run(probe["argv"], input=probe["stdin"].encode(), cwd=self.record.get("workdir"), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, timeout=120)
             if out.returncode == 0:
                 versions = json.loads(out.stdout.decode().strip().splitlines()[-1])
             else:
@@ -414,7 +418,7 @@ def log(message: str) -> None:
 # Commands
 
 
-def cmd_start(run_dir: str, env: dict) -> int:
+def cmd_start(run_dir: str, env: dict, versions_probe: dict | None) -> int:
     """Detach (double fork, new session) with the secrets `env`; print the supervisor's pid."""
     run_dir = os.path.abspath(run_dir)
     if read_json(os.path.join(run_dir, "state.json")):
@@ -425,7 +429,7 @@ def cmd_start(run_dir: str, env: dict) -> int:
         os.setsid()  # no controlling terminal, no SIGHUP when the SSH session ends
         if os.fork() != 0:
             os._exit(0)
-        _become_daemon(run_dir, env)  # never returns
+        _become_daemon(run_dir, env, versions_probe)  # never returns
     os.waitpid(first, 0)
     # Wait until the daemon holds the lock, so "started" means started.
     state_path = os.path.join(run_dir, "state.json")
@@ -458,7 +462,7 @@ def cmd_launch(request: dict, home: str) -> int:
     manifest = read_json(request["manifest"]) if request.get("manifest") else None
     record["manifest_hash"] = manifest.get("digest") if isinstance(manifest, dict) else None
     write_json(os.path.join(run_dir, "run.json"), record)
-    code = cmd_start(run_dir, request.get("env") or {})
+    code = cmd_start(run_dir, request.get("env") or {}, request.get("versions_probe"))
     if code != 0:
         return code
     json.dump({"home": home, "status": run_summary(run_dir)}, sys.stdout)
@@ -466,7 +470,7 @@ def cmd_launch(request: dict, home: str) -> int:
     return 0
 
 
-def _become_daemon(run_dir: str, env: dict) -> None:
+def _become_daemon(run_dir: str, env: dict, versions_probe: dict | None) -> None:
     code = 1
     try:
         os.chdir(run_dir)
@@ -480,7 +484,7 @@ def _become_daemon(run_dir: str, env: dict) -> None:
         lock_fd = os.open(os.path.join(run_dir, "supervisor.lock"), os.O_WRONLY | os.O_CREAT, 0o644)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until this process exits
         log(f"started pid {os.getpid()}")
-        code = Supervisor(run_dir).run()
+        code = Supervisor(run_dir, versions_probe).run()
         log("finished")
     except BaseException as e:  # noqa: BLE001 - record why, then exit
         log(f"crashed: {e!r}")

@@ -1,4 +1,5 @@
-"""How a command runs on a host: `runtime_for(host, transport)` -> HostRuntime or DockerRuntime."""
+"""How a command runs on a host: HostRuntime or DockerRuntime, as its config says (runtime_for;
+harness.host.Host.runtime makes the one a command uses)."""
 
 from __future__ import annotations
 

@@ -111,10 +111,6 @@ class Runtime(abc.ABC):
         """How the supervisor (harness/host_helpers/supervisor.py) starts one stage: its spec's
         "kind" and "argv" (and what else that kind needs). Output goes to log_path."""
 
-    def versions_probe(self, argv: Sequence[str]) -> list[str]:
-        """The argv the supervisor runs (in the workdir) to record the stages' library versions."""
-        return list(argv)
-
     def image_probes(self) -> list[list[str]]:
         """The host commands image_record runs, in order (none: no image)."""
         return []

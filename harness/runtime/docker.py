@@ -154,9 +154,6 @@ class DockerRuntime(Runtime):
         options = dataclasses.replace(options, labels=(*options.labels, ("run", run_id), ("stage", stage)), name=name)
         return {"kind": self.kind, "container": name, "argv": self.create_argv(inner, options)}
 
-    def versions_probe(self, argv: Sequence[str]) -> list[str]:
-        return self.wrap(argv)
-
     def image_probes(self) -> list[list[str]]:
         from harness.runtime.preflight import check_argvs
 

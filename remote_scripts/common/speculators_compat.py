@@ -1,70 +1,13 @@
 """Every patch we apply to speculators 0.9.0, in one place, each checked before it is applied.
 
-speculators' trainer is written for CUDA. On a machine without an accelerator (the demo, CI) it
-fails in three places; one more adapter reads its per-step metrics. Each shim below names the
-code it relies on and checks, by reading that code's source, that it still looks as expected.
-If speculators changes beneath a shim, `apply_cpu_shims()` / `MetricsBridge.attach()` raise
-`ShimOutdated` naming the shim, instead of silently patching the wrong thing.
-
-  trainer-device   Trainer.__init__ sets `local_rank = get_local_rank()` (an int: `.to(0)` means
-                   cuda:0) and `device_type = ... else "cuda"` (autocast on "cuda" without CUDA).
-                   On CPU, setup_model first points both at the CPU.
-  step-timer-sync  _StepTimer.mark/now call torch.accelerator.synchronize(), which raises without
-                   an accelerator. On CPU the timer skips the synchronization (nothing to wait for).
-  resume-device    the checkpointer loads weights/optimizer state with
-                   map_location=get_current_device(), which is "cuda:0" without an accelerator.
-                   On CPU it loads to "cpu".
-  metrics-bridge   Trainer logs per-step metrics as a dict on logger `speculators.metrics`; with
-                   output that is not a terminal they are only behind tqdm's bar. MetricsBridge is
-                   a logging handler that hands those dicts to a callback. speculators' main()
-                   reconfigures that logger (dictConfig drops its handlers), so the bridge is
-                   attached right after main's own setup_metric_logger call.
-  flex-kernel-options  speculators' flex_attention_forward calls torch's flex_attention without
-                   kernel_options; on GPUs with ~100 KiB shared memory the default tiles do not
-                   fit. set_flex_kernel_options() makes that call pass smaller tiles.
-  trainer-hook     speculators' main() builds the draft, then `Trainer(draft_model, ...)`. Our
-                   preflight guards (attention/mask, dtypes, verifier path) must see that model
-                   before the first step: main's Trainer is wrapped to call them first.
-  tau-probe        run_training calls `self.train_epoch(epoch)` without a step callback, and
-                   validates only at epoch ends. On long epochs the wrapped Trainer passes
-                   train_epoch a callback that, every N steps, runs partial_validation(): the
-                   forward of val_epoch over the first few validation batches (same autocast,
-                   same val_call_kwargs, same cross-rank reduction), on every rank.
-  early-stop       run_training saves each epoch's checkpoint, then `val_metrics =
-                   self.val_epoch(epoch)` (which logs them: the bridge writes best.json), and
-                   with_graceful_shutdown catches only TrainingInterruptedError. The wrapped
-                   Trainer's val_epoch asks train's early stop (common/acceptance.py EarlyStop)
-                   on every rank, with the reduced metrics every rank has, and raises StopTraining
-                   after the epoch's checkpoint and validation; train catches it and tears down
-                   what speculators' main would have.
-  mask-token       build_draft_model() calls resolve_mask_token_id(), which loads the verifier's
-                   full AutoProcessor unless --mask-token-id is given: for a multimodal verifier
-                   (Kimi-K2.5) that needs a preprocessor config and torchvision, for an id EAGLE-3
-                   never reads. mask_token_id() resolves it the same way from the tokenizer
-                   alone (or a harmless id), and train passes it explicitly. Not a patch: the
-                   check makes sure the explicit id still short-cuts the processor and that
-                   EAGLE-3 still ignores it (the fallback id is harmless only then).
-  every-position   ArrowDataset._get_raw_data hands the loss each row's `loss_mask` (prepare's:
-                   the replies' tokens). supervise_every_position() makes the TRAINING split a
-                   common/every_position.py dataset, whose rows have a mask of ones: the loss is a
-                   KL to the verifier's own logits at each position, a target on prompt tokens
-                   too; validation keeps the replies' mask.
-  online-measure   (train --online) ArrowDataset generates a missing row's states through
-                   `self.transfer.get_generated(...)`, then `self.transfer.delete(handle)`.
-                   measure_generated_states() wraps each loader's dataset's transfer in
-                   common/online.py's MeasuredTransfer, which sums the staging directory between
-                   the two (the peak disk of online training); nothing else changes.
-
-  endpoint-key     speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI, the
-                   online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY";
-                   our servers want their key (VLLM_API_KEY, common/vllm_server.py).
-                   send_server_key() makes openai's clients in this process send it instead
-                   (train applies it; spawned dataloader workers apply it when they unpickle
-                   common/online.py's MeasuredTransfer).
-                   generate-offline-data runs through this file (`python speculators_compat.py
-                   generate-offline-data ...`), which applies it first.
-
-The GPU path needs none of the first three; apply_cpu_shims() is a no-op there.
+speculators' trainer is written for CUDA: on a machine without an accelerator (the demo, CI) it
+fails in three places (shims trainer-device, step-timer-sync, resume-device: apply_cpu_shims(), a
+no-op on the GPU path). The other shims fit train's own additions into it: its metrics, the tau
+probe, the early stop, the mask token, the loss on every position, online training's staging
+measure, the servers' key. Each shim has a check (CHECKS; each `_check_*` function's docstring
+says what the shim relies on and why it exists) that reads the source of the code it relies on:
+if speculators changes beneath a shim, the check raises `ShimOutdated` naming it, instead of
+the shim silently patching the wrong thing.
 """
 
 from __future__ import annotations
@@ -117,6 +60,9 @@ def has_accelerator() -> bool:
 
 
 def _check_trainer_device():
+    """trainer-device: Trainer.__init__ sets `local_rank = get_local_rank()` (an int: `.to(0)`
+    means cuda:0) and `device_type = ... else "cuda"` (autocast on "cuda" without CUDA). On CPU,
+    setup_model first points both at the CPU."""
     from speculators.train import trainer as trainer_mod
 
     _require("trainer-device", trainer_mod.Trainer.__init__, "self.local_rank = get_local_rank()", 'else "cuda"', "self.setup_model()")
@@ -126,6 +72,8 @@ def _check_trainer_device():
 
 
 def _check_step_timer():
+    """step-timer-sync: _StepTimer.mark/now call torch.accelerator.synchronize(), which raises
+    without an accelerator. On CPU the timer skips the synchronization (nothing to wait for)."""
     from speculators.train import trainer as trainer_mod
 
     timer = _unwrapped(getattr(trainer_mod, "_StepTimer", None))
@@ -138,6 +86,9 @@ def _check_step_timer():
 
 
 def _check_resume_device():
+    """resume-device: the checkpointer loads weights and optimizer state with
+    map_location=get_current_device(), which is "cuda:0" without an accelerator. On CPU it
+    loads to "cpu"."""
     from speculators.train import checkpointer as ckpt_mod
     from speculators.utils import util
 
@@ -154,6 +105,11 @@ def _check_resume_device():
 
 
 def _check_metrics_bridge():
+    """metrics-bridge: Trainer logs per-step metrics as a dict on logger `speculators.metrics`;
+    with output that is not a terminal they are only behind tqdm's bar. MetricsBridge is a
+    logging handler that hands those dicts to a callback. speculators' main() reconfigures that
+    logger (dictConfig drops its handlers), so the bridge is attached right after main's own
+    setup_metric_logger call (_check_main_hooks)."""
     from speculators.train import trainer as trainer_mod
 
     _require("metrics-bridge", trainer_mod.Trainer.train_epoch, "metric_logger.info(", '"train": metrics', '"global_step": self.global_step')
@@ -164,6 +120,9 @@ def _check_metrics_bridge():
 
 
 def _check_main_hooks():
+    """trainer-hook: speculators' main() builds the draft, then `Trainer(draft_model, ...)`. Our
+    preflight guards (attention/mask, dtypes, verifier path) must see that model before the
+    first step: main's Trainer is wrapped to call them first (hook_main)."""
     from speculators.train import cli as cli_mod
 
     _require("trainer-hook", cli_mod.main, "trainer = Trainer(draft_model, trainer_config, train_loader, val_loader)")
@@ -172,6 +131,9 @@ def _check_main_hooks():
 
 
 def _check_flex_kernel_options():
+    """flex-kernel-options: speculators' flex_attention_forward calls torch's flex_attention
+    without kernel_options; on GPUs with ~100 KiB shared memory the default tiles do not fit.
+    set_flex_kernel_options() makes that call pass smaller tiles."""
     from speculators.models import attention as attn_mod
 
     _require("flex-kernel-options", attn_mod.flex_attention_forward, "flex_attention(", "block_mask=attention_mask")
@@ -181,6 +143,11 @@ def _check_flex_kernel_options():
 
 
 def _check_tau_probe():
+    """tau-probe: run_training calls `self.train_epoch(epoch)` without a step callback, and
+    validates only at epoch ends. On long epochs the wrapped Trainer passes train_epoch a
+    callback that, every N steps, runs partial_validation(): the forward of val_epoch over the
+    first few validation batches (same autocast, same val_call_kwargs, same cross-rank
+    reduction), on every rank."""
     from speculators.train import trainer as trainer_mod
 
     _require("tau-probe", trainer_mod.Trainer.run_training, "self.train_epoch(epoch)")
@@ -194,6 +161,12 @@ def _check_tau_probe():
 
 
 def _check_early_stop():
+    """early-stop: run_training saves each epoch's checkpoint, then `val_metrics =
+    self.val_epoch(epoch)` (which logs them: the bridge writes best.json), and
+    with_graceful_shutdown catches only TrainingInterruptedError. The wrapped Trainer's val_epoch
+    asks train's early stop (common/acceptance.py EarlyStop) on every rank, with the reduced
+    metrics every rank has, and raises StopTraining after the epoch's checkpoint and validation;
+    train catches it and tears down what speculators' main would have."""
     from speculators.train import graceful_shutdown
     from speculators.train import trainer as trainer_mod
 
@@ -214,6 +187,13 @@ class StopTraining(Exception):
 
 
 def _check_mask_token():
+    """mask-token: build_draft_model() calls resolve_mask_token_id(), which loads the verifier's
+    full AutoProcessor unless --mask-token-id is given: for a multimodal verifier (Kimi-K2.5)
+    that needs a preprocessor config and torchvision, for an id EAGLE-3 never reads.
+    mask_token_id() resolves it the same way from the tokenizer alone (or a harmless id), and
+    train passes it explicitly. Not a patch: the check makes sure the explicit id still
+    short-cuts the processor and that EAGLE-3 still ignores it (the fallback id is harmless
+    only then)."""
     from speculators.models import eagle3
     from speculators.train import cli as cli_mod
     from speculators.train import utils as utils_mod
@@ -227,6 +207,11 @@ def _check_mask_token():
 
 
 def _check_every_position():
+    """every-position: ArrowDataset._get_raw_data hands the loss each row's `loss_mask`
+    (prepare's: the replies' tokens). supervise_every_position() makes the TRAINING split a
+    common/every_position.py dataset, whose rows have a mask of ones: the loss is a KL to the
+    verifier's own logits at each position, a target on prompt tokens too; validation keeps the
+    replies' mask."""
     from speculators.models.eagle3 import core as eagle3_core
     from speculators.train import data as data_mod
 
@@ -285,6 +270,8 @@ def supervise_every_position(dataset) -> None:
 
 
 def _check_round_walk():
+    """round-walk: walk_rounds_in_validation() reads the `prev_correct` flags speculators'
+    compute_metrics leaves after each TTT step (its docstring says how)."""
     from speculators.models import metrics as shared_metrics
     from speculators.models.eagle3 import core as eagle3_core
     from speculators.models.eagle3 import metrics as eagle3_metrics
@@ -298,6 +285,11 @@ def _check_round_walk():
 
 
 def _check_online_measure():
+    """online-measure (train --online): ArrowDataset generates a missing row's states through
+    `self.transfer.get_generated(...)`, then `self.transfer.delete(handle)`.
+    measure_generated_states() wraps each loader's dataset's transfer in common/online.py's
+    MeasuredTransfer, which sums the staging directory between the two (the peak disk of online
+    training); nothing else changes."""
     from speculators.train import data as data_mod
 
     _require("online-measure", data_mod.ArrowDataset._generate_hidden_states_once,
@@ -319,6 +311,13 @@ def measure_generated_states(dataset, staging: str) -> None:
 
 
 def _check_endpoint_key():
+    """endpoint-key: speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI,
+    the online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY"; our
+    servers want their key (VLLM_API_KEY, common/vllm_server.py). send_server_key() makes
+    openai's clients in this process send it instead (train applies it; spawned dataloader
+    workers apply it when they unpickle common/online.py's MeasuredTransfer).
+    generate-offline-data runs through this file (`python speculators_compat.py
+    generate-offline-data ...`), which applies it first."""
     import importlib
 
     generate_offline_data = importlib.import_module("speculators.cli.generate_offline_data")  # the package's name is the function
@@ -340,8 +339,6 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "mask-token": _check_mask_token,
     "every-position": _check_every_position,
     "round-walk": _check_round_walk,
-
-
     "online-measure": _check_online_measure,
     "endpoint-key": _check_endpoint_key,
 }
