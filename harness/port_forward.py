@@ -4,7 +4,8 @@ Jupyter), through the host's Transport (so the same host-key and ProxyJump polic
 Where a port listens is asked on the host first (harness/host_helpers/port_probe.py, one round trip):
 its loopback, else a running container's address, because the stages' containers sit on docker's
 bridge network and publish no port. A port where nothing listens yet is still forwarded (the
-server may start later) and said in one line.
+server may start later) and said in one line. (The servers harness starts in a container listen on
+the container's loopback only, out of this reach: harness.relay_forward.)
 """
 
 from __future__ import annotations
@@ -48,21 +49,20 @@ class Forwarded:
         return bool(self.where)
 
 
-def locate(transport: Transport, python: str, ports: Sequence[int], containers_only: bool = False) -> dict[int, dict | None]:
-    """{port: {"address", "where"} or None (nothing listens)}, as the host sees it; containers_only:
-    in a container only (a server harness started there: the host's loopback may be anyone's)."""
+def locate(transport: Transport, python: str, ports: Sequence[int]) -> dict[int, dict | None]:
+    """{port: {"address", "where"} or None (nothing listens)}, as the host sees it."""
     from harness import helpers
 
-    result = helpers.call(transport, "port_probe.py", {"ports": list(ports), "containers_only": containers_only}, python=python, timeout=120)
+    result = helpers.call(transport, "port_probe.py", {"ports": list(ports)}, python=python, timeout=120)
     return {int(k): v for k, v in result.checked(f"{python} port_probe.py").json().items()}
 
 
-def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec], containers_only: bool = False) -> tuple[Forwarding, list[Forwarded]]:
+def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec]) -> tuple[Forwarding, list[Forwarded]]:
     """Forward each port where it listens (see locate); returns the open Forwarding (close it, or use `with`)."""
     locals_ = [s.local_port for s in specs]
     if len(set(locals_)) != len(locals_):
         raise UsageError(f"local port {next(p for p in locals_ if locals_.count(p) > 1)} is given twice")
-    found = locate(transport, python, [s.remote_port for s in specs], containers_only)
+    found = locate(transport, python, [s.remote_port for s in specs])
     forwards = [PortForward(s.local_port, s.remote_port, (found.get(s.remote_port) or {}).get("address", "127.0.0.1")) for s in specs]
     forwarding = transport.forward(forwards)
     shown = [

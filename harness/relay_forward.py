@@ -1,10 +1,13 @@
-"""A server on a unix socket of the host (or of a container there), reached from this machine's
-loopback: each local connection is relayed through a command of its own on the host
-(Transport.stream: over SSH a channel of the master), `python3 -c RELAY SOCKET`, which connects
-to the socket and moves the bytes both ways over its stdin/stdout.
+"""A server on a unix socket of the host (or of a container there), or on the loopback of a
+container's own network namespace, reached from this machine's loopback: each local connection is
+relayed through a command of its own on the host (Transport.stream: over SSH a channel of the
+master), `python3 -c RELAY SOCKET` (or `RELAY 127.0.0.1 PORT`; in a container `docker exec -i
+NAME python3 -c RELAY ...`), which connects to the server and moves the bytes both ways over its
+stdin/stdout.
 
 Why (docs/security.md): a TCP port on the box, even its loopback, is open to every local user;
-a socket in a 0700 directory is open to its owner only (and in a container, to `docker exec`).
+a socket in a 0700 directory is open to its owner only, and a container's file system and
+loopback to `docker exec` only (root's peers).
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ if TYPE_CHECKING:
     from harness.transport.base import Transport
     from harness.transport.process import RemoteProcess
 
-# argv[1]: the socket. Exit 3 when nothing listens there (the error names it on stderr).
+# argv[1]: the socket, or argv[1:3]: a TCP address and port. Exit 1 when nothing listens there
+# (the error names it on stderr).
 RELAY = r"""
 import os, socket, sys, threading
-s = socket.socket(socket.AF_UNIX)
+where = sys.argv[1:]
+s = socket.socket(socket.AF_UNIX) if len(where) == 1 else socket.socket()
 try:
-    s.connect(sys.argv[1])
+    s.connect(where[0] if len(where) == 1 else (where[0], int(where[1])))
 except OSError as e:
-    sys.exit(f"relay: {sys.argv[1]}: {e}")
+    sys.exit(f"relay: {':'.join(where)}: {e}")
 def up():
     while True:
         b = os.read(0, 65536)
@@ -50,15 +55,19 @@ while True:
 """
 
 
-def relay_argv(python: str, socket_path: str) -> list[str]:
-    """The host command that relays its stdin/stdout to socket_path (run where the socket is)."""
-    return [python, "-c", RELAY, socket_path]
+def relay_argv(python: str, *where: str, container: str | None = None) -> list[str]:
+    """The host command that relays its stdin/stdout to `where` (a unix socket's path, or an
+    address and a port), run on the host or, with `container`, by `docker exec` in that container
+    (its file system, its network namespace); `python` as named there."""
+    argv = [python, "-c", RELAY, *where]
+    return ["docker", "exec", "-i", container, *argv] if container else argv
 
 
 class RelayForwarding(Forwarding):
-    """127.0.0.1:local_port here; each connection relayed by `transport.stream(argv)`."""
+    """127.0.0.1:local_port here; each connection relayed by `transport.stream(argv)`. `option`:
+    the command's option that picks the local port (in the error when it is taken)."""
 
-    def __init__(self, transport: "Transport", argv: Sequence[str], local_port: int):
+    def __init__(self, transport: "Transport", argv: Sequence[str], local_port: int, option: str = "--port"):
         self._transport = transport
         self._argv = list(argv)
         self._listener = socket.socket()
@@ -66,7 +75,7 @@ class RelayForwarding(Forwarding):
             self._listener.bind(("127.0.0.1", local_port))
         except OSError:
             self._listener.close()
-            raise UsageError(f"local port {local_port} is already in use on this machine (pick another: --port)") from None
+            raise UsageError(f"local port {local_port} is already in use on this machine (pick another: {option})") from None
         self._listener.listen(64)
         self.addresses = [("127.0.0.1", self._listener.getsockname()[1])]
         self._closed = threading.Event()

@@ -97,12 +97,11 @@ class RemoteTensorBoard(HostServer):
         # a named container on docker hosts: the relay reaches its socket by `docker exec`
         self.container = f"harness-tensorboard-{token}" if runtime.uses_image else None
         argv = [runtime.python, "-c", LAUNCHER, directory, logdir]
-        super().__init__(transport, runtime, argv, 0, stdout=True, options=WrapOptions(name=self.container))
+        super().__init__(transport, runtime, argv, stdout=True, options=WrapOptions(name=self.container))
 
     def relay_argv(self) -> list[str]:
         """The host command that relays a connection to the socket (in the container: docker exec)."""
-        argv = relay_argv(self._python, self.socket)
-        return ["docker", "exec", "-i", self.container, *argv] if self.container else argv
+        return relay_argv(self._python, self.socket, container=self.container)
 
     def wait_ready(self, timeout: float) -> None:
         """Until the launcher says the socket listens; `ended()` if it exits first."""

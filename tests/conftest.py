@@ -34,7 +34,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "tests/test_demo.py",  # the README's first command in a pristine container: set-up + demo
     "tests/test_container_ml.py",  # the production image's build from PyPI, the demo chain inside it
-    "tests/test_serve_vllm.py",  # a draft trained, then four vLLM engine starts
+    "tests/test_serve_vllm.py",  # a draft trained, then five vLLM engine starts (one in a container)
     "tests/test_smollm2.py",  # SmolLM2-135M through the pipeline on 2 cores: 6-12 min
     "tests/test_kimi_k25.py",
     "tests/test_vllm.py",  # three vLLM engine starts

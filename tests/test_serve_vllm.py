@@ -8,7 +8,10 @@ and a draft trained for 3 epochs on it are built once per run. Then:
     served replies equal the verifier's alone, tokens/s measured with and without the draft;
   - `harness serve local RUN` on a copy of that export whose output layer is scrambled: served
     through harness's forward, about 1.0 (nothing accepted), shown while it runs, and stopped on
-    the host by Ctrl-C.
+    the host by Ctrl-C;
+  - `harness serve box RUN` over the test sshd, on the host runtime and in a container (docker
+    runtime: vLLM on the container's loopback, reached by harness's relay only; another uid gets
+    nothing anywhere on the box).
 Small on purpose (8 prompts, 32 tokens, --enforce-eager: no torch.compile at engine start,
 VLLM_CPU_KVCACHE_SPACE=1 GiB).
 """
@@ -229,5 +232,74 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
     deadline = time.monotonic() + 120
     while listening(remote):  # vLLM on the box ends with harness
         assert time.monotonic() < deadline, "vLLM still listens on the box"
+        time.sleep(0.5)
+    assert not listening(local)
+
+
+@pytest.mark.ssh
+@pytest.mark.docker
+def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_relay_only(served_run, ssh_host, tmp_path, docker_base_image,
+                                                                                         harness_test_image, other_user):
+    """runtime docker: vLLM runs in a named container on docker's bridge network and listens on
+    the container's own loopback, reached from here by harness's forward (a relay per connection,
+    `docker exec` in the container). On the box nothing accepts a connection, for another uid or
+    for root: not the container's bridge address, not the host's loopback; the forward on this
+    machine wants the key. The test image has no ML stack: this interpreter (with vllm-cpu) is
+    mounted into it read-only and named as the container's python, and so is the verifier."""
+    from tests.fixtures.docker_engine import container_table
+    from tests.fixtures.job_project import toml_value
+
+    _, workdir, run_id = served_run
+    verifier = Path(json.loads((workdir / "outputs" / "export" / "export.json").read_text())["verifier"]).resolve()
+    prefixes = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()} - {Path("/usr")})
+    mounts = [f"{path}:{path}:ro" for path in (*prefixes, verifier)]
+    libnuma = Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1")  # vllm-cpu's one library the test image lacks (a Debian bookworm like it)
+    mounts += [f"{libnuma.resolve()}:{libnuma}:ro"] if libnuma.exists() else []
+    config = tmp_path / "harness.toml"
+    table = container_table(docker_base_image, mounts=mounts, python=sys.executable)
+    # OMP_NUM_THREADS by name: the value of the test sshd's sessions (tests/conftest.py), as on the host runtime
+    config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\nruntime = "docker"\n'
+                      'env = ["OMP_NUM_THREADS"]\n[hosts.box.container]\n' + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items()))
+    remote, local = free_port(), free_port()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "box", run_id, "--port", str(remote),
+                                 "--local-port", str(local), "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}",
+                                 f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}"],
+                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
+    log = workdir / "outputs" / "serve" / f"vllm-{remote}.log"
+    container = None
+    try:
+        deadline = time.monotonic() + 600
+        while "its API key is in" not in out.read_text():  # after the URL
+            said = out.read_text() + err.read_text()[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
+            assert proc.poll() is None and time.monotonic() < deadline, said
+            time.sleep(1)
+        url_line = next(line for line in out.read_text().splitlines() if "  ->  vllm serve on port" in line)
+        assert url_line.startswith(f"http://127.0.0.1:{local}  ->  vllm serve on port {remote} of box (container harness-serve-"), url_line
+        container = url_line.split("(container ")[1].split(")")[0]
+        key = _key(out.read_text())
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{local}/v1/models", headers=key), timeout=120) as r:
+            assert json.loads(r.read())["data"], "no model served through the forward"
+        inspect = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container],
+                                 capture_output=True, text=True, timeout=60)
+        [address] = inspect.stdout.split()  # on docker's bridge network, as the stages' containers
+        for url in (f"http://{address}:{remote}", f"http://127.0.0.1:{remote}"):
+            assert set(other_user.probe(url, VLLM_ROUTES).values()) == {"refused"}, url
+            assert not listening(remote, url.split("//")[1].split(":")[0]), url  # nor for root: nothing listens there
+        assert set(other_user.probe(f"http://127.0.0.1:{local}", VLLM_ROUTES).values()) == {401}  # this machine's forward: the key
+        # every TCP socket that listens in the container's network namespace (vLLM's workers' too): on its loopback
+        table = subprocess.run(["docker", "exec", container, "cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True, text=True, timeout=60)
+        listeners = [row.split()[1] for row in table.stdout.splitlines() if row.split()[3:4] == ["0A"]]
+        assert f"0100007F:{remote:04X}" in listeners and all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in listeners), listeners
+        assert command_lines_holding(key["Authorization"].split()[1]) == []
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 0, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 120
+    while container and subprocess.run(["docker", "ps", "-q", "--filter", f"name=^{container}$"], capture_output=True, text=True, timeout=60).stdout.strip():
+        assert time.monotonic() < deadline, f"vLLM's container {container} outlived harness serve"
         time.sleep(0.5)
     assert not listening(local)

@@ -10,7 +10,7 @@ from harness.cli.params import complete_runs, host_argument
 @click.command("serve")
 @host_argument()
 @click.argument("run", metavar="[RUN]", required=False, default="last", shell_complete=complete_runs)
-@click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host.")
+@click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host (on docker hosts, in its container).")
 @click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
 @click.option("--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for vLLM to load and listen.")
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="One more `vllm serve` argument, e.g. --vllm-arg=--max-model-len=8192 (repeatable).")
@@ -22,7 +22,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
     import queue
 
     from harness.events import Finished, Message, Metric
-    from harness.port_forward import PortSpec, open_forwards
+    from harness.port_forward import PortSpec
     from harness.serve import ServeRequest, served_line, start
 
     def show(event) -> None:
@@ -37,7 +37,6 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
 
     h = ctx.obj.host(host)
     spec = PortSpec.parse(f"{port}:{local_port or port}")
-    transport = h.transport
     run_id = h.runs.resolve_run_id(run)
     try:
         server, export = start(h, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
@@ -47,13 +46,12 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
-        forwarding, shown = open_forwards(transport, h.cfg.python, [spec], server.containers_only)
+        forwarding, url, where = server.forward(h.cfg.python, spec)
         try:
-            for f in shown:
-                click.echo(f"{f.url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({f.where})" if f.where and f.where != "the host" else "")
-                           + f": run {run_id}'s draft {export}")
-                click.echo(f"its API key is in {server.key.path} (removed when this ends): "
-                           f"curl -H \"Authorization: Bearer $(cat {server.key.path})\" {f.url}/v1/models")
+            click.echo(f"{url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({where})" if where and where != "the host" else "")
+                       + f": run {run_id}'s draft {export}")
+            click.echo(f"its API key is in {server.key.path} (removed when this ends): "
+                       f"curl -H \"Authorization: Bearer $(cat {server.key.path})\" {url}/v1/models")
             click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
             while server.alive():
                 try:

@@ -1,10 +1,10 @@
 """Where ports of this host listen (run by harness.port_forward; stdlib only, one round trip).
 
-stdin: {"ports": [PORT, ...], "containers_only": BOOL} (harness/helpers.py)  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
+stdin: {"ports": [PORT, ...]} (harness/helpers.py)  stdout: {"PORT": {"address": ..., "where": ...} or null}. Loopback first; else a
 running container's address: a container on docker's bridge network (the stages' default)
-publishes no port on the host, yet the host reaches it at the container's own address.
-containers_only (a server harness started in a container): never the host's loopback, where any
-local user may have taken the same port.
+publishes no port on the host, yet the host reaches it at the container's own address (a server
+of your own started there, e.g. by `harness exec`, listening on 0.0.0.0; the servers harness
+starts in a container listen on its loopback only, reached by `docker exec`: harness.relay_forward).
 """
 
 import json
@@ -41,11 +41,11 @@ def container_addresses():
     return found
 
 
-def main(ports, containers_only=False):
+def main(ports):
     located = {}
     containers = None
     for port in ports:
-        if not containers_only and listens("127.0.0.1", port):
+        if listens("127.0.0.1", port):
             located[port] = {"address": "127.0.0.1", "where": "the host"}
             continue
         if containers is None:
@@ -56,4 +56,4 @@ def main(ports, containers_only=False):
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read())  # harness/helpers.py
-    main([int(p) for p in request["ports"]], bool(request.get("containers_only")))
+    main([int(p) for p in request["ports"]])

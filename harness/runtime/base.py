@@ -89,10 +89,6 @@ class Runtime(abc.ABC):
     def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
         """Host-level argv that runs `argv` in the stage environment with cwd = workdir."""
 
-    #: where a server started in this runtime (`harness tensorboard`) listens so that the host, and
-    #: nothing beyond it, reaches it: the host's loopback here
-    server_bind_address = "127.0.0.1"
-
     def host_dirs(self) -> list[str]:
         """Host directories that must exist before a command runs in this runtime."""
         return [self.workdir]

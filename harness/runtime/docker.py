@@ -60,9 +60,6 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 class DockerRuntime(Runtime):
     kind = "docker"
     where = "inside the container"
-    # the container's own interfaces: on docker's bridge network (no port published) only the host
-    # reaches them, and `harness forward` finds the container there (harness/host_helpers/port_probe.py)
-    server_bind_address = "0.0.0.0"
 
     def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):
         super().__init__(host, workdir, transport=transport)

@@ -24,7 +24,8 @@ server where a real vLLM cannot produce the case.
 
 Ours alone (docs/security.md): every server gets an API key made for it (VLLM_API_KEY in its
 environment, never on a command line; vllm_compat.py makes vLLM want it on every route), which
-this process's clients and the children run_supervised starts inherit. It counts as ready only
+this process's clients and the children run_supervised starts inherit. Its workers' own listeners
+(torch's gloo) are on the loopback too (LOOPBACK_ENV). It counts as ready only
 once it proves it is the process we started: the port's listening socket is held by a process of
 the server's own session (/proc), an unauthenticated request is refused (401) and one with the key
 answered. A port held by anything else is a squatter: one line, at once, never "healthy". A port
@@ -50,6 +51,11 @@ from pathlib import Path
 
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own name (vllm/envs.py); our clients read it too
+# vLLM's workers talk over torch's gloo, whose listeners (a dozen, no authentication) bind the
+# address the host name resolves to (a container's bridge address, a box's LAN one) unless told an
+# interface: the loopback, as every server here is on one machine (tensor parallel within it; a
+# group's GLOO_SOCKET_IFNAME is for its training ranks, not for their servers).
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 
 
 class ServerFailed(RuntimeError):
@@ -324,7 +330,7 @@ class ManagedServer:
         argv = serve_argv(self.opts)
         self._key_before, self._exported = os.environ.get(API_KEY_ENV), True
         os.environ[API_KEY_ENV] = self.api_key  # this process's clients (auth_headers) while it runs
-        env = {**(self.env if self.env is not None else os.environ), API_KEY_ENV: self.api_key}
+        env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(argv)}\n".encode())
             log.flush()
