@@ -694,7 +694,8 @@ def table(r: dict) -> str:
             return ""
         return f" {_fmt(sel.get(name, {}).get('3'))}{' (chosen)' if r.get('chosen_by_selection') == name else ''} |"
 
-    lines += [f"| {label} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |{selection(name)}" for label, key, name in rows]
+    stopped = {"ours": r.get("ours_stopped_at_deadline"), "speculators": (r.get("speculators_training") or {}).get("stopped_early")}
+    lines += [f"| {label}{' (stopped at the deadline)' if stopped.get(name) else ''} | {_fmt(r[key])} | {_fmt(r['k5'][key])} |{selection(name)}" for label, key, name in rows]
     for name, rec in r.get("recipes", {}).items():
         note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
         lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |{selection(name)}")
