@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common.events import EventLog, run_stage  # noqa: E402
+from common.events import EventLog  # noqa: E402
 from common.hidden_state_capture import HiddenStateCapture  # noqa: E402
 from common.hidden_state_files import META_FILE, check_file, hs_path  # noqa: E402
-from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
+from common.sharding import plan_batches, run_sharded_stage, shard_range  # noqa: E402
 from common.vllm_server import ServerFailed, StageCancelled, add_connector_argument, add_serve_arguments  # noqa: E402
 
 STAGE = "extract"
@@ -447,21 +447,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        rank, world, local_rank = resolve_rank(args)
-    except ValueError as e:
-        EventLog(STAGE, args.events).finished("failed", error=str(e))
-        return 1
-
-    def shard(args: argparse.Namespace, events: EventLog) -> dict:
+    def shard(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:
         started = time.monotonic()
         summary = run(args, events, rank, world, local_rank)
         events.artifact(args.output, kind="hidden_states")
         return {"seconds": round(time.monotonic() - started, 1), **summary}
 
-    return run_stage(STAGE, args, shard, rank=rank, started={"resolved_rank": rank, "resolved_world_size": world},
-                     self_explaining=(ValueError, FileNotFoundError, ShardIncomplete, ServerFailed, StageCancelled))
+    return run_sharded_stage(STAGE, parse_args(argv), shard, self_explaining=(ValueError, FileNotFoundError, ShardIncomplete, ServerFailed, StageCancelled))
 
 
 class ShardIncomplete(RuntimeError):

@@ -49,10 +49,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.conversations import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
-from common.events import EventLog, run_stage  # noqa: E402
+from common.events import EventLog  # noqa: E402
 from common.vllm_server import ServerFailed, StageCancelled, add_serve_arguments  # noqa: E402
 from common.regenerated_data import file_sha256, meta_file  # noqa: E402
-from common.sharding import plan_batches, resolve_rank, shard_range  # noqa: E402
+from common.sharding import plan_batches, run_sharded_stage, shard_range  # noqa: E402
 
 STAGE = "regenerate"
 CPU_BATCH_SIZE = 16  # --batch-size 0: transformers on CPU, and the vllm backend's progress step
@@ -476,16 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        rank, world, local_rank = resolve_rank(args)
-    except ValueError as e:
-        EventLog(STAGE, args.events).finished("failed", error=str(e))
-        return 1
-    return run_stage(STAGE, args, lambda args, events: run(args, events, rank, world, local_rank), rank=rank,
-                     started={"resolved_rank": rank, "resolved_world_size": world},
-                     self_explaining=(MalformedRow, ValueError, FileNotFoundError, ServerFailed, StageCancelled),
-                     verifier_first=False)  # rows that have their replies pass through without it
+    return run_sharded_stage(STAGE, parse_args(argv), run, self_explaining=(MalformedRow, ValueError, FileNotFoundError, ServerFailed, StageCancelled),
+                             verifier_first=False)  # rows that have their replies pass through without it
 
 
 def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local_rank: int) -> dict:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import Any
+
+from common.events import EventLog, run_stage
 
 
 def shard_range(num_samples: int, rank: int, world_size: int) -> range:
@@ -28,6 +32,19 @@ def resolve_rank(args: argparse.Namespace) -> tuple[int, int, int]:
     local = int(env.get("LOCAL_RANK", 0))  # picks the GPU; a flag-launched process per host uses cuda:0
     shard_range(0, rank, world)  # validates
     return rank, world, local
+
+
+def run_sharded_stage(stage: str, args: argparse.Namespace, run: Callable[..., dict[str, Any]], **options: Any) -> int:
+    """main() of a stage whose processes each take a shard of the samples: the rank resolved (a
+    bad one: the stage's failed event, exit 1), then run_stage with `run(args, events, rank,
+    world_size, local_rank)` and the resolved rank in the started event."""
+    try:
+        rank, world, local_rank = resolve_rank(args)
+    except ValueError as e:
+        EventLog(stage, args.events).finished("failed", error=str(e))
+        return 1
+    return run_stage(stage, args, lambda args, events: run(args, events, rank, world, local_rank), rank=rank,
+                     started={"resolved_rank": rank, "resolved_world_size": world}, **options)
 
 
 def plan_batches(lengths: dict[int, int], batch_size: int, max_tokens: int, tail_rows: int = 0) -> list[list[int]]:
