@@ -1,5 +1,5 @@
 """A stage script never imports another stage script: what two stages share lives in
-remote_scripts/common/, one module per concept (issue #31, item 5). The stage scripts are the
+remote_scripts/common/, one module per concept. The stage scripts are the
 .py files directly in remote_scripts/ (each one a command line); common/ may not import them
 either. A check over the source (every import statement, also those inside functions), failing
 with the file and line of each offence; the checker itself is tested on planted offences, so it

@@ -1,5 +1,5 @@
 """transport/ owns every SSH process: no module outside harness/transport/ builds an ssh command
-line, starts one, or reads what ssh printed (issue #31, item 1). A check over the source, failing
+line, starts one, or reads what ssh printed. A check over the source, failing
 with the file and line of each offence; the checker itself is tested on planted offences, so it
 cannot pass by matching nothing."""
 
