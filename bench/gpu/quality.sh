@@ -37,17 +37,18 @@
 #   env $E STOP_AFTER=train TRAIN_DEADLINE_S=450 bash ...           # 470 s, speculators stopped at the deadline
 #   env $E MEASURE_MAX_S=200 BUDGET_S=330 bash ...                  # 64 s: the table
 #
-# The levers (bench/quality/recipes-levers.json) beside ours and `speculators train` run to completion with
-# its defaults, on the same data: every draft measured on the selection split (which chooses among ours
+# The levers (bench/quality/recipes-levers.json) beside ours and `speculators train` with its defaults,
+# on the same data, every training stopped at one deadline (nine at once did not let speculators finish
+# its 20 epochs: bench/RESULTS.md): every draft measured on the selection split (which chooses among ours
 # and the recipes) and on the test split (which reports). One bench of ~23 minutes, run detached
 # (bench/gpu/detached.sh) across back-to-back calls on the warm machine:
 #   1. carry [".gguf1"]  STAGE_ONLY=1 bash bench/gpu/quality.sh smollm2
 #   2. carry [".gguf2"]  STAGE_ONLY=1 bash bench/gpu/quality.sh smollm2
 #   3. carry [".whl"]    bash bench/gpu/detached.sh start levers env RECIPES=bench/quality/recipes-levers.json WORK=/tmp/q-levers \
-#                          TRAIN_DEADLINE_S=1150 MEASURE_MAX_S=240 BUDGET_S=1500 OUT=/tmp/quality-out bash bench/gpu/quality.sh smollm2; \
-#                        bash bench/gpu/detached.sh wait levers 570
-#   4.                   bash bench/gpu/detached.sh wait levers 580
-#   5.                   bash bench/gpu/detached.sh wait levers 580; tar czf $OUT/levers.tgz -C /tmp/quality-out .
+#                          TRAIN_DEADLINE_S=1100 MEASURE_MAX_S=220 BUDGET_S=1480 OUT=/tmp/quality-out bash bench/gpu/quality.sh smollm2; \
+#                        bash bench/gpu/detached.sh wait levers 565
+#   4.                   bash bench/gpu/detached.sh wait levers 570
+#   5.                   bash bench/gpu/detached.sh wait levers 400; tar czf $OUT/levers.tgz -C /tmp/quality-out .
 #   (TRAIN_DEADLINE_S counts from the bench's start: the data take ~5 minutes, the trainings get the rest.)
 #
 #   bash bench/gpu/quality.sh cpu 2>&1 | tee $OUT/log   # call 1: the cpu size's recipe sweep
