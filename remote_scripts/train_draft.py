@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,13 @@ def choose_loss_implementation(device_type: str, torch_version: str) -> str:
         return "eager"
     major_minor = ".".join(torch_version.split("+")[0].split(".")[:2])
     return "eager" if major_minor == "2.11" else "fused"
+
+
+def choose_compute_dtype(device_type: str, cpu_bf16: bool) -> str:
+    """speculators' autocast dtype (its --hidden-states-dtype; master weights stay fp32): bf16 where
+    the hardware computes it, fp32 on a CPU without bf16 kernels, where autocast emulates it 30x
+    slower than fp32 (bench/cpu_train_dtype.py)."""
+    return "bfloat16" if device_type != "cpu" or cpu_bf16 else "float32"
 
 
 def default_nproc(cuda_device_count: int) -> int:
@@ -111,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--total-seq-len", type=int, default=None, help="tokens packed per batch per process (default: 512 on CPU, 8192 on GPU, halved while the data would give too few optimizer steps; see common/recipe.py)")
     p.add_argument("--attn-impl", choices=["auto", "simple_flex_attention", "sdpa", "eager"], default="auto", help="draft attention (auto: simple_flex_attention on GPU, sdpa on CPU)")
     p.add_argument("--loss-implementation", choices=["auto", "eager", "fused"], default="auto")
-    p.add_argument("--hidden-states-dtype", default="bfloat16")
+    p.add_argument("--hidden-states-dtype", default="auto", choices=["auto", "bfloat16", "float32"], help="the draft's compute dtype under autocast (auto: bfloat16, float32 on a CPU without bf16 kernels); the files stay bf16")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: resolved from the verifier's tokenizer, never its processor (logged)")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers run the verifier's own config/tokenizer code (auto_map)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (smoke runs)")
@@ -219,7 +227,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     for what, path in (("--prepared", prepared), ("--staging-dir" if online else "--hidden-states", hs_dir)):
         if not path.is_dir():
             raise TrainError(f"{what} {path}: no such directory")
-    from common.verifier import load_text_config
+    from common.verifier import cpu_has_bf16, load_text_config
 
     verifier_cfg = load_text_config(verifier, args.trust_remote_code)
     layers = args.layers or (None if online else extraction_layers(hs_dir)) or None
@@ -231,6 +239,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
 
     attn_impl = draft_attention.default_attn_impl(device_type) if args.attn_impl == "auto" else args.attn_impl
     loss_impl = choose_loss_implementation(device_type, torch.__version__) if args.loss_implementation == "auto" else args.loss_implementation
+    compute_dtype = choose_compute_dtype(device_type, cpu_has_bf16()) if args.hidden_states_dtype == "auto" else args.hidden_states_dtype
+    if compute_dtype == "float32":  # speculators still enters autocast with it, which torch then disables
+        warnings.filterwarnings("ignore", message="In CPU autocast, but the target dtype is not supported")
     num_workers = args.num_workers if args.num_workers is not None else default_num_workers(device_type, os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     shims = speculators_compat.apply_cpu_shims()
     if online:
@@ -264,7 +275,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         "--total-seq-len", str(recipe.tokens_per_step),
         "--draft-attn-impl", attn_impl,
         "--loss-implementation", loss_impl,
-        "--hidden-states-dtype", args.hidden_states_dtype,
+        "--hidden-states-dtype", compute_dtype,
         "--num-workers", str(num_workers),
         "--train-data-ratio", str(args.train_data_ratio),
         "--log-freq", str(args.log_freq),
@@ -297,7 +308,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     if rank == 0:
         events.message(
             f"device {device_type}, {world_size} process(es), {'FSDP' if args.fsdp else 'DDP'}, "
-            f"attention {attn_impl}, loss {loss_impl}, workers {num_workers}, "
+            f"attention {attn_impl}, loss {loss_impl}, compute {compute_dtype}, workers {num_workers}, "
             f"shims {shims or 'none'}, flex tiles {kernel_options or 'default'}, "
             f"mask token {mask_token_id} ({mask_token_source}), loss on {'every token' if args.loss_on == 'all' else 'the replies'}"
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")

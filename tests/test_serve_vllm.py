@@ -131,6 +131,42 @@ def _scrambled_run(workdir: Path) -> str:
     return run_id
 
 
+class Serving:
+    """`harness serve HOST RUN --port PORT` started in the background, its stdout and stderr in
+    files under `tmp_path`; waits end at one deadline, 10 minutes after the start."""
+
+    def __init__(self, tmp_path: Path, config: Path, host: str, run_id: str, port: int, *extra: str, env: dict[str, str]):
+        self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
+        with open(self.out, "wb") as o, open(self.err, "wb") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", host, run_id, "--port", str(port),
+                                          "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}", *extra],
+                                         stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=config.parent)
+        self.deadline = time.monotonic() + 600
+
+    def shown(self) -> str:
+        return self.out.read_text()
+
+    def wait_for(self, text: str, log: Path | None = None) -> None:
+        while text not in self.shown():
+            said = self.shown() + self.err.read_text()[-3000:] + (log.read_text()[-3000:] if log and log.exists() else "")
+            assert self.proc.poll() is None and time.monotonic() < self.deadline, said
+            time.sleep(1)
+
+    def last_served_tau(self) -> float:
+        self.wait_for("served tau")  # shown while it runs (every 5 s)
+        shown = [line for line in self.shown().splitlines() if line.startswith("served tau")][-1]
+        return float(shown.split()[2])
+
+    def interrupt(self, timeout: float) -> None:
+        """Ctrl-C: harness serve stops vLLM and exits 0."""
+        self.proc.send_signal(signal.SIGINT)
+        assert self.proc.wait(timeout=timeout) == 0, self.err.read_text()[-3000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
 def _key(shown: str) -> dict[str, str]:
     """The header harness serve's key makes (it names the 0600 file that holds the key)."""
     path = next(line for line in shown.splitlines() if line.startswith("its API key is in ")).split()[5]
@@ -147,18 +183,11 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     config, workdir, _ = served_run
     run_id = _scrambled_run(workdir)
     port = free_port()
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "local", run_id, "--port", str(port),
-                                 "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}"],
-                                stdout=o, stderr=e, env=offline_env(**VLLM_ENV), cwd=config.parent)
+    serving = Serving(tmp_path, config, "local", run_id, port, env=offline_env(**VLLM_ENV))
     try:
-        deadline = time.monotonic() + 600
-        while "its API key is in" not in out.read_text():  # after the URL
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
-            time.sleep(1)
+        serving.wait_for("its API key is in")  # after the URL
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
-        base, key = f"http://127.0.0.1:{port}", _key(out.read_text())
+        base, key = f"http://127.0.0.1:{port}", _key(serving.shown())
         for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", PROMPTS):
             body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
             request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
@@ -167,16 +196,10 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
         with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
             counters = SpecCounters.parse(r.read().decode())
         assert counters.drafts > 0 and counters.tau < 1.1, counters  # about 1.0: a scrambled draft is not accepted
-        while "served tau" not in out.read_text():  # shown while it runs (every 5 s)
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
-            time.sleep(1)
-        shown = [line for line in out.read_text().splitlines() if line.startswith("served tau")][-1]
-        assert float(shown.split()[2]) < 1.1, shown
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(timeout=120) == 0, err.read_text()[-3000:]
+        assert serving.last_served_tau() < 1.1, serving.shown()
+        serving.interrupt(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serving.kill()
     assert not listening(port), "vLLM outlived harness serve"
     log = (workdir / "scrambled" / "serve" / f"vllm-{port}.log").read_text()
     assert "[harness] vllm serve stopped" in log
@@ -197,19 +220,12 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
     remote, local = free_port(), free_port()
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "box", run_id, "--port", str(remote),
-                                 "--local-port", str(local), "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}",
-                                 f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}"],
-                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
+    serving = Serving(tmp_path, config, "box", run_id, remote, "--local-port", str(local), f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}",
+                      env=ssh_host.env(offline_env()))
     try:
-        deadline = time.monotonic() + 600
-        while "its API key is in" not in out.read_text():  # after the URL
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
-            time.sleep(1)
+        serving.wait_for("its API key is in")  # after the URL
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
-        key = _key(out.read_text())
+        key = _key(serving.shown())
         for url in (f"http://127.0.0.1:{remote}", f"http://127.0.0.1:{local}"):
             seen = other_user.probe(url, VLLM_ROUTES)
             assert set(seen.values()) == {401}, (url, seen)
@@ -219,16 +235,10 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
             request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
-        while "served tau" not in out.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, out.read_text() + err.read_text()[-3000:]
-            time.sleep(1)
-        shown = [line for line in out.read_text().splitlines() if line.startswith("served tau")][-1]
-        assert float(shown.split()[2]) > 1.3, shown  # the trained draft is accepted
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=180) == 0, err.read_text()[-3000:]
+        assert serving.last_served_tau() > 1.3, serving.shown()  # the trained draft is accepted
+        serving.interrupt(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serving.kill()
     deadline = time.monotonic() + 120
     while listening(remote):  # vLLM on the box ends with harness
         assert time.monotonic() < deadline, "vLLM still listens on the box"
@@ -261,24 +271,16 @@ def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_rel
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\nruntime = "docker"\n'
                       'env = ["OMP_NUM_THREADS"]\n[hosts.box.container]\n' + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items()))
     remote, local = free_port(), free_port()
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "serve", "box", run_id, "--port", str(remote),
-                                 "--local-port", str(local), "--vllm-arg=--enforce-eager", f"--vllm-arg=--max-model-len={MAX_MODEL_LEN}",
-                                 f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}"],
-                                stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=ssh_host.env(offline_env()), cwd=tmp_path)
+    serving = Serving(tmp_path, config, "box", run_id, remote, "--local-port", str(local), f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}",
+                      env=ssh_host.env(offline_env()))
     log = workdir / "outputs" / "serve" / f"vllm-{remote}.log"
     container = None
     try:
-        deadline = time.monotonic() + 600
-        while "its API key is in" not in out.read_text():  # after the URL
-            said = out.read_text() + err.read_text()[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
-            assert proc.poll() is None and time.monotonic() < deadline, said
-            time.sleep(1)
-        url_line = next(line for line in out.read_text().splitlines() if "  ->  vllm serve on port" in line)
+        serving.wait_for("its API key is in", log)  # after the URL
+        url_line = next(line for line in serving.shown().splitlines() if "  ->  vllm serve on port" in line)
         assert url_line.startswith(f"http://127.0.0.1:{local}  ->  vllm serve on port {remote} of box (container harness-serve-"), url_line
         container = url_line.split("(container ")[1].split(")")[0]
-        key = _key(out.read_text())
+        key = _key(serving.shown())
         with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{local}/v1/models", headers=key), timeout=120) as r:
             assert json.loads(r.read())["data"], "no model served through the forward"
         inspect = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container],
@@ -293,11 +295,9 @@ def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_rel
         listeners = [row.split()[1] for row in table.stdout.splitlines() if row.split()[3:4] == ["0A"]]
         assert f"0100007F:{remote:04X}" in listeners and all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in listeners), listeners
         assert command_lines_holding(key["Authorization"].split()[1]) == []
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=180) == 0, err.read_text()[-3000:]
+        serving.interrupt(timeout=180)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        serving.kill()
     deadline = time.monotonic() + 120
     while container and subprocess.run(["docker", "ps", "-q", "--filter", f"name=^{container}$"], capture_output=True, text=True, timeout=60).stdout.strip():
         assert time.monotonic() < deadline, f"vLLM's container {container} outlived harness serve"

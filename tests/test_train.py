@@ -136,6 +136,15 @@ def test_loss_implementation(device, version, expected):
     assert train_draft.choose_loss_implementation(device, version) == expected
 
 
+@pytest.mark.parametrize(
+    ("device", "cpu_bf16", "expected"),
+    [("cuda", False, "bfloat16"), ("cpu", True, "bfloat16"), ("cpu", False, "float32")],
+)
+def test_compute_dtype(device, cpu_bf16, expected):
+    """bf16 autocast only where the hardware computes bf16; an AVX2-only CPU trains in fp32."""
+    assert train_draft.choose_compute_dtype(device, cpu_bf16) == expected
+
+
 def test_default_attention_and_workers():
     assert da.default_attn_impl("cpu") == "sdpa"
     assert da.default_attn_impl("cuda") == "simple_flex_attention"

@@ -100,11 +100,20 @@ SIZES: dict[str, BenchSize] = {
 }
 
 
+def cpu_bf16() -> dict[str, str]:
+    """The verifier in bf16 in regenerate and extract where this CPU has bf16 kernels (~1.7x fp32
+    on 2 cores; the hidden states are stored bf16 anyway); else the stages' own fp32 (emulated
+    bf16 is several times slower: bench/cpu_train_dtype.py)."""
+    sys.path.insert(0, str(REPO / "remote_scripts"))
+    from common.verifier import cpu_has_bf16
+
+    return {"dtype": "bfloat16"} if cpu_has_bf16() else {}
+
+
 # SmolLM2-135M-Instruct (30 layers, hidden 576, vocab 49,152). verifier_args: prompts.py flags.
-# On a CPU the verifier runs in bf16 in regenerate and extract (~1.7x fp32 on 2 cores; the
-# hidden states are stored bf16 anyway) and the draft's vocabulary is pruned (the lm_head over
-# 49k tokens is most of a small draft's cost: 30-60 tokens/s of training on 2 cores, 300-400 at 8k).
-CPU_BF16 = {"dtype": "bfloat16"}
+# On a CPU the draft's vocabulary is pruned (the lm_head over 49k tokens is most of a small
+# draft's cost: 30-60 tokens/s of training on 2 cores, 300-400 at 8k).
+CPU_BF16 = cpu_bf16()
 SMOLLM2_SIZES: dict[str, BenchSize] = {
     # tests/test_smollm2.py: the whole path on 2 cores in a few minutes, beside the suite's other
     # lanes. Regenerate on one thread (a decode step's small ops on two spin against the other

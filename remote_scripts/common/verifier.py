@@ -93,6 +93,13 @@ def check_target_layers(layer_ids: list[int], num_layers: int) -> list[int]:
     return list(layer_ids)
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 kernels (oneDNN's: AVX512 or AMX). Without them bf16 is emulated:
+    a draft's training step 30x slower than fp32 on an AVX2-only CPU (bench/cpu_train_dtype.py)."""
+    probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(probe and probe())
+
+
 def verifier_dtype(device: str | torch.device, requested: str | torch.dtype | None = None) -> torch.dtype:
     """bf16 on accelerators (hidden states are stored bf16 anyway), fp32 on CPU, unless `requested`."""
     if requested not in (None, "auto"):
