@@ -2,8 +2,8 @@
 
 It runs in the stage runtime (the ML container on docker hosts) in the foreground of a
 connection of its own, wrapped by `until_stdin_closes`: when harness ends (Ctrl-C, a dropped
-link, a kill) that connection's stdin closes and the host stops it, so nothing is left behind on
-the box. Its stderr's last lines are kept for the error that names why it ended. It says itself
+link, a kill) that connection's stdin closes, or its beat stops (a stalled link), and the host
+stops it, so nothing is left behind on the box. Its stderr's last lines are kept for the error that names why it ended. It says itself
 when it is ready (a line on its stdout). On docker hosts it runs in a named container of its own
 and listens there only (a unix socket in the container's file system, or the loopback of the
 container's network namespace), which `docker exec` alone reaches: harness.relay_forward relays
@@ -12,11 +12,12 @@ each connection that way. harness.tensorboard and harness.serve subclass it.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
-from harness.transport.base import OWN, until_stdin_closes
+from harness.transport.base import HEARTBEAT_S, OWN, until_stdin_closes
 
 if TYPE_CHECKING:
     from harness.runtime.base import Runtime, WrapOptions
@@ -35,6 +36,20 @@ class HostServer:
         # a connection of its own: the server outlives the other commands of this CLI call
         wrapped = runtime.wrap(until_stdin_closes(argv), *([options] if options else []))
         self._proc = transport.stream(wrapped, channel=OWN, stdout=stdout, on_stderr_line=self._keep)
+        self._closing = threading.Event()
+        self._stdin_lock = threading.Lock()  # a beat is never written into a closing pipe
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        """The lifeline's beat (until_stdin_closes): a byte every HEARTBEAT_S while open."""
+        while not self._closing.wait(HEARTBEAT_S):
+            with self._stdin_lock:
+                if self._closing.is_set():
+                    return
+                try:
+                    self._proc.stdin.write(b"\n")
+                except OSError:  # the connection ended: its error is the caller's to read
+                    return
 
     def _keep(self, line: str) -> None:
         self._tail = (self._tail + [line.strip()])[-20:]
@@ -53,7 +68,9 @@ class HostServer:
         return self._proc.error(self.name)
 
     def close(self) -> None:
-        self._proc.end_by_stdin(self.stop_timeout_s)
+        self._closing.set()
+        with self._stdin_lock:
+            self._proc.end_by_stdin(self.stop_timeout_s)
 
     def __enter__(self) -> "HostServer":
         return self

@@ -318,8 +318,11 @@ def test_an_exec_whose_link_stalls_or_whose_master_dies_ends_in_one_line(ssh_hos
 def test_a_server_held_over_a_link_that_stalls_ends_in_one_line_and_stops_on_the_box(ssh_host, tmp_path):
     """`harness tensorboard` (a server harness holds on the box over a connection, as `harness
     serve` holds vLLM: harness/host_server.py) on a link that stalls: harness ends within the
-    keepalive's bound in one line; once the stalled connection is gone the box stops the server."""
+    keepalive's bound in one line, and the box stops the server while the link is still stalled
+    (its session open: the test sshd sets no ClientAliveInterval), once the lifeline's beat has
+    been silent for SILENCE_S."""
     from bench.delayline import DelayLine
+    from harness.transport.base import SILENCE_S
     from tests.fixtures.requires import require_module
     from tests.test_tensorboard import assert_stopped_on_the_box, tensorboards_over, write_events
 
@@ -345,7 +348,9 @@ def test_a_server_held_over_a_link_that_stalls_ends_in_one_line_and_stops_on_the
         lines = [ln for ln in err.splitlines() if ln.startswith("harness: error:")]
         assert proc.returncode not in (0, None) and len(lines) == 1 and "slow" in lines[0], err
         assert ended < 30  # keepalive 1 s, 3 unanswered
-    assert_stopped_on_the_box(logdir)  # the line closed its connections: sshd saw the end
+        stopping = time.monotonic()
+        assert_stopped_on_the_box(logdir)  # the line still holds its connections, stalled
+        assert line.stalled and time.monotonic() - started < SILENCE_S + 30, f"stopped {time.monotonic() - stopping:.0f} s after harness ended"
 
 
 # -------------------------------------------------------------------------------------------------

@@ -256,17 +256,27 @@ class Transport(abc.ABC):
         self.close()
 
 
-# Run "$@" until it exits or stdin closes, whichever comes first: a watcher reads stdin (fd 3: a
-# background job's own stdin would be /dev/null) and stops it at the end. SIGINT is ignored: Ctrl-C
-# on this terminal must not end the shell before it has stopped its child.
-_UNTIL_STDIN_CLOSES = ('trap "" INT; exec 3<&0; "$@" </dev/null & pid=$!; '
-                       '{ cat <&3 >/dev/null; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
+# Run "$@" until it exits, or its stdin closes, or nothing arrives on it for $1 seconds: a watcher
+# reads stdin (fd 3: a background job's own stdin would be /dev/null) a byte at a time and stops it
+# at the end. The silence bound needs `timeout` (coreutils, busybox); without it only a close ends
+# it. SIGINT is ignored: Ctrl-C on this terminal must not end the shell before it stopped its child.
+_UNTIL_STDIN_CLOSES = ('trap "" INT; silence=$1; shift; exec 3<&0; "$@" </dev/null & pid=$!; '
+                       '{ if command -v timeout >/dev/null; then while [ "$(timeout "$silence" head -c 1 <&3 | wc -c)" -eq 1 ]; do :; done; '
+                       'else cat <&3 >/dev/null; fi; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
+
+# The lifeline's beat: the side that holds a server writes a byte this often, and the host stops
+# the server after SILENCE_S without one. A link that stalls without closing (sshd on the box keeps
+# the session: few boxes set ClientAliveInterval) then ends the server too; the laptop's ssh has
+# given up by then (ServerAliveInterval, 3 unanswered).
+HEARTBEAT_S = 5.0
+SILENCE_S = 60
 
 
-def until_stdin_closes(argv: list[str]) -> list[str]:
-    """`argv` wrapped to live only while its connection's stdin is open (a served TensorBoard or
-    vLLM: a dropped link or a killed harness stops it on the host); `end_by_stdin` ends it."""
-    return ["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", *argv]
+def until_stdin_closes(argv: list[str], silence_s: float = SILENCE_S) -> list[str]:
+    """`argv` wrapped to live only while its connection's stdin is open and beating (a served
+    TensorBoard or vLLM: a dropped or stalled link or a killed harness stops it on the host; its
+    holder writes a byte every HEARTBEAT_S); `end_by_stdin` ends it."""
+    return ["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", f"{silence_s:g}", *argv]
 
 
 def end_by_stdin(proc: "subprocess.Popen", timeout_s: float) -> None:
