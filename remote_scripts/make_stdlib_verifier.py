@@ -34,7 +34,6 @@ import argparse
 import ast
 import hashlib
 import json
-import math
 import os
 import random
 import sys
@@ -47,7 +46,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog, run_stage  # noqa: E402
-from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, USER, ModelSpec, build_model, collate, write_jsonl_atomic  # noqa: E402
+from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, USER, ModelSpec, build_model, save_verifier_and_data, train_next_token  # noqa: E402
 
 STAGE = "verifier"
 TEST_DIRS = {"test", "tests", "idle_test"}
@@ -183,36 +182,10 @@ def text_chunks(tokenizer, texts: list[str], seq_len: int) -> list[list[int]]:
 
 
 def train_lm(model, rows: list[list[int]], steps: int, batch_size: int, lr: float, device: str, seed: int, max_seconds: float, events: EventLog) -> dict:
-    """Next-token training on every token of `rows` (cosine schedule, bf16 autocast on CUDA)."""
-    import torch
-
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast("cpu", enabled=False)
-    model.train()
-    started = time.monotonic()
-    step = loss = 0
-    for step in range(1, steps + 1):
-        batch = [(r, [1] * len(r)) for r in rng.sample(rows, min(batch_size, len(rows)))]
-        input_ids, labels, attention = (t.to(device) for t in collate(batch, model.config.pad_token_id))
-        with autocast:
-            out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        loss = out.loss.item() if step % 25 == 0 or step == steps else loss
-        if step % 25 == 0 or step == steps:
-            events.metric(step, loss=round(loss, 4), lr=float(f"{sched.get_last_lr()[0]:.4g}"))
-            events.progress(step, steps, unit="steps")
-        if max_seconds and time.monotonic() - started > max_seconds:
-            events.message(f"stopping at step {step} of {steps}: --max-minutes reached")
-            break
-    return {"train_steps": step, "train_seconds": round(time.monotonic() - started, 1), "final_train_loss": round(float(loss), 4)}
+    """Next-token training on every token of `rows`."""
+    done, seconds, loss = train_next_token(model, [(r, [1] * len(r)) for r in rows], steps=steps, batch_size=batch_size, lr=lr, weight_decay=0.01,
+                                           betas=(0.9, 0.95), seed=seed, events=events, device=device, max_seconds=max_seconds)
+    return {"train_steps": done, "train_seconds": seconds, "final_train_loss": round(float(loss), 4)}
 
 
 def heldout_loss(model, rows: list[list[int]], device: str, batch_size: int = 16) -> float:
@@ -319,19 +292,13 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     model.to("cpu").to(torch.float32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     (out / "stdlib_split.json").write_text(json.dumps({"root": str(root), "heldout_percent": args.heldout_percent, **split, "summary": summary, "size": asdict(size)}, indent=1))
 
     data = []
     for part, count in (("train", args.train_prompts), ("heldout", args.heldout_prompts)):
         chosen = [fp for fp in random.Random(args.seed).sample(prompts[part], len(prompts[part])) if len(chat_ids(tokenizer, fp.prompt, None)) <= args.max_prompt_tokens][:count]
         data += [{"id": f"stdlib-{part}-{i}", "split": part, "source": fp.source, "messages": [{"role": "user", "content": fp.prompt}]} for i, fp in enumerate(chosen)]
-    write_jsonl_atomic(Path(args.data_out), data)
-    events.artifact(str(out), kind="verifier")
-    events.artifact(args.data_out, kind="data")
+    save_verifier_and_data(model, tokenizer, out, Path(args.data_out), data, events)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
 

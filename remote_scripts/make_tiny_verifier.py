@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -48,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import tiny_kimi_k25  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
-from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, UNK, USER, ModelSpec, build_model, collate, write_jsonl_atomic  # noqa: E402
+from common.tiny_models import ASSISTANT, BOS, END, PAD, SPECIAL_TOKENS, SYSTEM, UNK, USER, ModelSpec, build_model, collate, save_verifier_and_data, train_next_token  # noqa: E402
 
 STAGE = "verifier"
 
@@ -187,31 +186,9 @@ def check_encoding(tokenizer, messages: list[dict[str, str]]) -> None:
 
 def train(model, rows: list[tuple[list[int], list[int]]], heldout: list[tuple[list[int], list[int]]], spec: TrainSpec, events: EventLog) -> dict[str, float]:
     """Next-token training on assistant tokens only (the user words are random noise)."""
-    import torch
-
-    torch.manual_seed(spec.seed)
-    rng = random.Random(spec.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0, betas=(0.9, 0.98))
-    warmup = max(1, spec.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, spec.steps))))
-    )
-    model.train()
-    started = time.monotonic()
-    for step in range(1, spec.steps + 1):
-        batch = rng.sample(rows, min(spec.batch_size, len(rows)))
-        input_ids, labels, attention = collate(batch, model.config.pad_token_id)
-        out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 25 == 0 or step == spec.steps:
-            events.metric(step, loss=round(out.loss.item(), 4), lr=sched.get_last_lr()[0])
-            events.progress(step, spec.steps, unit="steps")
-    accuracy = assistant_accuracy(model, heldout)
-    return {"train_seconds": round(time.monotonic() - started, 1), "heldout_token_accuracy": accuracy, "final_loss": round(out.loss.item(), 4)}
+    _, seconds, loss = train_next_token(model, rows, steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, weight_decay=0.0, betas=(0.9, 0.98),
+                                        seed=spec.seed, events=events)
+    return {"train_seconds": seconds, "heldout_token_accuracy": assistant_accuracy(model, heldout), "final_loss": round(loss, 4)}
 
 
 def assistant_accuracy(model, rows: list[tuple[list[int], list[int]]]) -> float:
@@ -310,18 +287,12 @@ def run(args: argparse.Namespace, events: EventLog) -> dict:
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    if args.arch == tiny_kimi_k25.ARCH:
-        tiny_kimi_k25.save(model, out, args.layout)
+    kimi = args.arch == tiny_kimi_k25.ARCH
+    if kimi:
         summary["layout"] = args.layout
-    else:
-        model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     (out / "tiny_language.json").write_text(json.dumps({**lang.to_json(), "spec": asdict(LanguageSpec(args.num_words, seed=args.seed))}))
-    write_jsonl_atomic(Path(args.data_out), rows)
-    events.artifact(str(out), kind="verifier")
-    events.artifact(args.data_out, kind="data")
+    save_verifier_and_data(model, tokenizer, out, Path(args.data_out), rows, events,
+                           save_model=(lambda path: tiny_kimi_k25.save(model, path, args.layout)) if kimi else None)
     summary["seconds"] = round(time.monotonic() - t0, 1)
     return summary
 
