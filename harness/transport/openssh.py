@@ -570,9 +570,17 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     if lost.search(text):
         return LinkLostError(f"{where}: the link stopped answering (ssh's keepalives went unanswered); the connection ended",
                              "what ran over it on the host ends once the host notices; check the network, then run the command again")
-    if connect.search(text):
-        return ConnectError(f"{where}: cannot connect: {last}", connect_hint(text, host_name))
+    if connect.search(text):  # worded as the paramiko client words it
+        hint = connect_hint(text, host_name)
+        if "Could not resolve hostname" in text:
+            what = "cannot resolve host name" + (f" {o.target.host!r}" if o is not None else "")
+        else:
+            what = "no SSH server answered" if hint == NOT_SSH_HINT else "cannot connect"
+        return ConnectError(f"{where}: {what}: {last}", hint)
     return TransportError(f"{where}: ssh failed: {last}", "`ssh -v` to the host says more")
+
+
+NOT_SSH_HINT = "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml"
 
 
 def connect_hint(text: str, host_name: str) -> str:
@@ -582,7 +590,7 @@ def connect_hint(text: str, host_name: str) -> str:
     if "Connection refused" in text:
         return "is sshd running there, on that port? check Port in ~/.ssh/config or ssh = in harness.toml"
     if "kex_exchange_identification" in text or "Connection reset" in text or "Connection closed by" in text:
-        return "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml"
+        return NOT_SSH_HINT
     return "is the host up and reachable from here (VPN, firewall)? connect_timeout in harness.toml sets the wait"
 
 
