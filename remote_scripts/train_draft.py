@@ -62,7 +62,7 @@ def choose_loss_implementation(device_type: str, torch_version: str) -> str:
 
 def choose_compute_dtype(device_type: str, cpu_bf16: bool) -> str:
     """speculators' autocast dtype (its --hidden-states-dtype; master weights stay fp32): bf16 where
-    the hardware computes it, fp32 on a CPU without bf16 kernels, where autocast emulates it 30x
+    the hardware computes it, fp32 on a CPU without bf16 kernels, where autocast emulates it 30-45x
     slower than fp32 (bench/cpu_train_dtype.py)."""
     return "bfloat16" if device_type != "cpu" or cpu_bf16 else "float32"
 

@@ -95,7 +95,7 @@ def check_target_layers(layer_ids: list[int], num_layers: int) -> list[int]:
 
 def cpu_has_bf16() -> bool:
     """Whether this CPU has bf16 kernels (oneDNN's: AVX512 or AMX). Without them bf16 is emulated:
-    a draft's training step 30x slower than fp32 on an AVX2-only CPU (bench/cpu_train_dtype.py)."""
+    a draft's training step 30-45x slower than fp32 on an AVX2-only CPU (bench/cpu_train_dtype.py)."""
     probe = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(probe and probe())
 
