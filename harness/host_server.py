@@ -3,8 +3,8 @@
 It runs in the stage runtime (the ML container on docker hosts) in the foreground of a
 connection of its own, wrapped by `until_stdin_closes`: when harness ends (Ctrl-C, a dropped
 link, a kill) that connection's stdin closes, or its beat stops (a stalled link), and the host
-stops it, so nothing is left behind on the box. Its stderr's last lines are kept for the error that names why it ended. It says itself
-when it is ready (a line on its stdout). On docker hosts it runs in a named container of its own
+stops it, so nothing is left behind on the box. Its stderr's last lines are kept for the error
+that names why it ended. It says itself when it is ready (a line on its stdout). On docker hosts it runs in a named container of its own
 and listens there only (a unix socket in the container's file system, or the loopback of the
 container's network namespace), which `docker exec` alone reaches: harness.relay_forward relays
 each connection that way. harness.tensorboard and harness.serve subclass it.

@@ -570,28 +570,22 @@ def map_stderr(text: str, host_name: str, o: OpenSSHOptions | None = None) -> Tr
     if lost.search(text):
         return LinkLostError(f"{where}: the link stopped answering (ssh's keepalives went unanswered); the connection ended",
                              "what ran over it on the host ends once the host notices; check the network, then run the command again")
-    if connect.search(text):  # worded as the paramiko client words it
-        hint = connect_hint(text, host_name)
-        if "Could not resolve hostname" in text:
-            what = "cannot resolve host name" + (f" {o.target.host!r}" if o is not None else "")
-        else:
-            what = "no SSH server answered" if hint == NOT_SSH_HINT else "cannot connect"
+    if connect.search(text):
+        what, hint = connect_failure(text, o.target.host if o is not None else None)
         return ConnectError(f"{where}: {what}: {last}", hint)
     return TransportError(f"{where}: ssh failed: {last}", "`ssh -v` to the host says more")
 
 
-NOT_SSH_HINT = "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml"
-
-
-def connect_hint(text: str, host_name: str) -> str:
-    """The next step for a connection that failed, by what ssh said (the paramiko path's wording)."""
+def connect_failure(text: str, host: str | None) -> tuple[str, str]:
+    """What failed and the next step, by what ssh said, in the paramiko client's words."""
     if "Could not resolve hostname" in text:
-        return "check the spelling, or the HostName of the alias in ~/.ssh/config; `ssh -G ALIAS` shows what ssh makes of it"
+        return ("cannot resolve host name" + (f" {host!r}" if host else ""),
+                "check the spelling, or the HostName of the alias in ~/.ssh/config; `ssh -G ALIAS` shows what ssh makes of it")
     if "Connection refused" in text:
-        return "is sshd running there, on that port? check Port in ~/.ssh/config or ssh = in harness.toml"
+        return "cannot connect", "is sshd running there, on that port? check Port in ~/.ssh/config or ssh = in harness.toml"
     if "kex_exchange_identification" in text or "Connection reset" in text or "Connection closed by" in text:
-        return NOT_SSH_HINT
-    return "is the host up and reachable from here (VPN, firewall)? connect_timeout in harness.toml sets the wait"
+        return "no SSH server answered", "the port is open but speaks no SSH: check Port/HostName in ~/.ssh/config or ssh = in harness.toml"
+    return "cannot connect", "is the host up and reachable from here (VPN, firewall)? connect_timeout in harness.toml sets the wait"
 
 
 # What ssh prints when the connection it made through a ProxyJump/ProxyCommand pipe closed. A
