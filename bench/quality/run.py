@@ -273,7 +273,13 @@ class HarnessRun:
         config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
-        self.jobs = Host(config, host, lambda _name: transport).runs
+        self.host = Host(config, host, lambda _name: transport)
+        self.jobs = self.host.runs
+
+    def beside_sweep(self, per_gpu: int) -> None:
+        """Our runs take the queue slot after the sweep's `per_gpu` ones: they run beside its
+        trials instead of ahead of them (a run in no slot waits for every slot)."""
+        self.jobs = self.host.jobs(queue_slot=per_gpu)
 
     def start(self, stages: list[str]) -> str:
         run_id = self.jobs.launch(stages).run_id
@@ -303,6 +309,34 @@ class HarnessRun:
             failed = status.failed_stage
             raise SystemExit(f"harness run {run_id} ended {status.state}" + (f" in {failed.stage}: {finished.get(failed.stage, {}).get('error')}; log {self.work}/runs/{run_id}/{failed.stage}/log" if failed else ""))
         return finished
+
+
+class HarnessSweep:
+    """`harness sweep` (harness.sweep, as the command drives it) on the bench's local host, on the
+    data it prepared: trials measured on the selection split, the winner on the test split."""
+
+    def __init__(self, harness: HarnessRun, sets: list[str], per_gpu: int):
+        from harness.sweep import Sweep, parse_sets
+
+        self.sweep = Sweep(harness.host)
+        self.state, lines = self.sweep.start(parse_sets(sets), "selection", [], per_gpu)
+        for line in lines:
+            log(f"sweep {self.state.sweep_id}: {line}")
+        CLEANUP.append(lambda: self.running() and self.sweep.cancel(self.state.sweep_id, grace_s=5))
+
+    def running(self) -> bool:
+        """Starts what the sweep needs next (the winner's test run once every trial ended)."""
+        statuses = self.sweep.statuses()
+        for line in self.sweep.advance(self.state, statuses):
+            log(f"sweep {self.state.sweep_id}: {line}")
+        return not self.sweep.view(self.state, statuses).done
+
+    def stop(self) -> None:
+        log(f"sweep {self.state.sweep_id}: cancelled at the train deadline")
+        self.sweep.cancel(self.state.sweep_id, grace_s=15)
+
+    def result(self) -> dict:
+        return self.sweep.view(self.state).to_json()
 
 
 class Training:
@@ -391,17 +425,17 @@ def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work:
     return Training(name, argv, work / out, work / "recipes" / f"{name}.log", work)
 
 
-def train_all(trainings: list[Training], concurrent: bool, deadline: float | None, harness: HarnessRun, ours: str) -> bool:
-    """Run the trainings that are not done yet beside the harness run `ours`: all at once with a
-    GPU, one by one on a CPU. At `deadline` (monotonic) stop whatever still runs; returns whether
-    ours was stopped."""
+def train_all(trainings: list[Training], concurrent: bool, deadline: float | None, harness: HarnessRun, ours: str, sweep: HarnessSweep | None = None) -> bool:
+    """Run the trainings that are not done yet beside the harness run `ours` (and the sweep's
+    runs): all at once with a GPU, one by one on a CPU. At `deadline`
+    (monotonic) stop whatever still runs; returns whether ours was stopped."""
     pending = [t for t in trainings if not t.done]
     for t in trainings:
         if t.done:
             log(f"{t.name}: already trained ({t.output})")
     running: list[Training] = []
     try:
-        while pending or running or harness.running(ours):
+        while pending or running or harness.running(ours) or (sweep is not None and sweep.running()):
             while pending and (concurrent or not running):
                 running.append(pending.pop(0))
                 running[-1].start()
@@ -415,6 +449,8 @@ def train_all(trainings: list[Training], concurrent: bool, deadline: float | Non
                 ours_running = harness.running(ours)
                 if ours_running:
                     harness.stop(ours)
+                if sweep is not None and sweep.running():
+                    sweep.stop()
                 grace_end = time.monotonic() + 15
                 while any(t.proc and t.proc.poll() is None for t in running) and time.monotonic() < grace_end:
                     time.sleep(0.5)
@@ -556,6 +592,8 @@ def bench() -> None:
     p.add_argument("--recipes", default=None, metavar="FILE", help="JSON {name: {train flag: value}}: also train and measure these recipes (see the module's doc)")
     p.add_argument("--train-deadline-s", type=float, default=None, help="stop the trainings beside ours this many seconds after the bench started (their latest checkpoints are measured)")
     p.add_argument("--measure-max-s", type=float, default=None, help="each measurement stops after this long, with the prompts it has done")
+    p.add_argument("--sweep", action="append", default=[], metavar="STAGE.FLAG=V1,V2", help="also run `harness sweep` with this axis (repeatable, as its --set) on the same data, its trials beside ours")
+    p.add_argument("--sweep-per-gpu", type=int, default=2, help="the sweep's trials at once on each GPU (its --per-gpu)")
     p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
     args = p.parse_args()
     spec = VERIFIERS[args.verifier][args.size]
@@ -604,14 +642,17 @@ def bench() -> None:
     # worker each and a metrics line every 10 steps (speculators renders each one on the console).
     machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1, "log_freq": 10} if concurrent else {})
     others += [recipe_training(name, {**machine_flags, **flags}, harness, work) for name, flags in recipes.items()]
-    train_key = {"train": stage_args["train"], "evaluate": stage_args["evaluate"], "others": [t.name for t in others], "recipes": recipes}
+    train_key = {"train": stage_args["train"], "evaluate": stage_args["evaluate"], "others": [t.name for t in others], "recipes": recipes, "sweep": args.sweep}
     trained_phase = done.get("train", train_key)
     if trained_phase is None:
+        if args.sweep:
+            harness.beside_sweep(args.sweep_per_gpu)
         ours = harness.start(["train", "evaluate"])
-        ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours)
+        sweep = HarnessSweep(harness, args.sweep, args.sweep_per_gpu) if args.sweep else None
+        ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours, sweep)
         ours_finished = harness.wait(ours, cancelled_ok=ours_stopped)
         trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
-        trained_phase = {"finished": ours_finished, "ours_stopped": ours_stopped, "trained": trained}
+        trained_phase = {"finished": ours_finished, "ours_stopped": ours_stopped, "trained": trained, "sweep": sweep.result() if sweep else None}
         done.put("train", train_key, trained_phase)
     finished.update(trained_phase["finished"])
     ours_stopped, trained = trained_phase["ours_stopped"], trained_phase["trained"]
@@ -621,12 +662,15 @@ def bench() -> None:
         return
 
     drafts = {"ours": work / "outputs/checkpoints", **{t.name: t.output for t in others}}
+    sweep = trained_phase.get("sweep") or {}
+    trials = {f"sweep-{t['trial']}": t for t in sweep.get("trials", [])}
+    drafts.update({name: work / "outputs/sweeps" / sweep["sweep_id"] / t["trial"] / "checkpoints" for name, t in trials.items() if t["state"] == "ok"})
     for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
         log(f"{name}: no checkpoint before the train deadline: not measured")
         del drafts[name]
     # Recipes are chosen on the selection split and reported on the test split (heldout), which
     # chooses nothing.
-    splits = ["heldout"] + (["selection"] if recipes and has_split(work / "outputs/chat.jsonl", "selection") else [])
+    splits = ["heldout"] + (["selection"] if (recipes or trials) and has_split(work / "outputs/chat.jsonl", "selection") else [])
     by_split = measure_all(work, [
         "--verifier", work / verifier_dir(args.verifier), "--data", work / "outputs/chat.jsonl",
         "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
@@ -639,7 +683,7 @@ def bench() -> None:
     for name in ("ours", "ngram", "speculators"):  # not measured: None
         tau.setdefault(name, {3: None, 5: None})
     selection = tau_table(by_split["selection"]) if "selection" in by_split else {}
-    candidates = {name: t[3] for name, t in selection.items() if name == "ours" or name in recipes}
+    candidates = {name: t[3] for name, t in selection.items() if name == "ours" or name in recipes or name in trials}
     chosen = max(candidates, key=candidates.get) if candidates else None
     result = {
         "k": 3,
@@ -675,6 +719,10 @@ def bench() -> None:
         "selection_prompts": by_split.get("selection", {}).get("prompts"),
         "chosen_by_selection": chosen,
         "speculators_training": trained.get("speculators"),
+        # `harness sweep`'s view (--sweep: its trials' selection tau as its evaluate measured it, the
+        # winner's test tau), and each trial's checkpoint measured here as the recipes are
+        "sweep": trained_phase.get("sweep"),
+        "sweep_trials": {name: {"flags": t["flags"], "tau": {str(k): v for k, v in tau.get(name, {3: None, 5: None}).items()}, "selection_tau": {str(k): v for k, v in selection.get(name, {}).items()}} for name, t in trials.items()},
         "phase_seconds": phases,
         "seconds": round(time.monotonic() - t0, 1),
         "load_average": {"before": [round(x, 1) for x in load_before], "after": [round(x, 1) for x in os.getloadavg()]},
@@ -708,6 +756,8 @@ def table(r: dict) -> str:
     for name, rec in r.get("recipes", {}).items():
         note = " (stopped at the deadline)" if rec.get("stopped_early") else " (FAILED)" if rec.get("exit_code") else ""
         lines.append(f"| recipe `{name}`: {json.dumps(rec['flags'])}{note} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |{selection(name)}")
+    for name, rec in (r.get("sweep_trials") or {}).items():
+        lines.append(f"| `harness sweep` trial `{name}`: {json.dumps(rec['flags'])} | {_fmt(rec['tau']['3'])} | {_fmt(rec['tau']['5'])} |{selection(name)}")
     return "\n".join(lines) + category_table(r.get("tau_by_category") or {})
 
 
