@@ -50,6 +50,14 @@
 #   4.                   bash bench/gpu/detached.sh wait levers 570
 #   5.                   bash bench/gpu/detached.sh wait levers 400; tar czf $OUT/levers.tgz -C /tmp/quality-out .
 #   (TRAIN_DEADLINE_S counts from the bench's start: the data take ~5 minutes, the trainings get the rest.)
+# Ours and `speculators train`'s defaults each run to its end, with a `harness sweep` beside them (run.py --sweep:
+# its trials in queue slots of their own, ours in the next): calls 1-2 as above, then
+#   3. carry [".whl"]    bash bench/gpu/detached.sh start final env WORK=/tmp/q-final TRAIN_DEADLINE_S=1300 MEASURE_MAX_S=150 \
+#                          BUDGET_S=1530 OUT=/tmp/quality-out EXTRA_ARGS="--sweep train.epochs=13,20 --sweep train.early_stop_patience=0" \
+#                          bash bench/gpu/quality.sh smollm2; sleep 240; bash bench/gpu/detached.sh wait final 290
+#   4.                   bash bench/gpu/detached.sh wait final 540
+#   5.                   bash bench/gpu/detached.sh wait final 470; tar czf $OUT/final.tgz -C /tmp/quality-out .
+#   (1,643 s of the session's 1,800 with the machine's start: speculators' 20 epochs took 966 s beside three others.)
 #
 #   bash bench/gpu/quality.sh cpu 2>&1 | tee $OUT/log   # call 1: the cpu size's recipe sweep
 #   bash bench/gpu/quality.sh gpu 2>&1 | tee $OUT/log   # call 2: the gpu size

@@ -13,7 +13,7 @@ gave 109 per epoch and tau 3.64. The rule, for values the user did not set:
   epochs           = 3; raised (at most to 20) while the run gets fewer than the device's
                      TARGET_STEPS: small data learns from more passes (stdlib bench on a CPU:
                      tau 2.08 at 3 epochs, 2.27 at 5; SmolLM2 on an H200: 2.71 at 1,144 steps,
-                     2.93 at 4,576)
+                     2.91 at 4,134, 2.98 at 6,360)
   warm-up          = speculators' own (1 % of the steps): it follows the sized step count
 
 The epochs are the most a run trains: train's early stop (common/acceptance.py EarlyStop) ends
