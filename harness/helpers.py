@@ -3,23 +3,29 @@
 Shipped one way: the helper's source travels on stdin ahead of the request, read by a one-line
 bootstrap (`python -c BOOT NAME SIZE`: SIZE bytes of source run as __main__), so nothing is
 installed on the host, a changed helper is used at once, and the host's `ps` shows a short line
-naming the helper. Started one way: `python -S -c BOOT ...` on the host (the default `python3` as
-/usr/bin/python3 where there is one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in
-the stage environment (Runtime.foreground: the container, the workdir) when `where` is a runtime.
-Nothing else builds a helper's command line (tests/test_helpers.py holds every module to it).
+naming the helper; the source is the one thing sent, so a helper runs wherever a python does (a
+fresh host, a container harness started: nothing there needs to be synced or mounted). Started one
+way: `python -S -c BOOT ...` on the host (the default `python3` as /usr/bin/python3 where there is
+one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in the stage environment
+(Runtime.foreground: the container, the workdir) when `where` is a runtime, or in a running
+container of it (`inside`: Runtime.exec_in). A server held on the host (host_server.py) wraps
+`command` in its lifeline, which hands the helper its payload. Nothing else builds a helper's
+command line (tests/test_helpers.py holds every module to it, and no module to an inline
+`python -c SOURCE`).
 One wire format: the request is ONE JSON line on the helper's stdin after its source (it ends in
 "\n"; a helper's arguments travel in it, never on a command line, so secret values in it never
 reach one). A helper that takes only the request reads stdin to its end (json.load); a helper
-with a byte stream of its own (sync_apply.py: file records; pull_helper.py: range requests)
-reads the request line and then the caller's stream, which FOLLOWS it on the same stdin
-(`start`). The reply is its stdout (one JSON document, or a byte stream for a streaming command
-handed to `stdout`), its exit code says how it went (0 done, 2 no such thing, else failed, with
-stderr saying why).
+with a byte stream of its own (sync_apply.py: file records; pull_helper.py: range requests;
+relay.py: a forwarded connection's raw bytes, its reply the server's) reads the request line and
+then the caller's stream, which FOLLOWS it on the same stdin (`start`), through sys.stdin.buffer
+(BOOT's reads may have buffered the stream's first bytes already). The reply is its stdout (one
+JSON document, or a byte stream for a streaming command handed to `stdout`), its exit code says
+how it went (0 done, 2 no such thing, else failed, with stderr saying why).
 
 Every call is one process the transport starts and owns (Transport.stream: for SSH hosts a
 channel of the OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP;
 the transport types the link's failures). `call` waits for the reply; `start` leaves stdin open
-for a caller that streams (sync, pull), on the same command line and payload.
+for a caller that streams (sync, pull, a relay), on the same command line and payload.
 """
 
 from __future__ import annotations
@@ -70,14 +76,24 @@ class HelperResult:
         return self
 
 
-def argv(name: str, *, python: str = "python3", where: "Runtime | None" = None, options: "WrapOptions | None" = None) -> list[str]:
+def argv(name: str, *, python: str = "python3", where: "Runtime | None" = None, options: "WrapOptions | None" = None,
+         inside: str | None = None) -> list[str]:
     """The host argv that starts helper `name` (e.g. "supervisor.py") on the host's python, or
-    in the stage environment of runtime `where` (with its WrapOptions `options`). Its stdin:
+    in the stage environment of runtime `where` (with its WrapOptions `options`), or, with
+    `inside`, in that running container of `where` (a HostServer's: Runtime.exec_in). Its stdin:
     payload(name, request)."""
-    boot = [BOOT, name, str(len(_source(name)))]
+    if where is not None and inside is not None:
+        return where.exec_in(inside, command(name, where.python))
     if where is not None:
-        return where.foreground([where.python, "-c", *boot], *([options] if options is not None else []))
-    return ["sh", "-c", _ON_HOST, "sh", python, *boot]
+        return where.foreground(command(name, where.python), *([options] if options is not None else []))
+    return ["sh", "-c", _ON_HOST, "sh", python, BOOT, name, str(len(_source(name)))]
+
+
+def command(name: str, python: str) -> list[str]:
+    """Helper `name`'s command line in an environment that `python` names, for a caller that
+    wraps it itself (a HostServer: the runtime's wrap around its lifeline). Its stdin:
+    payload(name, request)."""
+    return [python, "-c", BOOT, name, str(len(_source(name)))]
 
 
 def payload(name: str, request: dict[str, Any]) -> bytes:
@@ -92,15 +108,16 @@ def _source(name: str) -> bytes:
 
 def start(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
           options: "WrapOptions | None" = None, env: dict[str, str] | None = None, channel: str = SHARED,
-          before: Sequence[str] = ()) -> "RemoteProcess":
+          before: Sequence[str] = (), inside: str | None = None) -> "RemoteProcess":
     """Start helper `name` with `request` (its payload already written) and leave its stdin open:
     what the caller writes next is the helper's stream, after the request line; closing stdin
     ends it. The caller reads stdout and takes the exit (RemoteProcess.error types a failure).
     `channel`: Transport.stream's (OWN: a connection of its own, for parallel bulk streams).
     `before`: an argv run first on the host that ends by exec'ing the arguments after its own
     (`exec "$@"`), which are the helper's command line: e.g. sync's `cat` of the manifest, so the
-    laptop plans while the interpreter starts. `env`: as for `call`."""
-    proc, data = _launch(transport, name, request, python, where, options, env, channel, before)
+    laptop plans while the interpreter starts. `env`: as for `call`. `inside`: as for `argv`
+    (a relay into a server's container)."""
+    proc, data = _launch(transport, name, request, python, where, options, env, channel, before, inside)
     try:
         proc.stdin.write(data)
     except OSError:
@@ -109,9 +126,10 @@ def start(transport: "Transport", name: str, request: dict[str, Any], *, python:
 
 
 def _launch(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
-            env: dict[str, str] | None, channel: str = SHARED, before: Sequence[str] = ()) -> tuple["RemoteProcess", bytes]:
+            env: dict[str, str] | None, channel: str = SHARED, before: Sequence[str] = (),
+            inside: str | None = None) -> tuple["RemoteProcess", bytes]:
     """The started process and what its stdin must get first (a runtime's env values, then the payload)."""
-    host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options)], b""
+    host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options, inside=inside)], b""
     if env:
         from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
 

@@ -31,11 +31,18 @@ class HostServer:
     stop_timeout_s = 15.0  # for the host to stop it once stdin closes
 
     def __init__(self, transport: "Transport", runtime: "Runtime", argv: list[str], stdout: bool = False,
-                 options: "WrapOptions | None" = None):
+                 options: "WrapOptions | None" = None, payload: bytes = b""):
+        """`payload`: argv's stdin, written ahead of the beats (a host helper's source and request:
+        helpers.command, helpers.payload); without one its stdin is /dev/null."""
         self._tail: list[str] = []
         # a connection of its own: the server outlives the other commands of this CLI call
-        wrapped = runtime.wrap(until_stdin_closes(argv), *([options] if options else []))
+        wrapped = runtime.wrap(until_stdin_closes(argv, given=len(payload)), *([options] if options else []))
         self._proc = transport.stream(wrapped, channel=OWN, stdout=stdout, on_stderr_line=self._keep)
+        if payload:
+            try:
+                self._proc.stdin.write(payload)
+            except OSError:
+                pass  # it ended before reading: ended() says why
         self._closing = threading.Event()
         self._stdin_lock = threading.Lock()  # a beat is never written into a closing pipe
         threading.Thread(target=self._beat, daemon=True).start()

@@ -1,9 +1,13 @@
 """A server on a unix socket of the host (or of a container there), or on the loopback of a
 container's own network namespace, reached from this machine's loopback: each local connection is
 relayed through a command of its own on the host (Transport.stream: over SSH a channel of the
-master), `python3 -c RELAY SOCKET` (or `RELAY 127.0.0.1 PORT`; in a container `docker exec -i
-NAME python3 -c RELAY ...`), which connects to the server and moves the bytes both ways over its
-stdin/stdout.
+master), the host helper relay.py (started by helpers.start: on the host's python, or in the
+container by `docker exec -i NAME`), which connects to the server and moves the bytes both ways
+over its stdin/stdout, after its request line.
+
+The helper's source travels with each connection, as every helper's does: the container needs a
+python and nothing of harness's (no synced tree, no mount), and a relay in the host runtime needs
+neither the stage environment nor the workdir.
 
 Why (docs/security.md): a TCP port on the box, even its loopback, is open to every local user;
 a socket in a 0700 directory is open to its owner only, and a container's file system and
@@ -15,61 +19,47 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from harness import helpers
 from harness.errors import UsageError
 from harness.transport.base import Forwarding
 
 if TYPE_CHECKING:
+    from harness.runtime.base import Runtime
     from harness.transport.base import Transport
     from harness.transport.process import RemoteProcess
 
-# argv[1]: the socket, or argv[1:3]: a TCP address and port. Exit 1 when nothing listens there
-# (the error names it on stderr).
-RELAY = r"""
-import os, socket, sys, threading
-where = sys.argv[1:]
-s = socket.socket(socket.AF_UNIX) if len(where) == 1 else socket.socket()
-try:
-    s.connect(where[0] if len(where) == 1 else (where[0], int(where[1])))
-except OSError as e:
-    sys.exit(f"relay: {':'.join(where)}: {e}")
-def up():
-    while True:
-        b = os.read(0, 65536)
-        if not b:
-            break
-        s.sendall(b)
-    try:
-        s.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-threading.Thread(target=up, daemon=True).start()
-out = sys.stdout.buffer
-while True:
-    b = s.recv(65536)
-    if not b:
-        break
-    out.write(b)
-    out.flush()
-"""
+RELAY = "relay.py"
 
 
-def relay_argv(python: str, *where: str, container: str | None = None) -> list[str]:
-    """The host command that relays its stdin/stdout to `where` (a unix socket's path, or an
-    address and a port), run on the host or, with `container`, by `docker exec` in that container
-    (its file system, its network namespace); `python` as named there."""
-    argv = [python, "-c", RELAY, *where]
-    return ["docker", "exec", "-i", container, *argv] if container else argv
+@dataclass(frozen=True)
+class Relay:
+    """Where a connection is relayed to: `to`, a unix socket's path or (address, port), on the
+    host (the host's python) or, with `container`, in that running container of `runtime` (its
+    file system, its network namespace)."""
+
+    runtime: "Runtime"
+    to: "str | tuple[str, int]"
+    container: str | None = None
+
+    def start(self, transport: "Transport") -> "RemoteProcess":
+        """One connection's relay, its request written: what follows on its stdin goes to the
+        server, its stdout is the server's answer; exit 1 when nothing listens there."""
+        request = {"socket": self.to} if isinstance(self.to, str) else {"address": self.to[0], "port": self.to[1]}
+        if self.container:
+            return helpers.start(transport, RELAY, request, where=self.runtime, inside=self.container)
+        return helpers.start(transport, RELAY, request, python=self.runtime.python)
 
 
 class RelayForwarding(Forwarding):
-    """127.0.0.1:local_port here; each connection relayed by `transport.stream(argv)`. `option`:
-    the command's option that picks the local port (in the error when it is taken)."""
+    """127.0.0.1:local_port here; each connection relayed by `relay`. `option`: the command's
+    option that picks the local port (in the error when it is taken)."""
 
-    def __init__(self, transport: "Transport", argv: Sequence[str], local_port: int, option: str = "--port"):
+    def __init__(self, transport: "Transport", relay: Relay, local_port: int, option: str = "--port"):
         self._transport = transport
-        self._argv = list(argv)
+        self._relay_to = relay
         self._listener = socket.socket()
         try:
             self._listener.bind(("127.0.0.1", local_port))
@@ -93,7 +83,7 @@ class RelayForwarding(Forwarding):
             threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
 
     def _relay(self, conn: socket.socket) -> None:
-        proc = self._transport.stream(self._argv)
+        proc = self._relay_to.start(self._transport)
         with self._lock:
             self._relays.add(proc)
 

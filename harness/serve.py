@@ -37,7 +37,7 @@ from harness.events import Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.port_forward import PortSpec, locate, open_forwards
-from harness.relay_forward import RelayForwarding, relay_argv
+from harness.relay_forward import Relay, RelayForwarding
 from harness.run_pull import recorded_pipeline, stage_output
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ class RemoteServer(HostServer):
         self.key = key
         self.port = request.port
         self._transport = transport
-        self._python = runtime.python
+        self._runtime = runtime
         # a named container on docker hosts, its network namespace its own: the relay reaches its loopback by `docker exec`
         self.container = f"harness-serve-{secrets.token_hex(8)}" if runtime.uses_image else None
         argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--port", str(request.port), "--host", LOOPBACK,
@@ -130,8 +130,8 @@ class RemoteServer(HostServer):
         listens there). In a container: a relay per connection, `docker exec` in the container to
         its loopback; on the host: `ssh -L` to the host's loopback (`python`: the host's, to look)."""
         if self.container:
-            argv = relay_argv(self._python, LOOPBACK, str(self.port), container=self.container)
-            forwarding = RelayForwarding(self._transport, argv, spec.local_port, option="--local-port")
+            relay = Relay(self._runtime, (LOOPBACK, self.port), container=self.container)
+            forwarding = RelayForwarding(self._transport, relay, spec.local_port, option="--local-port")
             host, port = forwarding.addresses[0]
             return forwarding, f"http://{host}:{port}", f"container {self.container}"
         forwarding, [shown] = open_forwards(self._transport, python, [spec])

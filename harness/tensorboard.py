@@ -2,12 +2,13 @@
 stages run (the ML container on docker hosts), over a run's training-logger directory, and
 forwarded here (harness.relay_forward).
 
-It listens on a unix socket in a directory of its own (0700, made by the launcher, which fails if
-the name exists), never on a TCP port: TensorBoard has no authentication, and any local user of
-the box reaches a TCP port, loopback included. This machine reaches it through a relay per
-connection (docs/security.md). It runs in the foreground of a connection of its own and reads that connection's stdin: when
-harness ends (Ctrl-C, a dropped link, a kill), the stdin closes and the host stops TensorBoard,
-so nothing is left behind on the box.
+It listens on a unix socket in a directory of its own (0700, made by the host helper
+tensorboard_server.py, which fails if the name exists), never on a TCP port: TensorBoard has no
+authentication, and any local user of the box reaches a TCP port, loopback included. This machine
+reaches it through a relay per connection (docs/security.md). It runs in the foreground of a
+connection of its own and reads that connection's stdin: when harness ends (Ctrl-C, a dropped
+link, a kill), the stdin closes and the host stops TensorBoard, so nothing is left behind on the
+box.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness import helpers
 from harness.errors import RemoteCommandError, UsageError
 from harness.host_server import HostServer
-from harness.relay_forward import relay_argv
+from harness.relay_forward import Relay
 from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
 
 if TYPE_CHECKING:
@@ -32,35 +34,10 @@ DEFAULT_PORT = 6006
 START_TIMEOUT_S = 180.0
 READY = "harness-tensorboard-ready"
 
-# TensorBoard served on a unix socket: argv[1] the directory to make (0700; an existing one is
-# refused), argv[2] the log directory. Prints READY once the socket listens; a SIGTERM (the end of
-# until_stdin_closes) removes the directory. --load_fast=false: the fast loader is a second server,
-# on a loopback TCP port.
-LAUNCHER = r"""
-import os, shutil, signal, sys
-directory, logdir = sys.argv[1], sys.argv[2]
-from tensorboard import program
-from werkzeug import serving
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-os.mkdir(directory, 0o700)
-try:
-    path = os.path.join(directory, "tensorboard.sock")
-    class Server(serving.ThreadedWSGIServer, program.TensorBoardServer):
-        def __init__(self, app, flags):
-            serving.ThreadedWSGIServer.__init__(self, "unix://" + path, 0, app)
-        def get_url(self):
-            return "unix:" + path
-        def print_serving_message(self):
-            print(READY, flush=True)
-    class Board(program.TensorBoard):
-        def _register_info(self, server):
-            pass  # no info file in /tmp for `tensorboard --list`: nothing to connect to
-    board = Board(server_class=Server)
-    board.configure(argv=[None, "--logdir", logdir, "--load_fast", "false"])
-    sys.exit(board.main())
-finally:
-    shutil.rmtree(directory, ignore_errors=True)
-""".replace("READY", repr(READY))
+# The host helper that serves TensorBoard on a unix socket in a directory it makes (0700; an
+# existing one is refused), says READY once it listens and removes the directory when the lifeline
+# ends it.
+SERVER = "tensorboard_server.py"
 
 
 @dataclass(frozen=True)
@@ -93,18 +70,19 @@ class RemoteTensorBoard(HostServer):
         token = secrets.token_hex(8)
         directory = f"/tmp/harness-tensorboard-{token}"
         self.socket = f"{directory}/tensorboard.sock"
-        self._python = runtime.python
+        self._runtime = runtime
         # a named container on docker hosts: the relay reaches its socket by `docker exec`
         self.container = f"harness-tensorboard-{token}" if runtime.uses_image else None
-        argv = [runtime.python, "-c", LAUNCHER, directory, logdir]
-        super().__init__(transport, runtime, argv, stdout=True, options=WrapOptions(name=self.container))
+        request = {"directory": directory, "logdir": logdir, "ready": READY}
+        super().__init__(transport, runtime, helpers.command(SERVER, runtime.python), stdout=True,
+                         options=WrapOptions(name=self.container), payload=helpers.payload(SERVER, request))
 
-    def relay_argv(self) -> list[str]:
-        """The host command that relays a connection to the socket (in the container: docker exec)."""
-        return relay_argv(self._python, self.socket, container=self.container)
+    def relay(self) -> Relay:
+        """What relays a connection to the socket (in the container: docker exec)."""
+        return Relay(self._runtime, self.socket, container=self.container)
 
     def wait_ready(self, timeout: float) -> None:
-        """Until the launcher says the socket listens; `ended()` if it exits first."""
+        """Until the helper says the socket listens; `ended()` if it exits first."""
         import threading
 
         first: list[bytes] = []

@@ -132,7 +132,8 @@ def _module_text(path) -> str:
 def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
     """The one way stays the one way: only harness/helpers.py reads a helper's source or knows how
     the host's python starts one (host_helpers is imported nowhere else), no other module builds a
-    `python -S -c` command line, and every module that names a helper imports harness.helpers."""
+    `python -S -c` command line or any `-c` line but a shell's (a Python program sent inline is a
+    host helper's job), and every module that names a helper imports harness.helpers."""
     import ast
     from pathlib import Path
 
@@ -161,6 +162,8 @@ def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
                 items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
                 if any(a == "-S" and b == "-c" for a, b in zip(items, items[1:])):
                     offences.append(f"{rel}:{node.lineno}: builds a `python -S -c` command line")
+                elif any(b == "-c" and a not in ("sh", "bash") for a, b in zip([None, *items], items)):
+                    offences.append(f"{rel}:{node.lineno}: an inline `-c` program other than a shell's: make it a host helper")
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if "-S -c" in node.value:
                     offences.append(f"{rel}:{node.lineno}: a shell line with `python -S -c`")

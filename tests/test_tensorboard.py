@@ -132,10 +132,20 @@ def assert_out_of_reach(other_user, boards: list[int]) -> None:
             if fields[3] == "0A":  # LISTEN
                 listening.add(f"socket:[{fields[9]}]")
     assert held & listening == set(), "TensorBoard listens on a TCP port"
-    socket_path = (Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[3] + b"/tensorboard.sock").decode()
+    socket_path = served_socket(pid, held)
     said = other_user.run([OTHER_PYTHON, "-c", CONNECT_UNIX, socket_path])
     assert said.returncode == 0, said.stderr
     assert said.stdout.strip() in ("EACCES", "ENOENT"), said.stdout  # the ENOENT of a path only the container has
+
+
+def served_socket(pid: int, held: set[str]) -> str:
+    """The path of the unix socket TensorBoard (pid) serves on: one of the sockets it holds, as its
+    network namespace's table names it."""
+    for row in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+        fields = row.split()
+        if len(fields) == 8 and fields[7].endswith("/tensorboard.sock") and f"socket:[{fields[6]}]" in held:
+            return fields[7]
+    raise AssertionError(f"TensorBoard ({pid}) holds no tensorboard.sock")
 
 
 # connect to the unix socket argv[1]: prints "connected" or the errno's name
@@ -162,16 +172,22 @@ def processes() -> dict[int, tuple[int, str]]:
     return found
 
 
+# TensorBoard's process on the box: the host helper, `python -c BOOT tensorboard_server.py SIZE`
+# (harness/helpers.py), its request on stdin
+SERVER = b"tensorboard_server.py"
+
+
 def tensorboards_over(logdir: Path) -> list[int]:
-    """TensorBoard's processes on the box over logdir (the launcher: python -c SOURCE DIRECTORY LOGDIR)."""
+    """TensorBoard's processes on the box over logdir: the helper whose working directory (the
+    workdir it runs in: the host's, or the container's, mounted at the same path) holds logdir."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1] if entry.name.isdigit() else []
+            if len(argv) == 5 and argv[1] == b"-c" and argv[3] == SERVER and str(logdir).startswith(os.readlink(entry / "cwd") + "/"):
+                found.append(int(entry.name))
         except OSError:
             continue  # it ended meanwhile
-        if len(argv) == 5 and argv[1] == b"-c" and b"from tensorboard import program" in argv[2] and argv[4] == str(logdir).encode():
-            found.append(int(entry.name))
     return found
 
 
@@ -236,7 +252,7 @@ def test_a_dropped_link_stops_tensorboard_on_the_box(ssh_host, tmp_path):
         ours = {proc.pid}
         for _ in range(4):  # harness's descendants
             ours |= {pid for pid, (ppid, _) in table.items() if ppid in ours}
-        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and "from tensorboard import program" in table[pid][1]]
+        links = [pid for pid in ours if table[pid][1].startswith("ssh ") and SERVER.decode() in table[pid][1]]
         assert len(links) == 1, [table[pid][1] for pid in ours]
         os.kill(links[0], signal.SIGKILL)
         assert_stopped_on_the_box(logdir)

@@ -71,6 +71,6 @@ def tensorboard(ctx: click.Context, host: str, run: str | None, port: int) -> No
     board, logdir = start(h, TensorBoardOptions(run_id=run_id))
     with board:
         click.echo(f"TensorBoard on {host} over {logdir}", err=True)
-        forwarding = RelayForwarding(h.transport, board.relay_argv(), local_port)
+        forwarding = RelayForwarding(h.transport, board.relay(), local_port)
         where = f" (container {board.container})" if board.container else ""
         _hold(forwarding, [f"http://127.0.0.1:{forwarding.addresses[0][1]}  ->  TensorBoard's socket on {host}{where}"], server=board)

@@ -1,9 +1,9 @@
 """Gather the ML facts `harness doctor` judges, in ONE run of the stage interpreter.
 
-Sent as `python -c <this file's text> <request JSON>` through the host's runtime (inside the
-container when runtime = "docker", so it sees the image's libraries and the GPUs the container
-gets). STDLIB ONLY at the top level: torch is imported inside a guard, so a broken or missing
-torch is a fact to report, not a crash. It judges nothing; harness/doctor/ml_checks.py does.
+Run by harness.helpers in the host's runtime, its request on stdin (inside the container when
+runtime = "docker", so it sees the image's libraries and the GPUs the container gets). STDLIB
+ONLY at the top level: torch is imported inside a guard, so a broken or missing torch is a fact to
+report, not a crash. It judges nothing; harness/doctor/ml_checks.py does.
 
 Request: {"verifier": path, "prepared": path, "data": path, "flex": true, "head_dim": null}
 (paths relative to the working directory, which is the workdir)

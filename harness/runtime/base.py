@@ -100,6 +100,11 @@ class Runtime(abc.ABC):
         dirs = self.host_dirs()
         return ["sh", "-c", _MKDIRS_THEN_EXEC, "sh", str(len(dirs)), *dirs, *self.wrap(argv, options)]
 
+    def exec_in(self, container: str, argv: Sequence[str]) -> list[str]:
+        """Host argv that runs `argv`, its stdin kept, in `container`: one this runtime started
+        and named (a HostServer's), whose file system and loopback only it reaches."""
+        raise ValueError(f"{self.host.name}: the {self.kind} runtime starts no containers")
+
     # -- detached runs (harness.jobs) --------------------------------------------------------------
 
     @abc.abstractmethod

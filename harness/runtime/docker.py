@@ -137,6 +137,9 @@ class DockerRuntime(Runtime):
         tty = ["-i", "-t"] if options.interactive else ["-i"]
         return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *argv]
 
+    def exec_in(self, container: str, argv: Sequence[str]) -> list[str]:
+        return ["docker", "exec", "-i", container, *argv]
+
     def create_argv(self, argv: Sequence[str], options: WrapOptions) -> list[str]:
         """`docker create` for a detached job: the supervisor starts it, waits, removes it."""
         return ["docker", "create", *self.run_options(options), self.image, *argv]

@@ -260,7 +260,12 @@ class Transport(abc.ABC):
 # reads stdin (fd 3: a background job's own stdin would be /dev/null) a byte at a time and stops it
 # at the end. The silence bound needs `timeout` (coreutils, busybox); without it only a close ends
 # it. SIGINT is ignored: Ctrl-C on this terminal must not end the shell before it stopped its child.
-_UNTIL_STDIN_CLOSES = ('trap "" INT; silence=$1; shift; exec 3<&0; "$@" </dev/null & pid=$!; '
+# The first $2 bytes of stdin (a host helper's payload: its source and request) are "$@"'s stdin,
+# read whole before the watcher starts, so no beat is taken for them nor they for a beat (the
+# `.` keeps the payload's last newline through $(...); printf is the shell's own: no command line).
+_UNTIL_STDIN_CLOSES = ('trap "" INT; silence=$1; given=$2; shift 2; exec 3<&0; '
+                       'if [ "$given" -gt 0 ]; then first=$(head -c "$given" <&3; echo .); printf %s "${first%.}" | "$@" & pid=$!; '
+                       'else "$@" </dev/null & pid=$!; fi; '
                        '{ if command -v timeout >/dev/null; then while [ "$(timeout "$silence" head -c 1 <&3 | wc -c)" -eq 1 ]; do :; done; '
                        'else cat <&3 >/dev/null; fi; kill "$pid"; } >/dev/null 2>&1 & exec 3<&-; wait "$pid"')
 
@@ -272,11 +277,13 @@ HEARTBEAT_S = 5.0
 SILENCE_S = 60
 
 
-def until_stdin_closes(argv: list[str], silence_s: float = SILENCE_S) -> list[str]:
+def until_stdin_closes(argv: list[str], silence_s: float = SILENCE_S, given: int = 0) -> list[str]:
     """`argv` wrapped to live only while its connection's stdin is open and beating (a served
     TensorBoard or vLLM: a dropped or stalled link or a killed harness stops it on the host; its
-    holder writes a byte every HEARTBEAT_S); `end_by_stdin` ends it."""
-    return ["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", f"{silence_s:g}", *argv]
+    holder writes a byte every HEARTBEAT_S); `end_by_stdin` ends it. `given`: the first bytes of
+    stdin are argv's own (its stdin, then closed; the beats follow them), else its stdin is
+    /dev/null."""
+    return ["sh", "-c", _UNTIL_STDIN_CLOSES, "sh", f"{silence_s:g}", str(given), *argv]
 
 
 def end_by_stdin(proc: "subprocess.Popen", timeout_s: float) -> None:
