@@ -322,12 +322,13 @@ class HarnessSweep:
         self.state, lines = self.sweep.start(parse_sets(sets), "selection", [], per_gpu)
         for line in lines:
             log(f"sweep {self.state.sweep_id}: {line}")
-        CLEANUP.append(lambda: self.running() and self.sweep.cancel(self.state.sweep_id, grace_s=5))
+        CLEANUP.append(lambda: self.running(advance=False) and self.sweep.cancel(self.state.sweep_id, grace_s=5))
 
-    def running(self) -> bool:
-        """Starts what the sweep needs next (the winner's test run once every trial ended)."""
+    def running(self, advance: bool = True) -> bool:
+        """With `advance`, first starts what the sweep needs next (the winner's test run once
+        every trial ended)."""
         statuses = self.sweep.statuses()
-        for line in self.sweep.advance(self.state, statuses):
+        for line in self.sweep.advance(self.state, statuses) if advance else []:
             log(f"sweep {self.state.sweep_id}: {line}")
         return not self.sweep.view(self.state, statuses).done
 
@@ -449,7 +450,7 @@ def train_all(trainings: list[Training], concurrent: bool, deadline: float | Non
                 ours_running = harness.running(ours)
                 if ours_running:
                     harness.stop(ours)
-                if sweep is not None and sweep.running():
+                if sweep is not None and sweep.running(advance=False):
                     sweep.stop()
                 grace_end = time.monotonic() + 15
                 while any(t.proc and t.proc.poll() is None for t in running) and time.monotonic() < grace_end:
