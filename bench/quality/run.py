@@ -35,6 +35,10 @@ beside ours: the evidence for a change of the train stage's defaults. With a GPU
 (ours, the recipes, `speculators train`) run at the same time. Where the prompts have a selection
 split (prompts.py --selection N), every draft is also measured there: the selection split chooses
 among ours and the recipes (`chosen_by_selection`), the test split (heldout) only reports.
+
+`--sweep train.FLAG=V1,V2` (repeatable, as `harness sweep --set`) also runs `harness sweep` on the
+same host and data, its trials in queue slots of their own beside ours; each trial's checkpoint
+is measured on both splits as a recipe's is, and the sweep's own view is in the result (`sweep`).
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ SMOLLM2_SIZES: dict[str, BenchSize] = {
     # same on one or two, measuring less on two: bench/RESULTS.md, .ci/run ci5 and ci8). 13 epochs
     # (419 steps; the recipe's estimate, ~25 an epoch, stays above its 300-step minimum): held-out
     # tau 1.368 / 1.385 / 1.377 / 1.427 at 10 / 12 / 13 / 20 epochs, n-gram 1.427, the test's bar
-    # 1.2 (bench/RESULTS.md, 2026-12-03 18:16): 20 epochs bought ~0.04 for 50% more training.
+    # 1.2 (bench/RESULTS.md): 20 epochs bought ~0.04 for 50% more training.
     "ci": BenchSize(["--train", "64", "--heldout", "8"], _stages(32, 2, {"draft_vocab_size": 2048, "epochs": 13}, 2, {"batch_size": 16, "threads": 1, **CPU_BF16}, CPU_BF16), 256, 8, 32),
     # 2 cores (bench/RESULTS.md says how long it took): generation is the cost (~25 tokens/s at 64
     # rows in bf16 on 2 cores, ~5 one row at a time when measuring).
@@ -666,9 +670,9 @@ def bench() -> None:
         return
 
     drafts = {"ours": work / "outputs/checkpoints", **{t.name: t.output for t in others}}
-    sweep = trained_phase.get("sweep") or {}
-    trials = {f"sweep-{t['trial']}": t for t in sweep.get("trials", [])}
-    drafts.update({name: work / "outputs/sweeps" / sweep["sweep_id"] / t["trial"] / "checkpoints" for name, t in trials.items() if t["state"] == "ok"})
+    swept = trained_phase.get("sweep") or {}  # the sweep's view, as recorded
+    trials = {f"sweep-{t['trial']}": t for t in swept.get("trials", [])}
+    drafts.update({name: work / "outputs/sweeps" / swept["sweep_id"] / t["trial"] / "checkpoints" for name, t in trials.items() if t["state"] == "ok"})
     for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
         log(f"{name}: no checkpoint before the train deadline: not measured")
         del drafts[name]
