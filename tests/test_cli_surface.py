@@ -194,3 +194,22 @@ def test_tail_reads_back_over_the_stages_in_order(tmp_path):
         first, offset = supervisor.tail_start(str(tmp_path), list(logs), n)
         shown = b"".join(text[offset if i == 0 else 0:] for i, text in enumerate(list(logs.values())[first:]))
         assert shown.decode().splitlines() == every[-n:], n
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["run"]])
+def test_the_exit_code_holds_after_a_ctrl_c_caught_inside_generated_code(argv, tmp_path):
+    """Ctrl-C can land inside code Python generates from text (a dataclass's methods, made by a
+    lazy import while `harness run` streams); harness catches it and exits 130, but CPython would
+    still end a `python -m` process by SIGINT (-2) unless harness clears that record as it exits."""
+    (tmp_path / "interrupted_harness.py").write_text(
+        "import sys\nimport harness.cli.app as app\n"
+        "command = app.cli.main\n"
+        "def interrupted(*args, **kwargs):  # the command, then a Ctrl-C that generated code raised and harness caught\n"
+        "    try:\n        return command(*args, **kwargs)\n"
+        "    finally:\n        try:\n            exec('raise KeyboardInterrupt')\n        except KeyboardInterrupt:\n            pass\n"
+        "app.cli.main = interrupted\n"
+        f"sys.argv = ['harness', *{argv!r}]\n"
+        "app.run()\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, "-m", "interrupted_harness"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert r.returncode == (0 if argv == ["--version"] else EXIT_USAGE), r.stderr

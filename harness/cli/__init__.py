@@ -8,6 +8,7 @@ group (cli/app.py), whose subcommands live in their own modules, imported only w
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 
 def main() -> None:
@@ -16,10 +17,20 @@ def main() -> None:
 
     code = run_warm_exec(sys.argv[1:])
     if code is not None:
-        sys.exit(code)
+        exit_with(code)
     from harness.cli.app import run
 
     run()
+
+
+def exit_with(code: int) -> NoReturn:
+    """sys.exit(code), and the process really ends with `code`. CPython records a
+    KeyboardInterrupt that left an exec() of source text as unhandled even when it was caught
+    later (Ctrl-C landing in a dataclass's generated method while a lazy import makes it), and
+    at exit kills itself with SIGINT instead (a caller sees -2, not 130). An exec() that ends
+    normally clears that record."""
+    exec("")
+    sys.exit(code)
 
 
 def __getattr__(name: str):

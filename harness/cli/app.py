@@ -4,7 +4,6 @@ only when invoked, so `harness --help` stays fast (no SSH client, docker or rich
 from __future__ import annotations
 
 import importlib
-import sys
 
 import click
 
@@ -147,28 +146,29 @@ def usage_line(e: click.UsageError) -> str:
 def run() -> None:
     """Run the command line: typed HarnessErrors become one line and their exit code
     (harness.errors: EXIT_*)."""
+    from harness.cli import exit_with
     from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError
 
     try:
         rv = cli.main(standalone_mode=False, complete_var="_HARNESS_COMPLETE")  # the same under python -m harness
     except HarnessError as e:
         click.echo(f"harness: error: {e}", err=True)
-        sys.exit(e.exit_code)
+        exit_with(e.exit_code)
     except click.exceptions.Abort:
         click.echo("harness: aborted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        exit_with(EXIT_INTERRUPTED)
     except click.exceptions.NoArgsIsHelpError as e:  # `harness` (or a group) alone: its help
         click.echo(e.format_message(), err=True)
-        sys.exit(EXIT_USAGE)
+        exit_with(EXIT_USAGE)
     except click.UsageError as e:
         click.echo(usage_line(e), err=True)
-        sys.exit(EXIT_USAGE)
+        exit_with(EXIT_USAGE)
     except click.ClickException as e:
         click.echo(f"harness: error: {e.format_message()}", err=True)
-        sys.exit(e.exit_code)
+        exit_with(e.exit_code)
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        exit_with(e.exit_code)
     except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
+        exit_with(EXIT_INTERRUPTED)
     # Commands signal their exit code with ctx.exit(code), which click returns here.
-    sys.exit(rv if isinstance(rv, int) else 0)
+    exit_with(rv if isinstance(rv, int) else 0)
