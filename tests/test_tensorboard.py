@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.requires import require_module
-from tests.fixtures.other_user import PYTHON as OTHER_PYTHON
 from tests.fixtures.sshd import free_port
 
 pytestmark = pytest.mark.ssh
@@ -133,9 +132,7 @@ def assert_out_of_reach(other_user, boards: list[int]) -> None:
                 listening.add(f"socket:[{fields[9]}]")
     assert held & listening == set(), "TensorBoard listens on a TCP port"
     socket_path = served_socket(pid, held)
-    said = other_user.run([OTHER_PYTHON, "-c", CONNECT_UNIX, socket_path])
-    assert said.returncode == 0, said.stderr
-    assert said.stdout.strip() in ("EACCES", "ENOENT"), said.stdout  # the ENOENT of a path only the container has
+    assert other_user.connect_unix(socket_path) in ("EACCES", "ENOENT")  # the ENOENT of a path only the container has
 
 
 def served_socket(pid: int, held: set[str]) -> str:
@@ -146,17 +143,6 @@ def served_socket(pid: int, held: set[str]) -> str:
         if len(fields) == 8 and fields[7].endswith("/tensorboard.sock") and f"socket:[{fields[6]}]" in held:
             return fields[7]
     raise AssertionError(f"TensorBoard ({pid}) holds no tensorboard.sock")
-
-
-# connect to the unix socket argv[1]: prints "connected" or the errno's name
-CONNECT_UNIX = """
-import errno, socket, sys
-try:
-    socket.socket(socket.AF_UNIX).connect(sys.argv[1])
-    print("connected")
-except OSError as e:
-    print(errno.errorcode.get(e.errno, str(e)))
-"""
 
 
 def processes() -> dict[int, tuple[int, str]]:

@@ -10,19 +10,18 @@ from harness.cli.params import complete_runs, host_argument
 @click.command("serve")
 @host_argument()
 @click.argument("run", metavar="[RUN]", required=False, default="last", shell_complete=complete_runs)
-@click.option("--port", type=int, default=8000, show_default=True, help="vLLM's port on the host (on docker hosts, in its container).")
-@click.option("--local-port", type=int, default=None, help="Port on this machine (default: the same).")
+@click.option("--port", type=int, default=8000, show_default=True, help="Port on this machine (on the host vLLM listens on a unix socket of its own).")
+@click.option("--local-port", "old_port", type=int, default=None, hidden=True)  # --port's former name here
 @click.option("--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for vLLM to load and listen.")
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="One more `vllm serve` argument, e.g. --vllm-arg=--max-model-len=8192 (repeatable).")
 @click.pass_context
-def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | None, start_timeout: float, vllm_args: tuple[str, ...]) -> None:
+def serve(ctx: click.Context, host: str, run: str, port: int, old_port: int | None, start_timeout: float, vllm_args: tuple[str, ...]) -> None:
     """Serve RUN's exported draft (a run id or `last`, the default) with vLLM on HOST, where the
-    stages run, forward its port here, show the served acceptance as it changes, and stop it on
-    Ctrl-C."""
+    stages run, reach it from a port here, show the served acceptance as it changes, and stop it
+    on Ctrl-C."""
     import queue
 
     from harness.events import Finished, Message, Metric
-    from harness.port_forward import PortSpec
     from harness.serve import ServeRequest, served_line, start
 
     def show(event) -> None:
@@ -36,20 +35,19 @@ def serve(ctx: click.Context, host: str, run: str, port: int, local_port: int | 
             click.echo(f"harness: error: {host}: {event.error}", err=True)
 
     h = ctx.obj.host(host)
-    spec = PortSpec.parse(f"{port}:{local_port or port}")
+    local_port = old_port or port
     run_id = h.runs.resolve_run_id(run)
     try:
-        server, export = start(h, ServeRequest(run_id, spec.remote_port, start_timeout, vllm_args), on_event=show)
+        server, export = start(h, ServeRequest(run_id, start_timeout, vllm_args), on_event=show)
     except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
         click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
         return
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
-        forwarding, url, where = server.forward(h.cfg.python, spec)
+        forwarding, url, where = server.forward(local_port)
         try:
-            click.echo(f"{url}  ->  vllm serve on port {spec.remote_port} of {host}" + (f" ({where})" if where and where != "the host" else "")
-                       + f": run {run_id}'s draft {export}")
+            click.echo(f"{url}  ->  vllm serve on {host} ({where}): run {run_id}'s draft {export}")
             click.echo(f"its API key is in {server.key.path} (removed when this ends): "
                        f"curl -H \"Authorization: Bearer $(cat {server.key.path})\" {url}/v1/models")
             click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)

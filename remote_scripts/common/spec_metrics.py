@@ -25,8 +25,11 @@ Pure: no vLLM import (the CLI and tests read a /metrics text).
 from __future__ import annotations
 
 import re
-import urllib.request
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from common.vllm_server import ServeOptions
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -114,9 +117,11 @@ class SpecCounters:
         return out
 
 
-def read_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
-    """GET BASE_URL/metrics and parse it."""
-    from common.vllm_server import auth_headers
+def read_counters(server: "ServeOptions", timeout: float = 10.0) -> SpecCounters:
+    """GET /metrics from the server and parse it (OSError when it does not answer 200)."""
+    from common.vllm_server import auth_headers, http_get
 
-    with urllib.request.urlopen(urllib.request.Request(f"{base_url}/metrics", headers=auth_headers()), timeout=timeout) as response:
-        return SpecCounters.parse(response.read().decode("utf-8", "replace"))
+    status, body = http_get(server, "/metrics", auth_headers(), timeout)
+    if status != 200:
+        raise OSError(f"GET /metrics: HTTP {status}")
+    return SpecCounters.parse(body.decode("utf-8", "replace"))

@@ -30,11 +30,14 @@ once it proves it is the process we started: the port's listening socket is held
 the server's own session (/proc), an unauthenticated request is refused (401) and one with the key
 answered. A port held by anything else is a squatter: one line, at once, never "healthy". A port
 left unset is chosen free here; vLLM binds it before it loads, and a squatter in between is seen.
+A server on a unix socket (ServeOptions.uds, `vllm serve --uds`) has no port: its socket lies in a
+0700 directory its stage made, which no other uid can enter, so it is ours once it answers so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import secrets
@@ -43,8 +46,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,10 +82,16 @@ class ServeOptions:
     hidden_states_connector: str = "vllm"  # extraction only, resolved: vllm (CUDA) or cpu (vllm_compat's CpuHiddenStatesConnector)
     dtype: str | None = None  # vllm serve --dtype (extraction passes bfloat16: the files are bf16)
     extra_args: list[str] = field(default_factory=list)
+    uds: str | None = None  # a unix socket to listen on instead of host:port (vllm serve --uds)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def where(self) -> str:
+        """Where it listens, for a person."""
+        return f"unix socket {self.uds}" if self.uds else self.base_url
 
 
 def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
@@ -178,7 +185,7 @@ def kv_transfer_config(staging_dir: str, connector: str = "vllm") -> dict:
 
 def serve_argv(o: ServeOptions) -> list[str]:
     """The `vllm serve` command line (an argv list: no shell, JSON values passed verbatim)."""
-    argv = [*shlex.split(o.vllm_command), "serve", o.model, "--host", o.host, "--port", str(o.port)]
+    argv = [*shlex.split(o.vllm_command), "serve", o.model, *(["--uds", o.uds] if o.uds else ["--host", o.host, "--port", str(o.port)])]
     argv += ["--tensor-parallel-size", str(o.tensor_parallel_size)]
     if o.max_model_len:
         argv += ["--max-model-len", str(o.max_model_len)]
@@ -322,7 +329,7 @@ class ManagedServer:
         self.stop()
 
     def start(self) -> None:
-        if not self.opts.port:  # readiness is judged on this very port
+        if not self.opts.port and not self.opts.uds:  # readiness is judged on this very port
             raise ValueError("a vllm serve needs its port chosen before it starts (server_port picks a free one)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.opts.staging_dir:
@@ -352,22 +359,21 @@ class ManagedServer:
                 if "Address already in use" in log_tail(self.log_path):
                     raise ServerFailed(f"port {port} is taken by another process: vllm serve could not bind it (pass another --port; log {self.log_path})")
                 raise ServerFailed(f"vllm serve exited with status {code} before becoming healthy; log {self.log_path}: {log_tail(self.log_path)}")
-            holder = port_holder(port, self.proc.pid)
+            holder = "ours" if self.opts.uds else port_holder(port, self.proc.pid)  # (the socket's directory is the stage's alone)
             if holder == "another":
                 raise ServerFailed(f"port {port} is held by a process this stage did not start, not by vllm serve (pid {self.proc.pid}): pass another --port")
             if holder == "ours" and self._answers_with_key():
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
-                raise ServerFailed(f"vllm serve not healthy after {timeout:.0f} s ({self.opts.base_url}); log {self.log_path}: {log_tail(self.log_path)}")
+                raise ServerFailed(f"vllm serve not healthy after {timeout:.0f} s ({self.opts.where}); log {self.log_path}: {log_tail(self.log_path)}")
             time.sleep(poll)
 
     def _answers_with_key(self) -> bool:
         """GET /v1/models: 200 with the key, 401 without (a server that ignores the key is not ready: it never will be)."""
-        url = f"{self.opts.base_url}/v1/models"
-        if _status(url, {"Authorization": f"Bearer {self.api_key}"}) != 200:
+        if _status(self.opts, "/v1/models", {"Authorization": f"Bearer {self.api_key}"}) != 200:
             return False
-        if _status(url, {}) != 401:
-            raise ServerFailed(f"vllm serve answers {url} without its API key (does --vllm-command honour VLLM_API_KEY?): refusing to use a server anyone can call")
+        if _status(self.opts, "/v1/models", {}) != 401:
+            raise ServerFailed(f"vllm serve answers /v1/models at {self.opts.where} without its API key (does --vllm-command honour VLLM_API_KEY?): refusing to use a server anyone can call")
         return True
 
     def alive(self) -> bool:
@@ -386,14 +392,38 @@ class ManagedServer:
                 os.environ[API_KEY_ENV] = self._key_before
 
 
-def _status(url: str, headers: dict[str, str]) -> int | None:
-    """The HTTP status of GET url, None when nothing answers."""
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to a server on a unix socket (urllib speaks TCP only)."""
+
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def http_get(server: ServeOptions, path: str, headers: dict[str, str], timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET `path` from the server, on its port or its unix socket: (status, body). OSError when
+    nothing answers, or not in HTTP."""
+    conn = _UnixHTTPConnection(server.uds, timeout) if server.uds else http.client.HTTPConnection(server.host, server.port, timeout=timeout)
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except http.client.HTTPException as e:
+        raise OSError(f"GET {path}: {e!r}") from e
+    finally:
+        conn.close()
+
+
+def _status(server: ServeOptions, path: str, headers: dict[str, str]) -> int | None:
+    """The HTTP status of GET path, None when nothing answers."""
+    try:
+        return http_get(server, path, headers)[0]
+    except OSError:
         return None
 
 
