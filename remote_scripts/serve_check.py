@@ -1,10 +1,11 @@
 """Served acceptance: the exported draft as vLLM serves it, measured by vLLM's own counters.
 
     python remote_scripts/serve_check.py --export EXPORT_DIR --data chat.jsonl --output EVAL_DIR \
-        [--no-baseline] [--events FILE] [vllm serve flags: --port, --max-model-len, --vllm-arg ...]
+        [--no-baseline] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
 
 1. `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'`
-   (the verifier and K from the export), waits until it is ready (common/vllm_server.py);
+   (the verifier and K from the export) on a unix socket in a 0700 directory of its own (no TCP
+   port: --host and --port are not used), waits until it is ready (common/vllm_server.py);
 2. sends evaluate's held-out prompts (the same rows, split, count and reply length as evaluate's
    report.json in EVAL_DIR records; token ids, greedy, one request at a time) to /v1/completions,
    reading vLLM's spec-decode counters from /metrics before and after (common/spec_metrics.py);
@@ -24,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,7 @@ from common.conversations import NoPrompts, load_prompts  # noqa: E402
 from common.draft_serving import Export, ServeCheckError, cannot_serve, complete, read_export  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
-from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, server_port, sigterm_raises  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, sigterm_raises  # noqa: E402
 
 STAGE = "serve_check"
 REPORT = "report.json"
@@ -93,23 +96,32 @@ def measured_settings(args: argparse.Namespace, report: dict | None) -> tuple[st
 
 
 def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, prompts: list[list[int]], max_tokens: int, draft: bool, log: Path) -> dict[str, Any]:
-    """One server (with the draft or without), the prompts sent one at a time; its figures."""
-    port = server_port(args)
+    """One server (with the draft or without), the prompts sent one at a time; its figures. It
+    listens on a unix socket in a 0700 directory of this stage's, which no other uid reaches."""
+    directory = tempfile.mkdtemp(prefix="harness-serve-check-", dir="/tmp")  # short: a socket's path has ~100 bytes
+    try:
+        return _serve_and_send(args, events, export, prompts, max_tokens, draft, log, f"{directory}/vllm.sock")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, prompts: list[list[int]], max_tokens: int, draft: bool, log: Path,
+                    uds: str) -> dict[str, Any]:
     extra = [*(export.serve_args(args.speculative_tokens) if draft else []), *(["--trust-remote-code"] if args.trust_remote_code else []),
              *(["--enforce-eager"] if args.enforce_eager else []), *args.vllm_arg]
-    opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
+    opts = ServeOptions(model=export.verifier, uds=uds, tensor_parallel_size=args.tensor_parallel_size,
                         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                         vllm_command=args.vllm_command, extra_args=extra)
     what = "with the draft" if draft else "without the draft"
     with ManagedServer(opts, log, stop_grace=args.stop_grace) as server:
         start_s = server.wait_healthy(args.health_timeout)
-        events.message(f"vllm serve {what} healthy after {start_s:.0f} s ({opts.base_url}; log {log})")
-        complete(opts.base_url, opts.model, prompts[0], 2, args.request_timeout)  # warm-up, before the counters are read
+        events.message(f"vllm serve {what} healthy after {start_s:.0f} s ({opts.where}; log {log})")
+        complete(opts, opts.model, prompts[0], 2, args.request_timeout)  # warm-up, before the counters are read
         before = read_counters(opts)
         replies, completion_tokens = [], 0
         started = time.monotonic()
         for i, prompt in enumerate(prompts, 1):
-            answer = complete(opts.base_url, opts.model, prompt, max_tokens, args.request_timeout)
+            answer = complete(opts, opts.model, prompt, max_tokens, args.request_timeout)
             replies.append(answer["token_ids"])
             completion_tokens += answer["completion_tokens"]
             events.progress(i, len(prompts), unit=f"prompts {what}")

@@ -13,13 +13,12 @@ common/vllm_server.py's ManagedServer.
 from __future__ import annotations
 
 import json
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from common.vllm_server import auth_headers
+from common.vllm_server import ServeOptions, auth_headers, http_request
 
 
 
@@ -82,12 +81,13 @@ def cannot_serve(export: Export, distribution: str | None) -> str | None:
     return None
 
 
-def complete(base_url: str, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dict:
+def complete(server: ServeOptions, model: str, prompt: list[int], max_tokens: int, timeout: float) -> dict:
     """One greedy completion of a token-id prompt: {"token_ids": [...], "completion_tokens": n}."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "return_token_ids": True}
-    request = urllib.request.Request(f"{base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **auth_headers()})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        answer = json.loads(response.read())
+    status, reply = http_request(server, "POST", "/v1/completions", {"Content-Type": "application/json", **auth_headers()}, json.dumps(body).encode(), timeout)
+    if status != 200:
+        raise OSError(f"POST /v1/completions: HTTP {status}: {reply[:300].decode('utf-8', 'replace')}")
+    answer = json.loads(reply)
     choice = answer["choices"][0]
     usage = answer.get("usage") or {}
     ids = choice.get("token_ids")

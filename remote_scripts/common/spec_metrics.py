@@ -119,9 +119,9 @@ class SpecCounters:
 
 def read_counters(server: "ServeOptions", timeout: float = 10.0) -> SpecCounters:
     """GET /metrics from the server and parse it (OSError when it does not answer 200)."""
-    from common.vllm_server import auth_headers, http_get
+    from common.vllm_server import auth_headers, http_request
 
-    status, body = http_get(server, "/metrics", auth_headers(), timeout)
+    status, body = http_request(server, "GET", "/metrics", auth_headers(), timeout=timeout)
     if status != 200:
         raise OSError(f"GET /metrics: HTTP {status}")
     return SpecCounters.parse(body.decode("utf-8", "replace"))

@@ -405,16 +405,17 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
-def http_get(server: ServeOptions, path: str, headers: dict[str, str], timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET `path` from the server, on its port or its unix socket: (status, body). OSError when
+def http_request(server: ServeOptions, method: str, path: str, headers: dict[str, str], body: bytes | None = None,
+                 timeout: float = 5.0) -> tuple[int, bytes]:
+    """One request to the server, on its port or its unix socket: (status, body). OSError when
     nothing answers, or not in HTTP."""
     conn = _UnixHTTPConnection(server.uds, timeout) if server.uds else http.client.HTTPConnection(server.host, server.port, timeout=timeout)
     try:
-        conn.request("GET", path, headers=headers)
+        conn.request(method, path, body=body, headers=headers)
         response = conn.getresponse()
         return response.status, response.read()
     except http.client.HTTPException as e:
-        raise OSError(f"GET {path}: {e!r}") from e
+        raise OSError(f"{method} {path}: {e!r}") from e
     finally:
         conn.close()
 
@@ -422,7 +423,7 @@ def http_get(server: ServeOptions, path: str, headers: dict[str, str], timeout: 
 def _status(server: ServeOptions, path: str, headers: dict[str, str]) -> int | None:
     """The HTTP status of GET path, None when nothing answers."""
     try:
-        return http_get(server, path, headers)[0]
+        return http_request(server, "GET", path, headers)[0]
     except OSError:
         return None
 
