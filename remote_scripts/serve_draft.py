@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, help="the export stage's directory")
     p.add_argument("--speculative-tokens", type=int, default=None, help="K (default: the export's)")
-    p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log)")
+    p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log; with --socket-dir, vllm-DIRNAME.log)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reads of /metrics")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--socket-dir", default=None,

@@ -11,11 +11,10 @@ from harness.cli.params import complete_runs, host_argument
 @host_argument()
 @click.argument("run", metavar="[RUN]", required=False, default="last", shell_complete=complete_runs)
 @click.option("--port", type=int, default=8000, show_default=True, help="Port on this machine (on the host vLLM listens on a unix socket of its own).")
-@click.option("--local-port", "old_port", type=int, default=None, hidden=True)  # --port's former name here
 @click.option("--start-timeout", type=float, default=1800.0, show_default=True, help="Seconds to wait for vLLM to load and listen.")
 @click.option("--vllm-arg", "vllm_args", multiple=True, help="One more `vllm serve` argument, e.g. --vllm-arg=--max-model-len=8192 (repeatable).")
 @click.pass_context
-def serve(ctx: click.Context, host: str, run: str, port: int, old_port: int | None, start_timeout: float, vllm_args: tuple[str, ...]) -> None:
+def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: float, vllm_args: tuple[str, ...]) -> None:
     """Serve RUN's exported draft (a run id or `last`, the default) with vLLM on HOST, where the
     stages run, reach it from a port here, show the served acceptance as it changes, and stop it
     on Ctrl-C."""
@@ -35,7 +34,6 @@ def serve(ctx: click.Context, host: str, run: str, port: int, old_port: int | No
             click.echo(f"harness: error: {host}: {event.error}", err=True)
 
     h = ctx.obj.host(host)
-    local_port = old_port or port
     run_id = h.runs.resolve_run_id(run)
     try:
         server, export = start(h, ServeRequest(run_id, start_timeout, vllm_args), on_event=show)
@@ -45,7 +43,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, old_port: int | No
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
-        forwarding, url, where = server.forward(local_port)
+        forwarding, url, where = server.forward(port)
         try:
             click.echo(f"{url}  ->  vllm serve on {host} ({where}): run {run_id}'s draft {export}")
             click.echo(f"its API key is in {server.key.path} (removed when this ends): "
