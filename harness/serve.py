@@ -52,6 +52,7 @@ READY = "ready after"  # how serve_draft.py's message says vLLM proved itself ou
 @dataclass(frozen=True)
 class ServeRequest:
     run_id: str
+    local_port: int = 8000  # where this machine reaches it; bound before vLLM loads
     start_timeout_s: float = 1800.0  # a large verifier loads for many minutes
     vllm_args: tuple[str, ...] = field(default_factory=tuple)  # more `vllm serve` flags
 
@@ -119,16 +120,17 @@ class RemoteServer(HostServer):
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
+        self.forwarding: "Forwarding | None" = None
         super().__init__(transport, runtime, argv, stdout=True, options=WrapOptions(name=self.container))
         threading.Thread(target=self._read_events, daemon=True).start()
 
-    def forward(self, local_port: int) -> tuple["Forwarding", str, str]:
-        """vLLM reached from this machine's loopback (local_port): the open Forwarding (close it),
-        its URL, and where vLLM listens on the host (its socket, in which container)."""
-        forwarding = RelayForwarding(self._transport, Relay(self._runtime, self.socket, container=self.container), local_port)
-        host, port = forwarding.addresses[0]
-        where = f"unix socket {self.socket}" + (f" in container {self.container}" if self.container else "")
-        return forwarding, f"http://{host}:{port}", where
+    def reach_from(self, local_port: int) -> None:
+        """vLLM reached from this machine's loopback (local_port) until close(): `url`; `where`
+        it listens on the host (its socket, in which container). A taken port is a UsageError."""
+        self.forwarding = RelayForwarding(self._transport, Relay(self._runtime, self.socket, container=self.container), local_port)
+        host, port = self.forwarding.addresses[0]
+        self.url = f"http://{host}:{port}"
+        self.where = f"unix socket {self.socket}" + (f" in container {self.container}" if self.container else "")
 
     def _read_events(self) -> None:
         for raw in self._proc.stdout_lines():
@@ -155,6 +157,8 @@ class RemoteServer(HostServer):
         return RemoteCommandError("serve_draft.py", self._proc.returncode, self.failure())
 
     def close(self) -> None:
+        if self.forwarding is not None:
+            self.forwarding.close()
         super().close()
         self.key.close()
 
@@ -183,7 +187,9 @@ class RemoteServer(HostServer):
 
 
 def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
-    """The draft of request.run_id served on the host and listening; returns it (close it) and the export."""
+    """The draft of request.run_id served on the host and reached from request.local_port here;
+    returns it (close it) and the export. The local port is bound first: a taken one fails before
+    vLLM loads."""
     transport, runtime = on.transport, on.runtime
     export = export_dir(transport, runtime.workdir, request.run_id)
     key = ServedKey()
@@ -193,6 +199,7 @@ def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServe
         key.close()
         raise
     try:
+        server.reach_from(request.local_port)
         server.wait_ready(request.start_timeout_s, on_event)
     except BaseException:
         server.close()

@@ -94,18 +94,19 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
     if why:
         raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
-    uds = own_socket(args.socket_dir) if args.socket_dir else None
-    try:
-        port = 0 if uds else server_port(args)
-        opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
-                            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                            vllm_command=args.vllm_command, extra_args=extra, uds=uds)
-        name = Path(args.socket_dir).name if uds else str(port)
-        log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
-        serve_until_stopped(args, events, export, opts, log)
-    finally:
-        if uds:
-            shutil.rmtree(args.socket_dir, ignore_errors=True)
+    with sigterm_raises():  # from here on a SIGTERM unwinds: the socket's directory goes too
+        uds = own_socket(args.socket_dir) if args.socket_dir else None
+        try:
+            port = 0 if uds else server_port(args)
+            opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
+                                max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                                vllm_command=args.vllm_command, extra_args=extra, uds=uds)
+            name = Path(args.socket_dir).name if uds else str(port)
+            log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
+            serve_until_stopped(args, events, export, opts, log)
+        finally:
+            if uds:
+                shutil.rmtree(args.socket_dir, ignore_errors=True)
 
 
 def own_socket(directory: str) -> str:
@@ -118,7 +119,7 @@ def own_socket(directory: str) -> str:
 
 
 def serve_until_stopped(args: argparse.Namespace, events: EventLog, export, opts: ServeOptions, log: Path) -> None:
-    with sigterm_raises(), ManagedServer(opts, log, stop_grace=args.stop_grace, api_key=take_key(args.api_key_file)) as server:
+    with ManagedServer(opts, log, stop_grace=args.stop_grace, api_key=take_key(args.api_key_file)) as server:
         events.message(f"starting vllm serve {export.verifier} with the eagle3 draft {export.directory} (k={args.speculative_tokens or export.speculative_tokens}); log {log}")
         seconds = server.wait_healthy(args.health_timeout)
         events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at {opts.where} (/v1/completions, /v1/chat/completions, /metrics)")

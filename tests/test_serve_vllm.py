@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -215,6 +216,22 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     assert not Path(socket_path).parent.exists(), "vLLM's socket directory outlived harness serve"
     log = (workdir / "scrambled" / "serve" / f"vllm-{Path(socket_path).parent.name}.log").read_text()
     assert "[harness] vllm serve stopped" in log
+
+
+def test_a_taken_local_port_fails_harness_serve_before_vllm_loads(served_run, tmp_path):
+    """The port here is bound before vLLM loads (minutes for a large verifier): a taken one is one
+    line at once, and what started on the host is stopped, its socket's directory gone."""
+    config, _, run_id = served_run
+    before = set(Path("/tmp").glob("harness-serve-*"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "serve", "local", run_id, "--port", str(port)],
+                           capture_output=True, text=True, timeout=300, env=offline_env(**VLLM_ENV), cwd=config.parent)
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == f"harness: error: local port {port} is already in use on this machine (pick another: --port)", r.stderr
+    assert "ready after" not in r.stdout + r.stderr  # it did not wait for vLLM
+    assert set(Path("/tmp").glob("harness-serve-*")) <= before
 
 
 @pytest.mark.ssh

@@ -36,16 +36,16 @@ def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: flo
     h = ctx.obj.host(host)
     run_id = h.runs.resolve_run_id(run)
     try:
-        server, export = start(h, ServeRequest(run_id, start_timeout, vllm_args), on_event=show)
+        server, export = start(h, ServeRequest(run_id, port, start_timeout, vllm_args), on_event=show)
     except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
         click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
         return
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
-        forwarding, url, where = server.forward(port)
+        url = server.url
         try:
-            click.echo(f"{url}  ->  vllm serve on {host} ({where}): run {run_id}'s draft {export}")
+            click.echo(f"{url}  ->  vllm serve on {host} ({server.where}): run {run_id}'s draft {export}")
             click.echo(f"its API key is in {server.key.path} (removed when this ends): "
                        f"curl -H \"Authorization: Bearer $(cat {server.key.path})\" {url}/v1/models")
             click.echo("serving; served acceptance below as requests come; Ctrl-C to stop", err=True)
@@ -58,5 +58,3 @@ def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: flo
             raise SystemExit(1)
         except KeyboardInterrupt:
             click.echo(f"harness: stopping vllm serve on {host}", err=True)
-        finally:
-            forwarding.close()
