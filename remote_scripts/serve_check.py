@@ -25,9 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,7 @@ from common.conversations import NoPrompts, load_prompts  # noqa: E402
 from common.draft_serving import Export, ServeCheckError, cannot_serve, complete, read_export  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
-from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, sigterm_raises  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, add_serve_arguments, private_socket, sigterm_raises  # noqa: E402
 
 STAGE = "serve_check"
 REPORT = "report.json"
@@ -98,11 +96,8 @@ def measured_settings(args: argparse.Namespace, report: dict | None) -> tuple[st
 def serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, prompts: list[list[int]], max_tokens: int, draft: bool, log: Path) -> dict[str, Any]:
     """One server (with the draft or without), the prompts sent one at a time; its figures. It
     listens on a unix socket in a 0700 directory of this stage's, which no other uid reaches."""
-    directory = tempfile.mkdtemp(prefix="harness-serve-check-", dir="/tmp")  # short: a socket's path has ~100 bytes
-    try:
-        return _serve_and_send(args, events, export, prompts, max_tokens, draft, log, f"{directory}/vllm.sock")
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with private_socket() as uds:
+        return _serve_and_send(args, events, export, prompts, max_tokens, draft, log, uds)
 
 
 def _serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, prompts: list[list[int]], max_tokens: int, draft: bool, log: Path,

@@ -15,9 +15,9 @@ server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.draft_serving import ServeCheckError, cannot_serve, read_export  # noqa: E402
 from common.events import EventLog  # noqa: E402
 from common.spec_metrics import SpecCounters, read_counters  # noqa: E402
-from common.vllm_server import ManagedServer, ServeOptions, ServerFailed, StageCancelled, add_serve_arguments, log_tail, server_port, sigterm_raises  # noqa: E402
+from common.vllm_server import ManagedServer, ServeOptions, ServerFailed, StageCancelled, add_serve_arguments, log_tail, private_socket, server_port, sigterm_raises  # noqa: E402
 
 STAGE = "serve"
 
@@ -94,28 +94,15 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
     if why:
         raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
-    with sigterm_raises():  # from here on a SIGTERM unwinds: the socket's directory goes too
-        uds = own_socket(args.socket_dir) if args.socket_dir else None
-        try:
-            port = 0 if uds else server_port(args)
-            opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
-                                max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                                vllm_command=args.vllm_command, extra_args=extra, uds=uds)
-            name = Path(args.socket_dir).name if uds else str(port)
-            log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
-            serve_until_stopped(args, events, export, opts, log)
-        finally:
-            if uds:
-                shutil.rmtree(args.socket_dir, ignore_errors=True)
-
-
-def own_socket(directory: str) -> str:
-    """DIR/vllm.sock, DIR made here for it (0700: only this uid reaches the socket)."""
-    try:
-        os.mkdir(directory, 0o700)
-    except FileExistsError:
-        raise ServeCheckError(f"{directory} exists already: not a directory of ours to serve from") from None
-    return os.path.join(directory, "vllm.sock")
+    # SIGTERM unwinds from before the socket's directory is made: it goes too
+    with sigterm_raises(), (private_socket(args.socket_dir) if args.socket_dir else contextlib.nullcontext()) as uds:
+        port = 0 if uds else server_port(args)
+        opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
+                            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                            vllm_command=args.vllm_command, extra_args=extra, uds=uds)
+        name = Path(args.socket_dir).name if uds else str(port)
+        log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
+        serve_until_stopped(args, events, export, opts, log)
 
 
 def serve_until_stopped(args: argparse.Namespace, events: EventLog, export, opts: ServeOptions, log: Path) -> None:

@@ -42,9 +42,11 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -262,6 +264,24 @@ def offline_data_argv(launcher: list[str], o: ServeOptions, prepared: str, outpu
         "--world-size", str(world_size),
         "--rank", str(rank),
     ]
+
+
+@contextlib.contextmanager
+def private_socket(directory: str | None = None) -> Iterator[str]:
+    """DIR/vllm.sock, for a server only this uid reaches: DIR is made here with mode 0700 (the
+    given `directory`, refused if it exists, as someone could have made it beforehand; else a new
+    one in /tmp, short as a socket's path must be) and removed with its contents at the end."""
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="harness-vllm-", dir="/tmp")
+    else:
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            raise ServerFailed(f"{directory} exists already: not a directory of ours to serve from") from None
+    try:
+        yield os.path.join(directory, "vllm.sock")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @contextlib.contextmanager
