@@ -4,8 +4,8 @@ Jupyter), through the host's Transport (so the same host-key and ProxyJump polic
 Where a port listens is asked on the host first (harness/host_helpers/port_probe.py, one round trip):
 its loopback, else a running container's address, because the stages' containers sit on docker's
 bridge network and publish no port. A port where nothing listens yet is still forwarded (the
-server may start later) and said in one line. (The servers harness starts in a container listen on
-the container's loopback only, out of this reach: harness.relay_forward.)
+server may start later) and said in one line. (The servers harness starts listen on a unix socket,
+in their own container on docker hosts, out of this reach: harness.relay_forward.)
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""A server on a unix socket of the host (or of a container there), or on the loopback of a
-container's own network namespace, reached from this machine's loopback: each local connection is
-relayed through a command of its own on the host (Transport.stream: over SSH a channel of the
-master), the host helper relay.py (started by helpers.start: on the host's python, or in the
-container by `docker exec -i NAME`), which connects to the server and moves the bytes both ways
-over its stdin/stdout, after its request line.
+"""A server on a unix socket of the host (or of a container there), reached from this machine's
+loopback: each local connection is relayed through a command of its own on the host
+(Transport.stream: over SSH a channel of the master), the host helper relay.py (started by
+helpers.start: on the host's python, or in the container by `docker exec -i NAME`), which
+connects to the server and moves the bytes both ways over its stdin/stdout, after its request
+line.
 
 The helper's source travels with each connection, as every helper's does: the container needs a
 python and nothing of harness's (no synced tree, no mount), and a relay in the host runtime needs
 neither the stage environment nor the workdir.
 
 Why (docs/security.md): a TCP port on the box, even its loopback, is open to every local user;
-a socket in a 0700 directory is open to its owner only, and a container's file system and
-loopback to `docker exec` only (root's peers).
+a socket in a 0700 directory is open to its owner only, and a container's file system to `docker
+exec` only (root's peers). So a relay goes to a unix socket only, never to a port.
 """
 
 from __future__ import annotations
@@ -36,18 +36,17 @@ RELAY = "relay.py"
 
 @dataclass(frozen=True)
 class Relay:
-    """Where a connection is relayed to: `to`, a unix socket's path or (address, port), on the
-    host (the host's python) or, with `container`, in that running container of `runtime` (its
-    file system, its network namespace)."""
+    """Where a connection is relayed to: `to`, a unix socket's path, on the host (the host's
+    python) or, with `container`, in that running container of `runtime` (its file system)."""
 
     runtime: "Runtime"
-    to: "str | tuple[str, int]"
+    to: str
     container: str | None = None
 
     def start(self, transport: "Transport") -> "RemoteProcess":
         """One connection's relay, its request written: what follows on its stdin goes to the
         server, its stdout is the server's answer; exit 1 when nothing listens there."""
-        request = {"socket": self.to} if isinstance(self.to, str) else {"address": self.to[0], "port": self.to[1]}
+        request = {"socket": self.to}
         if self.container:
             return helpers.start(transport, RELAY, request, where=self.runtime, inside=self.container)
         return helpers.start(transport, RELAY, request, python=self.runtime.python)

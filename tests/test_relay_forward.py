@@ -1,8 +1,8 @@
 """harness.relay_forward on this machine's LocalTransport (the SSH path and `docker exec` are the same
 helper, exercised by test_tensorboard.py and test_serve_vllm.py): each connection to the local port
 is one relay.py started through harness.helpers, which moves raw bytes both ways after its request
-line, to a unix socket or a loopback port; and a HostServer whose argv is a host helper gets its
-payload ahead of the lifeline's beats."""
+line, to a unix socket (its only target: never a TCP port); and a HostServer whose argv is a host
+helper gets its payload ahead of the lifeline's beats."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import socket
 import sys
 import threading
 import time
-
-import pytest
 
 from harness import helpers
 from harness.config import HostConfig
@@ -56,20 +54,13 @@ def through(port: int, data: bytes) -> bytes:
         return out
 
 
-@pytest.mark.parametrize("family", ["unix", "tcp"])
-def test_each_connection_is_relayed_both_ways_as_raw_bytes(tmp_path, family):
-    if family == "unix":
-        path = str(tmp_path / "s.sock")
-        listener = socket.socket(socket.AF_UNIX)
-        listener.bind(path)
-        to: str | tuple[str, int] = path
-    else:
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        to = ("127.0.0.1", listener.getsockname()[1])
+def test_each_connection_is_relayed_both_ways_as_raw_bytes(tmp_path):
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
     listener.listen(8)
     threading.Thread(target=digest_server, args=(listener,), daemon=True).start()
-    forwarding = RelayForwarding(LocalTransport(), Relay(runtime(tmp_path), to), 0)
+    forwarding = RelayForwarding(LocalTransport(), Relay(runtime(tmp_path), path), 0)
     try:
         port = forwarding.addresses[0][1]
         data = os.urandom(3 << 20) + b"\n{not json}\n\x00"  # binary, and lines that look like a request

@@ -1,10 +1,11 @@
 """A byte relay for one forwarded connection (run by harness.relay_forward, on the host or by
 `docker exec` in a container).
 
-stdin: the request line {"socket": PATH} or {"address": HOST, "port": PORT} (harness/helpers.py),
-then the connection's bytes from this machine; stdout: the server's bytes back, as they come. It
-connects to the server and moves bytes both ways until the server closes; this machine closing
-stdin half-closes the server's side. Exit 1 when nothing listens there (stderr names it).
+stdin: the request line {"socket": PATH} (harness/helpers.py), then the connection's bytes from
+this machine; stdout: the server's bytes back, as they come. It connects to the server's unix
+socket (never a TCP port: docs/security.md) and moves bytes both ways until the server closes;
+this machine closing stdin half-closes the server's side. Exit 1 when nothing listens there
+(stderr names it).
 """
 
 import json
@@ -29,15 +30,12 @@ def up(stdin, server):
 
 def main():
     stdin = sys.stdin.buffer
-    request = json.loads(stdin.readline())
-    if "socket" in request:
-        where, server = request["socket"], socket.socket(socket.AF_UNIX)
-    else:
-        where, server = (request["address"], int(request["port"])), socket.socket()
+    where = json.loads(stdin.readline())["socket"]
+    server = socket.socket(socket.AF_UNIX)
     try:
         server.connect(where)
     except OSError as e:
-        sys.exit(f"relay: {where if isinstance(where, str) else '%s:%d' % where}: {e}")
+        sys.exit(f"relay: {where}: {e}")
     threading.Thread(target=up, args=(stdin, server), daemon=True).start()
     out = sys.stdout.buffer
     while True:
