@@ -58,6 +58,14 @@
 #   4.                   bash bench/gpu/detached.sh wait final 540
 #   5.                   bash bench/gpu/detached.sh wait final 470; tar czf $OUT/final.tgz -C /tmp/quality-out .
 #   (1,643 s of the session's 1,800 with the machine's start: speculators' 20 epochs took 966 s beside three others.)
+# The best levers each run to its end beside ours and `speculators train`'s defaults (bench/quality/recipes-complete.json):
+# calls 1-2 as above, then
+#   3. carry [".whl"]    bash bench/gpu/detached.sh start complete env RECIPES=bench/quality/recipes-complete.json WORK=/tmp/q-complete \
+#                          TRAIN_DEADLINE_S=1400 MEASURE_MAX_S=150 BUDGET_S=1620 OUT=/tmp/quality-out bash bench/gpu/quality.sh smollm2; \
+#                        sleep 200; bash bench/gpu/detached.sh wait complete 370
+#   4.                   bash bench/gpu/detached.sh wait complete 575
+#   5.                   bash bench/gpu/detached.sh wait complete 490; tar czf $OUT/complete.tgz -C /tmp/quality-out .
+#   (1,653 s of the session's 1,800 with the machine's start; all four trainings reached their 20th epoch.)
 #
 #   bash bench/gpu/quality.sh cpu 2>&1 | tee $OUT/log   # call 1: the cpu size's recipe sweep
 #   bash bench/gpu/quality.sh gpu 2>&1 | tee $OUT/log   # call 2: the gpu size
