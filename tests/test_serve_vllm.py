@@ -234,6 +234,27 @@ def test_a_taken_local_port_fails_harness_serve_before_vllm_loads(served_run, tm
     assert set(Path("/tmp").glob("harness-serve-*")) <= before
 
 
+def test_ctrl_c_while_vllm_loads_stops_it_and_exits_130(served_run, tmp_path):
+    """Ctrl-C before vLLM is ready is an interrupted command (130, as every other), not a served
+    and stopped one (0): vLLM stopped on the host, its socket's directory gone."""
+    config, _, run_id = served_run
+    before = set(Path("/tmp").glob("harness-serve-*"))
+    serving = Serving(tmp_path, config, "local", run_id, free_port(), env=offline_env(**VLLM_ENV))
+    try:
+        while "starting vllm serve" not in serving.err.read_text():
+            assert serving.proc.poll() is None and time.monotonic() < serving.deadline, serving.err.read_text()[-3000:]
+            time.sleep(0.2)
+        log = Path(serving.err.read_text().split("; log ")[1].split()[0])
+        serving.proc.send_signal(signal.SIGINT)
+        assert serving.proc.wait(timeout=120) == 130, serving.err.read_text()[-3000:]
+    finally:
+        serving.kill()
+    assert serving.err.read_text().splitlines()[-1] == "harness: stopped vllm serve on local before it was ready"
+    assert "ready after" not in serving.err.read_text()
+    assert set(Path("/tmp").glob("harness-serve-*")) <= before
+    assert "[harness] vllm serve stopped" in log.read_text()
+
+
 @pytest.mark.ssh
 def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path, other_user):
     """The same through the test sshd: a relay to vLLM's socket on the box, vLLM stopped there on

@@ -20,6 +20,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: flo
     on Ctrl-C."""
     import queue
 
+    from harness.errors import EXIT_INTERRUPTED
     from harness.events import Finished, Message, Metric
     from harness.serve import ServeRequest, served_line, start
 
@@ -39,7 +40,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: flo
         server, export = start(h, ServeRequest(run_id, port, start_timeout, vllm_args), on_event=show)
     except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box
         click.echo(f"harness: stopped vllm serve on {host} before it was ready", err=True)
-        return
+        ctx.exit(EXIT_INTERRUPTED)  # an interrupted command, not a served-and-stopped one
     with server:
         while not server.events.empty():  # what it said while vLLM loaded, before the URL
             show(server.events.get())
