@@ -299,7 +299,7 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
 
 @pytest.mark.ssh
 @pytest.mark.docker
-def test_harness_serve_in_a_container_listens_on_its_loopback_reached_by_the_relay_only(served_run, ssh_host, tmp_path, docker_base_image,
+def test_harness_serve_in_a_container_serves_on_a_socket_reached_by_the_relay_only(served_run, ssh_host, tmp_path, docker_base_image,
                                                                                          harness_test_image, other_user):
     """runtime docker: vLLM runs in a named container on docker's bridge network and listens on a
     unix socket in the container's own file system, reached from here by harness's forward (a
