@@ -1,18 +1,11 @@
 """Inventory of one host's hidden-state files, for the cross-shard check after a sharded extract.
 
-`extract_hidden_states.py` checks its own shard when it ends. This script looks at ALL samples
-of the prepared dataset in one host's output directory and reports, as one JSON object on
-stdout, which samples have a valid file here, which files are present but invalid (truncated,
-wrong shape, token_ids that do not match the row) and which files name no sample at all. The
+`extract_hidden_states.py` checks its own shard when it ends. This script looks at ALL samples of
+the prepared dataset in one host's output directory and reports, as one JSON object on stdout,
+which samples have a valid file here, which files are invalid and which name no sample. The
 harness runs it on every host of a group and merges the answers (harness/extraction_check.py):
-every sample must have exactly one valid file somewhere.
-
-Validity is extract_hidden_states.check_file (the same rule the shards use), against this
-host's extract_meta.json when it has one, else against --num-layers/--hidden.
-
-`storage_id` names the directory's storage (a random id kept in OUTPUT/.storage_id, created
-on first use): hosts that mount the same shared directory report the same id, so the merge does
-not mistake one shared file for two copies.
+every sample must have exactly one valid file somewhere. Validity and `storage_id`:
+docs/ARCHITECTURE.md, "The stage scripts".
 
     python remote_scripts/check_extraction.py --prepared outputs/prepared --output outputs/hidden_states
 """

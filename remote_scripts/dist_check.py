@@ -1,21 +1,11 @@
 """A small, real torch.distributed job that checks its own results: the multi-node smoke test.
 
-Launched by torchrun on every node (the harness does that for `harness run GROUP dist_check`);
-it runs anywhere torch runs: Gloo on CPU (the CI namespace hosts), NCCL on GPUs. speculators'
-trainer refuses CPU distributed, so this is what proves a multi-host launch end to end without
-GPUs; on GPUs the same launch path runs the real train stage.
-
-What it checks (any mismatch: message, event "finished failed", exit code 1):
-  1. all_reduce: every rank contributes (rank + 1) * arange(n); the sum must be
-     world*(world+1)/2 * arange(n) exactly.
-  2. DDP training: a small MLP wrapped in DistributedDataParallel, each rank on its own batch.
-     After every step, (a) the parameters are bit-identical on all ranks, and (b) they equal a
-     reference: the same model stepped once on the concatenation of every rank's batch, which is
-     what DDP's gradient averaging promises (checked to a float tolerance).
-
-Events (remote_scripts/common/events.py) go to --events from each node's local rank 0, so every
-node's run directory shows progress. `--step-seconds` slows the steps down so that tests can
-kill a node mid-run.
+Launched by torchrun on every node (`harness run GROUP dist_check`); it runs anywhere torch runs:
+Gloo on CPU (the CI namespace hosts), NCCL on GPUs. speculators' trainer refuses CPU distributed,
+so this is what proves a multi-host launch end to end without GPUs; on GPUs the same launch path
+runs the real train stage. It checks an all_reduce and DDP training steps against exact
+references; any mismatch fails the stage (exit 1). What it checks: docs/ARCHITECTURE.md, "A
+group run on the GPU side".
 
 Run by hand on one machine:
     torchrun --nproc-per-node 2 remote_scripts/dist_check.py --steps 5

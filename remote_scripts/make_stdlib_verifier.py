@@ -1,31 +1,12 @@
 """Build, with no hub access, a real verifier of real text: a Llama model of the Python standard library.
 
 The tiny demo language saturates (every draft proposal is accepted), so it cannot tell one draft
-recipe from another. This script builds a verifier whose outputs are real, imperfect code:
-
-* The text: every `.py` file of this Python's standard library outside its test directories
-  (`test`, `tests`, `idle_test`; about 730 files, 12 MB). Each file goes to train or held-out by a
-  hash of its path relative to the library root (`--heldout-percent`); nothing from a held-out
-  file is ever used to build the tokenizer or to train the model.
-* The tokenizer: a byte-level BPE trained with `tokenizers` on the training files, with the tiny
-  verifier's special tokens and a chat template without padding whitespace:
-      <bos><|user|>PROMPT<|end|><|assistant|>REPLY<|end|>
-* The prompts: a file's leading context, i.e. its import statements, then one function's signature
-  and docstring (a method's under its `class` line); the reply is the function's remaining body.
-* The model: LlamaForCausalLM (make_tiny_verifier's builder), trained on chunks of the training
-  files' text and on the chat form of their functions (so it answers after `<|assistant|>` and
-  stops with `<|end|>`). Its held-out loss per token is measured on chunks of the held-out files.
-
-Sizes (`--size`): `cpu` (about 1.8M parameters, a few minutes on 2 cores) and `gpu` (about 100M
-parameters, a few minutes on one H200); every number can be overridden by its flag.
-
-Outputs:
-  --output DIR     the verifier (config, weights, tokenizer, chat template) and stdlib_split.json
-                   (which files are train and which held-out, and the held-out loss).
-  --data-out FILE  chat JSONL of prompts only, {"id", "split", "source", "messages": [user]}:
-                   `--train-prompts` from training files (split "train") and `--heldout-prompts`
-                   from held-out files (split "heldout"). The replies are the verifier's own,
-                   written by the regenerate stage.
+recipe from another; this verifier's outputs are real, imperfect code. It trains a byte-level BPE
+tokenizer and a LlamaForCausalLM on this Python's standard library (test directories left out;
+each file train or held-out by a hash of its path), reports the held-out loss per token, and
+writes prompts only (a file's imports, then one function's signature and docstring) for the
+regenerate stage to answer. bench/quality/run.py uses it. The text, the tokenizer, the prompts,
+the sizes and the outputs: docs/pipeline.md, "The stdlib verifier".
 """
 
 from __future__ import annotations

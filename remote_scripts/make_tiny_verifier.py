@@ -1,36 +1,13 @@
 """Build, with no hub access, a tiny Llama-style verifier, its fast tokenizer and a learnable chat language.
 
-The demo and the tests need a verifier that (a) exists without downloads, (b) runs on 2 CPU cores in
-seconds and (c) has learned something a draft can learn in turn. This script makes all three:
-
-* The language. `--num-words` pseudo-words are shuffled and cut into chains of 12-32 words. Every
-  word has a fixed successor: the next word of its chain, or the end-of-turn token for the last word.
-  A user turn is a few random words whose last word is not near its chain's end; the assistant's
-  reply walks the chain from that word's successor to the chain's end. So every assistant token is
-  determined by the token before it (the first by the last user word): a verifier can learn it to
-  ~100% and a draft can reach an acceptance length close to k+1.
-* The tokenizer: a word-level `tokenizers` model (one token per word) wrapped in
-  PreTrainedTokenizerFast, with special tokens and a Jinja chat template:
-      <bos><|user|> w w w <|end|><|assistant|> w w w <|end|>...
-  (`<|end|>` is the eos token: generation stops at the end of an assistant turn).
-* The verifier (`--arch llama`, the default): LlamaForCausalLM from a hand-made LlamaConfig (default hidden 64, 8 layers, 2 heads of 32,
-  400 words: 0.38M parameters; speculators' default target layers [2, N//2, N-3] need N >= 7), trained
-  briefly on the assistant tokens only (150 steps at lr 1e-2 reach ~99% held-out token accuracy;
-  hidden 64 rather than 128 because the draft inherits the verifier's hidden size and both must
-  train within the demo's 10 minutes on 2 cores), saved in float32 (config `dtype`/`torch_dtype` float32,
-  `attn_implementation` sdpa) with untied embeddings, or tied ones with `--tie-word-embeddings`
-  (then the checkpoint has no `lm_head.weight`; speculators 0.9.0 takes the draft's lm_head from
-  the embeddings, as for SmolLM2: tests/test_tied_verifier.py).
-* `--arch kimi-k2.5`: a toy Kimi-K2.5 (common/tiny_kimi_k25.py: Kimi_K25ForConditionalGeneration around a
-  DeepSeek-V3 MoE text model, hidden 128), trained 300 steps by default, written in the
-  save_pretrained or the released checkpoint layout (`--layout`).
-
-Outputs:
-  --output DIR        config.json, model.safetensors, tokenizer files, generation_config.json,
-                      tiny_language.json (the successor map: lets tests and evaluation check outputs).
-  --data-out FILE     JSONL, one conversation per line: {"id", "split", "messages": [...]} with split
-                      "train" or "heldout" (the last --heldout conversations). prepare uses only
-                      "train" rows by default; evaluate uses the "heldout" prompts.
+The demo and the tests need a verifier that (a) exists without downloads, (b) runs on 2 CPU cores
+in seconds and (c) has learned something a draft can learn in turn. This script makes all three:
+a language of pseudo-word chains in which every assistant token follows from the one before it
+(so a draft can approach an acceptance length of k+1), a word-level fast tokenizer with a chat
+template, and a verifier trained briefly on it (`--arch llama`, the default: a small
+LlamaForCausalLM; `--arch kimi-k2.5`: a toy Kimi-K2.5, common/tiny_kimi_k25.py). --output gets
+the verifier and tiny_language.json (the successor map), --data-out the chat JSONL with its
+held-out split. The language, the sizes and why: docs/pipeline.md, "The tiny verifier".
 """
 
 from __future__ import annotations

@@ -1,43 +1,13 @@
 """One node of a multi-node run: torchrun under a peer watchdog.
 
 The harness starts this on every host of a group (`harness run GROUP STAGE`), each under its own
-detached supervisor, with the same run id. It runs
-
-    python -m torch.distributed.run --nnodes N --node-rank i --nproc-per-node G
-        --rdzv-backend static --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID
-        --rdzv-conf timeout=<join timeout> --max-restarts 0
-        SCRIPT ARGS...
-
-and watches the other nodes, so that one failed, cancelled or vanished node stops the whole run
-within a bounded time even when no laptop is attached:
-
-  * Node 0's watchdog hosts a small store on PORT+1 (common/watch_store.py: on the rendezvous
-    address only, and only for callers that prove they know the run's secret, which every node
-    gets in its environment, HARNESS_WATCH_SECRET); every watchdog bumps a heartbeat counter in it every
-    --heartbeat seconds and posts its node's outcome when torchrun ends or it is cancelled.
-  * A watchdog stops its own torchrun (SIGTERM, --grace seconds, then SIGKILL to every process
-    it started, ranks included) as soon as a peer posts failed/cancelled, a peer's heartbeat has
-    not moved for --peer-timeout seconds, or the store (node 0) has been unreachable that long.
-
-So with the laptop gone, a dead node stops the others within peer_timeout + grace (+ one
-heartbeat); a crashed rank is usually faster, because its peers' collectives fail at once and
-torchrun (--max-restarts 0) exits, and a hung collective is further bounded by the stage's own
-process-group timeout.
-
-The rendezvous is static, not c10d: the group is a fixed list of hosts with no restarts, and
-static makes node i hold global ranks i*G .. i*G+G-1. c10d hands out node ranks in the sorted
-order of the nodes' addresses (then pids), so "10.0.0.10" came before "10.0.0.9" and two nodes
-on one address drew lots; rank 0 then saved the checkpoint on whichever host, while the stages
-after training (evaluate, export) run on node 0 and read it there. Node 0's torchrun hosts the
-store (rank 0 of the static rendezvous), so no is_host guess is needed either, and no
---local-addr (only c10d and etcd read it).
-
-torchrun's stderr (its ranks' too) passes through this launcher into the same log; when torchrun
-fails, the node's verdict names the cause it printed (common/torchrun_output.py), not just exit 1.
-A node whose ranks failed by themselves posts that at once; one whose ranks only lost a peer
-(a collective's connection closed) first waits briefly for the peer's word and adds "after
-<peer> failed ...", so that `harness status` points at the node where it went wrong. (Both
-waiting for each other, as they once did, let the race decide.)
+detached supervisor, with the same run id. It runs torchrun with a static rendezvous on node 0
+(node i holds global ranks i*G .. i*G+G-1) and watches the other nodes through a small store on
+node 0 (common/watch_store.py), so that one failed, cancelled or vanished node stops the whole
+run within a bounded time even when no laptop is attached. When torchrun fails, the node's
+verdict names the cause it printed (common/torchrun_output.py) and whose failure it was, so
+`harness status` points at the node where it went wrong. The watchdog's rules, its bounds and why
+the rendezvous is static: docs/ARCHITECTURE.md, "A group run on the GPU side".
 
 Run by hand on each node (what the harness writes into the stage's spec.json):
     python remote_scripts/node_launcher.py --node-rank 0 --nnodes 2 --endpoint 10.0.0.1:29500 \

@@ -2,32 +2,11 @@
 
 speculators 0.9.0's own `prepare-data` renders conversations through a running vLLM server's
 /render endpoint; this stage renders them locally with the verifier's tokenizer and chat template,
-so it runs anywhere (the laptop demo included) and writes the same on-disk format:
-
-  OUTPUT/                  a `datasets` dataset (save_to_disk) with torch format, one row per
-                           conversation: input_ids int64 [T], loss_mask int64 [T], seq_len int.
-                           Read it with `datasets.load_from_disk(OUTPUT)` (what speculators'
-                           ArrowDataset does); row i's hidden states go to hs_<i>.safetensors.
-  OUTPUT/token_freq.pt     {token_id: count} over assistant tokens (speculators'
-                           save_token_frequency_distribution), for the draft's reduced vocabulary.
-  OUTPUT/prepare_report.json   counts: read, kept, malformed (with line numbers), truncated, ...
-
-Input: JSONL, one conversation per line, either OpenAI-style {"messages": [{"role", "content"}]} or
-ShareGPT {"conversations": [{"from", "value"}]}. Rows with "split": "heldout" are evaluation prompts
-and are skipped unless --split all (the tiny verifier's data marks them so).
-
-The loss mask: for every assistant turn j, the tokens that the full render of turns[:j+1] adds to
-the render of turns[:j] with the generation prompt (the assistant's content and its end-of-turn
-tokens) -- speculators' render-boundary rule, applied to one row per conversation. A template that
-is not prefix-stable across turns (one that drops earlier reasoning, say) falls back to one row
-per assistant turn, as speculators does.
-
-A malformed row (bad JSON, missing or mistyped fields, unknown role) is reported with its line
-number, skipped and counted; with --strict the first one is fatal.
-
-`--regenerated FILE` (the pipeline passes the regenerate stage's output): when FILE exists and its
-FILE.meta.json records the SHA-256 of --data, FILE (the same rows, with the verifier's own
-replies) is read instead of --data; a FILE made from other data is ignored, with a message.
+so it runs anywhere (the laptop demo included) and writes the same on-disk format: OUTPUT/ (a
+`datasets` dataset, one row per conversation), OUTPUT/token_freq.pt (assistant-token counts, for
+the draft's reduced vocabulary) and OUTPUT/prepare_report.json. The loss mask follows speculators'
+render-boundary rule. Input forms, held-out rows, the mask, malformed rows and `--regenerated`:
+docs/pipeline.md, "Prepare".
 """
 
 from __future__ import annotations

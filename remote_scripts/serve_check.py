@@ -3,21 +3,13 @@
     python remote_scripts/serve_check.py --export EXPORT_DIR --data chat.jsonl --output EVAL_DIR \
         [--no-baseline] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
 
-1. `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'`
-   (the verifier and K from the export) on a unix socket in a 0700 directory of its own (no TCP
-   port: --host and --port are not used), waits until it is ready (common/vllm_server.py);
-2. sends evaluate's held-out prompts (the same rows, split, count and reply length as evaluate's
-   report.json in EVAL_DIR records; token ids, greedy, one request at a time) to /v1/completions,
-   reading vLLM's spec-decode counters from /metrics before and after (common/spec_metrics.py);
-3. with --baseline (the default), serves the verifier alone on the same prompts: tokens/s without
-   the draft, and whether every reply equals the one served with the draft (greedy speculation
-   must not change the output).
-
-Writes EVAL_DIR/served.json (served tau and acceptance per position, evaluate's on the same
-definitions beside them, tokens/s with and without the draft) and redraws EVAL_DIR/acceptance.png
-with the served acceptance beside evaluate's. Where vLLM is not installed, or cannot serve this
-verifier (its CPU build takes only some head sizes), it says so in one line and ends ok: the
-chain goes on. Every server it starts is stopped (SIGTERM, grace, SIGKILL), also on a cancel.
+evaluate measures tau with our own speculation loop; what a user gets is the draft as vLLM serves
+it. This stage serves the export with its verifier (common/vllm_server.py, on a private unix
+socket), sends evaluate's held-out prompts, reads vLLM's spec-decode counters before and after
+(common/spec_metrics.py) and, with --baseline (the default), serves the verifier alone for
+tokens/s without the draft. It writes EVAL_DIR/served.json and redraws acceptance.png; where vLLM
+is missing or cannot serve this verifier it says so in one line and ends ok, so the chain goes on.
+Step by step: docs/pipeline.md, "Served acceptance".
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-tokens", type=int, default=3, help="TTT steps = tokens the draft proposes")
     p.add_argument("--layers", type=int, nargs="+", default=None, help="verifier layer ids the hidden states were extracted from (default: the extraction's record, else [2, N//2, N-3])")
     p.add_argument("--epochs", type=int, default=None, help="default: 3, raised (up to 20) when the data is too small for enough optimizer steps (see common/recipe.py)")
-    # 1e-3 (speculators' own default too): on the stdlib bench (bench/quality, cpu size, 3 epochs) tau
-    # 2.66 at k = 3, against 2.60 with 2e-3, 2.37 with the former 5e-3 and 2.13 with 1e-2.
+    # 1e-3 (speculators' own default too): the highest held-out tau of the rates tried on the stdlib
+    # bench (2.66 at k = 3; the others: docs/pipeline.md, "Training").
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW; linear decay after speculators' warm-up)")
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     # Every position: the loss is a KL to the verifier's logits, a target on prompt tokens as much

@@ -1,41 +1,16 @@
 """Acceptance while the draft trains: tau estimated from speculators' validation accuracies, and
-the guard that names a run which stopped while the draft was still learning.
+the guard that names a run which stopped while the draft was still learning. Pure (no torch).
 
-The estimate. speculators' validation pass runs the draft's k TTT steps over held-out rows (the
-rows after --train-data-ratio) and counts, per step t, `full_acc_t`: the fraction of positions
-whose proposals 1..t all equal the verifier's greedy token (argmax of the verifier's own logits
-from its last hidden state). A chain of k proposals yields 1 + (number accepted) tokens, and the
-expected number accepted is the sum over t of P(proposals 1..t all accepted), so
-
-    tau ~= 1 + sum_t full_acc_t
-
-That per-position figure reads HIGH. Speculation does not start a round at every position: a
-round starts where the last one ended, so an easy stretch (long acceptances) holds few round
-starts per token and a hard stretch many. Tokens per round is therefore the harmonic-type
-average of the local acceptance lengths weighted by tokens, which is below their per-position
-(arithmetic) mean whenever acceptance varies along the text (Jensen): half the positions at 4 and
-half at 1.5 read 2.75 per position but deliver 2.18 per round.
-
-So the estimate the train stage reports walks the rounds instead (`walk_rounds`, fed by the shim
-'round-walk' of common/speculators_compat.py): from the first position of each reply, a round
-takes that position's accepted chain length a (its proposals 1..a all equal the verifier's
-greedy tokens) plus the verifier's own token, and the next round starts after them; tau = tokens
-/ rounds. What is left between it and the evaluate stage: a TTT step feeds the data's next token
-where inference feeds the verifier's greedy one (the same whenever the data follows the
-verifier's greedy path), and validation rows come from the training prompts' distribution. It
-costs a pass over each validation batch's positions, beside the validation speculators runs
-anyway (each epoch); long epochs add a validation over a few batches every few thousand steps
-(common/recipe.py). `estimate_tau` falls back to the per-position sum where the walk is missing.
-
-The early stop (`EarlyStop`) is the guard's mirror: a run whose estimate has stood flat at its
-best (not above it, and not below it by more than FLAT) for `patience` epoch validations in a row,
-while the guard sees no other sign of learning, has levelled off, and its remaining epochs would
-only repeat it (the CPU demo's estimate stood at 3.7021 from epoch 2 to 10). A run still gaining,
-however slowly, sets a new best and goes on; an estimate that moves below the best is noise or a
-run still changing, not evidence that it is done: on SmolLM2's small validation set the estimate
-swung 1.61, 1.57, 1.57, 1.55 and the epochs after it still raised the held-out tau.
-
-Pure (no torch).
+The per-position figure from speculators' validation, 1 + sum_t full_acc_t, reads HIGH: a round
+starts where the last one ended, so hard stretches hold more round starts than easy ones. The
+estimate the train stage reports walks the rounds instead (`walk_rounds`, fed by the shim
+'round-walk' of common/speculators_compat.py): tau = tokens / rounds along each validation reply;
+`estimate_tau` falls back to the per-position sum where the walk is missing. The guard warns
+when training ends while the estimate or the loss still moves; the early stop (`EarlyStop`) is
+its mirror: an estimate flat at its best for `patience` epoch validations in a row, with no
+other sign of learning, ends training. The derivation, what separates the estimate from
+evaluate's tau, and the measurements behind the rules: docs/pipeline.md, "Training";
+docs/ARCHITECTURE.md, common/acceptance.py.
 """
 
 from __future__ import annotations

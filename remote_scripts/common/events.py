@@ -2,19 +2,12 @@
 
 Each stage appends one JSON object per line to `events.jsonl` (path from `--events` or the
 HARNESS_EVENTS environment variable; when neither is set, events are only echoed to stderr
-as human-readable lines, so a stage run by hand stays readable).
-
-Schema, one object per line, every object has "t" (unix seconds), "stage" and "event" (the
-contract, field by field: docs/events.json; tests/test_events_contract.py holds this writer and
-the laptop's reader, harness/events.py, to it):
-  {"event": "started",  "args": {...}}                               stage began
-  {"event": "progress", "step": k, "total": n, "unit": "samples"}    k of n done
-  {"event": "metric",   "step": k, "metrics": {"loss": 1.2, ...}}   numbers for curves
-  {"event": "artifact", "path": "...", "kind": "checkpoint"}         a file/dir worth pulling
-  {"event": "message",  "text": "..."}                               a human note
-  {"event": "warning",  "text": "..."}                               one line: a problem and its fix
-  {"event": "finished", "status": "ok" | "failed", "error": "...",   stage ended; a failure says
-   "cause": "own" | "peer" | "cancelled"}                            whose it was (CAUSES)
+as human-readable lines, so a stage run by hand stays readable). Every object has "t" (unix
+seconds), "stage" and "event": started, progress, metric, artifact, message, warning, finished
+(a failed one says whose failure it was: CAUSES). The contract, field by field, is
+docs/events.json; tests/test_events_contract.py holds this writer and the laptop's reader,
+harness/events.py, to it. `run_stage` is every stage's main(): started, the run, then finished
+with its summary or one failed line.
 
 The laptop renders progress events as bars and metric events as tables and plots. This module
 never imports harness (remote_scripts/ must run without it).

@@ -3,24 +3,12 @@
 
 Each logger imports its package lazily, at the first metric: a missing one would crash the run
 after the model was built (and, on GPU, compiled). `check_installed` says it in one line first.
-
-Where they write (all under LOG_DIR = <train --output>/logs, the run's logger directory that
-`harness pull` fetches and `harness tensorboard` serves):
-  tensorboard  <log dir>/<run name>/ (event files)
-  wandb        <log dir>/wandb/ ; offline when WANDB_MODE is unset and the W&B server cannot be
-               reached from this host (a GPU box without internet): `wandb sync` that directory later
-  mlflow       MLFLOW_TRACKING_URI, default sqlite:///<log dir>/mlflow.db: MLflow 3's own default
-               store (sqlite:///mlflow.db) moved out of the working directory (its file store
-               refuses to start without MLFLOW_ALLOW_FILE_STORE=true: deprecated)
-  trackio      TRACKIO_DIR, default <log dir>/trackio (speculators passes it no directory; trackio's
-               own default is ~/.cache/huggingface/trackio), unless TRACKIO_SPACE_ID or
-               TRACKIO_SERVER_URL send it elsewhere
-After training, `finish` ends the W&B run (speculators leaves it to wandb's exit hook) and makes
-the directory pullable: wandb-core links <run>/logs/debug-core.log to its own log under
-~/.cache/wandb by absolute path, which `harness pull` refuses as leading outside; such a link
-becomes a copy of its file.
-Keys (WANDB_API_KEY, MLFLOW_TRACKING_TOKEN, ...) come from the environment only: list them in the
-host's `env` in harness.toml, which passes them by name.
+Every logger writes under LOG_DIR = <train --output>/logs, which `harness pull` fetches and
+`harness tensorboard` serves (W&B offline where its server is unreachable; MLflow's and Trackio's
+stores moved there), and `finish` leaves that directory pullable after training. Keys come from
+the environment only (the host's `env` in harness.toml). Where each logger writes and why:
+docs/pipeline.md, "Training loggers"; the finishing touches: docs/ARCHITECTURE.md,
+common/loggers.py.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
 """Online training (train --online): the draft trains from a running `vllm serve`, never from a full
 copy of the hidden states on disk.
 
-speculators 0.9.0 already has the mechanism (speculators/train/data.py ArrowDataset with
-`--on-missing generate`): for a row without `hs_<i>.safetensors` under --hidden-states-path, the
-dataloader sends the row's token ids to `--vllm-endpoint` (a completion, max_tokens=1), vLLM's
-hidden-states connector writes one safetensors file into its shared_storage_path and returns the
-file's path in kv_transfer_params, and the dataloader waits for the writer's lock, loads the file,
-validates it (tokens, shape, finite) and deletes it (hs_connectors FileTransfer.delete). Each epoch
-asks again: nothing is kept.
-
-What this module adds, pure where it can be (tests/test_online.py):
-* GPU placement on one box (`place_gpus`): which visible GPUs serve the verifier, which train the
-  draft; by default the first half serves and the second half trains (one GPU: shared, vLLM capped
-  at SHARED_UTILIZATION of its memory); overlapping sets that leave the trainer less than
-  MIN_TRAIN_FRACTION of a GPU are refused in one line.
-* the disk bound (`staging_bound`): a generated file lives from vLLM's write until the dataloader
-  has loaded it, and each dataloader process asks for one row at a time, so at most
-  ranks x (train + validation loader processes) files exist at once, each at most the longest
-  prepared row's states.
-* the measurement (`MeasuredTransfer`): wraps speculators' transfer and, after each generated file
-  is loaded and before it is deleted, sums the staging directory; a new high is written to
-  `<staging>/.peak.<pid>.<loader>` (workers are separate processes, and a process has two loaders),
-  and `measured_peak` reads them back.
-  This is the peak itself, not a sample in time: every file is present, complete, at the moment
-  its own load finishes.
+speculators 0.9.0 already has the mechanism (ArrowDataset with `--on-missing generate`): for a row
+without its hs_<i>.safetensors the dataloader asks `--vllm-endpoint`, loads the one file vLLM's
+hidden-states connector wrote, and deletes it; each epoch asks again, so nothing is kept. What
+this module adds, pure where it can be (tests/test_online.py): GPU placement on one box
+(`place_gpus`: which GPUs serve the verifier, which train the draft; an overlap that leaves the
+trainer too little is refused), the staging directory's bound (`staging_bound`) and its measured
+peak (`MeasuredTransfer`, `measured_peak`). How the mechanism runs, the bound's reasoning and why
+the measurement is the peak itself: docs/ARCHITECTURE.md, common/online.py; for users:
+docs/pipeline.md, "Online training".
 """
 
 from __future__ import annotations
@@ -173,7 +159,7 @@ def clear_staging(staging: Path) -> int:
 
 class MeasuredTransfer:
     """speculators' HiddenStatesTransfer with the staging directory summed at each generated load
-    (see the module docstring). Module level and plain attributes: spawned workers unpickle it."""
+    (docs/ARCHITECTURE.md, common/online.py). Module level and plain attributes: spawned workers unpickle it."""
 
     def __init__(self, inner: Any, staging: str):
         self.inner = inner

@@ -1,30 +1,14 @@
 """The training recipe sized to the data: tokens per optimizer step and epochs, so that a run gets
 enough optimizer steps to learn.
 
-The fast GPU default packs 8192 tokens per step (per process). On a small data set that leaves a
-handful of steps: the demo's 51,919 training tokens gave 7 steps per epoch on one GPU, 21 in all,
-and a draft that accepted almost nothing (tau 1.50), where 512 tokens per step (the CPU default)
-gave 109 per epoch and tau 3.64. The rule, for values the user did not set:
-
-  steps per epoch ~= ceil(train tokens / (tokens per step x processes))      (packing is dense)
-  tokens per step  = the device default (8192 GPU, 512 CPU), halved while the run would get fewer
-                     than MIN_STEPS steps, down to a floor: the longest row rounded up to a power
-                     of two (speculators truncates longer rows), at least 256
-  epochs           = 3; raised (at most to 20) while the run gets fewer than the device's
-                     TARGET_STEPS: small data learns from more passes (stdlib bench on a CPU:
-                     tau 2.08 at 3 epochs, 2.27 at 5; SmolLM2 on an H200: 2.71 at 1,144 steps,
-                     2.91 at 4,134, 2.98 at 6,360)
-  warm-up          = speculators' own (1 % of the steps): it follows the sized step count
-
-The epochs are the most a run trains: train's early stop (common/acceptance.py EarlyStop) ends
-one whose tau estimate has stood still for 3 epoch validations (the CPU demo: flat from epoch 2
-of 10). The learning-rate schedule still decays over the sized steps, so a stopped run ends at
-a rate above zero; best.json names its checkpoint as for any run.
-
-A value the user set is kept; a run that will still get fewer than MIN_STEPS steps gets one
-warning line naming the numbers and the fix. Large data keeps the device default. The pack is
-sized the same on a CPU and a GPU; the step target is not (a GPU step is cheap: 4,576 steps of
-8192 tokens took 350 s on an H200, where 1,000 steps of 512 take ~12 minutes on 2 CPU cores).
+The fast GPU default packs 8192 tokens per step (per process); on a small data set that leaves a
+handful of steps and a draft that learns almost nothing. For the values the user did not set,
+tokens per step is halved while the run would get fewer than MIN_STEPS steps (down to the
+longest row's power of two), and epochs are raised (at most MAX_EPOCHS) toward the device's
+TARGET_STEPS; warm-up follows the sized count. A value the user set is kept; a run that will still
+get too few steps gets one warning line naming the numbers and the fix. The epochs are the most
+a run trains (train's early stop may end it sooner). The rule, with the measurements behind each
+number: docs/pipeline.md, "Training"; docs/ARCHITECTURE.md, common/recipe.py.
 
 Pure (no torch): tests/test_recipe.py checks it on tiny, small and large data.
 """

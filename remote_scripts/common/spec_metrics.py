@@ -1,24 +1,13 @@
 """vLLM's speculative-decoding counters, read from its Prometheus /metrics: how a served draft does.
 
-The names, as vLLM 0.32/0.33 defines them (vllm/v1/spec_decode/metrics.py, SpecDecodingProm;
-vllm/v1/metrics/loggers.py), each a Counter that prometheus_client exposes with `_total`, one
-series per engine (label `engine`), summed here:
-
-    vllm:spec_decode_num_drafts_total                       verify steps that carried drafts
-    vllm:spec_decode_num_draft_tokens_total                 draft tokens proposed
-    vllm:spec_decode_num_accepted_tokens_total              draft tokens the verifier accepted
-    vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}   accepted at position i (0-based)
-    vllm:generation_tokens_total                            tokens returned to clients
-
-Two acceptance lengths come out of them, and evaluate.py has the same two:
-  - `tau` = 1 + accepted / drafts: vLLM's "mean acceptance length" (its log line). vLLM counts a
-    draft token accepted when the verifier agreed with it, also where the reply then stopped
-    (end of sequence, max_tokens) before the token was used; evaluate's analogue is
-    1 + sum of its acceptance per position (rounds a reply's end cut short are not counted there).
-  - `delivered_tau` = (generated tokens - requests) / drafts: the tokens the verify steps
-    returned, per step (the first token of each request comes from the prefill, not a draft
-    round); exactly evaluate's tau (generated tokens after the prefill token / verifier rounds).
-Counters only grow: take them before and after the requests and subtract (`SpecCounters.minus`).
+The counters (`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
+`..._num_accepted_tokens_per_pos`, `vllm:generation_tokens`; one series per engine, summed here)
+only grow: take them before and after the requests and subtract (`SpecCounters.minus`). Two
+acceptance lengths come out of them, and evaluate.py has the same two: `tau` = 1 + accepted /
+drafts (vLLM's "mean acceptance length") and `delivered_tau` = (generated tokens - requests) /
+drafts (exactly evaluate's tau). The names, where vLLM defines them and how each tau compares
+with evaluate's: docs/pipeline.md, "Served acceptance"; docs/ARCHITECTURE.md,
+common/spec_metrics.py.
 Pure: no vLLM import (the CLI and tests read a /metrics text).
 """
 

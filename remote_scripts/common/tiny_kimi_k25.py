@@ -1,19 +1,12 @@
 """A toy Kimi-K2.5 for make_tiny_verifier.py (`--arch kimi-k2.5`): the architecture our users train
 drafts for, at a size that trains on 2 CPU cores.
 
-transformers' Kimi_K25ForConditionalGeneration: a vision tower and projector (kept minimal: the
-pipeline is text-only) around a DeepSeek-V3 text model under `text_config`: MLA attention (q/kv
-LoRA ranks 48/32, rope/nope head dims 16/16), YaRN rope, 4 routed experts + 1 shared with 2 per
-token, the first layer dense (`first_k_dense_replace = 1`).
-
-Two checkpoint layouts (`--layout`):
-  save_pretrained  what transformers 5.19 writes (config text_config.model_type "deepseek_v3";
-                   its reverse key mapping writes the text layers as language_model.model.blocks.N)
-  released         the released model's on-disk names: language_model.model.layers.N...,
-                   language_model.lm_head.weight, per-expert mlp.experts.E.*_proj, and config
-                   text_config.model_type "kimi_k2" with `rope_scaling` (transformers' kimi_k25
-                   conversion mapping and Kimi_K25Config.__post_init__ accept both). The builder
-                   loads it back and checks that it is the same model before reporting success.
+transformers' Kimi_K25ForConditionalGeneration: a minimal vision tower and projector (the
+pipeline is text-only) around a small DeepSeek-V3 MoE text model under `text_config`. Two
+checkpoint layouts (`--layout`): `save_pretrained`, what transformers writes, and `released`,
+the released model's on-disk names and config; the builder loads either back and checks that
+it is the same model before reporting success. The model's shape and the layouts' names:
+docs/ARCHITECTURE.md, common/tiny_kimi_k25.py.
 """
 
 from __future__ import annotations

