@@ -1,31 +1,15 @@
 """One way to call a host helper (harness/host_helpers/*.py, standard library only).
 
 Shipped one way: the helper's source travels on stdin ahead of the request, read by a one-line
-bootstrap (`python -c BOOT NAME SIZE`: SIZE bytes of source run as __main__), so nothing is
-installed on the host, a changed helper is used at once, and the host's `ps` shows a short line
-naming the helper; the source is the one thing sent, so a helper runs wherever a python does (a
-fresh host, a container harness started: nothing there needs to be synced or mounted). Started one
-way: `python -S -c BOOT ...` on the host (the default `python3` as /usr/bin/python3 where there is
-one: host_helpers.SYSTEM_PYTHON_SH), or `python -c BOOT ...` in the stage environment
-(Runtime.foreground: the container, the workdir) when `where` is a runtime, or in a running
-container of it (`inside`: Runtime.exec_in). A server held on the host (host_server.py) wraps
-`command` in its lifeline, which hands the helper its payload. Nothing else builds a helper's
-command line (tests/test_helpers.py holds every module to it, and no module to an inline
-`python -c SOURCE`).
-One wire format: the request is ONE JSON line on the helper's stdin after its source (it ends in
-"\n"; a helper's arguments travel in it, never on a command line, so secret values in it never
-reach one). A helper that takes only the request reads stdin to its end (json.load); a helper
-with a byte stream of its own (sync_apply.py: file records; pull_helper.py: range requests;
-relay.py: a forwarded connection's raw bytes, its reply the server's) reads the request line and
-then the caller's stream, which FOLLOWS it on the same stdin (`start`), through sys.stdin.buffer
-(BOOT's reads may have buffered the stream's first bytes already). The reply is its stdout (one
-JSON document, or a byte stream for a streaming command handed to `stdout`), its exit code says
-how it went (0 done, 2 no such thing, else failed, with stderr saying why).
+bootstrap (`python -c BOOT NAME SIZE`), so nothing is installed on the host and a helper runs
+wherever a python does. Started one way: on the host's python, in the stage environment (`where`
+is a runtime) or in a running container of it (`inside`). One wire format: the request is ONE
+JSON line on stdin after the source, so secret values never reach a command line; a streaming
+helper's bytes follow it on the same stdin (`start`). The reply is its stdout and its exit code
+(0 done, 2 no such thing, else failed). Every call is one process the transport starts and owns.
+Nothing else builds a helper's command line (tests/test_helpers.py).
 
-Every call is one process the transport starts and owns (Transport.stream: for SSH hosts a
-channel of the OpenSSH master, so a call on a warm link costs one channel: no paramiko, no SFTP;
-the transport types the link's failures). `call` waits for the reply; `start` leaves stdin open
-for a caller that streams (sync, pull, a relay), on the same command line and payload.
+The bootstrap, the pythons and the wire in detail: docs/ARCHITECTURE.md, helpers.py.
 """
 
 from __future__ import annotations

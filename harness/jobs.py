@@ -2,20 +2,14 @@
 
 The laptop makes the run's plan (run.json, and a spec.json per stage) and sends it in ONE call of
 the supervisor (harness/host_helpers/supervisor.py, standard library only, through
-harness.helpers.call), which writes it under <workdir>/runs/<run_id>/, adds the digest of the
-code last synced, starts itself detached (double fork + setsid) and answers with the run's
-status. A workdir configured under ~ is expanded there, in the same call. From then on the run
-needs neither the SSH link nor this process: closing the laptop does not stop the chain.
+harness.helpers.call), which writes it under <workdir>/runs/<run_id>/ and starts the run detached.
+From then on the run needs neither the SSH link nor this process: closing the laptop does not
+stop the chain. Every later command (logs, status, runs, cancel) is one call of the same
+supervisor, reading those files, so any laptop can re-attach. Runs queue per GPU set on the host
+(queue_gpus, queue_slot; `now=True` starts at once). Secret values travel to the supervisor on
+stdin and are never written; the record keeps names only.
 
-Every later command (logs, status, runs, cancel) is one call of the same supervisor on the
-host, reading those files, so any laptop can re-attach and nothing is lost when a link drops.
-Runs queue per GPU set (queue_gpus): a run waits, `queued`, while an earlier run on an
-overlapping set is queued or running on the host, and its supervisor starts it when the GPUs are
-free; `now=True` starts at once. A run may take a slot of its GPUs (queue_slot: harness sweep's
-trials sharing a GPU), then it waits only for runs in the same slot or in none. Same semantics on
-both runtimes; the runtime says how a stage starts (Runtime.stage_process: a process group per
-stage on the host, or a container per stage, labelled with run and stage). Secret values (the host's `env` names) travel to the supervisor on
-stdin and are never written to the run's files; the record keeps names only.
+The launch, the queue and the run's files: docs/ARCHITECTURE.md (jobs.py, "The supervisor").
 """
 
 from __future__ import annotations

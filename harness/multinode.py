@@ -2,39 +2,14 @@
 
 `harness run GROUP STAGES...` starts the SAME run id on every host of `[groups.GROUP]`, each under
 its own detached supervisor (harness.jobs), so every node's state, log and events live in its own
-<workdir>/runs/<run_id>/ and `harness status|logs|cancel HOST RUN` still work per host. Which
-stages run where:
+<workdir>/runs/<run_id>/ and `harness status|logs|cancel HOST RUN` still work per host.
+Distributed stages run on every node under remote_scripts/node_launcher.py (torchrun with a
+static rendezvous on node 0, plus a peer watchdog); the stages after the last distributed one run
+on node 0 only. When one node fails, the others are stopped: by this process while attached, by
+the nodes' watchdogs when no laptop watches. The NCCL/Gloo environment of this process reaches
+every node the way secrets do (values on stdin, names only in the run record).
 
-  * distributed stages (extract, train, dist_check) run on every node, each under
-    remote_scripts/node_launcher.py: torchrun --nnodes N --node-rank i --nproc-per-node G
-    --rdzv-backend static --rdzv-endpoint HOST0:PORT --rdzv-id RUN_ID, plus a peer watchdog
-    (static: node i holds ranks i*G..i*G+G-1, so global rank 0 is on node 0);
-  * plain stages before the first distributed one (verifier, prepare) run on every node: each
-    node needs those inputs in its own workdir;
-  * plain stages after the last distributed one (evaluate, export) run on node 0 only: they
-    read what rank 0 wrote.
-Sharded extraction writes each rank's sample range on that rank's host; `harness check-extract
-GROUP` (harness/extraction_check.py) then checks that every sample has exactly one valid file.
-Training across hosts reads every sample on every host, so `extract train` in one group chain
-needs the pipeline's output_dir on storage all hosts share (the usual cluster setup).
-
-Stopping everything when one node fails, with a bound on the time:
-  1. Attached (`harness run GROUP ...` without --detach): `GroupRun.watch` polls every node each
-     second; the first node that reports failed or cancelled makes it cancel all the others
-     (supervisor cancel: SIGTERM, grace, SIGKILL). Bound: poll + grace. A node the laptop
-     cannot reach is reported but not acted on: it may be only the laptop's link that failed,
-     and the watchdogs below, which see each other, decide.
-  2. Laptop gone: each node's watchdog (node_launcher.py) stops its torchrun when a peer posts a
-     failure or cancel, when a peer's heartbeat stalls for the group's `watchdog_timeout`, or
-     when node 0's store is gone that long. Bound: watchdog_timeout + grace + one heartbeat.
-     A crashed rank is faster: its peers' collectives fail at once (connection reset) and
-     torchrun runs with --max-restarts 0.
-  3. A collective that hangs without any peer dying is bounded by the stage's own process
-     group timeout (dist_check --timeout, NCCL's watchdog for train).
-
-The NCCL/Gloo environment of this process (NCCL_*, GLOO_*, TORCH_NCCL_*, TORCH_DISTRIBUTED_*;
-e.g. NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_NVLS_ENABLE=0) is passed to every node the
-way secrets are: values on the supervisor's stdin, names only in the run record.
+Which stage runs where, and the bounds on stopping: docs/ARCHITECTURE.md, "A group run".
 """
 
 from __future__ import annotations
@@ -77,7 +52,7 @@ def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def stages_for_node(stages: Sequence[str], rank: int) -> list[str]:
-    """Which of a group run's stages node `rank` runs (see the module docstring)."""
+    """Which of a group run's stages node `rank` runs (docs/ARCHITECTURE.md, "A group run")."""
     dist = [i for i, s in enumerate(stages) if STAGES[s].distributed]
     if rank == 0 or not dist:  # no distributed stage: every node runs them all
         return list(stages)

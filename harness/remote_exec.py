@@ -2,8 +2,8 @@
 
 The command runs in the stage environment, as the host's runtime says (Runtime.foreground: the
 workdir, created first on a fresh host; the container when the stages run in one). How it
-reaches the host is the transport's choice (Transport.exec_foreground: its fastest way, measured
-in bench/exec_latency.py). On a host runtime nothing is asked of the host before the command.
+reaches the host is the transport's choice (Transport.exec_foreground: its fastest way,
+docs/ARCHITECTURE.md "Choices made by measurement"). On a host runtime nothing is asked of the host before the command.
 """
 
 from __future__ import annotations

@@ -3,23 +3,11 @@
 A run's own directory (`<workdir>/runs/<id>/`) holds only its records and logs; what its stages
 made lives under the pipeline's output_dir, at each stage's --output as the run recorded it
 (run.json `config.pipeline`, through harness.pipeline: the same computation that built the
-stages' command lines). Into LOCAL_DIR (default ./runs/<id>):
-
-    .                      the run directory: run.json, and per stage spec.json, state.json, log,
-                           events.jsonl
-    outputs/eval/          evaluate's output: report.json and the plots (acceptance.png, training.png)
-    outputs/export/        export's output: the checkpoint vLLM serves, and its serve command
-    outputs/checkpoints/   train's metrics.jsonl, best.json and logs/ (the training loggers' directory:
-                           TensorBoard events, W&B offline runs); no checkpoint unless asked:
-      --latest-checkpoint    + the newest epoch directory (`<N>/`, highest N)
-      --best-checkpoint      + the directory best.json names (train writes
-                             `{"checkpoint": "<dir>", "step": N, "tau": X}`); a run without
-                             best.json is one error line
-
-Outputs the run has not made (a failed or partial run) are skipped and listed. Checkpoints
-belong to the output directory, not to one run: a later run with the same output_dir replaces
-them. All parts are one verified, resumable pull over one connection (harness.pull.PullConnection:
-the run's record, which outputs exist and their bytes, one remote start).
+stages' command lines). `pull` brings the run directory, evaluate's and export's outputs and
+train's records and logs into LOCAL_DIR (default ./runs/<id>); a checkpoint only when asked
+(--latest-checkpoint, --best-checkpoint). Outputs the run has not made are skipped and listed.
+All parts are one verified, resumable pull over one connection (harness.pull.PullConnection: one
+remote start). Where each part lands: docs/transfers.md.
 """
 
 from __future__ import annotations

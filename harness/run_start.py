@@ -4,7 +4,7 @@ A run never starts stages the host does not have: `start_run` syncs the configur
 stage scripts, container/, the config, data listed in [sync] paths) before the launch, exactly
 what `harness sync` does. An unchanged tree costs one exec over the SSH master that the launch
 uses next (the helper sends its manifest, the laptop's hash cache says nothing changed, the helper
-exits: about two round trips and no new connection, bench/sync_first.py). The launch then checks on the host that every stage's
+exits: no new connection; docs/configuration.md). The launch then checks on the host that every stage's
 script, and a verifier given as a host path, are there (jobs.requirements), in the same call.
 
 `dry_run` is the same start short of writing anything: the sync's plan, the preflight's verdict

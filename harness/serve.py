@@ -2,21 +2,14 @@
 where the stages run (the ML container on docker hosts), forwarded here, with vLLM's served
 acceptance shown as it changes.
 
-vLLM listens on a unix socket, never on a TCP port of the box: in a directory serve_draft.py
-makes (0700: no other uid enters it) in /tmp of the host, or of its container on docker hosts (a
-named container: its file system is its own). This machine reaches it through a relay per
-connection (harness.relay_forward; in the container by `docker exec`), as TensorBoard.
+The host runs remote_scripts/serve_draft.py as a harness.host_server.HostServer, as
+harness.tensorboard runs TensorBoard: when harness ends, the connection's stdin closes and the
+script stops vLLM, so nothing is left behind on the box. vLLM listens on a unix socket in a 0700
+directory, never on a TCP port of the box; this machine reaches it through a relay per connection
+(harness.relay_forward). Its API key is made here per serve and never put on a command line
+(ServedKey).
 
-The host runs remote_scripts/serve_draft.py (`vllm serve VERIFIER --speculative-config
-'{"method": "eagle3", "model": EXPORT, ...}'`, its /metrics read every few seconds, stage events
-on stdout) as a harness.host_server.HostServer, as harness.tensorboard runs TensorBoard: when
-harness ends (Ctrl-C, a dropped link, a kill), the connection's stdin closes,
-the host sends the script SIGTERM and it stops vLLM (its whole process group: SIGTERM, grace,
-SIGKILL), so nothing is left behind on the box.
-
-vLLM wants an API key on every route (docs/security.md): made here per serve, handed to the
-script in a 0600 file that it reads and removes (never on a command line), and kept here in a
-0600 file of this machine's (ServedKey) that `harness serve` names and removes at the end.
+The socket, the shutdown and the key in detail: docs/ARCHITECTURE.md (serve.py), docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """`harness sources HOST PACKAGE...`: the Python sources of packages as the stages see them,
 mirrored into a local folder an editor's language server reads (pyright/pylance/jedi `extraPaths`).
 
-1. locate  one round trip: harness/host_helpers/locate_sources.py runs in the stage environment
-           (runtime.foreground: the stages' interpreter, inside the container on docker hosts)
-           and finds each top-level package without importing it.
-2. stage   docker hosts only: the files live in the image, which the host-side pull helper cannot
-           read, so the same script copies them to <workdir>/.harness/sources/<name> on the
-           mounted workdir (incremental: unchanged files are not rewritten; owned by the
-           workdir's owner, not the container's root). Runtime host: pulled where installed.
-3. pull    one harness.pull pull of every package's roots, with include patterns (.py, .pyi,
-           py.typed; no binaries): a file already mirrored with the host's SHA-256 moves
-           nothing, only changed ones move.
-4. prune   mirrored source files the package no longer has are deleted, only inside
-           DEST/<package>/ (the mirror's own folder).
+Four steps: locate each package in the stage environment without importing it
+(host_helpers/locate_sources.py, one round trip); on docker hosts, copy its files out of the image
+onto the mounted workdir; pull them (harness.pull, .py/.pyi/py.typed only: unchanged files move
+nothing); prune mirrored files the package no longer has. Layout: DEST/<name>/... for a package,
+DEST/<name>.py for a single-module one; DEST itself is the `extraPaths` entry.
 
-Layout: DEST/<name>/... for a package, DEST/<name>.py for a single-module one; DEST itself is the
-`extraPaths` entry.
+Each step in detail: docs/ARCHITECTURE.md, sources.py.
 """
 
 from __future__ import annotations

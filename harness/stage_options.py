@@ -1,20 +1,15 @@
 """`[pipeline.stages.NAME]` checked on the laptop against what each stage really accepts.
 
 The one definition of a stage's options is its script's own argparse parser: every stage script
-in remote_scripts/ builds it in `build_parser()` (its `parse_args` calls that), and imports
-torch and the other heavy libraries only inside the functions that run the stage, so the
-module loads on the laptop in milliseconds. `check_stage_tables` loads, for each configured
-table, the script that `harness sync` will push (remote_scripts/ beside the config file), asks
-it for its parser and checks every key against the parser's options (and a value against the
-option's type and choices). A wrong table or key is one ConfigError with the nearest name
-(difflib), at config load: `hosts`, `doctor` and `run` all refuse it with exit 2.
+in remote_scripts/ builds it in `build_parser()` and imports torch and the like only inside the
+functions that run the stage. `check_stage_tables` loads, for each configured table, the script
+that `harness sync` will push (remote_scripts/ beside the config file), asks it for its parser
+and checks every key against the parser's options (and a value against the option's type and
+choices). A wrong table or key is one ConfigError with the nearest name, at config load (exit 2).
+Loading leaves the laptop process as it was, and what each parser takes is cached in the
+project's .harness/stage-options.json, so while the code is unchanged no script is loaded.
 
-Loading a script runs its module level: the script's own `sys.path.insert` and the `common`
-modules it imports are taken back out afterwards, so the laptop process is left as it was
-(but for standard-library modules). A script without `build_parser` is refused by name rather
-than executed: its module level might be the stage itself. What each parser takes is kept as
-JSON in the project's .harness/stage-options.json under a stamp of the scripts' files, so while
-the code is unchanged no script is loaded at all.
+How a script is loaded and the cache stamped: docs/ARCHITECTURE.md, stage_options.py.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """A sweep: several train recipes (trials) tried on one host, on the same prepared data and hidden
 states, each measured on the selection split; the best is printed as harness.toml lines.
 
-A trial is one run of the host's run queue (harness.jobs): the stages train and evaluate, with
-the trial's train flags over `[pipeline.stages.train]`, its own output directory
-(<output_dir>/sweeps/<sweep id>/<trial>/) and evaluate on the selection split (`[sweep] split`).
-prepare and extract are not part of it: every trial reads the prepared data and hidden states the
-pipeline's paths name (a `harness run HOST prepare extract` before). Trials are pinned one GPU
-each, round-robin over the sweep's GPUs, and all queued at once: the box's queue runs one trial at
-a time per GPU (or `per_gpu` at once, each in a queue slot of its own) with no laptop attached. When every trial has ended, the winner (highest selection
-tau; the first trial on a tie) is measured once on the test split (rows split=heldout), which
-is reported and never used to choose.
+A trial is one run of the host's run queue (harness.jobs): train and evaluate, with the trial's
+train flags over `[pipeline.stages.train]`, its own output directory, and evaluate on the
+selection split. Trials are pinned one GPU each and all queued at once, so the box works through
+them with no laptop attached. The winner is measured once more on the test split, which is
+reported and never used to choose. The sweep's state is on the host (sweep.json); its id is a
+digest of what the sweep is, so running the same command again picks it up.
 
-The sweep's state is on the host, <output_dir>/sweeps/<sweep id>/sweep.json: the trials, their
-flags, GPU and run ids (chosen before any run starts, so a lost link never starts a trial twice).
-The sweep id is a digest of what the sweep is (host, grid, split, pipeline), so running the same
-command again picks the sweep up: it starts the trials that have no run (or whose run was
-cancelled or lost) and the test run, and shows the rest. `sweeps/latest` names the newest.
+How trials are laid out, chosen and picked up: docs/ARCHITECTURE.md (sweep.py), docs/sweep.md.
 """
 
 from __future__ import annotations

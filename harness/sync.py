@@ -1,40 +1,15 @@
 """`harness sync`: push the project's code (SyncConfig.paths) to <workdir> on a host, incrementally.
 
-How it decides what moves
-  The host keeps a manifest of what sync put there: <workdir>/.harness/sync-manifest.json,
-  {"version": 1, "digest": sha256 of the canonical file table, "files": {path: entry}}, where an
-  entry is {kind: "file"|"link", size, mode, sha256, target}. A sync starts ONE helper process on
-  the host (harness/host_helpers/sync_apply.py, by harness.helpers.start: for SSH hosts a persistent
-  ControlMaster), which sends the manifest back while the local tree is scanned (hashes cached by
-  (size, mtime_ns, inode) in <project>/.harness/sync-cache.json, so unchanged files are never
-  re-read; a file the cache does not know is read only when the host holds an entry of its size
-  and mode, any other is sent and hashed as it streams). Only entries that differ are sent, over
-  the same process. A no-op sync therefore costs one remote exec, writes nothing on the host and
-  moves no file.
-
-What it sends
-  Regular files (content, permission bits) and symlinks (as links, never followed). Ignored:
-  `.git` always; `.gitignore` and `.harnessignore` files at any level (gitignore semantics,
-  deeper files win, a negation `!x` re-includes); SyncConfig.exclude (gitignore patterns relative
-  to the project root). A symlink whose target is absolute or leads outside the synced tree is
-  NOT sent: it is listed in `SyncResult.skipped` (the host would otherwise be handed a path out
-  of the tree). Names that are not valid UTF-8 are skipped the same way.
-
-What it deletes
-  Only paths the host manifest lists (sync put them there), that are gone locally, and that lie
-  under one of the current sync paths; files and links only, never through a symlinked
-  directory. Outputs (runs/, data, checkpoints, anything sync did not write) are never touched.
-  Manifest entries that are not clean relative paths (`..`, absolute, `.harness/...`) are
-  ignored and reported: an edited manifest cannot steer a deletion out of the tree.
-
-How bytes move
-  One stream into that helper (a JSON header, then per file its size, mode, content and the
-  SHA-256 hashed as it was read; see RECORD), which applies deletions, writes new files in place
-  (removed again if the stream ends inside one) and replaces existing ones by rename, and writes
-  the new manifest last (a pending manifest first, so an interrupted sync re-sends and still owns
-  what it was writing).
+Only what changed moves. The host keeps a manifest of what sync put there
+(<workdir>/.harness/sync-manifest.json). A sync starts ONE helper process on the host
+(host_helpers/sync_apply.py, by harness.helpers.start), which sends that manifest back while the
+local tree is scanned; the entries that differ then go over the same process as one stream. A
+no-op sync costs one remote exec and writes nothing on the host. Regular files and symlinks (as
+links) go; `.git`, ignored files and links out of the tree do not. Deletions touch only paths the
+manifest lists, under the current sync paths: outputs sync did not write are never touched.
 
 Run records use `host_manifest_digest(transport, workdir)`: the digest of the code a run used.
+How it decides, sends and deletes: docs/ARCHITECTURE.md, "harness sync, step by step".
 """
 
 from __future__ import annotations
@@ -704,7 +679,7 @@ def sync(
     progress: ProgressCallback | None = None,
     cache_file: Path | None = None,
 ) -> SyncResult:
-    """Push `paths` (relative to `root`) to `workdir` on the host; see the module docstring."""
+    """Push `paths` (relative to `root`) to `workdir` on the host (docs/ARCHITECTURE.md, "harness sync, step by step")."""
     with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
         return prepared.dry_run() if dry_run else prepared.apply(progress)
 

@@ -1,32 +1,17 @@
 """Inspect one Python object, or grep one package's source, as THIS interpreter sees it.
 
-Called by `harness inspect` through harness/helpers.py (`python -c <this file's text>`, the
-request on stdin) and run by the stage
-interpreter (on the host, or inside the container), so it answers with exactly the files,
-versions and environment the stages get. No file needs to exist on the remote.
-
+Called by `harness inspect` through harness/helpers.py (its source, then the request on stdin) and
+run by the stage interpreter (on the host, or inside the container), so it answers with exactly
+the files, versions and environment the stages get. No file needs to exist on the remote.
 STDLIB ONLY, one self-contained file: it must run in any Python >= 3.8 the remote has.
 
-Request (JSON on stdin; argv[1] by hand):
-  {"op": "object", "path": "pkg.mod.Class.method", "mode": "auto" | "static" | "import",
-   "mro": false, "sys_path": ["remote_scripts"]}
-  {"op": "objects", "paths": [...], ...}: the same for several paths, answered as a list
-  {"op": "grep", "pattern": "regex", "package": "pkg", "ignore_case": false,
-   "context": 1, "max_hits": 2000, "sys_path": [...]}
+Request (JSON on stdin; argv[1] by hand): {"op": "object" | "objects" | "grep", ...}. A dotted path
+resolves `static` (the module's file parsed, nothing executed), `import` (the live object,
+unwrapped) or `auto` (static, falling back to import whenever static cannot be sure).
+Result: ONE line on stdout, MARKER followed by a JSON object.
 
-Two ways to resolve a dotted path:
-  static  find the module FILE through the import system's finders without executing any
-          module, parse it, and walk down class/def statements. Milliseconds instead of the
-          seconds `import torch` costs; exact as long as the name is bound once, by a plain
-          `def`/`class` (decorators are reported as written, not executed).
-  import  import the longest importable module prefix, getattr down the rest, and unwrap
-          wrappers (functools.wraps, torch.compile, partial, staticmethod/classmethod,
-          property). The live object: needed for inherited or dynamically bound attributes,
-          builtins, --mro, and to see what decorators really produced.
-"auto" tries static and falls back to import whenever static cannot be sure.
-
-Result: ONE line on stdout, MARKER followed by a JSON object (anything libraries print while
-importing is sent to stderr, so it cannot corrupt the answer).
+The requests and the two ways to resolve a path: docs/ARCHITECTURE.md, "Host helpers' requests
+and replies".
 """
 
 import ast

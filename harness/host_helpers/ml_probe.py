@@ -7,16 +7,8 @@ report, not a crash. It judges nothing; harness/doctor/ml_checks.py does.
 
 Request: {"verifier": path, "prepared": path, "data": path, "flex": true, "head_dim": null}
 (paths relative to the working directory, which is the workdir)
-Result: one line on stdout, MARKER + JSON:
-  versions   {dist: version | null} from importlib.metadata (nothing imported)
-  nvidia_smi {"found", "exit_code", "gpus": [[name, driver], ...], "error"}
-  torch      {"import_error" | "version", "cuda_available", "cuda_version", "devices": [...]}
-  flex       {"status": "ok" | "failed" | "skipped", "device", "error", "smem_required",
-              "smem_limit", "small_tiles": {"status", "error", "kernel_options"}}
-  verifier   {"path", "found", "error", "nested_text_config", "model_type", "dtype",
-              "num_hidden_layers", "hidden_size", "head_dim", "auto_map": [files declaring it],
-              "quantization_config", "quantization": {"method", "runs", "detail"} when quantized}
-  samples    {"count", "source"} or {"count": null, "source": why}
+Result: one line on stdout, MARKER + JSON: versions, nvidia_smi, torch, flex, verifier, samples.
+Their fields: docs/ARCHITECTURE.md, "Host helpers' requests and replies".
 """
 
 import glob

@@ -2,31 +2,14 @@
 
 Names travel as JSON (never parsed from shell output); symlinks are reported, never followed.
 stdin, after this source: the request, one JSON line (harness/helpers.py), {"mode": MODE, ...}:
+  "hash"  the whole-file SHA-256 of the files given, one JSON line per file as it is done.
+  "send"  frames on stdout: the laptop's questions (a listing, a small file, which paths exist,
+          the newest run, a listener for more streams, a ping) answered in order, then the byte
+          ranges it asks for, each piece ended by its CRC-32 (computed while sending) or by a
+          frame saying the file changed. A listener on the host's loopback, behind a random
+          token, serves the laptop's further streams (`ssh -W` channels) the same way.
 
-  {"mode": "hash", "root": ROOT, "rels": [rel, ...]}
-              stdout: one JSON line per file as it is done,
-              [rel, sha256 or null, size, mtime_ns, error]; size/mtime_ns are taken before and
-              checked after hashing (a file being written while hashed reports an error).
-  {"mode": "send"}
-              stdout: frames of (status byte, 8-byte big-endian length, data); one status-3 frame
-              ("ready") as soon as the helper runs. stdin, after the request line (the
-              stream follows it): first questions, one JSON line each,
-              each answered by one frame, in order (`answer`): a listing, a small file, which paths
-              exist, the newest run, a listener for more streams, a ping (`null`: a status-3 frame,
-              the laptop times it). Then the line ROOT (a JSON string) and one JSON segment per
-              line, [rel, piece_start, offset, end, size, mtime_ns], read as they come (the laptop
-              keeps a couple in flight); for each: status-0 frames of data (the bytes offset..end),
-              then status 2, its data the CRC-32 of the whole piece piece_start..end (4 bytes, big
-              endian; computed while sending: no second pass), or status 1: the file changed or went
-              missing (its (size, mtime_ns) do not match the listing, before or after).
-              A {"listen": true} question starts a listener on the host's loopback (a random port)
-              behind a random 32-byte token, answered {"port": N, "token": HEX} (status 6), or {}
-              where it cannot listen. Each TCP connection to it that first sends the token is served
-              like a `send` stream of its own (ready frame, ROOT line, segments) by a forked process:
-              the laptop's extra streams are direct-tcpip channels of its master connection
-              (`ssh -W`), with no remote shell or Python to start. A connection with a wrong token
-              is closed unanswered, and so is one beyond MOST_CONNECTIONS served at once. The
-              listener ends when this helper does (the pull is over).
+The frames and requests in detail: docs/ARCHITECTURE.md, "harness pull, step by step".
 """
 
 import hashlib

@@ -1,49 +1,17 @@
 #!/usr/bin/env python3
 """The run supervisor: runs a chain of stages ON THE HOST, detached from the SSH link.
 
-Sent by the harness with every call (harness/helpers.py: its source on stdin ahead of one JSON
-request line, run by `python -S -c BOOT`) and run with the host's python3. Standard library only: it must work on a bare GPU
-box, outside any container.
+Sent by harness with every call (harness/helpers.py: its source on stdin ahead of one JSON
+request line, run by `python -S -c BOOT`) and run with the host's python3. Standard library only:
+it must work on a bare GPU box, outside any container.
 
-Everything about a run lives in files under <workdir>/runs/<run_id>/, so any laptop can come back
-later, and nothing depends on the connection (or the harness process) that started it:
+Everything about a run lives in files under <workdir>/runs/<run_id>/ (run.json, state.json,
+supervisor.lock, and per stage spec.json, log, events.jsonl, state.json), so any laptop can come
+back later and nothing depends on the connection that started it. Runs wait in a queue per GPU
+set (<workdir>/.harness/queue/, RunQueue). Secret env values arrive on stdin and are never written.
 
-    run.json              the run record (written by the harness; the supervisor adds versions)
-    state.json            run state: queued | running | ok | failed | cancelled | lost, timestamps, pid
-    supervisor.lock       flock held by the live supervisor (liveness without pid-reuse races)
-    supervisor.log        the supervisor's own stderr (diagnostics, never stage output)
-    cancel                present once a cancel was requested
-    cancelling            present once a group cancel began: a stage that fails now counts as cancelled
-    <stage>/spec.json     how to launch the stage (written by the harness)
-    <stage>/log           stdout+stderr of the stage, complete, appended live
-    <stage>/events.jsonl  progress events (the stage writes them: --events)
-    <stage>/state.json    pending | running | ok | failed | cancelled | skipped, exit code, times;
-                          a host stage's pgid and its leader's identity (boot id, start time)
-
-A stage spec is one of
-    {"kind": "host",   "argv": [...]}                      a process group of its own
-    {"kind": "docker", "argv": ["docker", "create", ...], "container": NAME}
-                                                            a container; its command appends its
-                                                            own output to <stage>/log
-The run queue (<workdir>/.harness/queue/, see RunQueue): a run waits (`queued`) while an earlier
-live run on an overlapping GPU set is queued or running; its supervisor starts it when they are
-gone. Liveness is each run's supervisor.lock, so a dead supervisor never blocks the queue.
-
-Secrets: environment values arrive in the launch request (stdin), live only in this process's
-memory and reach stages by inheritance (host) or by name (`docker create -e NAME`). They are
-never written.
-
-Requests (stdin, one JSON document):
-    {"cmd": "launch", "run_dir", "specs": {stage: spec}, "record", "manifest", "env", "requires", "versions_probe"}
-                            exit 3 with the message of a `requires` path that is missing;
-                            else write the plan, daemonize; reply {"home", "status"}. "@harness-home@"
-                            anywhere in it stands for the home directory. versions_probe:
-                            {"argv", "stdin"} of a host helper (stage_versions.py) run in the
-                            stage environment before the first stage, its reply added to run.json.
-    {"cmd": "cancel", "run_dir", "grace"}
-    {"cmd": "cancelling", "run_dir"}       mark only (a group cancel's first round); print the state
-    {"cmd": "status", "runs_dir", "run_id"} JSON on stdout (run_id null: every run)
-    {"cmd": "follow", "run_dir", "stage", "follow", "json", "tail"}
+Requests (stdin, one JSON document, by "cmd"): launch, cancel, cancelling, status, follow.
+The files, stage specs and requests in detail: docs/ARCHITECTURE.md, "The supervisor".
 """
 
 from __future__ import annotations

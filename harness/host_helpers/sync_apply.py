@@ -1,32 +1,14 @@
 """Host side of `harness sync` (stdlib only; shipped and started by harness/helpers.py, never imported).
 
-The laptop's command line prints the current manifest (then a NUL byte) with `cat` before this
-script starts, so planning overlaps the interpreter's start-up (harness.sync.PreparedSync).
-stdin, after this source: the request, one JSON line {"workdir": WORKDIR} (harness/helpers.py;
-sent at once, with the source), then sync's own stream: one JSON header line (an empty line or
-EOF: change nothing and exit), then one record per file to write, then one JSON trailer line.
-  header = {"roots": [...], "upload": {path: entry}, "delete": [path, ...], "drop": [path, ...]}
-  record (files of `upload`, in its order; links travel in the header alone):
-    8-byte size, 4-byte permission bits (big-endian; size 2**64-1: the file vanished on the
-    laptop, nothing follows), the content, its 32-byte SHA-256 (hashed by the laptop as it read)
-  trailer = {"digest": sha256 of the resulting manifest's file table (computed by the laptop)}
-  The new manifest is the old one without `delete` and `drop` (entries the laptop found unsafe),
-  plus what was written: only the difference travels.
-Order, chosen so that an interruption at any point leaves the host consistent:
-  1. a pending manifest is written first: old entries plus every path about to be written, the
-     latter with an unknown hash, so an interrupted sync re-sends them next time and still owns
-     them (can delete them later);
-  2. deletions first (so a file can become a directory and back): only paths the old manifest
-     lists, only under a synced root, never through a symlinked directory, files and links only
-     (never a directory tree); directories this empties are removed;
-  3. a new file is written in place (nothing can be reading it; if the stream ends inside it,
-     it is removed); an existing one under a temporary name in its directory, then renamed over
-     the target (a running job never reads a half-written file; a symlink at the target is
-     replaced, never followed);
-  4. the final manifest is renamed into place.
-The laptop already validated every path; this script checks again, because the manifest it
-derives from lives on the host and may have been edited.
+stdin, after this source: the request, one JSON line {"workdir": WORKDIR} (harness/helpers.py),
+then sync's own stream: a JSON header line (roots, upload, delete, drop), one record per file to
+write (size, permission bits, content, SHA-256), then a JSON trailer line (the new manifest's
+digest). It applies deletions, writes the files and renames the new manifest into place, in an
+order that leaves the host consistent wherever it is interrupted. It checks every path again:
+the manifest lives on the host and may have been edited.
 stdout at the end: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
+
+The stream's format and the order of writes: docs/ARCHITECTURE.md, "harness sync, step by step".
 """
 
 import json

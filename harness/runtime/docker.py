@@ -1,19 +1,13 @@
 """DockerRuntime: stages run in the ML container, started with the docker CLI ON THE HOST.
 
-Every container the harness starts (jobs, `harness exec`, `harness shell`, inspect, the version
-probe) gets the same options from `run_options`, so a shell sees exactly what a stage sees:
-  - GPUs: "all", a count, or a list of indices (`--gpus`; docker turns it into a DeviceRequest)
-  - `--ipc=host`, `--shm-size`, `--ulimit memlock=-1 --ulimit stack=67108864` (NCCL, dataloaders;
-    `container.ulimits` overrides them, e.g. where the engine may not raise the hard limit)
-  - the workdir mounted at the SAME path inside, as the working directory: paths in logs,
-    events and artifacts mean the same thing on the host and in the container
-  - data_dir (same path), the Hugging Face cache, and the configured mounts
-  - env passthrough BY NAME (`-e NAME`): docker reads the value from its own environment, so a
-    secret never appears on a command line or in a file the harness writes
-  - labels naming the run and the stage, and `--init` so signals reach the stage and zombies
-    are reaped (a Python PID 1 would ignore SIGTERM)
-  - `--pull=never`: the image is the one `harness build` made on the host; a missing one is an
-    error, never a registry pull (harness.runtime.preflight says "not built" first)
+Every container harness starts (jobs, `harness exec`, `harness shell`, inspect, the version
+probe) gets the same options from `run_options`, so a shell sees exactly what a stage sees: the
+GPUs, `--ipc=host`, shared memory and ulimits, the workdir mounted at the SAME path as the
+working directory, data_dir, the Hugging Face cache and the configured mounts, env passed BY NAME
+(a secret never appears on a command line), labels naming the run and the stage, `--init`, and
+`--pull=never` (the image is the one `harness build` made on the host).
+
+Each option and why: docs/ARCHITECTURE.md, runtime/.
 """
 
 from __future__ import annotations

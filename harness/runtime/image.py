@@ -1,28 +1,14 @@
 """The ML image: its content-hash tag, and `build` on the host's Docker engine.
 
-Tag. `<image>:<hash>` where the hash covers every input of the build: the files of container/
-and remote_scripts/ (the Dockerfile copies the scripts in), the Dockerfile path, the build
-arguments (BASE_IMAGE included) and the extra CA bundle. Same inputs, same tag: an unchanged
-image is found by `docker image inspect` and not rebuilt. `<image>:latest` names the last build
-on that host; jobs, shells and exec use it, and each run records its image ID.
+Tag: `<image>:<hash>`, the hash over every input of the build (container/ and remote_scripts/,
+the Dockerfile path, the build arguments, the extra CA bundle). Same inputs, same tag: an
+unchanged image is found by `docker image inspect` and not rebuilt. `<image>:latest` names the
+last build on that host; jobs, shells and exec use it, and each run records its image ID.
 
-How we talk to the engine: the docker CLI ON THE HOST, through the harness's one transport
-(`docker build -` with the build context as a tar stream on stdin). Chosen by measurement
-(scripts/measure-docker-channels.py, real sshd + engine on this machine, medians):
-
-                              CLI via our transport  docker SDK over ssh://
-    connect                        545 ms                 307 ms
-    one call (version/inspect)     200-235 ms             3-7 ms
-    build, all layers cached       280 ms                 60 ms
-
-The SDK wins per call on a kept connection (the CLI pays an exec channel plus docker CLI
-start-up each time), which would matter for a chatty, long-lived client. `harness build` is
-one short-lived command making ONE call when the image is unchanged (inspect + tag in a single
-shell) and one long call otherwise, where the build itself dominates. The SDK would add a
-second SSH connection with its own host-key, ProxyJump and identity handling (it reads only
-~/.ssh/config and ~/.ssh/known_hosts, rewrites ssh://alias to port 22 and needs the API version
-pinned), so the transport path keeps one connection, one host-key policy, and streams the
-build output unchanged.
+The engine is reached by the docker CLI ON THE HOST, through harness's one transport (`docker
+build -`, the build context as a tar stream on stdin), not by the docker SDK over ssh://: one
+connection, one host-key policy, the build output streamed unchanged. Why: docs/ARCHITECTURE.md,
+"Choices made by measurement".
 """
 
 from __future__ import annotations

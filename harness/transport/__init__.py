@@ -4,7 +4,7 @@ This package does not import harness.config: what it takes of a configured host 
 ConnectionSpec, made from the host's configuration by `connect`.
 
 Its names load on first use (PEP 562): importing a module of this package (the warm exec,
-transport/warm_exec.py) must not pay for base.py and dataclasses (bench/exec_latency.py).
+transport/warm_exec.py) must not pay for base.py and dataclasses.
 """
 
 _WHERE = {

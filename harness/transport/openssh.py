@@ -1,14 +1,10 @@
-"""The OpenSSH client as a command line built from typed options (model: dstack's
-services/ssh/tunnel.py), with its stderr mapped to the same typed errors as the paramiko transport.
+"""The OpenSSH client as a command line built from typed options, with its stderr mapped to the
+same typed errors as the paramiko transport.
 
-Why both clients: paramiko gives one in-process connection for the many small operations of a
-command; the `ssh` binary moves bulk bytes about twice as fast and, through a ControlMaster
-socket, keeps a connection alive BETWEEN CLI processes, which makes a warm `harness exec` as quick
-as `ssh` itself. Both are driven from one reading of the user's ssh_config, `ssh -G`'s
-(`resolve_host`), and accept a host key only where the one decision of transport/host_keys.py
-says so: ssh is handed it as its KnownHostsCommand, with no known_hosts file of its own and
-StrictHostKeyChecking=yes, whatever the user's ssh_config says (`safety_config`).
-
+harness drives two SSH clients: paramiko for the many small operations of a command, the `ssh`
+binary for bulk bytes and for a ControlMaster that keeps a connection alive BETWEEN CLI processes
+(the warm `harness exec`). Both take one reading of the user's ssh_config (`ssh -G`: `resolve_host`)
+and one host-key decision (transport/host_keys.py; `safety_config`). Why two: docs/ARCHITECTURE.md.
 This module imports neither paramiko nor rich: it is on the warm exec path.
 
 Test/CI overrides (so nothing depends on the user's real ~/.ssh):
@@ -35,7 +31,8 @@ DEFAULT_KEEPALIVE_S = 15
 ACCEPT_FLAG = host_keys.ACCEPT_FLAG
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 # AES-GCM ahead of OpenSSH's default first choice (chacha20-poly1305): with AES instructions (any
-# x86 since ~2010, Apple silicon) it costs the client about half the CPU per byte (bench/transfer.py).
+# x86 since ~2010, Apple silicon) it costs the client less CPU per byte (docs/ARCHITECTURE.md,
+# "Choices made by measurement").
 # '^' puts them at the head of the default set: the same ciphers, all AEAD.
 CIPHERS_PREFERRED = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
 

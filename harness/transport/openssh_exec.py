@@ -1,10 +1,9 @@
 """A foreground command (`harness exec`) over OpenSSH's ControlMaster: the warm path.
 
-Chosen by measurement (bench/exec_latency.py): a plain (non-PTY) command on an SSH host goes
+Chosen by measurement (docs/ARCHITECTURE.md, "Choices made by measurement"): a plain (non-PTY) command on an SSH host goes
 through a master connection that outlives this process (started on first use, kept
 ControlPersist seconds); a second `harness exec` then costs one `ssh -S` mux client process on the
-master's socket. (A client of our own for the socket's protocol did not earn its code:
-bench/exec_latency.py.) Nothing here imports paramiko or rich.
+master's socket. (A client of our own for the socket's protocol did not earn its code.) Nothing here imports paramiko or rich.
 
 The remote command line comes from remote_shell.remote_command, as for every transport, so env
 values travel on stdin and never on a command line.

@@ -2,26 +2,14 @@
 
 An exec on the slow path (remote_exec.exec_on_host -> openssh_exec.run, which checks everything
 and starts the master when needed) leaves a recipe beside the master's socket (`save`): the ssh
-command line onto that master, the quoted command line around the user's argv (how the host's
-runtime wraps it), the env names it passes, and the stamp of every file the choice of master was
-made from (`route`), and harness's own version and code files (`code_files`: an upgrade). The next exec of the same host and config runs from it (`run`) while every
-stamp holds, the same env names are set and the master answers; anything else (an edited
-known_hosts, a repointed alias, another env name, no master) takes the slow path again, which
-writes a new recipe. ssh runs as this process's child (posix_spawn): where the connection ends
-under the command (a stalled link, a killed master), its mux client exits 255 without a word and
-this process says so in one line (`connection_ended`).
+command line onto that master, the command line around the user's argv, the env names it passes,
+and the stamp of every file the choice was made from (`route`, `code_files`). The next exec of
+the same host and config runs from it (`run`) while every stamp holds, the same env names are set
+and the master answers; anything else takes the slow path again, which writes a new recipe.
+A warm exec should cost little more than `ssh` through a ControlMaster, so `run` and what it
+calls import os, marshal and shlex only (with env values: remote_shell.py too).
 
-What a route watches: every ssh_config file ssh read (`ssh -v -G`, Include'd ones too) and its
-directory (a file an Include glob matches may appear), Include patterns that matched nothing,
-the default config files (creating one changes the options), the known_hosts files ssh consults
-(their content keys the master: openssh.with_control_path), the `ssh -F` file harness wrote, and
-the caller's files (harness.toml). A configuration whose reading can change with nothing on
-disk changing (Match exec/localnetwork/canonical/final, CanonicalizeHostname, ${VAR}, an Include
-glob over directories) has no route: there every exec takes the slow path.
-
-Why: a warm exec should cost little more than `ssh` through a ControlMaster, and the
-interpreter's start-up is most of what it may add (bench/exec_latency.py). So `run` and
-what it calls import os, marshal and shlex only (with env values: remote_shell.py too) (`route` and `save` run on the slow path).
+What a route watches, and which configurations get none: docs/ARCHITECTURE.md, "The warm exec".
 """
 
 from __future__ import annotations
@@ -85,7 +73,7 @@ def connection_ended(host: str) -> None:
 def run_ssh(ssh_argv: list[str], prefix: bytes) -> int:
     """Run an `ssh` command line on this terminal; `prefix` goes to its stdin ahead of ours (env
     values). Returns its exit code (killed by signal N: 128+N, like a shell). posix_spawn, not
-    subprocess: the warm exec with env values pays for no import it can avoid (bench/exec_latency.py)."""
+    subprocess: the warm exec with env values pays for no import it can avoid."""
     import signal
 
     if not prefix:
@@ -141,7 +129,7 @@ def master_answers(control_path: str | None) -> bool:
     if not control_path:
         return False
     # _socket, the C module under socket.py: socket.py builds four enum classes on import
-    # (a measurable share of a warm exec under callgrind: bench/exec_latency.py)
+    # (a measurable share of a warm exec: docs/ARCHITECTURE.md, "Choices made by measurement")
     import _socket
 
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
