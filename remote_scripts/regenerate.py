@@ -15,6 +15,7 @@ Which rows, the output, the backends, resume and malformed rows: docs/pipeline.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -289,32 +290,32 @@ class VllmBackend:
     def __init__(self, args: argparse.Namespace, rank: int, local_rank: int):
         from transformers import AutoConfig, AutoTokenizer
 
-        from common.vllm_server import ManagedServer, ServeOptions, rank_env, refuse_unservable, server_port, sigterm_raises
+        from common.vllm_server import ManagedServer, ServeOptions, endpoint_options, private_socket, rank_env, refuse_unservable, sigterm_raises
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
         self.server = None
         self.model_name = args.verifier  # what `vllm serve VERIFIER` serves it as
+        self._cleanup = contextlib.ExitStack()
         if args.endpoint:
-            self.base_url = args.endpoint.rstrip("/").removesuffix("/v1")
+            self.opts = endpoint_options(args.endpoint)
             self.waited = 0.0
             self.model_name = self._served_model()
             return
         refuse_unservable(AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code), args.vllm_command)
-        self.opts = ServeOptions(
-            model=args.verifier, host=args.host, port=server_port(args, local_rank), tensor_parallel_size=args.tensor_parallel_size,
-            max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-            vllm_command=args.vllm_command,
-            extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
-        )
-        env = rank_env(local_rank, args.tensor_parallel_size)
         output = Path(args.output)
         self.log = Path(args.server_log or output.with_name(f"{output.name}.vllm_server.rank{rank}.log"))
-        self.base_url = self.opts.base_url
-        self._cancel = sigterm_raises()
-        self._cancel.__enter__()
-        self.server = ManagedServer(self.opts, self.log, stop_grace=args.stop_grace, env=env)
         try:
+            self._cleanup.enter_context(sigterm_raises())
+            # a unix socket in a 0700 directory of this rank's: no other uid of the box reaches it
+            self.opts = ServeOptions(
+                model=args.verifier, uds=self._cleanup.enter_context(private_socket()), tensor_parallel_size=args.tensor_parallel_size,
+                max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
+                vllm_command=args.vllm_command,
+                extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
+            )
+            self.server = ManagedServer(self.opts, self.log, stop_grace=args.stop_grace, env=rank_env(local_rank, args.tensor_parallel_size))
+            self._cleanup.callback(self.server.stop)
             self.server.start()
             self.waited = self.server.wait_healthy(args.health_timeout)
         except BaseException:
@@ -323,18 +324,25 @@ class VllmBackend:
 
     def describe(self) -> str:
         if self.server is None:
-            return f"the vLLM server at {self.base_url}"
-        return f"vllm serve on port {self.opts.port} (healthy after {self.waited:.0f} s; log {self.log})"
+            return f"the vLLM server at {self.opts.where}"
+        return f"vllm serve on {self.opts.where} (healthy after {self.waited:.0f} s; log {self.log})"
+
+    def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
+        """One JSON request to the server; OSError for no answer or a status other than 200."""
+        from common.vllm_server import auth_headers, http_request
+
+        headers = {"Content-Type": "application/json", **auth_headers()}
+        status, reply = http_request(self.opts, method, path, headers, json.dumps(body).encode() if body is not None else None, timeout)
+        if status != 200:
+            raise OSError(f"HTTP {status} from {path}: {reply[:200]!r}")
+        return json.loads(reply)
 
     def _served_model(self) -> str:
         """The id the running server serves (GET /v1/models), which the requests must name."""
-        import urllib.request
-
-        from common.vllm_server import ServerFailed, auth_headers
+        from common.vllm_server import ServerFailed
 
         try:
-            with urllib.request.urlopen(urllib.request.Request(f"{self.base_url}/v1/models", headers=auth_headers()), timeout=30) as response:
-                return json.loads(response.read())["data"][0]["id"]
+            return self._request("GET", "/v1/models", None, 30)["data"][0]["id"]
         except (OSError, ValueError, KeyError, IndexError) as e:
             raise ServerFailed(f"--endpoint {self.args.endpoint}: no vLLM server answers GET /v1/models ({type(e).__name__}: {e})") from None
 
@@ -342,24 +350,20 @@ class VllmBackend:
         return self.server is None or self.server.alive()
 
     def where(self) -> str:
-        return f"server {self.base_url}" if self.server is None else f"log {self.log}"
+        return f"server {self.opts.where}" if self.server is None else f"log {self.log}"
 
     def _complete(self, prompt: list[int]) -> Reply:
-        import urllib.request
-
-        from common.vllm_server import ServerFailed, auth_headers
+        from common.vllm_server import ServerFailed
 
         args = self.args
         # return_token_ids: the reply is decoded here from its tokens alone, as the transformers
         # backend does (vLLM's text is decoded in the prompt's context: a leading space).
         body = {"model": self.model_name, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
                 "skip_special_tokens": True, "return_token_ids": True}
-        request = urllib.request.Request(f"{self.base_url}/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **auth_headers()})
         last_error = None
         for attempt in range(3):
             try:
-                with urllib.request.urlopen(request, timeout=args.request_timeout) as response:
-                    answer = json.loads(response.read())
+                answer = self._request("POST", "/v1/completions", body, args.request_timeout)
                 choice = answer["choices"][0]
                 token_ids = choice.get("token_ids")
                 if token_ids is not None:
@@ -388,12 +392,8 @@ class VllmBackend:
                 on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
 
     def close(self) -> None:
-        if self.server is None:
-            return
-        try:
-            self.server.stop()
-        finally:
-            self._cancel.__exit__(None, None, None)
+        """Stop our server, remove its socket's directory, restore SIGTERM (in that order)."""
+        self._cleanup.close()
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--trust-remote-code", action="store_true")
     v = p.add_argument_group("vllm backend")
-    add_serve_arguments(v)
+    add_serve_arguments(v, tcp=False)
     v.add_argument("--endpoint", default=None, help="a vLLM server already serving the verifier (http://HOST:PORT): none is started or stopped")
     v.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     v.add_argument("--request-timeout", type=float, default=600.0, help="seconds per completion request")

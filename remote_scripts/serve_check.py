@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile or CUDA graphs: a faster start, slower tokens (tests, quick checks)")
     p.add_argument("--trust-remote-code", action="store_true", help="the tokenizer's and vLLM's (auto_map)")
     serve = p.add_argument_group("vllm serve")
-    add_serve_arguments(serve)
+    add_serve_arguments(serve, tcp=False)
     serve.set_defaults(health_timeout=1800.0)
     p.add_argument("--events", default=None)
     return p

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -202,24 +201,22 @@ def test_prepare_reads_the_regenerated_file_only_when_it_matches_the_data(tiny_v
 # The vllm backend, around a stand-in server
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllm_backend_serves_the_verifier_and_stops_it(tiny_verifier, tmp_path):
     rows = _prompt_rows(tiny_verifier, 5)
     data = _write(tmp_path / "chat.jsonl", rows)
     out, record = tmp_path / "out.jsonl", tmp_path / "record.json"
     run_script("regenerate.py", *_args(
-        tiny_verifier, data, out, "--backend", "vllm", "--port", _free_port(), "--concurrency", 2, "--batch-size", 2,
+        tiny_verifier, data, out, "--backend", "vllm", "--concurrency", 2, "--batch-size", 2,
         "--vllm-command", f"{sys.executable} {STAND_IN} --record {record}", "--health-timeout", 300, "--stop-grace", 5,
     ))
     seen = json.loads(record.read_text())
     serve = seen["argv"].index("serve")
     assert seen["argv"][serve + 1] == str(tiny_verifier.verifier)
     assert "--speculative-config" not in seen["argv"] and "--kv-transfer-config" not in seen["argv"]
+    # no TCP port: a unix socket in a directory of the stage's own, gone with the server
+    assert "--port" not in seen["argv"] and "--host" not in seen["argv"]
+    socket_dir = Path(seen["argv"][seen["argv"].index("--uds") + 1]).parent
+    assert socket_dir.parent == Path("/tmp") and socket_dir.name.startswith("harness-vllm-") and not socket_dir.exists()
     with pytest.raises(ProcessLookupError):
         os.killpg(seen["pgid"], 0)  # the server's whole process group is gone
     written = [json.loads(line) for line in out.read_text().splitlines()]
@@ -231,7 +228,7 @@ def test_vllm_server_that_dies_fails_with_its_log(tiny_verifier, tmp_path):
     out = tmp_path / "out.jsonl"
     events = tmp_path / "events.jsonl"
     proc = run_script("regenerate.py", *_args(
-        tiny_verifier, data, out, "--backend", "vllm", "--port", _free_port(),
+        tiny_verifier, data, out, "--backend", "vllm",
         "--vllm-command", f"{sys.executable} {STAND_IN} --mode die", "--health-timeout", 300, "--events", events,
     ), check=False)
     assert proc.returncode == 1

@@ -254,7 +254,7 @@ def test_a_real_server_that_dies_at_start_fails_the_stage_in_one_line(vllm_verif
     (verifier / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
     events = tmp_path / "events.jsonl"
     proc = run_script("regenerate.py", "--backend", "vllm", "--verifier", verifier, "--data", _prompts(vllm_verifier, tmp_path / "p.jsonl"),
-                      "--output", tmp_path / "out.jsonl", "--port", free_port(), "--max-model-len", 256, "--vllm-arg=--enforce-eager",
+                      "--output", tmp_path / "out.jsonl", "--max-model-len", 256, "--vllm-arg=--enforce-eager",
                       "--health-timeout", 900, "--events", events, check=False, env=vllm_env(), timeout=900)
     assert proc.returncode == 1
     error = read_events(events)[-1]["error"]

