@@ -149,9 +149,10 @@ class Serving:
     def shown(self) -> str:
         return self.out.read_text()
 
-    def wait_for(self, text: str, logs: Path | None = None) -> None:
-        """Until stdout shows `text`; a failure says what harness and vLLM (its log in `logs`) said."""
-        while text not in self.shown():
+    def wait_for(self, text: str, logs: Path | None = None, stream: Path | None = None) -> None:
+        """Until stdout (or `stream`: self.err) shows `text`; a failure says what harness and vLLM
+        (its log in `logs`) said."""
+        while text not in (stream or self.out).read_text():
             log = max(logs.glob("vllm-*.log"), key=lambda p: p.stat().st_mtime, default=None) if logs else None
             said = self.shown() + self.err.read_text()[-3000:] + (log.read_text()[-3000:] if log else "")
             assert self.proc.poll() is None and time.monotonic() < self.deadline, said
@@ -241,9 +242,7 @@ def test_ctrl_c_while_vllm_loads_stops_it_and_exits_130(served_run, tmp_path):
     before = set(Path("/tmp").glob("harness-serve-*"))
     serving = Serving(tmp_path, config, "local", run_id, free_port(), env=offline_env(**VLLM_ENV))
     try:
-        while "starting vllm serve" not in serving.err.read_text():
-            assert serving.proc.poll() is None and time.monotonic() < serving.deadline, serving.err.read_text()[-3000:]
-            time.sleep(0.2)
+        serving.wait_for("starting vllm serve", stream=serving.err)
         log = Path(serving.err.read_text().split("; log ")[1].split()[0])
         serving.proc.send_signal(signal.SIGINT)
         assert serving.proc.wait(timeout=120) == 130, serving.err.read_text()[-3000:]
