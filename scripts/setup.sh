@@ -61,9 +61,13 @@ fi
 py="$venv/bin/python"
 
 echo "== pip install into $venv (.[${extras}])"
-"$py" -m pip install -q "torch==2.13.0"
-"$py" -m pip install -q -e ".[${extras}]"
+# pip byte-compiles each file on one core as it unpacks (half its time here); compileall does the
+# same afterwards on every core (bench/RESULTS.md, bench/setup_time.py), passing over a file that
+# does not compile as pip does (some packages ship sources not meant to).
+"$py" -m pip install -q --no-compile "torch==2.13.0"
+"$py" -m pip install -q --no-compile -e ".[${extras}]"
 "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$py" -c 'import compileall, site; [compileall.compile_dir(d, quiet=2, workers=0) for d in site.getsitepackages()]'
 
 # Fails loudly if the install is broken: every import the stages (and, with --dev, the tests) need.
 "$py" - "$extras" <<'PY'

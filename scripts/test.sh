@@ -30,18 +30,30 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 mkdir -p /run/sshd
 
-echo "== python packages"
+# The python packages install beside the engine's start and the base image's debootstrap: neither
+# needs the other, and each leaves a core idle on its own. Its output is shown when it ends.
+echo "== python packages (beside the docker engine and the base image)"
+setup_log=$(mktemp)
 started=$SECONDS
-scripts/setup.sh --dev
-echo "(set-up of the python packages: $((SECONDS - started)) s)"
-# The project's environment first on PATH: the tests' `python3`, `harness` and `ruff` are its own.
-export PATH="$PWD/.venv/bin:$PATH" VIRTUAL_ENV="$PWD/.venv"
+setsid scripts/setup.sh --dev >"$setup_log" 2>&1 &  # a process group of its own, to stop it whole
+setup_pid=$!
+trap 'kill -- "-$setup_pid" 2>/dev/null || true; rm -f "$setup_log"' EXIT  # the engine or the image failed
 
 echo "== docker engine"
 scripts/start-dockerd.sh
 
 echo "== offline base image for container tests"
 scripts/make-test-base-image.sh
+
+setup_rc=0
+wait "$setup_pid" || setup_rc=$?
+trap - EXIT
+grep -v "^WARNING: Location " "$setup_log" || true
+rm -f "$setup_log"
+[ "$setup_rc" -eq 0 ] || { echo "scripts/test.sh: scripts/setup.sh --dev failed (exit $setup_rc): its output is above" >&2; exit 1; }
+echo "(set-up of the python packages: $((SECONDS - started)) s)"
+# The project's environment first on PATH: the tests' `python3`, `harness` and `ruff` are its own.
+export PATH="$PWD/.venv/bin:$PATH" VIRTUAL_ENV="$PWD/.venv"
 
 echo "== ruff"
 python3 -m ruff check .
