@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(SCRIPTS))
 
 from bench.results_file import record  # noqa: E402
-from common.draft_serving import free_port  # noqa: E402
 
 VLLM_ENV = {  # as tests/test_vllm.py: a small CPU engine that starts beside other work
     "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -92,7 +91,7 @@ def main() -> int:
     extract_s = {}
     for backend in ("vllm", "transformers"):
         hs = root / f"hidden_states-{backend}"
-        serve = ["--port", free_port(), "--concurrency", 4, *SERVE] if backend == "vllm" else []
+        serve = ["--concurrency", 4, *SERVE] if backend == "vllm" else []
         extract_s[backend] = _script("extract_hidden_states.py", "--backend", backend, "--verifier", root / "verifier", "--prepared", root / "prepared",
                                      "--output", hs, *serve, log=root / f"extract-{backend}.log")
         offline_bytes[backend] = sum(f.stat().st_size for f in hs.glob("hs_*.safetensors"))
@@ -105,7 +104,7 @@ def main() -> int:
                                                 "--no-resume", "--events", root / f"offline-{backend}-{seed}.jsonl", log=root / f"offline-{backend}-{seed}.log")
             row[f"tau_{backend}"] = _tau(root, out, f"offline-{backend}-{seed}")
         on = root / f"online-{seed}"
-        row["online_s"] = _script("train_draft.py", *common, "--online", "--output", on, "--seed", seed, "--no-resume", "--port", free_port(), *SERVE,
+        row["online_s"] = _script("train_draft.py", *common, "--online", "--output", on, "--seed", seed, "--no-resume", *SERVE,
                                   "--events", root / f"online-{seed}.jsonl", log=root / f"online-{seed}.log")
         summary = _finished(root / f"online-{seed}.jsonl")
         row.update(online_train_s=summary["seconds"], peak=summary["peak_staging_bytes"], bound=summary["staging_bound_bytes"], tau_online=_tau(root, on, f"online-{seed}"))

@@ -293,14 +293,14 @@ def _to_host(states, copy_stream, ring: PinnedRing | None):
 
 
 def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: range, rank: int, world: int, local_rank: int) -> dict:
-    """Start vllm serve (one per process: port + LOCAL_RANK, one GPU each when tensor parallel is 1),
+    """Start vllm serve (one per process, on a socket of its own; one GPU each when tensor parallel is 1),
     run speculators' generate-offline-data for this shard, and always stop the server."""
     import shlex
 
     from transformers import AutoConfig
 
     from common.verifier import check_target_layers, default_target_layers, hidden_size, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, rank_env, refuse_before_serving, run_supervised, server_port, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, log_tail, offline_data_argv, private_socket, rank_env, refuse_before_serving, run_supervised, sigterm_raises
 
     config = AutoConfig.from_pretrained(args.verifier, trust_remote_code=args.trust_remote_code)
     connector = refuse_before_serving(args, config, what="extract --backend vllm writes bf16 files (what train reads)")
@@ -308,7 +308,6 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     layer_ids = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output)
     staging = str(Path(args.staging_dir or output / ".staging") / f"rank{rank}")
-    opts = hidden_state_server(args, layer_ids, n, staging, server_port(args, local_rank), connector)
     if rank == 0:
         write_meta(output, args, CaptureSpec(layer_ids, n, hidden), backend="vllm")
 
@@ -326,28 +325,31 @@ def extract_vllm(args: argparse.Namespace, events: EventLog, dataset, indices: r
     server_log = Path(args.server_log or output / f"vllm_server.rank{rank}.log")
     client_log = output / f"generate_offline_data.rank{rank}.log"
     launcher = shlex.split(args.offline_command) if args.offline_command else [sys.executable, str(Path(__file__).resolve().parent / "common" / "speculators_compat.py"), "generate-offline-data"]
-    client_argv = offline_data_argv(launcher, opts, args.prepared, str(output), rank, world, args.concurrency)
 
     def progress() -> None:
         if local_rank == 0:
             events.progress(sum(hs_path(output, i).exists() for i in indices), len(indices), unit="samples")
 
     started = time.monotonic()
-    with sigterm_raises(), ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=env) as server:
-        events.message(f"rank {rank}: vllm serve on port {opts.port}, layers {layer_ids}, hidden-states connector {connector}; log {server_log}")
-        waited = server.wait_healthy(args.health_timeout)
-        events.message(f"rank {rank}: vllm serve healthy after {waited:.0f} s; running generate-offline-data (log {client_log})")
-        # generate-offline-data skips a sample whose request failed after its retries; a second
-        # pass (it resumes: only missing files) catches transient failures. Gaps left after the
-        # last pass fail the stage in the final verification.
-        for attempt in range(1, args.offline_passes + 1):
-            code = run_supervised(client_argv, client_log, server=server, on_tick=progress)
-            if code != 0:
-                raise RuntimeError(f"generate-offline-data exited with status {code}; log {client_log}: {log_tail(client_log, 5)}")
-            missing = sum(not hs_path(output, i).exists() for i in indices)
-            if not missing:
-                break
-            events.message(f"rank {rank}: pass {attempt}: {missing} sample(s) still missing" + ("; retrying" if attempt < args.offline_passes else ""))
+    # a unix socket in a 0700 directory of this rank's: no other uid of the box reaches it
+    with sigterm_raises(), private_socket() as uds:
+        opts = hidden_state_server(args, layer_ids, n, staging, uds, connector)
+        client_argv = offline_data_argv(launcher, opts, args.prepared, str(output), rank, world, args.concurrency)
+        with ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=env) as server:
+            events.message(f"rank {rank}: vllm serve on {opts.where} (its workers in {server.network}), layers {layer_ids}, hidden-states connector {connector}; log {server_log}")
+            waited = server.wait_healthy(args.health_timeout)
+            events.message(f"rank {rank}: vllm serve healthy after {waited:.0f} s; running generate-offline-data (log {client_log})")
+            # generate-offline-data skips a sample whose request failed after its retries; a second
+            # pass (it resumes: only missing files) catches transient failures. Gaps left after the
+            # last pass fail the stage in the final verification.
+            for attempt in range(1, args.offline_passes + 1):
+                code = run_supervised(client_argv, client_log, server=server, on_tick=progress)
+                if code != 0:
+                    raise RuntimeError(f"generate-offline-data exited with status {code}; log {client_log}: {log_tail(client_log, 5)}")
+                missing = sum(not hs_path(output, i).exists() for i in indices)
+                if not missing:
+                    break
+                events.message(f"rank {rank}: pass {attempt}: {missing} sample(s) still missing" + ("; retrying" if attempt < args.offline_passes else ""))
     progress()
     return {
         "removed_invalid": stale,
@@ -402,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids spinning against other processes on a small box)")
     p.add_argument("--trust-remote-code", action="store_true", help="let transformers (and vllm serve) run the verifier's own code (auto_map)")
     v = p.add_argument_group("vllm backend")
-    add_serve_arguments(v)
+    add_serve_arguments(v, tcp=False)
     add_connector_argument(v)
     v.add_argument("--staging-dir", default=None, help="where vLLM's connector writes before files are moved (default OUTPUT/.staging)")
     v.add_argument("--concurrency", type=int, default=32, help="generate-offline-data --concurrency")

@@ -325,7 +325,7 @@ class VllmBackend:
     def describe(self) -> str:
         if self.server is None:
             return f"the vLLM server at {self.opts.where}"
-        return f"vllm serve on {self.opts.where} (healthy after {self.waited:.0f} s; log {self.log})"
+        return f"vllm serve on {self.opts.where} (its workers in {self.server.network}; healthy after {self.waited:.0f} s; log {self.log})"
 
     def _request(self, method: str, path: str, body: dict | None, timeout: float) -> dict:
         """One JSON request to the server; OSError for no answer or a status other than 200."""

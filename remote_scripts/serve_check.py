@@ -102,7 +102,7 @@ def _serve_and_send(args: argparse.Namespace, events: EventLog, export: Export, 
     what = "with the draft" if draft else "without the draft"
     with ManagedServer(opts, log, stop_grace=args.stop_grace) as server:
         start_s = server.wait_healthy(args.health_timeout)
-        events.message(f"vllm serve {what} healthy after {start_s:.0f} s ({opts.where}; log {log})")
+        events.message(f"vllm serve {what} healthy after {start_s:.0f} s ({opts.where}, its workers in {server.network}; log {log})")
         complete(opts, opts.model, prompts[0], 2, args.request_timeout)  # warm-up, before the counters are read
         before = read_counters(opts)
         replies, completion_tokens = [], 0

@@ -109,7 +109,7 @@ def serve_until_stopped(args: argparse.Namespace, events: EventLog, export, opts
     with ManagedServer(opts, log, stop_grace=args.stop_grace, api_key=take_key(args.api_key_file)) as server:
         events.message(f"starting vllm serve {export.verifier} with the eagle3 draft {export.directory} (k={args.speculative_tokens or export.speculative_tokens}); log {log}")
         seconds = server.wait_healthy(args.health_timeout)
-        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at {opts.where} (/v1/completions, /v1/chat/completions, /metrics)")
+        events.message(f"ready after {seconds:.0f} s: model {export.verifier!r} at {opts.where} (/v1/completions, /v1/chat/completions, /metrics; its workers in {server.network})")
         last = SpecCounters()
         while True:
             time.sleep(args.interval)

@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--verifier-gpus", type=int, nargs="+", default=None, help="indices of the visible GPUs that serve the verifier (default: the first half; one GPU: shared)")
     o.add_argument("--train-gpus", type=int, nargs="+", default=None, help="indices of the visible GPUs that train the draft, torchrun over them (default: the rest)")
     o.add_argument("--server-log", default=None, help="vllm serve log (default OUTPUT/vllm_server.log)")
-    add_serve_arguments(o)
+    add_serve_arguments(o, tcp=False)
     add_connector_argument(o)
     p.set_defaults(tensor_parallel_size=None)  # online: one tensor-parallel rank per verifier GPU unless given
     return p
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
     num_workers = args.num_workers if args.num_workers is not None else default_num_workers(device_type, os.cpu_count() or 1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     shims = speculators_compat.apply_cpu_shims()
     if online:
-        speculators_compat.send_server_key()  # our vLLM wants its key (train --online hands it down)
+        speculators_compat.reach_our_server()  # our vLLM's socket and key (train --online hands them down)
     kernel_options = None
     if device_type == "cuda" and attn_impl in draft_attention.FLEX_FAMILY:
         smem = draft_attention.device_shared_memory_per_block(int(os.environ.get("LOCAL_RANK", "0")))
@@ -314,7 +314,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             + (f"; resuming after epoch {resumed_from}" if resumed_from is not None else "")
         )
         events.message(
-            f"mode online: hidden states from vLLM at {args.vllm_endpoint}, each row's file in {hs_dir} only until loaded"
+            f"mode online: hidden states from vLLM at {speculators_compat.our_server_socket() or args.vllm_endpoint}, each row's file in {hs_dir} only until loaded"
             if online else f"mode offline: hidden states from {hs_dir}"
         )
         events.message(recipe.describe())
@@ -513,7 +513,7 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
 
     from common.online import clear_staging, place_gpus, visible_gpus
     from common.verifier import check_target_layers, default_target_layers, num_hidden_layers
-    from common.vllm_server import ManagedServer, hidden_state_server, refuse_before_serving, run_supervised, server_port, sigterm_raises
+    from common.vllm_server import ManagedServer, hidden_state_server, private_socket, refuse_before_serving, run_supervised, sigterm_raises
 
     if under_torchrun():
         raise TrainError("train --online starts vLLM and torchrun itself: run it once per host, not under torchrun (a group run trains offline)")
@@ -529,25 +529,27 @@ def serve_and_train(args: argparse.Namespace, argv: list[str], events: EventLog)
     layers = check_target_layers(args.layers or default_target_layers(n), n)
     output = Path(args.output).resolve()
     staging = staging_dir(args)
-    opts = hidden_state_server(args, layers, n, str(staging), server_port(args), connector,
-                               tensor_parallel_size=tensor_parallel, gpu_memory_utilization=placement.gpu_memory_utilization)
     removed = clear_staging(staging)  # a crashed or cancelled run's leftovers: resume starts clean
     server_env, trainer_env = dict(os.environ), {**os.environ, ONLINE_CHILD_ENV: "1"}
     if placement.verifier:
         server_env["CUDA_VISIBLE_DEVICES"] = ",".join(placement.verifier)
         trainer_env["CUDA_VISIBLE_DEVICES"] = ",".join(placement.train)
-    trainer = [os.path.abspath(__file__), *argv, "--verifier", args.verifier, "--layers", *map(str, layers),
-               "--vllm-endpoint", f"{opts.base_url}/v1", "--staging-dir", str(staging)]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={len(placement.train)}"] if len(placement.train) > 1 else [sys.executable]
     server_log = Path(args.server_log or output / "vllm_server.log")
     output.mkdir(parents=True, exist_ok=True)
     try:
-        with sigterm_raises(), ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=server_env) as server:
-            events.message(f"online: vllm serve on port {opts.port}, layers {layers}, hidden-states connector {opts.hidden_states_connector}, "
-                           f"{placement.describe()}; log {server_log}" + (f"; removed {removed} file(s) a previous run left in {staging}" if removed else ""))
-            waited = server.wait_healthy(args.health_timeout)
-            events.message(f"online: vllm serve healthy after {waited:.0f} s; training from it")
-            return run_supervised([*launcher, *trainer], None, server=server, grace=args.stop_grace, env=trainer_env)
+        # a unix socket in a 0700 directory of this stage's: no other uid of the box reaches it
+        with sigterm_raises(), private_socket() as uds:
+            opts = hidden_state_server(args, layers, n, str(staging), uds, connector,
+                                       tensor_parallel_size=tensor_parallel, gpu_memory_utilization=placement.gpu_memory_utilization)
+            trainer = [os.path.abspath(__file__), *argv, "--verifier", args.verifier, "--layers", *map(str, layers),
+                       "--vllm-endpoint", f"{opts.base_url}/v1", "--staging-dir", str(staging)]
+            with ManagedServer(opts, server_log, stop_grace=args.stop_grace, env=server_env) as server:
+                events.message(f"online: vllm serve on {opts.where} (its workers in {server.network}), layers {layers}, hidden-states connector {connector}, "
+                               f"{placement.describe()}; log {server_log}" + (f"; removed {removed} file(s) a previous run left in {staging}" if removed else ""))
+                waited = server.wait_healthy(args.health_timeout)
+                events.message(f"online: vllm serve healthy after {waited:.0f} s; training from it")
+                return run_supervised([*launcher, *trainer], None, server=server, grace=args.stop_grace, env=trainer_env)
     finally:
         clear_staging(staging)
         staging.rmdir()

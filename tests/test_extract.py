@@ -362,50 +362,35 @@ class _Squatter:
         self.server.server_close()
 
 
-def test_a_squatter_on_the_port_before_or_while_the_server_loads_is_never_taken_for_it(tiny_verifier, prepared_data, tmp_path):
-    """The server counts as ready only once it proves it is the process the stage started: a
+def test_a_squatter_on_the_port_before_or_while_the_server_loads_is_never_taken_for_it(tiny_verifier, tmp_path):
+    """A server on a TCP port (serve_draft.py --port, run by hand: the stages' servers are on
+    private sockets) counts as ready only once it proves it is the process we started: a
     stranger's HTTP server on the port (there before the server starts, or taking it while the
-    server loads: the stand-in's hang mode never binds) fails the stage in one line, and is
-    never sent the server's key."""
+    server loads: the stand-in's hang mode never binds) fails in one line, and is never sent the
+    server's key."""
     import time
 
+    from common.vllm_server import ManagedServer, ServeOptions, ServerFailed
+
     port = _free_port()
-    squatter = _Squatter(port)
-    try:
-        out, record = tmp_path / "before", tmp_path / "before.json"
-        proc = run_script("extract_hidden_states.py", *_vllm_args(tiny_verifier, prepared_data, out, "serve", record, "--port", port), check=False, timeout=300)
-        assert proc.returncode == 1
-        error = read_events(tmp_path / "events.jsonl")[-1]["error"]
-        assert f"port {port} is held by a process this stage did not start" in error, error
-    finally:
-        squatter.close()
-    assert squatter.authorizations == []
-
-    import subprocess
-
-    from tests.fixtures.pipeline_data import offline_env
-
-    out, record = tmp_path / "while", tmp_path / "while.json"
-    argv = [sys.executable, str(SCRIPTS_DIR / "extract_hidden_states.py"),
-            *map(str, _vllm_args(tiny_verifier, prepared_data, out, "hang", record, "--port", port, "--stop-grace", 1))]
-    stage = subprocess.Popen(argv, env=offline_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    squatter = None
-    try:
-        deadline = time.monotonic() + 120
-        while not (record.exists() and record.read_text()):  # the server started (and loads: never listens)
-            assert stage.poll() is None and time.monotonic() < deadline, "the stage ended early"
-            time.sleep(0.1)
-        squatter = _Squatter(port)
-        assert stage.wait(timeout=120) == 1
-    finally:
-        if stage.poll() is None:
-            stage.kill()
-        if squatter is not None:
-            squatter.close()
-    error = read_events(tmp_path / "events.jsonl")[-1]["error"]
-    assert f"port {port} is held by a process this stage did not start" in error, error
-    assert squatter.authorizations == []
-    assert not _alive(json.loads(record.read_text())["pid"])
+    for mode in ("serve", "hang"):
+        record = tmp_path / f"{mode}.json"
+        opts = ServeOptions(model=str(tiny_verifier.verifier), port=port, vllm_command=f"{sys.executable} {STAND_IN} --mode {mode} --record {record}")
+        squatter = _Squatter(port) if mode == "serve" else None  # there before the server starts
+        try:
+            with ManagedServer(opts, tmp_path / f"{mode}.log", stop_grace=1) as server:
+                deadline = time.monotonic() + 120
+                while squatter is None and not (record.exists() and record.read_text()):  # the server started (and loads: never listens)
+                    assert server.alive() and time.monotonic() < deadline, "the server ended early"
+                    time.sleep(0.1)
+                squatter = squatter or _Squatter(port)
+                with pytest.raises(ServerFailed, match=f"port {port} is held by a process this stage did not start"):
+                    server.wait_healthy(120)
+        finally:
+            if squatter is not None:
+                squatter.close()
+        assert squatter.authorizations == []
+        assert not _alive(server.proc.pid)
 
 
 def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
-from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding
+from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding, server_listeners
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.shared import build_once
 from tests.fixtures.sshd import free_port, listening
@@ -258,7 +258,8 @@ def test_ctrl_c_while_vllm_loads_stops_it_and_exits_130(served_run, tmp_path):
 def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_box(served_run, head32_draft, ssh_host, tmp_path, other_user):
     """The same through the test sshd: a relay to vLLM's socket on the box, vLLM stopped there on
     Ctrl-C. Another local user cannot connect to the socket and gets 401 on every route through
-    the forward on this machine, and the key is on no command line of either side.
+    the forward on this machine, vLLM's workers listen only in a network namespace of their own,
+    and the key is on no command line of either side.
     Environment names do not reach a served process over SSH (its stdin is the lifeline), so
     the KV cache is sized with vLLM's own flag."""
     from transformers import AutoTokenizer
@@ -277,6 +278,12 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
         assert url == f"http://127.0.0.1:{local}" and container is None
         assert os.stat(Path(socket_path).parent).st_mode & 0o777 == 0o700
         assert other_user.connect_unix(socket_path) == "EACCES"
+        # vLLM's workers' own TCP listeners (torch's store, gloo's pairs: no key) are in a network
+        # namespace of theirs, on its loopback; the box's shows none of them
+        namespaces, theirs, ours = server_listeners(socket_path)
+        assert len(namespaces) == 1 and os.readlink("/proc/self/ns/net") not in namespaces, namespaces
+        assert theirs and all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in theirs.values()), theirs
+        assert not ours, ours
         seen = other_user.probe(url, VLLM_ROUTES)
         assert set(seen.values()) == {401}, seen  # this machine's forward: the key
         assert command_lines_holding(key["Authorization"].split()[1]) == []

@@ -65,6 +65,7 @@ def _changed(monkeypatch, owner, name: str):
         ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
         ("round-walk", ("speculators.models.eagle3.core", "Eagle3DraftModel", "forward")),
         ("online-measure", ("speculators.train.data", "ArrowDataset", "_generate_hidden_states_once")),
+        ("endpoint", ("speculators.train.data", "ArrowDataset", "_setup_client")),
     ],
 )
 def test_a_changed_speculators_fails_loudly_naming_the_shim(monkeypatch, shim, where):

@@ -113,7 +113,7 @@ def test_extract_vllm_through_harness_run_equals_the_transformers_backend(vllm_v
     project = tmp_path / "project"
     shutil.copytree(SCRIPTS_DIR, project / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
     workdir = project / "work"
-    stage = {"backend": "vllm", "prepared": str(vllm_verifier / "prepared"), "port": free_port(), "concurrency": 4, "max_model_len": 256,
+    stage = {"backend": "vllm", "prepared": str(vllm_verifier / "prepared"), "concurrency": 4, "max_model_len": 256,
              "vllm_arg": "--enforce-eager", "health_timeout": 900}
     (project / "harness.toml").write_text(
         f'[hosts.local]\nlocal = true\nworkdir = "{workdir}"\nruntime = "host"\npython = "{sys.executable}"\nenv = {json.dumps(sorted(VLLM_ENV))}\n\n'

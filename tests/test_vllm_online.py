@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
-from tests.fixtures.sshd import free_port
+from tests.fixtures.other_user import server_listeners
 from tests.test_vllm import VLLM_ENV, _processes_mentioning, vllm_env
 
 sys.path.insert(0, str(SCRIPTS_DIR))
@@ -69,8 +69,8 @@ def _harness(project: Path, *args: str, timeout: float = 120) -> subprocess.Comp
                           capture_output=True, text=True, timeout=timeout, env=vllm_env(), cwd=project)
 
 
-def _online_train(port: int) -> dict:
-    return {"online": True, "port": port, "max_model_len": 256, "vllm_arg": "--enforce-eager", "health_timeout": 900, "stop_grace": 30}
+def _online_train() -> dict:
+    return {"online": True, "max_model_len": 256, "vllm_arg": "--enforce-eager", "health_timeout": 900, "stop_grace": 30}
 
 
 def _wait_for(path: Path, wanted, timeout: float = 900) -> list[dict]:
@@ -125,7 +125,7 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     tau_offline = _tau(offline / "work")
 
-    online = _project(tmp_path, "online", vllm_verifier, _online_train(free_port()))
+    online = _project(tmp_path, "online", vllm_verifier, _online_train())
     workdir, checkpoints = online / "work", online / "work" / "outputs" / "checkpoints"
     staging, server_log = checkpoints / "online_staging", checkpoints / "vllm_server.log"
 
@@ -148,7 +148,7 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     train_events = read_events(sorted((workdir / "runs").glob("*/train/events.jsonl"))[-1])
     texts = [e.get("text", "") for e in train_events]
     assert any("; resuming after epoch" in t for t in texts)
-    assert any(t.startswith("mode online: hidden states from vLLM at http://127.0.0.1:") for t in texts)
+    assert any(t.startswith("mode online: hidden states from vLLM at unix socket /tmp/harness-vllm-") for t in texts)
     summary = train_events[-1]
     assert summary["status"] == "ok" and summary["mode"] == "online" and summary["epochs_done"] == EPOCHS
     assert _server_stopped(server_log) and _no_process_left(workdir) == [] and not staging.exists()
@@ -169,11 +169,16 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
 
 
 def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(vllm_verifier, tmp_path):
-    online = _project(tmp_path, "online", vllm_verifier, _online_train(free_port()))
+    online = _project(tmp_path, "online", vllm_verifier, _online_train())
     workdir = online / "work"
     run_id = _harness(online, "run", "--detach", "local", "train").stdout.split()[0]
     events_path = workdir / "runs" / run_id / "train" / "events.jsonl"
-    _wait_for(events_path, lambda e: e.get("text", "").startswith("online: vllm serve healthy after"))
+    events = _wait_for(events_path, lambda e: e.get("text", "").startswith("online: vllm serve healthy after"))
+    # on a socket of its own; its workers' TCP listeners (no key) in a network namespace of theirs, none in the box's
+    [started] = [e["text"] for e in events if e.get("text", "").startswith("online: vllm serve on unix socket ")]
+    assert "(its workers in a network namespace of its own)" in started, started
+    namespaces, theirs, ours = server_listeners(started.split()[6])
+    assert os.readlink("/proc/self/ns/net") not in namespaces and theirs and not ours, (namespaces, theirs, ours)
     server = [line for line in _processes_mentioning(str(workdir)) if "vllm_compat.py serve" in line]
     assert len(server) == 1, server
     os.killpg(int(server[0].split(":")[0]), signal.SIGKILL)  # its own process group (ManagedServer)
@@ -184,10 +189,10 @@ def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(v
 
 
 def test_a_cancel_while_the_server_starts_stops_it(vllm_verifier, tmp_path):
-    online = _project(tmp_path, "online", vllm_verifier, _online_train(free_port()))
+    online = _project(tmp_path, "online", vllm_verifier, _online_train())
     workdir = online / "work"
     run_id = _harness(online, "run", "--detach", "local", "train").stdout.split()[0]
-    _wait_for(workdir / "runs" / run_id / "train" / "events.jsonl", lambda e: e.get("text", "").startswith("online: vllm serve on port"))
+    _wait_for(workdir / "runs" / run_id / "train" / "events.jsonl", lambda e: e.get("text", "").startswith("online: vllm serve on unix socket"))
     assert _harness(online, "cancel", "local", run_id).returncode == 0
     assert _wait_done(online, run_id)["state"] == "cancelled"
     checkpoints = workdir / "outputs" / "checkpoints"
@@ -202,7 +207,7 @@ def test_a_server_that_cannot_start_fails_online_training_in_one_line(vllm_verif
     (verifier / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
     events, output = tmp_path / "events.jsonl", tmp_path / "checkpoints"
     proc = run_script("train_draft.py", "--online", "--verifier", verifier, "--prepared", vllm_verifier / "prepared", "--output", output,
-                      "--port", free_port(), "--max-model-len", 256, "--vllm-arg=--enforce-eager", "--health-timeout", 900,
+                      "--max-model-len", 256, "--vllm-arg=--enforce-eager", "--health-timeout", 900,
                       "--events", events, check=False, env=vllm_env(), timeout=900)
     assert proc.returncode == 1
     error = read_events(events)[-1]["error"]

@@ -168,11 +168,11 @@ class MeasuredTransfer:
 
     def __setstate__(self, state: dict) -> None:
         # Unpickled in a spawned dataloader worker: the one object of ours that gets there, so it
-        # brings the endpoint-key shim along (the worker's requests to our vLLM carry its key).
+        # brings the endpoint shim along (the worker's requests reach our vLLM's socket with its key).
         self.__dict__.update(state)
-        from common.speculators_compat import send_server_key
+        from common.speculators_compat import reach_our_server
 
-        send_server_key()
+        reach_our_server()
 
     def setup(self) -> None:
         self.inner.setup()

@@ -4,7 +4,7 @@ speculators' trainer is written for CUDA: on a machine without an accelerator (t
 fails in three places (shims trainer-device, step-timer-sync, resume-device: apply_cpu_shims(), a
 no-op on the GPU path). The other shims fit train's own additions into it: its metrics, the tau
 probe, the early stop, the mask token, the loss on every position, online training's staging
-measure, the servers' key. Each shim has a check (CHECKS; each `_check_*` function's docstring
+measure, the servers' key and socket. Each shim has a check (CHECKS; each `_check_*` function's docstring
 says what the shim relies on and why it exists) that reads the source of the code it relies on:
 if speculators changes beneath a shim, the check raises `ShimOutdated` naming it, instead of
 the shim silently patching the wrong thing.
@@ -310,21 +310,39 @@ def measure_generated_states(dataset, staging: str) -> None:
         dataset.transfer = MeasuredTransfer(dataset.transfer, staging)
 
 
-def _check_endpoint_key():
-    """endpoint-key: speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI,
-    the online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY"; our
-    servers want their key (VLLM_API_KEY, common/vllm_server.py). send_server_key() makes
-    openai's clients in this process send it instead (train applies it; spawned dataloader
+def _check_endpoint():
+    """endpoint: speculators' clients of a vLLM server (generate-offline-data's AsyncOpenAI,
+    the online dataloader's OpenAI in ArrowDataset._setup_client) pass api_key="EMPTY" and no
+    http_client; our servers want their key (VLLM_API_KEY) and listen on a unix socket
+    (HARNESS_VLLM_SOCKET; common/vllm_server.py). reach_our_server() makes openai's clients in
+    this process send the key and connect to the socket (train applies it; spawned dataloader
     workers apply it when they unpickle common/online.py's MeasuredTransfer).
     generate-offline-data runs through this file (`python speculators_compat.py
-    generate-offline-data ...`), which applies it first."""
+    generate-offline-data ...`), which applies it first. Returns (openai's client class, its
+    default http client, that client's package's transport) for the sync and the async client."""
     import importlib
+
+    import openai
 
     generate_offline_data = importlib.import_module("speculators.cli.generate_offline_data")  # the package's name is the function
     from speculators.train import data
 
-    _require("endpoint-key", generate_offline_data._generate_and_save_hidden_states, "openai.AsyncOpenAI(", 'api_key="EMPTY"')
-    _require("endpoint-key", data.ArrowDataset._setup_client, "openai.OpenAI(", 'api_key="EMPTY"')
+    _require("endpoint", generate_offline_data._generate_and_save_hidden_states, "openai.AsyncOpenAI(", 'api_key="EMPTY"')
+    _require("endpoint", data.ArrowDataset._setup_client, "openai.OpenAI(", 'api_key="EMPTY"')
+    for client in (generate_offline_data._generate_and_save_hidden_states, data.ArrowDataset._setup_client):
+        if "http_client" in _source(client):
+            raise ShimOutdated("endpoint", f"{client.__qualname__} now passes its own http_client")
+    clients = []
+    for cls, default, name in ((openai.OpenAI, openai.DefaultHttpxClient, "HTTPTransport"), (openai.AsyncOpenAI, openai.DefaultAsyncHttpxClient, "AsyncHTTPTransport")):
+        if "http_client" not in inspect.signature(cls.__init__).parameters:
+            raise ShimOutdated("endpoint", f"openai.{cls.__name__} takes no http_client")
+        # the package openai's clients are made of (httpx, or its fork httpx2 in openai 3): its transport, not another's
+        package = importlib.import_module(next(c for c in default.__mro__ if not c.__module__.startswith("openai")).__module__.partition(".")[0])
+        transport = getattr(package, name, None)
+        if transport is None or "uds" not in inspect.signature(transport.__init__).parameters:
+            raise ShimOutdated("endpoint", f"{package.__name__}.{name} cannot connect to a unix socket (uds)")
+        clients.append((cls, default, transport))
+    return clients
 
 
 CHECKS: dict[str, Callable[[], Any]] = {
@@ -340,7 +358,7 @@ CHECKS: dict[str, Callable[[], Any]] = {
     "every-position": _check_every_position,
     "round-walk": _check_round_walk,
     "online-measure": _check_online_measure,
-    "endpoint-key": _check_endpoint_key,
+    "endpoint": _check_endpoint,
 }
 
 
@@ -596,12 +614,23 @@ def hook_main(
     cli_mod.setup_metric_logger = setup_metric_logger
 
 
-# --- endpoint-key ---------------------------------------------------------------------------------
+# --- endpoint -------------------------------------------------------------------------------------
+
+SOCKET_ENV = "HARNESS_VLLM_SOCKET"  # our server's unix socket (common/vllm_server.py sets it for its clients)
 
 
-def send_server_key() -> bool:
-    """The endpoint-key shim: openai's clients made with api_key="EMPTY" send VLLM_API_KEY
-    instead. A no-op (False) without the variable. Idempotent."""
+def our_server_socket() -> str | None:
+    """Where reach_our_server() sends openai's clients, for a person ("unix socket PATH"), None: to their URL."""
+    import os
+
+    uds = os.environ.get(SOCKET_ENV)
+    return f"unix socket {uds}" if uds and os.environ.get("VLLM_API_KEY") else None
+
+
+def reach_our_server() -> bool:
+    """The endpoint shim: openai's clients made with api_key="EMPTY" send VLLM_API_KEY instead,
+    and connect to HARNESS_VLLM_SOCKET where it is set (the URL's host is then only a name). A
+    no-op (False) without the key. Idempotent."""
     import os
 
     key = os.environ.get("VLLM_API_KEY")
@@ -611,19 +640,23 @@ def send_server_key() -> bool:
 
     if getattr(openai.OpenAI, "_speculators_compat", False):
         return True
-    _check_endpoint_key()
+    (sync, sync_client, sync_transport), (asynchronous, async_client, async_transport) = _check_endpoint()
+    uds = os.environ.get(SOCKET_ENV)
 
-    def keyed(base):
-        class Keyed(base):
+    def ours(base, client, transport):
+        class Ours(base):
             _speculators_compat = True
 
-            def __init__(self, *args, api_key=None, **kwargs):
-                super().__init__(*args, api_key=key if api_key == "EMPTY" else api_key, **kwargs)
+            def __init__(self, *args, api_key=None, http_client=None, **kwargs):
+                if uds and http_client is None:
+                    http_client = client(transport=transport(uds=uds, limits=openai.DEFAULT_CONNECTION_LIMITS))
+                super().__init__(*args, api_key=key if api_key == "EMPTY" else api_key, http_client=http_client, **kwargs)
 
-        Keyed.__name__ = Keyed.__qualname__ = base.__name__
-        return Keyed
+        Ours.__name__ = Ours.__qualname__ = base.__name__
+        return Ours
 
-    openai.OpenAI, openai.AsyncOpenAI = keyed(openai.OpenAI), keyed(openai.AsyncOpenAI)
+    openai.OpenAI = ours(sync, sync_client, sync_transport)
+    openai.AsyncOpenAI = ours(asynchronous, async_client, async_transport)
     return True
 
 
@@ -634,6 +667,6 @@ if __name__ == "__main__":  # python speculators_compat.py SUBCOMMAND ...: specu
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]  # our modules shadow nothing
-    send_server_key()
+    reach_our_server()
     sys.argv[0] = "speculators"
     runpy.run_module("speculators", run_name="__main__")

@@ -10,7 +10,8 @@ common/vllm_compat.py under the stage's interpreter), so tests can substitute a 
 
 Ours alone (docs/security.md): each server gets an API key of its own, and counts as ready only
 once it proves it is the process we started; a port held by anything else is a squatter, one
-line. The command line, the readiness proof and the unix-socket form:
+line. A server on a unix socket (every stage's) runs in a network namespace of its own
+(common/private_network.py), where its workers' keyless TCP listeners reach no one else. The command line, the readiness proof and the unix-socket form:
 docs/ARCHITECTURE.md, common/vllm_server.py.
 """
 
@@ -32,6 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import private_network
+from common.speculators_compat import SOCKET_ENV
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own name (vllm/envs.py); our clients read it too
 # vLLM's workers talk over torch's gloo, whose listeners (a dozen, no authentication) bind the
@@ -68,7 +71,8 @@ class ServeOptions:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """On a unix socket, the URL's host is only a name (the clients connect to the socket: SOCKET_ENV)."""
+        return "http://localhost" if self.uds else f"http://{self.host}:{self.port}"
 
     @property
     def where(self) -> str:
@@ -85,7 +89,7 @@ def vllm_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
 
 def add_serve_arguments(group, tcp: bool = True) -> None:
     """The `vllm serve` flags every stage with a vllm backend takes (an argparse group); `tcp`:
-    its server listens on a port (one a client of speculators' reaches), not on a private socket."""
+    its server may listen on a port (serve_draft.py run by hand), not only on a private socket."""
     from common.vllm_compat import default_vllm_command
 
     group.add_argument("--vllm-command", default=default_vllm_command(),
@@ -220,7 +224,7 @@ def refuse_before_serving(args, config, what: str) -> str:
     return connector
 
 
-def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir: str, port: int, connector: str, *,
+def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir: str, uds: str, connector: str, *,
                         tensor_parallel_size: int | None = None, gpu_memory_utilization: float | None = None) -> ServeOptions:
     """The one composition of an extraction server (extract --backend vllm, train --online), after
     refuse_before_serving: bf16 unless the user's --vllm-arg says bf16 already, the connector, the
@@ -230,8 +234,7 @@ def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir
         layer_ids=layer_ids,
         num_layers=num_layers,
         staging_dir=staging_dir,
-        host=args.host,
-        port=port,
+        uds=uds,
         tensor_parallel_size=tensor_parallel_size or args.tensor_parallel_size,
         max_model_len=args.max_model_len,
         gpu_memory_utilization=gpu_memory_utilization or args.gpu_memory_utilization,
@@ -336,6 +339,7 @@ class ManagedServer:
         self.api_key = api_key or secrets.token_urlsafe(32)
         self._key_before: str | None = None
         self._exported = False
+        self.network = "the stage's network"  # where its workers' TCP listeners are, for a person
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -351,16 +355,21 @@ class ManagedServer:
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
+        if shutil.which(argv[0], path=(self.env or os.environ).get("PATH")) is None:
+            raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)")
+        env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key}
+        if self.opts.uds:  # nothing outside needs its TCP: its workers' listeners go where no one else is
+            # (a hub id is downloaded by vLLM itself, which a namespace of its own cannot reach)
+            reason = private_network.unavailable() if os.path.isdir(self.opts.model) else f"{self.opts.model} is not a local directory: vLLM downloads it"
+            self.network = "a network namespace of its own" if reason is None else f"the stage's network ({reason})"
+            if reason is None:
+                argv, env["VLLM_HOST_IP"] = private_network.wrap(argv), "127.0.0.1"  # the namespace's one address
         self._key_before, self._exported = os.environ.get(API_KEY_ENV), True
         os.environ[API_KEY_ENV] = self.api_key  # this process's clients (auth_headers) while it runs
-        env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key}
         with open(self.log_path, "ab") as log:
             log.write(f"$ {shlex.join(argv)}\n".encode())
             log.flush()
-            try:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-            except FileNotFoundError:
-                raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)") from None
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
         """Seconds until the server proved it is ours (docs/ARCHITECTURE.md, common/vllm_server.py). Fails fast if
@@ -501,7 +510,7 @@ def run_supervised(argv: list[str], log_path: Path | None, server: ManagedServer
     """
     last_tick = time.monotonic()
     if server is not None:
-        env = {**(env if env is not None else os.environ), API_KEY_ENV: server.api_key}
+        env = {**(env if env is not None else os.environ), API_KEY_ENV: server.api_key, **({SOCKET_ENV: server.opts.uds} if server.opts.uds else {})}
     if log_path is None:
         print(f"$ {shlex.join(argv)}", flush=True)
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
