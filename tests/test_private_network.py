@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.fixtures.other_user import PYTHON
+from tests.fixtures.other_user import PYTHON, listening_sockets
 from tests.fixtures.pipeline_data import SCRIPTS_DIR
 
 sys.path.insert(0, str(SCRIPTS_DIR))
@@ -24,20 +24,13 @@ sys.stdin.read()
 """
 
 
-def _listening_ports() -> set[int]:
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            ports |= {int(row.split()[1].rsplit(":", 1)[1], 16) for row in f.read().splitlines()[1:] if row.split()[3] == "0A"}
-    return ports
-
-
 def _check_listener(argv: list[str], uid: int) -> None:
     child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         port, namespace, seen_uid = child.stdout.readline().split()
         assert namespace != os.readlink("/proc/self/ns/net") and int(seen_uid) == uid
-        assert int(port) not in _listening_ports()  # listening now, but not in the box's network
+        ports = {int(address.rsplit(":", 1)[1], 16) for address in listening_sockets().values()}
+        assert int(port) not in ports  # listening now, but not in the box's network
     finally:
         child.stdin.close()
         assert child.wait(timeout=30) == 0, child.stderr.read()
