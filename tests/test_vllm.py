@@ -131,6 +131,10 @@ def test_extract_vllm_through_harness_run_equals_the_transformers_backend(vllm_v
     command = server_log.read_text().splitlines()[0]
     assert command.count("--kv-transfer-config") == 1 and '"kv_connector": "CpuHiddenStatesConnector"' in command
     assert '"kv_connector_module_path": "vllm_compat"' in command and "--dtype bfloat16" in command
+    # On a unix socket (speculators' client reached it through the endpoint shim), its workers'
+    # keyless listeners in a network namespace of their own.
+    [started] = [e["text"] for e in read_events(next((workdir / "runs").glob("*/extract/events.jsonl"))) if "vllm serve on" in e.get("text", "")]
+    assert "vllm serve on unix socket /tmp/harness-vllm-" in started and "(its workers in a network namespace of its own)" in started, started
     # Stopped at the end (SIGTERM to its group), nothing of it left running.
     assert "[harness] vllm serve stopped (exit" in server_log.read_text().splitlines()[-1]
     assert _processes_mentioning(str(workdir)) == []
