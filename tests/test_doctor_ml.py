@@ -10,6 +10,7 @@ import copy
 import importlib.util
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ HEALTHY: dict[str, Any] = {
     "flex": {"status": "ok", "device": "cuda", "head_dim": 128, "elapsed_s": 21.4},
     "verifier": {"path": "models/llama", "found": True, "model_type": "llama", "nested_text_config": False, "text_model_type": "llama", "dtype": "bfloat16", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128},
     "samples": {"count": 10000, "source": "rows of the prepared dataset outputs/prepared"},
+    "private_network": {"allowed": False, "reason": "no network namespace of its own: unshare(CLONE_NEWUSER|CLONE_NEWNET): Operation not permitted"},
     "elapsed_s": 30.1,
 }
 
@@ -194,7 +196,7 @@ def test_healthy_host_is_all_ok_in_one_probe_round_trip():
     assert {n: r.status for n, r in results.items()} == {
         "image": "ok", "container": "ok", "stage-gpus": "ok", "versions": "ok", "flex-attention": "ok", "verifier": "ok",
         "verifier-dtype": "ok", "verifier-code": "ok", "verifier-quantization": "ok", "target-layers": "ok",
-        "hidden-state-disk": "ok", "train-settings": "ok",
+        "hidden-state-disk": "ok", "train-settings": "ok", "vllm-network": "ok",
     }
     probes = [c for c in runner.calls if "ml_probe.py" in c]
     # through the runtime, once, after creating the directories the container mounts
@@ -380,6 +382,21 @@ def test_verifier_config_dtype_and_target_layers():
     assert last.status == "warn"
 
 
+def test_vllm_network_verdicts():
+    """A namespace of its own: ok anywhere; refused inside a container (docker's seccomp, as HEALTHY
+    says): ok, the container's network is its own; refused on the host runtime: a warning with the fix."""
+    refused = HEALTHY["private_network"]
+    in_container = run_checks(FakeHost(HEALTHY))["vllm-network"]
+    assert in_container.status == "ok" and in_container.message.startswith("vLLM's workers listen in the container's own network")
+    allowed = run_checks(FakeHost(facts(private_network={"allowed": True, "reason": ""})), runtime="host")["vllm-network"]
+    assert allowed.status == "ok" and allowed.message.startswith("vLLM's workers get a network namespace of their own")
+    on_host = run_checks(FakeHost(HEALTHY), runtime="host")["vllm-network"]
+    assert on_host.status == "warn" and refused["reason"] in on_host.message and "box's loopback" in on_host.message
+    assert on_host.fix.startswith('runtime = "docker", or allow unprivileged user namespaces')
+    unknown = run_checks(FakeHost(facts(private_network=None)))["vllm-network"]
+    assert unknown.status == "warn" and "no remote_scripts/common/private_network.py" in unknown.message
+
+
 def test_train_settings_known_bad_combinations():
     def train_settings(probe, train=""):
         return run_checks(FakeHost(probe), project(train=train))["train-settings"]
@@ -466,6 +483,10 @@ def test_probe_runs_on_this_machine(tmp_path):
     import dataclasses
 
     host = dataclasses.replace(host, runtime="host", python=sys.executable, workdir=str(tmp_path))
+    # the project's own private_network.py, sent to the probe
+    (tmp_path / "remote_scripts" / "common").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "remote_scripts" / "common" / "private_network.py", tmp_path / "remote_scripts" / "common")
+    config = dataclasses.replace(config, path=tmp_path / "harness.toml")
     doctor = MLDoctor(config, host, HostRuntime(host, str(tmp_path)))
     outcome = doctor.probe(LocalTransport())
     assert outcome.facts is not None, outcome.error
@@ -479,6 +500,7 @@ def test_probe_runs_on_this_machine(tmp_path):
     results = {r.name: r for r in (check(LocalTransport(), host) for check in doctor.checks())}
     assert results["target-layers"].message == "speculators' default [2, N//2, N-3] = [2, 4, 5] (N = 8)"
     assert results["train-settings"].status == "ok" and results["flex-attention"].status == "warn"
+    assert f["private_network"] == {"allowed": True, "reason": ""} and results["vllm-network"].status == "ok"  # this machine allows one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,6 +514,8 @@ def test_doctor_end_to_end_over_ssh_with_docker(tmp_path, ssh_host, docker_base_
     from tests.fixtures.job_project import toml_value, write_build_context
 
     write_build_context(tmp_path)
+    (tmp_path / "remote_scripts" / "common").mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / "remote_scripts" / "common" / "private_network.py", tmp_path / "remote_scripts" / "common")
     container = container_table(docker_base_image, image="harness-doctor-test")
     lines = ["[hosts.box]", f'ssh = "{ssh_host.alias}"', f'workdir = "{tmp_path / "work"}"', 'runtime = "docker"', "[hosts.box.container]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in container.items()]
@@ -518,6 +542,9 @@ def test_doctor_end_to_end_over_ssh_with_docker(tmp_path, ssh_host, docker_base_
     assert checks["stage-gpus"]["status"] == "warn" and "gpus = \"none\"" in checks["stage-gpus"]["message"]
     assert checks["versions"]["status"] == "fail" and checks["versions"]["message"].startswith("not installed: torch, transformers, speculators")
     assert checks["flex-attention"]["status"] == "warn" and checks["verifier"]["status"] == "warn"
+    # docker's default seccomp profile refuses a namespace inside the container, whose network is its own
+    assert checks["vllm-network"]["status"] == "ok" and "container's own network" in checks["vllm-network"]["message"], checks["vllm-network"]
+    assert "Operation not permitted" in checks["vllm-network"]["message"]
     assert code == 1
     # :latest moved away from the current build: stages would run another image
     subprocess.run(["docker", "rmi", "harness-doctor-test:latest"], capture_output=True, check=True)

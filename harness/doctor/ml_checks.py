@@ -23,7 +23,7 @@ from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner, describe
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
-from harness.pipeline import StagePaths, online_training
+from harness.pipeline import SCRIPTS_DIR, StagePaths, online_training
 from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
@@ -163,6 +163,15 @@ def free_space(runner: CommandRunner, workdir: str, paths: list[str]) -> dict[st
     return out
 
 
+def private_network_source(config: Config) -> str | None:
+    """The project's remote_scripts/common/private_network.py (what its stages run), for the probe
+    to ask its --check where the stages run; None when the project has none."""
+    try:
+        return (config.root / SCRIPTS_DIR / "common" / "private_network.py").read_text()
+    except OSError:
+        return None
+
+
 def parse_probe(stdout: bytes) -> dict[str, Any] | None:
     for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
         if line.startswith(PROBE_MARKER):
@@ -203,7 +212,8 @@ class MLDoctor:
                 # way (or, without --pull=never, try a registry): say why once
                 self._probe = ProbeOutcome(None, 125, self.container(runner).message)
                 return self._probe
-            request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True}
+            request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True,
+                       "private_network": private_network_source(self.config)}
             # a helper call like every other (the runner doctor's checks take is the host's transport)
             r = helpers.call(runner, "ml_probe.py", request, where=runtime, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
@@ -291,6 +301,10 @@ class MLDoctor:
         def check_target_layers(runner, host):
             return verdict_target_layers(self.plan, self.probe(runner))
 
+        @describe("vllm-network", "vLLM's workers' listeners reach no one else on the box")
+        def check_vllm_network(runner, host):
+            return verdict_vllm_network(self.probe(runner), self.runtime)
+
         @describe("train-settings", "the train settings fit the data and GPUs")
         def check_train_settings(runner, host):
             return verdict_train_settings(self.plan, self.probe(runner))
@@ -299,7 +313,7 @@ class MLDoctor:
             check_image_current, check_container_starts, check_gpus_in_stage_env, check_library_versions, check_flex_attention,
             check_verifier_config, check_verifier_dtype, check_verifier_code, check_verifier_quantization, check_target_layers,
             check_hidden_state_disk,
-            check_train_settings,
+            check_train_settings, check_vllm_network,
         ]
 
 
@@ -402,6 +416,26 @@ def verdict_library_versions(probe: ProbeOutcome, runtime: Runtime) -> CheckResu
     if unvetted:
         return CheckResult(name, "warn", f"{shown}; not in the compatibility matrix: {', '.join(unvetted)}", "vet them and add rows to harness/compat.py, or pin the vetted versions")
     return CheckResult(name, "ok", shown + ("" if installed.get("vllm") else " (no vllm: the transformers extraction backend only)"))
+
+
+def verdict_vllm_network(probe: ProbeOutcome, runtime: Runtime) -> CheckResult:
+    """Whether the vLLM a stage starts gets a network namespace of its own (docs/security.md): its
+    workers' listeners (torch's store, gloo's pairs) have no key. In a container on docker's bridge
+    the container's network is its own already; on the host runtime a refusal puts them on the
+    box's loopback."""
+    name = "vllm-network"
+    if probe.facts is None:
+        return _not_probed(name, probe)
+    fact = probe.facts.get("private_network")
+    if fact is None:
+        return CheckResult(name, "warn", f"not checked: no {SCRIPTS_DIR}/common/private_network.py in this project", "run doctor from the project")
+    if fact["allowed"]:
+        return CheckResult(name, "ok", "vLLM's workers get a network namespace of their own: their listeners (no key) reach no one else")
+    if runtime.uses_image:
+        return CheckResult(name, "ok", f"vLLM's workers listen in the container's own network (no namespace inside it: {fact['reason']}); "
+                                       "a group's stages on the host network share the box's")
+    return CheckResult(name, "warn", f"vLLM's workers would listen on the box's loopback, where every local user reaches them (no key): {fact['reason']}",
+                       'runtime = "docker", or allow unprivileged user namespaces (Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)')
 
 
 def verdict_flex_attention(probe: ProbeOutcome) -> CheckResult:

@@ -5,9 +5,11 @@ runtime = "docker", so it sees the image's libraries and the GPUs the container 
 ONLY at the top level: torch is imported inside a guard, so a broken or missing torch is a fact to
 report, not a crash. It judges nothing; harness/doctor/ml_checks.py does.
 
-Request: {"verifier": path, "prepared": path, "data": path, "flex": true, "head_dim": null}
+Request: {"verifier": path, "prepared": path, "data": path, "flex": true, "head_dim": null,
+          "private_network": the source of remote_scripts/common/private_network.py, or null}
 (paths relative to the working directory, which is the workdir)
-Result: one line on stdout, MARKER + JSON: versions, nvidia_smi, torch, flex, verifier, samples.
+Result: one line on stdout, MARKER + JSON: versions, nvidia_smi, torch, flex, verifier, samples,
+private_network.
 Their fields: docs/ARCHITECTURE.md, "Host helpers' requests and replies".
 """
 
@@ -245,6 +247,18 @@ def sample_facts(prepared, data):
     return {"count": None, "source": "neither prepared data (%s) nor chat data (%s) exist yet" % (prepared, data)}
 
 
+def private_network_facts(source):
+    """Whether a server could have a network namespace of its own here: remote_scripts/common/
+    private_network.py's own --check, its source sent in the request (None: not sent)."""
+    if not source:
+        return None
+    try:
+        done = subprocess.run([sys.executable, "-c", source, "--check"], capture_output=True, text=True, timeout=60)
+    except Exception as e:
+        return {"allowed": False, "reason": last_line(e)}
+    return {"allowed": done.returncode == 0, "reason": last_line(done.stderr)}
+
+
 def count_lines(path):
     n = 0
     with open(path, "rb") as f:
@@ -275,6 +289,7 @@ def main(argv):
     if qc:
         result["verifier"]["quantization"] = quantization_facts(qc, "cuda" if result["torch"].get("cuda_available") else "cpu")
     result["samples"] = sample_facts(request.get("prepared"), request.get("data"))
+    result["private_network"] = private_network_facts(request.get("private_network"))
     result["elapsed_s"] = round(time.time() - started, 2)
     real_stdout.write(MARKER + json.dumps(result) + "\n")
     real_stdout.flush()
