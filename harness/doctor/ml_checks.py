@@ -432,7 +432,7 @@ def verdict_vllm_network(probe: ProbeOutcome, runtime: Runtime) -> CheckResult:
     if fact["allowed"]:
         return CheckResult(name, "ok", "vLLM's workers get a network namespace of their own: their listeners (no key) reach no one else")
     if runtime.uses_image:
-        return CheckResult(name, "ok", f"vLLM's workers listen in the container's own network (no namespace inside it: {fact['reason']}); "
+        return CheckResult(name, "ok", f"vLLM's workers listen in the container's own network ({fact['reason']}); "
                                        "a group's stages on the host network share the box's")
     return CheckResult(name, "warn", f"vLLM's workers would listen on the box's loopback, where every local user reaches them (no key): {fact['reason']}",
                        'runtime = "docker", or allow unprivileged user namespaces (Ubuntu: sysctl kernel.apparmor_restrict_unprivileged_userns=0)')

@@ -11,8 +11,9 @@ common/vllm_compat.py under the stage's interpreter), so tests can substitute a 
 Ours alone (docs/security.md): each server gets an API key of its own, and counts as ready only
 once it proves it is the process we started; a port held by anything else is a squatter, one
 line. A server on a unix socket (every stage's) runs in a network namespace of its own
-(common/private_network.py), where its workers' keyless TCP listeners reach no one else. The command line, the readiness proof and the unix-socket form:
-docs/ARCHITECTURE.md, common/vllm_server.py.
+(common/private_network.py), where its workers' keyless TCP listeners reach no one else. The
+command line, the readiness proof and the unix-socket form: docs/ARCHITECTURE.md,
+common/vllm_server.py.
 """
 
 from __future__ import annotations
