@@ -19,6 +19,7 @@ sys.path.insert(0, str(SCRIPTS_DIR))
 import extract_hidden_states as extract  # noqa: E402
 from common.hidden_state_files import check_file, hs_path  # noqa: E402
 from common.sharding import plan_batches, shard_range  # noqa: E402
+from common.vllm_server import LOOPBACK_ENV  # noqa: E402
 
 
 def _extract(*args) -> int:
@@ -323,6 +324,7 @@ def test_vllm_backend_runs_speculators_offline_datagen_against_a_server(tiny_ver
     assert finished["status"] == "ok" and finished["layers"] == [2, 4, 5]
     server = json.loads(record.read_text())
     assert not _alive(server["pid"])  # stopped after the run
+    assert server["network"] == LOOPBACK_ENV  # its workers' listeners: on the loopback of a namespace of its own
     assert "listening on" in (out / "vllm_server.rank0.log").read_text()  # log kept
     assert not list((out / ".staging" / "rank0").iterdir())  # every file moved into place
     for i in (0, 5, 17):
@@ -391,6 +393,8 @@ def test_a_squatter_on_the_port_before_or_while_the_server_loads_is_never_taken_
                 squatter.close()
         assert squatter.authorizations == []
         assert not _alive(server.proc.pid)
+    # (the hang mode's record is there: its loop waited for it) in the stage's network too, off every other interface
+    assert json.loads((tmp_path / "hang.json").read_text())["network"] == LOOPBACK_ENV
 
 
 def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):

@@ -9,7 +9,10 @@ only interface they have (the namespace's loopback) and then move the data over 
 mode runs `torchrun --standalone` over every visible GPU: an all-reduce of --size-mib, timed
 over --iters after a warm-up, and a bf16 matmul; rank 0 prints its bus bandwidth (nccl-tests'
 definition: 2 (n-1)/n x bytes / time; 0 on one GPU, where only the CUDA and NCCL start inside
-the namespace are shown) and TFLOP/s. A namespace the box refuses is a row that says why.
+the namespace are shown), TFLOP/s, and the addresses its process listens on (NCCL's bootstrap,
+torch's store): in the box's network as it is, with vllm_server's LOOPBACK_ENV (what a server
+gets where a namespace is refused), and in a namespace of its own with it (every server's way).
+A namespace the box refuses is a row that says why.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "remote_scripts"))
 from common import private_network  # noqa: E402
+from common.vllm_server import LOOPBACK_ENV  # noqa: E402
 
 WORKER = r"""
 import json, os, socket, sys, time, torch, torch.distributed as dist
@@ -49,23 +53,50 @@ for _ in range(iters):
     a @ a
 torch.cuda.synchronize()
 tflops = 2 * 8192**3 * iters / (time.perf_counter() - t0) / 1e12
+def listeners():  # where this process listens (NCCL's bootstrap, torch's store): address:port
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own fd, closed meanwhile
+        if link.startswith("socket:["):
+            held.add(int(link[8:-1]))
+    found = []
+    for table in ("tcp", "tcp6"):
+        for row in open(f"/proc/net/{table}").read().splitlines()[1:]:
+            f = row.split()
+            if f[3] == "0A" and int(f[9]) in held:
+                address, port = f[1].split(":")
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # the kernel's host-order words
+                found.append(f"{socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)}:{int(port, 16)}")
+    return sorted(found)
 if rank == 0:
-    print("RESULT " + json.dumps({"world": world, "ms": round(seconds * 1e3, 3), "busbw_gbps": round(2 * (world - 1) / world * x.numel() * 2 / seconds / 1e9, 1),
+    print("RESULT " + json.dumps({"world": world, "listeners": listeners(), "ms": round(seconds * 1e3, 3), "busbw_gbps": round(2 * (world - 1) / world * x.numel() * 2 / seconds / 1e9, 1),
                                   "matmul_tflops": round(tflops, 1),
                                   "netns": os.readlink("/proc/self/ns/net"), "interfaces": sorted(name for _, name in socket.if_nameindex())}), flush=True)
 dist.destroy_process_group()
 """
 
 
+MODES = {  # mode: (in a namespace of its own, with the servers' LOOPBACK_ENV)
+    "box network": (False, False),
+    "box network, LOOPBACK_ENV": (False, True),
+    "own namespace, LOOPBACK_ENV": (True, True),  # as vllm_server starts its servers
+}
+
+
 def run(mode: str, gpus: int, size_mib: int, iters: int) -> dict:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", "--no-python",
             sys.executable, "-c", WORKER, str(size_mib), str(iters)]
-    if mode == "own namespace":
+    own, loopback = MODES[mode]
+    if own:
         reason = private_network.unavailable()
         if reason:
             return {"mode": mode, "error": reason}
         argv = private_network.wrap(argv)
-    env = {**os.environ, "NCCL_DEBUG": "WARN", "GLOO_SOCKET_IFNAME": "lo"}  # as vllm_server gives its servers
+    env = {**os.environ, "NCCL_DEBUG": "WARN", **(LOOPBACK_ENV if loopback else {})}
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -85,10 +116,10 @@ def main() -> int:
     if gpus < 1:
         print("no GPU")
         return 1
-    rows = [run(mode, gpus, args.size_mib, args.iters) for mode in ("box network", "own namespace")]
+    rows = [run(mode, gpus, args.size_mib, args.iters) for mode in MODES]
     for row in rows:
         print(json.dumps(row))
-    box, own = rows
+    box, _, own = rows
     if "error" not in box and "error" not in own:
         if gpus > 1:
             print(f"all-reduce of {args.size_mib} MiB over {gpus} GPUs: bus bandwidth {own['busbw_gbps']} GB/s in its own namespace, "

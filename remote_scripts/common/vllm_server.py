@@ -38,11 +38,13 @@ from common import private_network
 from common.speculators_compat import SOCKET_ENV
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own name (vllm/envs.py); our clients read it too
-# vLLM's workers talk over torch's gloo, whose listeners (a dozen, no authentication) bind the
-# address the host name resolves to (a container's bridge address, a box's LAN one) unless told an
-# interface: the loopback, as every server here is on one machine (tensor parallel within it; a
-# group's GLOO_SOCKET_IFNAME is for its training ranks, not for their servers).
-LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
+# vLLM's workers talk over torch's gloo and, on GPUs, NCCL, whose listeners (no authentication)
+# bind the address the host name resolves to or the first interface that is not the loopback (a
+# container's bridge address, a box's LAN one) unless told one: the loopback, as every server here
+# is on one machine (tensor parallel within it; a group's GLOO/NCCL_SOCKET_IFNAME are for its
+# training ranks, not for their servers). In a namespace of its own it is the only interface;
+# where that is refused, these keep the listeners off every network but the machine's own.
+LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "VLLM_HOST_IP": "127.0.0.1"}
 
 
 class ServerFailed(RuntimeError):
@@ -364,7 +366,7 @@ class ManagedServer:
             reason = private_network.unavailable() if os.path.isdir(self.opts.model) else f"{self.opts.model} is not a local directory: vLLM downloads it"
             self.network = "a network namespace of its own" if reason is None else f"the stage's network ({reason})"
             if reason is None:
-                argv, env["VLLM_HOST_IP"] = private_network.wrap(argv), "127.0.0.1"  # the namespace's one address
+                argv = private_network.wrap(argv)
         self._key_before, self._exported = os.environ.get(API_KEY_ENV), True
         os.environ[API_KEY_ENV] = self.api_key  # this process's clients (auth_headers) while it runs
         with open(self.log_path, "ab") as log:
