@@ -3,7 +3,8 @@ new user and network namespaces whose one interface is an up loopback (`--check`
 this box allows it).
 
 Why (docs/security.md): vLLM's workers listen on TCP with no authentication (torch's store, gloo's
-pairs: about 14 on the CPU build at tensor parallel 1), and gloo has no other transport. In a network
+pairs: about 14 on the CPU build at tensor parallel 1; NCCL's bootstrap on GPUs), and neither gloo
+nor NCCL's bootstrap has another transport. In a network
 namespace of its own nothing else on the box reaches them; the server's API is on a unix socket,
 a path in the file system, which network namespaces do not separate.
 
