@@ -8,11 +8,12 @@ import os
 import subprocess
 import sys
 
-from tests.fixtures.other_user import PYTHON, listening_sockets
+from tests.fixtures.other_user import PYTHON
 from tests.fixtures.pipeline_data import SCRIPTS_DIR
 
 sys.path.insert(0, str(SCRIPTS_DIR))
 from common import private_network  # noqa: E402
+from common.vllm_server import listening_sockets  # noqa: E402
 
 # listen on the loopback, connect to it, and say where: port, network namespace, uid; then wait for stdin to close
 LISTENER = """

@@ -54,6 +54,7 @@ for _ in range(iters):
 torch.cuda.synchronize()
 tflops = 2 * 8192**3 * iters / (time.perf_counter() - t0) / 1e12
 def listeners():  # where this process listens (NCCL's bootstrap, torch's store): address:port
+    from common.vllm_server import listening_sockets  # (PYTHONPATH: remote_scripts)
     held = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -63,14 +64,12 @@ def listeners():  # where this process listens (NCCL's bootstrap, torch's store)
         if link.startswith("socket:["):
             held.add(int(link[8:-1]))
     found = []
-    for table in ("tcp", "tcp6"):
-        for row in open(f"/proc/net/{table}").read().splitlines()[1:]:
-            f = row.split()
-            if f[3] == "0A" and int(f[9]) in held:
-                address, port = f[1].split(":")
-                raw = bytes.fromhex(address)
-                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # the kernel's host-order words
-                found.append(f"{socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)}:{int(port, 16)}")
+    for inode, local in listening_sockets().items():
+        if inode in held:
+            address, port = local.split(":")
+            raw = bytes.fromhex(address)
+            words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # the kernel's host-order words
+            found.append(f"{socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)}:{int(port, 16)}")
     return sorted(found)
 if rank == 0:
     print("RESULT " + json.dumps({"world": world, "listeners": listeners(), "ms": round(seconds * 1e3, 3), "busbw_gbps": round(2 * (world - 1) / world * x.numel() * 2 / seconds / 1e9, 1),
@@ -96,7 +95,7 @@ def run(mode: str, gpus: int, size_mib: int, iters: int) -> dict:
         if reason:
             return {"mode": mode, "error": reason}
         argv = private_network.wrap(argv)
-    env = {**os.environ, "NCCL_DEBUG": "WARN", **(LOOPBACK_ENV if loopback else {})}
+    env = {**os.environ, "NCCL_DEBUG": "WARN", "PYTHONPATH": str(REPO / "remote_scripts"), **(LOOPBACK_ENV if loopback else {})}
     started = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
     rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]

@@ -358,9 +358,9 @@ class ManagedServer:
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
-        if shutil.which(argv[0], path=(self.env or os.environ).get("PATH")) is None:
-            raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)")
         env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key}
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)")
         if self.opts.uds:  # nothing outside needs its TCP: its workers' listeners go where no one else is
             # (a hub id is downloaded by vLLM itself, which a namespace of its own cannot reach)
             reason = private_network.unavailable() if os.path.isdir(self.opts.model) else f"{self.opts.model} is not a local directory: vLLM downloads it"
@@ -456,23 +456,25 @@ def _status(server: ServeOptions, path: str, headers: dict[str, str]) -> int | N
         return None
 
 
-def _listening_sockets(port: int) -> set[int]:
-    """The inodes of the TCP sockets that listen on `port` (any address) in this network namespace."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+def listening_sockets(table_dir: str = "/proc/net") -> dict[int, str]:
+    """{socket inode: local address, hex as the kernel writes it ("0100007F:1F90")} of the TCP
+    sockets that listen in the network namespace whose tables are under table_dir (/proc/net: this
+    process's; /proc/PID/net: that process's)."""
+    found = {}
+    for table in ("tcp", "tcp6"):
         try:
-            with open(table) as f:
+            with open(f"{table_dir}/{table}") as f:
                 rows = f.read().splitlines()[1:]
         except OSError:
-            continue
+            continue  # (no IPv6 here)
         for row in rows:
             fields = row.split()  # sl local_address rem_address st ... inode (10th)
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(int(fields[9]))
-    return inodes
+            if fields[3] == "0A":
+                found[int(fields[9])] = fields[1]
+    return found
 
 
-def _session_sockets(sid: int) -> set[int]:
+def session_sockets(sid: int) -> set[int]:
     """The inodes of the sockets that processes of session `sid` hold (the server's: it leads its own)."""
     inodes = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -492,10 +494,10 @@ def _session_sockets(sid: int) -> set[int]:
 
 def port_holder(port: int, sid: int) -> str | None:
     """Who listens on `port`: "ours" (only processes of session `sid`), "another", or None (nobody yet)."""
-    listening = _listening_sockets(port)
+    listening = {inode for inode, address in listening_sockets().items() if int(address.rsplit(":", 1)[1], 16) == port}
     if not listening:
         return None
-    return "ours" if listening <= _session_sockets(sid) else "another"
+    return "ours" if listening <= session_sockets(sid) else "another"
 
 
 def client_name(argv: list[str]) -> str:
