@@ -45,4 +45,4 @@ def test_host_table_shows_remote_text_as_written(capsys):
     print_run_table(failed_run("r2"))
     out = capsys.readouterr().out
     assert "run r2 on gpu[1]: failed" in out and "train[x]" in out and "[weird]" in out
-    assert "finished: failed" in out
+    assert f"finished: failed ({CAUSE})" in out  # the failure's own line, as written

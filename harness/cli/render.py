@@ -212,16 +212,22 @@ def print_run_table(st) -> None:
         table.add_column(col, overflow="fold", no_wrap=col != "last event")
     for s in st.stages:
         table.add_row(plain(s.stage), styled_state(s.state), clock(s.started), duration(s.started, end_time(s)),
-                      "" if s.exit_code is None else str(s.exit_code), plain(describe_event(s.last_event) + describe_tau(s.tau, s.last_event)))
+                      "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
     Console(stderr=False).print(table)
+
+
+def last_event_cell(s) -> str:
+    """A stage's (jobs.StageStatus) "last event" cell: the event, a failure's error, the latest tau."""
+    from harness.events import finished_failure
+
+    failure = finished_failure(s.last_event)
+    return describe_event(s.last_event) + (f" ({failure.error[:240]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
 
 
 def print_group_table(status) -> None:
     """A group's run (multinode.GroupStatus): one row per stage of each node."""
     from rich.console import Console
     from rich.table import Table
-
-    from harness.events import finished_failure
 
     table = Table(title=plain(f"run {status.run_id} on group {status.group}: {status.state}"),
                   caption=plain(f"first failure: {status.first_failure}") if status.first_failure else None)
@@ -233,10 +239,8 @@ def print_group_table(status) -> None:
             table.add_row(str(node.rank), plain(node.host), "", state, "", "", "", plain(node.error))
             continue
         for s in node.status.stages:
-            failure = finished_failure(s.last_event)
-            last = describe_event(s.last_event) + (f" ({failure.error[:80]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
             table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.state), clock(s.started),
-                          duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last))
+                          duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
     Console().print(table)
 
 

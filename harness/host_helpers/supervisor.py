@@ -335,8 +335,11 @@ class Supervisor:
         if created.returncode != 0:
             return created.returncode, False
         update_json(state_path, container=name, container_id=created.stdout.decode().strip())
-        started = subprocess.run(["docker", "start", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file)
+        started = subprocess.run(["docker", "start", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log_file.write(started.stderr)
         if started.returncode != 0:  # e.g. no GPU runtime: the reason is in the log
+            # The engine can die after the container started but before `docker start` returns.
+            engine_went_away(state_path, "docker start", started.stderr)
             subprocess.run(["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             return started.returncode, False
         # `docker wait` AFTER start: on a created container it returns 0 at once ("not running");
@@ -354,11 +357,23 @@ class Supervisor:
         log_file.write(said)
         code = int(out) if out.lstrip("-").isdigit() else 125
         if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, restarted)
-            why = (said.decode(errors="replace").strip().splitlines() or ["no answer"])[-1]
-            update_json(state_path, error=f"the Docker engine went away under the stage (docker wait: {why}); its container is gone: run it again")
+            engine_went_away(state_path, "docker wait", said, certain=True)
         # The stage's output is already in its log file; the container itself is not needed.
         subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return code, cancelled
+
+
+# What docker's CLI says when it loses its engine (a broken or refused socket), not a refusal by it.
+ENGINE_LOST = ("error during connect", "Cannot connect to the Docker daemon")
+
+
+def engine_went_away(state_path: str, step: str, said: bytes, certain: bool = False) -> None:
+    """Record on the stage that its Docker engine went away during `step`, when it did."""
+    lines = said.decode(errors="replace").strip().splitlines()
+    lost = [line for line in lines if any(marker in line for marker in ENGINE_LOST)]
+    if lost or certain:
+        why = (lost or lines or ["no answer"])[-1]
+        update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is gone: run it again")
 
 
 def terminate_group(pgid: int, grace: float, exited) -> None:
