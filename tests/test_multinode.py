@@ -218,9 +218,11 @@ def test_partitioned_node_stops_everything_without_a_laptop(cluster_project, net
     survivors = [n for n in netns_cluster.nodes if n.name != "n2"]
     stopped = wait_until(lambda: all(not rank_processes(n) for n in survivors), timeout=bound)
     for host in ("n0", "n1"):
-        st = runner.node_status(host, launch.run_id)
+        # its supervisor records the outcome a poll after the ranks ended
+        st = runner.jobs(host).wait(launch.run_id, timeout=30)
+        failure = runner.node_status(host, launch.run_id).failure() or ""
         assert st.state == "failed", (host, st.state)
-        assert "silent" in (st.failure() or "") or "stopped" in (st.failure() or ""), st.failure()
+        assert "silent" in failure or "stopped" in failure, failure
     # n2, cut off from everyone, stopped its own ranks too (it lost node 0's store)
     n2_stopped = wait_until(lambda: not rank_processes(n2), timeout=bound)
     print(f"partition: n0/n1 stopped after {stopped:.1f} s, n2 after {time.monotonic() - cut_at:.1f} s (checked {n2_stopped:.1f})")
