@@ -293,6 +293,11 @@ def stop_tree(proc: subprocess.Popen, grace: float) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     proc.wait()
+    # torchrun's workers are not our children: wait until the kernel has torn them down too, so
+    # the stage ends only when nothing of it runs (a large rank takes a while to exit).
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:

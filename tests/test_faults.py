@@ -427,8 +427,9 @@ def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
     while "pgid" not in json.loads((run_dir / "prepare" / "state.json").read_text() if (run_dir / "prepare" / "state.json").exists() else "{}"):
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    os.killpg(json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"], signal.SIGKILL)
+    # the supervisor first: were the stage first, the supervisor could record its end before dying
     os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
+    os.killpg(json.loads((run_dir / "prepare" / "state.json").read_text())["pgid"], signal.SIGKILL)
     follow = harness(config, "logs", "box", run_id, "--follow")
     assert follow.returncode == 1 and follow.stderr.splitlines() == [
         f"harness: error: run {run_id} on box is lost: its supervisor ended without recording an outcome (the box rebooted or the "

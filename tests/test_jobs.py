@@ -227,7 +227,8 @@ def test_cli_status_runs_cancel(tmp_path):
 
 
 def test_status_shows_the_latest_tau_while_a_stage_runs(tmp_path):
-    jobs, _ = make_jobs(tmp_path, {"train": {"lines": 40, "sleep": 40, "tau_at": 2}})
+    # three lines, then the stage waits for a file nobody writes: what status shows stays put
+    jobs, _ = make_jobs(tmp_path, {"train": {"lines": 3, "tau_at": 2, "until_file": str(tmp_path / "never")}})
     config = tmp_path / "project" / "harness.toml"
     run_id = jobs.launch(["train"]).run_id
     deadline = time.monotonic() + 60
@@ -239,7 +240,7 @@ def test_status_shows_the_latest_tau_while_a_stage_runs(tmp_path):
         time.sleep(0.2)
     assert train.state == "running" and train.tau == {"step": 2, "tau": 2.5}
     r = harness_cli(config, "status", "box", run_id, env={**os.environ, "COLUMNS": "200"})  # one line per row
-    assert r.returncode == 0 and "3/40 lines  (tau 2.50 at step 2)" in r.stdout, r.stdout
+    assert r.returncode == 0 and "3/3 lines  (tau 2.50 at step 2)" in r.stdout, r.stdout
     jobs.cancel_run(run_id, 1)
 
 

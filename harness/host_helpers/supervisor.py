@@ -28,6 +28,7 @@ import time
 FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
 FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
 LIVE_RUN = {"queued", "running"}  # a supervisor owns the run: "lost" once its lock is free
+FOLLOW_SETTLE_S = 30.0  # at most this long from a followed run's last stage to its recorded outcome
 POLL_S = 0.2
 QUEUE_POLL_S = 1.0
 
@@ -678,9 +679,7 @@ def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         while True:
             st = read_json(os.path.join(sd, "state.json"), {}) or {}
-            run_state = (read_json(os.path.join(run_dir, "state.json"), {}) or {}).get("state")
-            run_over = run_state in FINAL_RUN or (run_state in LIVE_RUN and not lock_is_held(run_dir))
-            done = st.get("state") in FINAL_STAGE or run_over or not follow
+            done = st.get("state") in FINAL_STAGE or run_over(run_dir) or not follow
             # Read AFTER the state check: output written before the stage ended is always seen.
             log_off, data = read_from(os.path.join(sd, "log"), log_off)
             if data:
@@ -705,7 +704,19 @@ def cmd_follow(run_dir: str, only_stage: str | None, follow: bool, as_json: bool
             emit({"stage": stage, "state": st or {"state": "pending"}})
         if st.get("state") not in ("ok",) and only_stage is None and follow:
             break  # the chain stopped here
+    if follow and only_stage is None:
+        # The run's outcome (and the skipped stages) are written just after its last stage's:
+        # whoever reads the status next must see them.
+        deadline = time.monotonic() + FOLLOW_SETTLE_S
+        while not run_over(run_dir) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
     return 0
+
+
+def run_over(run_dir: str) -> bool:
+    """The run has an outcome, or nobody is left to write one (its supervisor's lock is free)."""
+    run_state = (read_json(os.path.join(run_dir, "state.json"), {}) or {}).get("state")
+    return run_state in FINAL_RUN or (run_state in LIVE_RUN and not lock_is_held(run_dir))
 
 
 def tail_start(run_dir: str, stages: list, lines: int) -> tuple:
