@@ -54,15 +54,8 @@ for _ in range(iters):
 torch.cuda.synchronize()
 tflops = 2 * 8192**3 * iters / (time.perf_counter() - t0) / 1e12
 def listeners():  # where this process listens (NCCL's bootstrap, torch's store): address:port
-    from common.vllm_server import listening_sockets  # (PYTHONPATH: remote_scripts)
-    held = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue  # the listing's own fd, closed meanwhile
-        if link.startswith("socket:["):
-            held.add(int(link[8:-1]))
+    from common.vllm_server import held_sockets, listening_sockets  # (PYTHONPATH: remote_scripts)
+    held = held_sockets("self")
     found = []
     for inode, local in listening_sockets().items():
         if inode in held:

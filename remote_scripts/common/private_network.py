@@ -4,9 +4,9 @@ this box allows it).
 
 Why (docs/security.md): vLLM's workers listen on TCP with no authentication (torch's store, gloo's
 pairs: about 14 on the CPU build at tensor parallel 1; NCCL's bootstrap on GPUs), and neither gloo
-nor NCCL's bootstrap has another transport. In a network
-namespace of its own nothing else on the box reaches them; the server's API is on a unix socket,
-a path in the file system, which network namespaces do not separate.
+nor NCCL's bootstrap has another transport. In a network namespace of its own nothing else on the
+box reaches them; the server's API is on a unix socket, a path in the file system, which network
+namespaces do not separate.
 
 Standard library only (ctypes for unshare(2)): it runs before the server's interpreter, and on any
 python. The process maps only its own uid and gid, so files it writes are the stage's as before.

@@ -474,6 +474,20 @@ def listening_sockets(table_dir: str = "/proc/net") -> dict[int, str]:
     return found
 
 
+def held_sockets(pid: int | str) -> set[int]:
+    """The inodes of the sockets process `pid` ("self": this one) holds; OSError when it is gone
+    or not ours to read."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own, for "self")
+        if link.startswith("socket:["):
+            inodes.add(int(link[8:-1]))
+    return inodes
+
+
 def session_sockets(sid: int) -> set[int]:
     """The inodes of the sockets that processes of session `sid` hold (the server's: it leads its own)."""
     inodes = set()
@@ -481,12 +495,8 @@ def session_sockets(sid: int) -> set[int]:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
-            if int(stat[stat.rindex(")") + 2:].split()[3]) != sid:  # field 6, the session
-                continue
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inodes.add(int(link[8:-1]))
+            if int(stat[stat.rindex(")") + 2:].split()[3]) == sid:  # field 6, the session
+                inodes |= held_sockets(pid)
         except (OSError, ValueError):
             continue  # gone meanwhile, or not ours to read
     return inodes
