@@ -174,6 +174,9 @@ class Config:
     sync: SyncConfig = field(default_factory=SyncConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    # `harness run --set STAGE.FLAG=VALUE`: this invocation's values over [pipeline.stages.*]
+    # (already in pipeline.stages; kept here to be recorded in run.json)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def root(self) -> Path:
@@ -282,12 +285,37 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
     from harness.pipeline import STAGES  # harness.pipeline imports this module
     from harness.stage_options import check_stage_tables
 
-    check_stage_tables(pipeline.stages, path, {n: s.script for n, s in STAGES.items()})
+    scripts = {n: s.script for n, s in STAGES.items()}
+    check_stage_tables(pipeline.stages, path, scripts)
     sweep = _build(SweepConfig, raw.get("sweep", {}), file, "sweep")
-    for stage in sweep.grid:
+    for stage, axes in sweep.grid.items():
         if stage != "train":
             raise ConfigError(file, f"sweep.grid.{stage}", "a sweep varies train flags only: [sweep.grid.train]")
+        for flag, values in axes.items():  # each value as the stage's parser takes it
+            for value in values if isinstance(values, list) else [values]:
+                check_stage_tables({stage: {flag.replace("-", "_"): value}}, path, scripts, table="sweep.grid")
     return Config(path=path.resolve(), hosts=hosts, groups=groups, sync=sync, pipeline=pipeline, sweep=sweep)
+
+
+def with_overrides(config: Config, items: list[str]) -> Config:
+    """The config with `harness run --set STAGE.FLAG=VALUE` values over its [pipeline.stages.*]
+    (VALUE as TOML reads it), each checked by the stage's own parser first (one line, exit 2)."""
+    if not items:
+        return config
+    from harness.pipeline import STAGES
+    from harness.stage_options import check_settings, parse_setting, parse_value
+
+    settings: dict[str, dict[str, Any]] = {}
+    overrides: dict[str, Any] = {}
+    for item in items:
+        stage, flag, raw = parse_setting(item)
+        settings.setdefault(stage, {})[flag] = overrides[f"{stage}.{flag}"] = parse_value(raw)
+    check_settings(settings, config.path, {n: s.script for n, s in STAGES.items()})
+    stages = {**config.pipeline.stages}
+    for stage, table in settings.items():
+        stages[stage] = {**stages.get(stage, {}), **table}
+    pipeline = dataclasses.replace(config.pipeline, stages=stages)
+    return dataclasses.replace(config, pipeline=pipeline, overrides={**config.overrides, **overrides})
 
 
 def _validate_host(file: str, key: str, host: HostConfig) -> None:

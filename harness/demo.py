@@ -17,7 +17,7 @@ from typing import Any, Callable
 from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
 from harness.errors import HarnessError
 from harness.events import acceptance_length, finished_failure
-from harness.pipeline import DEMO_CHAIN, StagePaths
+from harness.pipeline import DEMO_CHAIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,9 +149,18 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
+    """The run's own outputs (its artifacts, as its run.json names them), summed up."""
+    from harness.run_pull import run_outputs
+
     workdir = Path(config.hosts["local"].workdir)
-    paths = StagePaths.from_config(config.pipeline)
-    report_path = workdir / paths.evaluation / "report.json"
+    try:
+        record = json.loads((workdir / "runs" / run_id / "run.json").read_text())
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"demo run {run_id}: no readable run record ({e})") from None
+    outputs = run_outputs(record, str(workdir))[0]
+    if outputs["evaluate"] is None or outputs["train"] is None or outputs["export"] is None:
+        raise HarnessError(f"demo run {run_id}: its record names no evaluation, draft or export (see {workdir}/runs/{run_id}/run.json)")
+    report_path = Path(outputs["evaluate"]) / "report.json"
     try:
         report = json.loads(report_path.read_text())
     except (OSError, ValueError) as e:
@@ -166,9 +175,9 @@ def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
         acceptance_per_position=[float(a) for a in report["acceptance_per_position"]],
         k=int(report["k"]),
         prompts=int(report.get("prompts", 0)),
-        draft=str(extra.get("draft") or workdir / paths.checkpoints),
+        draft=str(extra.get("draft") or outputs["train"]),
         training_tau=[{"step": int(t["step"]), "tau": float(t["tau"])} for t in extra.get("training_tau") or []],
-        export=str(workdir / paths.export),
+        export=str(outputs["export"]),
         report=str(report_path),
         plots={k: str(v) for k, v in (extra.get("plots") or {}).items()},
         seconds=round(seconds, 1),

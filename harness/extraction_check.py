@@ -21,9 +21,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from harness.config import Config
-from harness.errors import RemoteCommandError
-from harness.pipeline import SCRIPTS_DIR, StagePaths
+from harness.errors import RemoteCommandError, UsageError
+from harness.pipeline import SCRIPTS_DIR
 
 if TYPE_CHECKING:
     from harness.host import Host
@@ -131,18 +130,28 @@ def _meta_key(meta: dict[str, Any]) -> str:
     return json.dumps({"target_layer_ids": meta.get("target_layer_ids"), "hidden_size": meta.get("hidden_size")}, sort_keys=True)
 
 
-def inventory_argv(config: Config, python: str) -> list[str]:
-    paths = StagePaths.from_config(config.pipeline)
-    return [python, CHECK_SCRIPT, "--prepared", paths.prepared, "--output", paths.hidden_states]
+def inventory_argv(host: "Host", run_id: str) -> list[str]:
+    """check_extraction.py over the run's extract artifact and the prepared data it read (from
+    the run's record on that host: every node of a group run keeps its own)."""
+    from harness.artifacts import RunArtifacts
+    from harness.run_pull import read_record
+
+    workdir = host.runtime.workdir
+    artifacts = RunArtifacts(read_record(host.transport, workdir, run_id), workdir)
+    extract, prepared = artifacts.path("extract"), artifacts.read_by("extract", "prepared")
+    if extract is None or prepared is None:
+        raise UsageError(f"{host.name}: run {run_id} has no extract artifact (made, reused or read): name a run that extracted")
+    return [host.runtime.python, CHECK_SCRIPT, "--prepared", prepared, "--output", extract]
 
 
-def check_extraction(hosts: Sequence["Host"]) -> ExtractionReport:
-    """Take every host's inventory (in parallel, in its stage runtime) and merge them."""
+def check_extraction(hosts: Sequence["Host"], run_id: str) -> ExtractionReport:
+    """Take every host's inventory of the run's hidden states (in parallel, in its stage runtime)
+    and merge them."""
     from harness.fanout import parallel
 
     def one(host: "Host") -> HostInventory:
         runtime = host.runtime
-        result = host.transport.run(runtime.wrap(inventory_argv(host.config, runtime.python)))
+        result = host.transport.run(runtime.wrap(inventory_argv(host, host.runs.resolve_run_id(run_id))))
         if not result.ok:
             raise RemoteCommandError(f"{CHECK_SCRIPT} on {host.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
         return HostInventory.from_json(host.name, json.loads(result.text.strip().splitlines()[-1]))

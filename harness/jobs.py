@@ -21,12 +21,12 @@ import secrets
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import helpers
 from harness.config import Config, HostConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
-from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv
+from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, RunListing, Started
 from harness.runtime.base import WrapOptions
 
@@ -40,6 +40,7 @@ SUPERVISOR = "supervisor.py"  # harness/host_helpers/
 HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
 RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a run id, not a path
+ARTIFACT_KEY_RE = re.compile(r"^[0-9a-f]{20}$")  # artifact_store.KEY_CHARS of a SHA-256
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
@@ -78,6 +79,8 @@ class StageStatus:
     exit_code: int | None = None
     last_event: dict[str, Any] | None = None
     tau: dict[str, Any] | None = None  # {"step", "tau"}: the latest acceptance estimate while training
+    artifact: str | None = None  # the key of its artifact (harness.artifacts); None: a stage that keeps none, or a run before the store
+    reused_from: str | None = None  # the run that made the artifact this stage reused; None: it ran
 
     @property
     def duration(self) -> float | None:
@@ -85,9 +88,15 @@ class StageStatus:
             return None
         return (self.finished or time.time()) - self.started
 
+    @property
+    def shown_state(self) -> str:
+        """The state as the status table shows it: a stage that took its artifact as it was is "reused"."""
+        return "reused" if self.state == "ok" and self.reused_from else self.state
+
     def to_json(self) -> dict[str, Any]:
         return {"stage": self.stage, "state": self.state, "started": self.started, "finished": self.finished,
-                "exit_code": self.exit_code, "last_event": self.last_event, "tau": self.tau}
+                "exit_code": self.exit_code, "last_event": self.last_event, "tau": self.tau, "artifact": self.artifact,
+                "reused_from": self.reused_from}
 
 
 @dataclass(frozen=True)
@@ -145,11 +154,18 @@ class RunStatus:
                 exit_code=s.get("exit_code"),
                 last_event=s.get("last_event"),
                 tau=s.get("tau") if isinstance(s.get("tau"), dict) else None,
+                artifact=well_formed(ARTIFACT_KEY_RE, s.get("artifact")),
+                reused_from=well_formed(RUN_ID_RE, s.get("reused_from")),
             )
             for s in data.get("stages", [])
         ]
         place = (state.get("queue") or {}).get("place")
         return cls(data["run_id"], state.get("state", "starting"), stages, data.get("record", {}), state.get("started"), state.get("finished"), place)
+
+
+def well_formed(pattern: "re.Pattern[str]", value: Any) -> str | None:
+    """A value from the box that must have one form (a key, a run id), else None."""
+    return value if isinstance(value, str) and pattern.match(value) else None
 
 
 MISSING_EXIT = 3  # the supervisor's answer when a file the run needs is not on the host
@@ -258,11 +274,19 @@ class Jobs:
         node never waits: a waiting node would stall the others' rendezvous."""
         return self.node is None
 
-    def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False) -> "RunPlan":
+    def plan(self, requested: list[str], grace_s: float = DEFAULT_GRACE_S, run_id: str | None = None, now: bool = False,
+             fresh: Sequence[str] = ()) -> "RunPlan":
         """Everything a run's start decides on the laptop, the preflight included (the image, the
         GPU count: at most one helper call), and nothing written on the host: `harness run
-        --dry-run` shows it, launch sends it."""
+        --dry-run` shows it, launch sends it. `fresh`: stages whose artifact is made anew
+        (harness.artifacts.check_fresh). A group's node runs its distributed stages whatever the
+        store holds, resuming into their artifacts: every node must take part (none may reuse
+        while another runs)."""
+        from harness.artifacts import check_fresh, recipes
+
         stages = resolve_chain(list(requested), self.config.pipeline)
+        fresh = check_fresh(fresh, stages, self.name)
+        always_run = [s for s in stages if STAGES[s].distributed] if self.node is not None else []
         run_id = run_id or new_run_id()
         self.runtime.home_on_host(HOME_TOKEN)  # a configured ~ is expanded by the launch itself
         image, nproc = self._preflight(self.wants_gpu_count(stages))
@@ -273,16 +297,20 @@ class Jobs:
             specs[stage] = self._stage_spec(run_id, stage, sd, self.stage_command(stage, f"{sd}/events.jsonl", nproc))
         record = self._record(run_id, stages, grace_s, image)
         record["queue"] = {"gpus": queue_gpus(self.host), "wait": self.waits_in_queue and not now, "slot": self.queue_slot}
+        record["store"] = store_root(self.config.pipeline)
+        record["recipes"] = recipes(self.config, stages, max(nproc, 1), fresh, run_id, always_run)
+        record["fresh"] = list(fresh)
         return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
 
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None) -> Started:
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None,
+               fresh: Sequence[str] = ()) -> Started:
         """Write the run's plan and start its supervisor, in one supervisor call (which first
         checks that the files the stages need are on the host: RunPlan.requires). The run is
         `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
         beforehand (harness.sweep records it before the start; harness.multinode starts the same
         run on every host of a group)."""
         from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
-        plan = self.plan(stages, grace_s, run_id, now)
+        plan = self.plan(stages, grace_s, run_id, now, fresh)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
         versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
         result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
@@ -340,6 +368,7 @@ class Jobs:
             "manifest_hash": None,  # the supervisor's launch reads it on the host
             "image": image,
             "env_names": list(self.host.env),  # names only; values never leave memory
+            "set": dict(self.config.overrides),  # `harness run --set STAGE.FLAG=VALUE`: this run's alone
             "config": {
                 "path": str(self.config.path),
                 "host": self.host.to_record(),

@@ -254,9 +254,9 @@ class GroupRun:
         result = helpers.call(self.transports[host0.name], FREE_PORT, {"port": self.group.rdzv_port}, python=host0.python)
         return int(result.checked(f"port probe on {host0.name}").json()["port"])
 
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False) -> Started:
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, fresh: Sequence[str] = ()) -> Started:
         """The same run id on every host at once, all or nothing (`now` changes nothing: nodes
-        never queue)."""
+        never queue; `fresh` neither: a node makes every artifact of its run anew, Jobs.plan)."""
         chain = resolve_chain(list(stages))
         port = self.free_port()
         launch = GroupLaunch(

@@ -29,21 +29,28 @@ class Stage:
     script: str  # file under remote_scripts/
     summary: str
     distributed: bool = False  # launched with torchrun over the host's GPUs (and across hosts)
+    keyed: bool = True  # its output is an artifact of the store, reused while its key matches (harness/artifacts.py)
+    reads: tuple[tuple[str, str], ...] = ()  # (flag, stage): the flags that name another stage's artifact
+    output_file: str = ""  # the file the stage writes inside its artifact ("": --output is the directory)
+    processes_matter: bool = False  # its result depends on the processes it runs on (train's global batch)
 
 
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in [
-        Stage("verifier", "make_tiny_verifier.py", "build (and briefly train) the tiny demo verifier and its chat data"),
-        Stage("regenerate", "regenerate.py", "the verifier writes the assistant replies (rows without one, or all with replace = true)", distributed=True),
-        Stage("prepare", "prepare_data.py", "tokenize chat data with the verifier's chat template"),
-        Stage("extract", "extract_hidden_states.py", "verifier hidden states -> hs_<i>.safetensors", distributed=True),
-        Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True),
-        Stage("evaluate", "evaluate.py", "acceptance length of the draft against the verifier"),
-        Stage("export", "export.py", "a checkpoint vLLM can serve, and its vllm serve command"),
-        Stage("serve_check", "serve_check.py", "the export served by vLLM: served acceptance from its counters, tokens/s with and without the draft"),
+        Stage("verifier", "make_tiny_verifier.py", "build (and briefly train) the tiny demo verifier and its chat data", keyed=False),
+        Stage("regenerate", "regenerate.py", "the verifier writes the assistant replies (rows without one, or all with replace = true)", distributed=True,
+              output_file="regenerated.jsonl"),
+        Stage("prepare", "prepare_data.py", "tokenize chat data with the verifier's chat template", reads=(("regenerated", "regenerate"),)),
+        Stage("extract", "extract_hidden_states.py", "verifier hidden states -> hs_<i>.safetensors", distributed=True, reads=(("prepared", "prepare"),)),
+        Stage("train", "train_draft.py", "train the EAGLE-3 draft (speculators, flex_attention)", distributed=True,
+              reads=(("prepared", "prepare"), ("hidden_states", "extract")), processes_matter=True),
+        Stage("evaluate", "evaluate.py", "acceptance length of the draft against the verifier", reads=(("draft", "train"),)),
+        Stage("export", "export.py", "a checkpoint vLLM can serve, and its vllm serve command", reads=(("draft", "train"),)),
+        Stage("serve_check", "serve_check.py", "the export served by vLLM: served acceptance from its counters, tokens/s with and without the draft",
+              reads=(("export", "export"), ("evaluation", "evaluate"))),
         # Not in any chain: the multi-node smoke test (real DDP steps that check their results).
-        Stage("dist_check", "dist_check.py", "torch.distributed smoke test: all_reduce + DDP steps, checked", distributed=True),
+        Stage("dist_check", "dist_check.py", "torch.distributed smoke test: all_reduce + DDP steps, checked", distributed=True, keyed=False),
     ]
 }
 # The full chain on a real verifier: the training chain, then the draft as vLLM serves it
@@ -58,34 +65,33 @@ DEMO_CHAIN = ["verifier", *TRAINING_CHAIN]
 # The stages that load the verifier, its tokenizer or its config: `[pipeline] trust_remote_code`
 # reaches each of them as --trust-remote-code.
 REMOTE_CODE_STAGES = ("regenerate", "prepare", "extract", "train", "evaluate", "serve_check")  # export reads only weights
+# Optional reads: without the artifact (no run made it) the stage goes on without the flag
+# (prepare reads the chat data itself when regenerate has not answered it).
+OPTIONAL_READS = {("prepare", "regenerated")}
+# Flags that name what a stage reads: another stage's artifact (its token), or a file or directory
+# from outside the store (identified on the host by its content: artifact_store.identify).
+INPUT_FLAGS = ("verifier", "data", "regenerated", "prepared", "hidden_states", "draft", "export", "evaluation", "train_metrics")
+# Flags that say where, not what: never part of a key.
+PLACE_FLAGS = ("output", "data_out", "events", "server_log", "staging_dir")
+ARTIFACTS_DIR = "artifacts"  # the store, under the pipeline's output_dir
 
 
-@dataclass(frozen=True)
-class StagePaths:
-    """Where each stage reads and writes, relative to the workdir."""
+def artifact_token(stage: str) -> str:
+    """What a stage's command line says for another stage's artifact (or its own --output): the
+    supervisor makes it the artifact's path once its key is known on the host."""
+    return f"@artifact:{stage}@"
 
-    verifier: str
-    data: str
-    regenerated: str
-    prepared: str
-    hidden_states: str
-    checkpoints: str
-    evaluation: str
-    export: str
 
-    @classmethod
-    def from_config(cls, p: PipelineConfig) -> "StagePaths":
-        out = p.output_dir.rstrip("/")
-        return cls(
-            verifier=p.verifier,
-            data=p.data,
-            regenerated=f"{out}/regenerated.jsonl",
-            prepared=f"{out}/prepared",
-            hidden_states=f"{out}/hidden_states",
-            checkpoints=f"{out}/checkpoints",
-            evaluation=f"{out}/eval",
-            export=f"{out}/export",
-        )
+def artifact_arg(stage: str) -> str:
+    """The --output of `stage`, or the flag value that reads it: its artifact's directory, or
+    the file inside it."""
+    file = STAGES[stage].output_file
+    return artifact_token(stage) + (f"/{file}" if file else "")
+
+
+def store_root(p: PipelineConfig) -> str:
+    """The artifact store: relative to the workdir unless output_dir is absolute."""
+    return f"{p.output_dir.rstrip('/')}/{ARTIFACTS_DIR}"
 
 
 def online_training(p: PipelineConfig) -> bool:
@@ -99,39 +105,47 @@ def launches_itself(stage: str, p: PipelineConfig) -> bool:
 
 
 def default_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
-    """The flags the harness passes to a stage, before the config's overrides."""
-    paths = StagePaths.from_config(p)
+    """The flags the harness passes to a stage, before the config's overrides. What a stage
+    reads of another, and its own --output, is that stage's artifact (artifact_arg)."""
     layers = {"layers": p.target_layer_ids} if p.target_layer_ids else {}
+    stage_def = STAGES.get(stage)
     by_stage: dict[str, dict[str, Any]] = {
-        "verifier": {"output": paths.verifier, "data_out": paths.data},
-        "regenerate": {"verifier": paths.verifier, "data": paths.data, "output": paths.regenerated},
-        "prepare": {"verifier": paths.verifier, "data": paths.data, "regenerated": paths.regenerated, "output": paths.prepared, "max_seq_len": p.max_seq_len},
-        "extract": {"verifier": paths.verifier, "prepared": paths.prepared, "output": paths.hidden_states, **layers},
-        "train": {
-            "verifier": paths.verifier,
-            "prepared": paths.prepared,
-            "hidden_states": paths.hidden_states,
-            "output": paths.checkpoints,
-            "speculative_tokens": p.speculative_tokens,
-        },
-        "evaluate": {
-            "verifier": paths.verifier,
-            "draft": paths.checkpoints,
-            "data": paths.data,
-            "output": paths.evaluation,
-            "speculative_tokens": p.speculative_tokens,
-        },
-        "export": {"draft": paths.checkpoints, "verifier": paths.verifier, "output": paths.export},
-        # evaluate's output: its report.json says which prompts it measured; served.json lands beside it
-        "serve_check": {"export": paths.export, "data": paths.data, "output": paths.evaluation},
+        "verifier": {"output": p.verifier, "data_out": p.data},
+        "regenerate": {"verifier": p.verifier, "data": p.data},
+        "prepare": {"verifier": p.verifier, "data": p.data, "max_seq_len": p.max_seq_len},
+        "extract": {"verifier": p.verifier, **layers},
+        "train": {"verifier": p.verifier, "speculative_tokens": p.speculative_tokens},
+        "evaluate": {"verifier": p.verifier, "data": p.data, "speculative_tokens": p.speculative_tokens},
+        "export": {"verifier": p.verifier},
+        "serve_check": {"data": p.data},
         "dist_check": {},
     }
+    args = {**by_stage[stage], **{flag: artifact_arg(upstream) for flag, upstream in (stage_def.reads if stage_def else ())}}
+    if stage_def is not None and stage_def.keyed:
+        args["output"] = artifact_arg(stage)
     if stage == "train" and online_training(p):
-        del by_stage["train"]["hidden_states"]
-        by_stage["train"].update(layers)  # the layers vLLM saves; offline train reads them from extract's record
+        del args["hidden_states"]
+        args.update(layers)  # the layers vLLM saves; offline train reads them from extract's record
     if stage in REMOTE_CODE_STAGES:
-        by_stage[stage]["trust_remote_code"] = p.trust_remote_code  # False: no flag
-    return by_stage[stage]
+        args["trust_remote_code"] = p.trust_remote_code  # False: no flag
+    return args
+
+
+def keeps_artifact(stage: str, p: PipelineConfig) -> bool:
+    """Whether the stage's output is an artifact of the store: a keyed stage, unless a config made
+    in code (a bench's) gives it an --output of its own (a file's config may not: stage_options)."""
+    return STAGES[stage].keyed and "output" not in p.stages.get(stage, {})
+
+
+def stage_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
+    """The stage's flags as its command line gets them: the harness's, the config's over them; a
+    flag that reads a stage which keeps no artifact names that stage's own --output."""
+    args = {**default_args(stage, p), **p.stages.get(stage, {})}
+    for flag, upstream in STAGES[stage].reads if stage in STAGES else ():
+        if args.get(flag) == artifact_arg(upstream) and not keeps_artifact(upstream, p):
+            output = str(p.stages[upstream]["output"])
+            args[flag] = f"{output}/{STAGES[upstream].output_file}" if STAGES[upstream].output_file else output
+    return args
 
 
 def to_flags(args: dict[str, Any]) -> list[str]:
@@ -156,7 +170,7 @@ def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_pa
     """The command line of one stage (without a torchrun launcher; see jobs for that)."""
     if stage not in STAGES:
         raise unknown_stage(stage)
-    args = {**default_args(stage, p), **p.stages.get(stage, {})}
+    args = stage_args(stage, p)
     if events_path:
         args["events"] = events_path
     return [python, f"{SCRIPTS_DIR}/{STAGES[stage].script}", *to_flags(args)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import HarnessError, UsageError
 from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
@@ -42,13 +42,17 @@ def sync_code(place: "Host | Group", progress: "SyncProgress | None" = None) -> 
     return outcome
 
 
-def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: bool, progress: "SyncProgress | None" = None) -> tuple["SyncOutcome", "Started"]:
+def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: bool, progress: "SyncProgress | None" = None,
+              fresh: Sequence[str] = ()) -> tuple["SyncOutcome", "Started"]:
     """Sync what changed, then launch `stages` on `place` (a host or a group)."""
+    from harness.artifacts import check_fresh
+
     if not stages:
         raise UsageError(no_stages_message(place.name))
-    resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
+    chain = resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
+    check_fresh(fresh, chain, place.name)
     outcome = sync_code(place, progress)
-    return outcome, place.runs.launch(stages, grace_s=grace_s, now=now)
+    return outcome, place.runs.launch(stages, grace_s=grace_s, now=now, fresh=fresh)
 
 
 @dataclass
@@ -65,6 +69,7 @@ class DryRun:
     commands: dict[str, list[str]] = field(default_factory=dict)
     requires: list[str] = field(default_factory=list)
     preflight_error: str | None = None
+    store: str = ""  # the artifact store, as the workdir holds it
 
     @property
     def ok(self) -> bool:
@@ -80,6 +85,8 @@ class DryRun:
                    else f"preflight: FAILED: {self.preflight_error}")
         out.append(f"in {self.workdir} on {self.host}:" if self.workdir else f"on {self.host}:")
         out += [f"  {stage}: {shlex.join(argv)}" for stage, argv in self.commands.items()]
+        if any("@artifact:" in a for argv in self.commands.values() for a in argv):
+            out.append(f"  (@artifact:STAGE@: that stage's artifact under {self.store}/STAGE/, keyed on {self.host} by what makes it when the stage starts)")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -89,7 +96,7 @@ class DryRun:
                 "commands": [{"stage": s, "argv": argv, "line": shlex.join(argv)} for s, argv in self.commands.items()]}
 
 
-def dry_run(place: "Host | Group", stages: list[str]) -> DryRun:
+def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ()) -> DryRun:
     """The start of a run on one host, short of writing anything there."""
     if place.is_group:
         raise UsageError(f"--dry-run takes one host; {place.name} is a group: run it on each of its hosts")
@@ -99,7 +106,7 @@ def dry_run(place: "Host | Group", stages: list[str]) -> DryRun:
     planned = place.sync(place.config.sync_paths(), dry_run=True).results[place.name]
     result.to_send, result.to_delete, result.send_bytes = planned.plan.upload, planned.plan.delete, planned.plan.upload_bytes
     try:
-        plan = place.runs.plan(stages)
+        plan = place.runs.plan(stages, fresh=fresh)
     except UsageError:
         raise
     except HarnessError as e:  # the image is not built, the container does not start, ...
@@ -113,4 +120,5 @@ def dry_run(place: "Host | Group", stages: list[str]) -> DryRun:
     result.workdir = shown(plan.workdir)
     result.commands = {stage: [shown(a) for a in argv] for stage, argv in plan.commands().items()}
     result.requires = [shown(r["path"].removeprefix(plan.workdir + "/")) for r in plan.requires]
+    result.store = plan.record["store"]
     return result

@@ -9,7 +9,7 @@ return. Each answer also knows its JSON form (`--json`; the keys are listed in d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 
 class RunView(Protocol):
@@ -137,8 +137,9 @@ class RunPlace(Protocol):
     #: said after "it keeps running on NAME" when the user detaches (Ctrl-C)
     detach_note: str
 
-    def launch(self, stages: list[str], grace_s: float, now: bool = False) -> Started:
-        """Start a run of these stages (names, `all` or `demo`); `now`: skip the host's queue."""
+    def launch(self, stages: list[str], grace_s: float, now: bool = False, fresh: Sequence[str] = ()) -> Started:
+        """Start a run of these stages (names, `all` or `demo`); `now`: skip the host's queue;
+        `fresh`: stages whose artifacts are made anew whatever the store holds ("all": every one)."""
         ...
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> RunView:

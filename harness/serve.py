@@ -30,7 +30,7 @@ from harness.events import Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.relay_forward import Relay, RelayForwarding
-from harness.run_pull import recorded_pipeline, stage_output
+from harness.run_pull import read_record, run_outputs
 
 if TYPE_CHECKING:
     from harness.host import Host
@@ -51,13 +51,11 @@ class ServeRequest:
 
 
 def export_dir(transport: "Transport", workdir: str, run_id: str) -> str:
-    """Where the run's export stage wrote the draft (from its record), checked to exist."""
-    path = f"{workdir}/runs/{run_id}/run.json"
-    try:
-        record = json.loads(transport.get_bytes(path))
-    except FileNotFoundError:
-        raise UsageError(f"no run record {path}") from None
-    export = stage_output(recorded_pipeline(record), "export", workdir)
+    """The draft the run's export stage made or reused (its artifact, from the run's record),
+    checked to exist."""
+    export = run_outputs(read_record(transport, workdir, run_id), workdir)[0]["export"]
+    if export is None:
+        raise UsageError(f"run {run_id} has no export stage: run one (harness run HOST export), then serve that run")
     if transport.stat(posixpath.join(export, "config.json")) is None:
         raise UsageError(f"run {run_id} has no export at {export}: run the export stage first (harness run HOST export)")
     return export

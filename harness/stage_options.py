@@ -20,10 +20,11 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, did_you_mean
+from harness.errors import ConfigError, UsageError, did_you_mean
 
 SCRIPTS_DIR = "remote_scripts"  # beside the config file; what sync pushes
 CACHE_PATH = ".harness/stage-options.json"  # beside it too (the project's .harness/, never synced)
@@ -71,22 +72,28 @@ def stage_parser(script_path: Path) -> argparse.ArgumentParser:
 def describe(parser: argparse.ArgumentParser) -> dict[str, dict[str, Any]]:
     """Config key -> what its --long-option takes (`max_seq_len` -> `--max-seq-len`), as JSON:
     `flag` (the option), `nargs` (argparse's; 0 for a flag), `type` ("int", "float", or null:
-    a string or a type not checked here), `choices`, `help`."""
+    a string or a type not checked here), `choices`, `help`, `dest` (argparse's: `--no-x` sets x),
+    `default` (as JSON has it)."""
     out = {}
     for opt, action in parser._option_string_actions.items():
         if not opt.startswith("--") or isinstance(action, argparse._HelpAction):
             continue
         typ = {int: "int", float: "float"}.get(action.type) if action.type is not None else None
         choices = [c if isinstance(c, (str, int, float)) else str(c) for c in action.choices] if action.choices is not None else None
-        out[opt[2:].replace("-", "_")] = {"flag": opt, "nargs": action.nargs, "type": typ, "choices": choices, "help": action.help or ""}
+        default = json.loads(json.dumps(action.default, default=str))
+        out[opt[2:].replace("-", "_")] = {"flag": opt, "nargs": action.nargs, "type": typ, "choices": choices, "help": action.help or "",
+                                          "dest": action.dest, "default": default}
     return out
+
+
+DESCRIPTION_FORMAT = 2  # of describe()'s entries: a cache of another format is read again
 
 
 def code_stamp(scripts: Path) -> str:
     """Size and mtime of every .py the stage scripts are made of: a parser can change only with it."""
     files = sorted([*scripts.glob("*.py"), *scripts.glob("common/*.py")])
     table = [(p.relative_to(scripts).as_posix(), st.st_size, st.st_mtime_ns) for p in files for st in [p.stat()]]
-    return hashlib.sha256(json.dumps(table).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([DESCRIPTION_FORMAT, table]).encode()).hexdigest()
 
 
 class _Descriptions:
@@ -123,32 +130,105 @@ class _Descriptions:
             pass
 
 
-def check_stage_tables(stages: dict[str, dict[str, Any]], config_path: Path, known: dict[str, str]) -> None:
-    """Raise ConfigError for the first unknown stage, option or unusable value.
-    `known`: stage name -> script file under remote_scripts/ (harness.pipeline.STAGES)."""
-    file = str(config_path)
+def stage_descriptions(config_path: Path) -> "_Descriptions | None":
+    """What each stage script beside the config takes (None: no remote_scripts/ there, the box
+    has code that was not synced from here: only it can check)."""
     scripts = Path(config_path).resolve().parent / SCRIPTS_DIR
-    descriptions = None
-    for stage, table in stages.items():
-        where = f"[pipeline.stages.{stage}]"
-        if stage not in known:
-            raise ConfigError(file, where, f"no stage {stage!r}{_nearest(stage, list(known))} (stages: {', '.join(known)})")
-        if not table or not (scripts / known[stage]).is_file():
-            continue  # the box has code that was not synced from here: only it can check
-        descriptions = descriptions or _Descriptions(scripts)
+    return _Descriptions(scripts) if scripts.is_dir() else None
+
+
+_LOADING = threading.Lock()  # loading a script changes sys.modules and sys.path: one at a time (a group's nodes plan in threads)
+
+
+def stage_options(config_path: Path, script: str) -> dict[str, dict[str, Any]] | None:
+    """describe() of one stage script beside the config, or None where there is none."""
+    with _LOADING:
+        descriptions = stage_descriptions(config_path)
+        if descriptions is None or not (descriptions.scripts / script).is_file():
+            return None
         try:
-            options = descriptions[known[stage]]
-        except LookupError as e:
-            raise ConfigError(file, where, f"cannot check its options: {e}") from None
-        for key, value in table.items():
-            option = options.get(key)
-            if option is None:
-                raise ConfigError(file, f"{where} {key}", f"{known[stage]} takes no --{key.replace('_', '-')}{_suggest_option(key, options)}")
-            problem = _value_problem(option, value)
-            if problem:
-                raise ConfigError(file, f"{where} {key}", problem)
-    if descriptions is not None:
-        descriptions.save()
+            return descriptions[script]
+        finally:
+            descriptions.save()
+
+
+def table_problem(stages: dict[str, dict[str, Any]], config_path: Path, known: dict[str, str]) -> tuple[str, str | None, str] | None:
+    """The first unknown stage, option or unusable value among `stages` (stage -> {option: value}),
+    as (stage, option or None, what is wrong with the nearest name), else None. The one check of
+    `[pipeline.stages.*]`, `[sweep.grid.*]` and every `--set`. `known`: stage name -> script file
+    under remote_scripts/ (harness.pipeline.STAGES)."""
+    descriptions = None
+    _LOADING.acquire()
+    try:
+        for stage, table in stages.items():
+            if stage not in known:
+                return stage, None, f"no stage {stage!r}{_nearest(stage, list(known))} (stages: {', '.join(known)})"
+            if not table:
+                continue
+            descriptions = descriptions or stage_descriptions(config_path)
+            if descriptions is None or not (descriptions.scripts / known[stage]).is_file():
+                continue  # the box has code that was not synced from here: only it can check
+            try:
+                options = descriptions[known[stage]]
+            except LookupError as e:
+                return stage, None, f"cannot check its options: {e}"
+            for key, value in table.items():
+                option = options.get(key)
+                if option is None:
+                    return stage, key, f"{known[stage]} takes no --{key.replace('_', '-')}{_suggest_option(key, options)}"
+                if key in RESERVED:
+                    return stage, key, RESERVED[key]
+                problem = _value_problem(option, value)
+                if problem:
+                    return stage, key, problem
+        return None
+    finally:
+        if descriptions is not None:
+            descriptions.save()
+        _LOADING.release()
+
+
+# Options harness sets itself, which a table may not: where a stage writes is its artifact's place.
+RESERVED = {"output": "a stage's --output is its artifact in the store, kept under a key of what made it (`harness pull` brings it): remove it"}
+
+
+def check_stage_tables(stages: dict[str, dict[str, Any]], config_path: Path, known: dict[str, str], table: str = "pipeline.stages") -> None:
+    """Raise ConfigError for the first unknown stage, option or unusable value of `[table.STAGE]`."""
+    found = table_problem(stages, config_path, known)
+    if found is not None:
+        stage, key, problem = found
+        raise ConfigError(str(config_path), f"[{table}.{stage}]" + (f" {key}" if key else ""), problem)
+
+
+# -- `--set STAGE.FLAG=VALUE` (harness run, harness sweep): the same check, one line on the command line
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as TOML reads it (1e-3 -> 0.001, 5 -> 5, true -> True, [1, 3, 6] ->
+    a list), else the text."""
+    import tomllib
+
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_setting(item: str) -> tuple[str, str, str]:
+    """`STAGE.FLAG=VALUE` -> (stage, flag with _ for -, the value's text)."""
+    key, sep, raw = item.partition("=")
+    stage, dot, flag = key.strip().partition(".")
+    if not sep or not raw.strip() or not dot or not stage or not flag:
+        raise UsageError(f"--set {item!r}: expected STAGE.FLAG=VALUE, e.g. --set train.lr=3e-4")
+    return stage, flag.replace("-", "_"), raw.strip()
+
+
+def check_settings(settings: dict[str, dict[str, Any]], config_path: Path, known: dict[str, str], where: str = "--set") -> None:
+    """One line (UsageError) for the first setting the stage's parser would refuse."""
+    found = table_problem(settings, config_path, known)
+    if found is not None:
+        stage, key, problem = found
+        raise UsageError(f"{where} {stage}" + (f".{key}" if key else "") + f": {problem}")
 
 
 def _value_problem(option: dict[str, Any], value: Any) -> str | None:

@@ -2,8 +2,9 @@
 states, each measured on the selection split; the best is printed as harness.toml lines.
 
 A trial is one run of the host's run queue (harness.jobs): train and evaluate, with the trial's
-train flags over `[pipeline.stages.train]`, its own output directory, and evaluate on the
-selection split. Trials are pinned one GPU each and all queued at once, so the box works through
+train flags over `[pipeline.stages.train]` and evaluate on the selection split; its artifacts
+are keyed like every run's (harness/artifacts.py), so the trials share the prepared data and
+hidden states and each trains its own draft. Trials are pinned one GPU each and all queued at once, so the box works through
 them with no laptop attached. The winner is measured once more on the test split, which is
 reported and never used to choose. The sweep's state is on the host (sweep.json); its id is a
 digest of what the sweep is, so running the same command again picks it up.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from harness.config import Config
 from harness.errors import UsageError
 from harness.events import Evaluation, evaluation, finished_failure
+from harness.stage_options import parse_value
 
 if TYPE_CHECKING:
     from harness.host import Host
@@ -44,38 +46,36 @@ RELAUNCHED = {"cancelled", "lost"}  # a re-run of the command starts these trial
 # -- the grid -----------------------------------------------------------------------------------
 
 
-def parse_value(text: str) -> Any:
-    """A command-line value as TOML reads it (1e-3 -> 0.001, 5 -> 5, true -> True), else the text."""
-    import tomllib
-
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def parse_sets(values: list[str]) -> dict[str, list[Any]]:
-    """`--set train.lr=1e-3,3e-4` (repeatable) -> {"train.lr": [0.001, 0.0003]}."""
+def parse_sets(values: list[str], config: Config | None = None) -> dict[str, list[Any]]:
+    """`--set train.lr=1e-3,3e-4` (repeatable) -> {"train.lr": [0.001, 0.0003]}; each value
+    checked by the stage's own parser when `config` is given (the one check of every --set)."""
     axes: dict[str, list[Any]] = {}
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not raw.strip():
             raise UsageError(f"--set {item!r}: expected STAGE.FLAG=VALUE[,VALUE...], e.g. --set train.lr=1e-3,3e-4")
         axes[key.strip()] = [parse_value(v.strip()) for v in raw.split(",")]
-    check_axes(axes, "--set")
+    check_axes(axes, "--set", config)
     return axes
 
 
-def check_axes(axes: dict[str, list[Any]], where: str) -> None:
-    """Every axis is a train flag with at least one value, and not one the sweep sets itself."""
+def check_axes(axes: dict[str, list[Any]], where: str, config: Config | None = None) -> None:
+    """Every axis is a train flag with at least one value, and not one the sweep sets itself;
+    with `config`, every value one its stage's parser takes."""
+    from harness.pipeline import STAGES
+    from harness.stage_options import check_settings
+
     for key, values in axes.items():
         stage, _, flag = key.partition(".")
         if stage not in SWEPT_STAGES or not FLAG_RE.match(flag):
             raise UsageError(f"{where}: {key!r}: a sweep varies train flags, e.g. train.lr (STAGE.FLAG with STAGE in {', '.join(SWEPT_STAGES)})")
         if flag.replace("-", "_") in OWN_FLAGS:
-            raise UsageError(f"{where}: {key!r}: the sweep sets train.{flag} itself (each trial writes under its own directory)")
+            raise UsageError(f"{where}: {key!r}: the sweep sets train.{flag} itself (each trial reads the same inputs, writes its own artifact)")
         if not values:
             raise UsageError(f"{where}: {key!r}: no values")
+        if config is not None:
+            for value in values:
+                check_settings({stage: {flag.replace("-", "_"): value}}, config.path, {n: s.script for n, s in STAGES.items()}, where)
 
 
 def config_axes(config: Config) -> dict[str, list[Any]]:
@@ -262,10 +262,6 @@ class Sweep:
     def _record_path(self, sid: str) -> str:
         return posixpath.join(self.root, sid, "sweep.json")
 
-    def trial_dir(self, sid: str, trial: str) -> str:
-        """Relative to the workdir (or absolute), as the pipeline's paths are."""
-        return posixpath.join(self.config.pipeline.output_dir, "sweeps", sid, trial)
-
     # state
 
     def load(self, sid: str | None) -> SweepState:
@@ -318,24 +314,22 @@ class Sweep:
 
     # runs
 
-    def trial_jobs(self, state: SweepState, trial: TrialState) -> "Jobs":
-        """The Jobs that runs this trial: the pipeline with its train flags, outputs and split,
-        on the host pinned to its GPU, in its queue slot."""
+    def trial_config(self, trial: TrialState, split: str) -> Config:
+        """The pipeline a trial runs: its train flags over [pipeline.stages.train], evaluate on
+        `split`. Its artifacts are keyed by them: trials share the prepared data and hidden
+        states (same key), each trains its own draft (its flags are in its key)."""
         p = self.config.pipeline
-        out = self.trial_dir(state.sweep_id, trial.name)
-        stages = {**p.stages,
-                  "train": {**p.stages.get("train", {}), **trial.flags, "output": f"{out}/checkpoints"},
-                  "evaluate": {**p.stages.get("evaluate", {}), "draft": f"{out}/checkpoints", "output": f"{out}/eval", "split": state.split}}
-        config = dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
-        return self.place.pinned(trial.gpu).jobs(config, queue_slot=trial.slot)
+        stages = {**p.stages, "train": {**p.stages.get("train", {}), **trial.flags}, "evaluate": {**p.stages.get("evaluate", {}), "split": split}}
+        return dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
+
+    def trial_jobs(self, state: SweepState, trial: TrialState) -> "Jobs":
+        """The Jobs that runs this trial, on the host pinned to its GPU, in its queue slot."""
+        return self.place.pinned(trial.gpu).jobs(self.trial_config(trial, state.split), queue_slot=trial.slot)
 
     def test_jobs(self, state: SweepState, winner: TrialState) -> "Jobs":
-        """The winner's checkpoints measured on the test split (evaluate alone)."""
-        p = self.config.pipeline
-        out = self.trial_dir(state.sweep_id, winner.name)
-        stages = {**p.stages, "evaluate": {**p.stages.get("evaluate", {}), "draft": f"{out}/checkpoints", "output": f"{out}/test", "split": TEST_SPLIT}}
-        config = dataclasses.replace(self.config, pipeline=dataclasses.replace(p, stages=stages))
-        return self.place.pinned(winner.gpu).jobs(config)
+        """The winner's draft measured on the test split (evaluate alone: the draft is the
+        winner's train artifact, found by the same key)."""
+        return self.place.pinned(winner.gpu).jobs(self.trial_config(winner, TEST_SPLIT))
 
     def advance(self, state: SweepState, statuses: dict[str, "RunStatus"], relaunch: bool = False) -> list[str]:
         """Start what the sweep still needs: trials with no run on the host (a lost link before

@@ -22,7 +22,8 @@ from harness import helpers
 from harness.errors import RemoteCommandError, UsageError
 from harness.host_server import HostServer
 from harness.relay_forward import Relay
-from harness.run_pull import LOGGERS_DIR, recorded_pipeline, stage_output
+from harness.pipeline import store_root
+from harness.run_pull import LOGGERS_DIR, read_record, run_outputs
 
 if TYPE_CHECKING:
     from harness.config import Config
@@ -46,17 +47,15 @@ class TensorBoardOptions:
 
 
 def logs_dir(config: "Config", transport: "Transport", workdir: str, run_id: str | None) -> str:
-    """The training-logger directory of a run (from its record), or of the configured pipeline."""
-    import json
-
-    pipeline = config.pipeline
-    if run_id:
-        path = f"{workdir}/runs/{run_id}/run.json"
-        try:
-            pipeline = recorded_pipeline(json.loads(transport.get_bytes(path)))
-        except FileNotFoundError:
-            raise UsageError(f"no run record {path}") from None
-    return posixpath.join(stage_output(pipeline, "train", workdir), LOGGERS_DIR)
+    """The training-logger directory of a run's draft (its train artifact, from its record), or
+    every draft's of the store (each trained draft's logs below it)."""
+    if not run_id:
+        root = store_root(config.pipeline)
+        return posixpath.join(root if root.startswith("/") else posixpath.join(workdir, root), "train")
+    checkpoints = run_outputs(read_record(transport, workdir, run_id), workdir)[0]["train"]
+    if checkpoints is None:
+        raise UsageError(f"run {run_id} trained no draft and read none: name a run with a train stage")
+    return posixpath.join(checkpoints, LOGGERS_DIR)
 
 
 class RemoteTensorBoard(HostServer):

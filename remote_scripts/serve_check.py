@@ -1,14 +1,15 @@
 """Served acceptance: the exported draft as vLLM serves it, measured by vLLM's own counters.
 
-    python remote_scripts/serve_check.py --export EXPORT_DIR --data chat.jsonl --output EVAL_DIR \
-        [--no-baseline] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
+    python remote_scripts/serve_check.py --export EXPORT_DIR --data chat.jsonl --output OUT_DIR \
+        [--evaluation EVAL_DIR] [--no-baseline] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
 
 evaluate measures tau with our own speculation loop; what a user gets is the draft as vLLM serves
 it. This stage serves the export with its verifier (common/vllm_server.py, on a private unix
 socket), sends evaluate's held-out prompts, reads vLLM's spec-decode counters before and after
 (common/spec_metrics.py) and, with --baseline (the default), serves the verifier alone for
-tokens/s without the draft. It writes EVAL_DIR/served.json and redraws acceptance.png; where vLLM
-is missing or cannot serve this verifier it says so in one line and ends ok, so the chain goes on.
+tokens/s without the draft. It writes OUT_DIR/served.json and acceptance.png (evaluate's bars,
+from EVAL_DIR/report.json, beside vLLM's); where vLLM is missing or cannot serve this verifier
+it says so in one line and ends ok, so the chain goes on.
 Step by step: docs/pipeline.md, "Served acceptance".
 """
 
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, help="the export stage's directory (speculators format, absolute verifier path)")
     p.add_argument("--data", required=True, help="chat JSONL with held-out rows (evaluate's --data)")
-    p.add_argument("--output", required=True, help="evaluate's output directory: its report.json is read, served.json written")
+    p.add_argument("--output", required=True, help="where served.json and acceptance.png are written")
+    p.add_argument("--evaluation", default=None, help="evaluate's output directory: its report.json says what it measured (default: --output)")
     p.add_argument("--speculative-tokens", type=int, default=None, help="K (default: the export's)")
     p.add_argument("--split", default=None, help=f"default: evaluate's (report.json), else {DEFAULT_SPLIT}")
     p.add_argument("--max-prompts", type=int, default=None, help=f"default: as many as evaluate measured, else {DEFAULT_PROMPTS}")
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    report_path = out / REPORT
+    report_path = Path(args.evaluation or args.output) / REPORT
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     split, count, max_tokens = measured_settings(args, report)
     prompts = held_out_prompts(export.verifier, Path(args.data), split, count, args.trust_remote_code)

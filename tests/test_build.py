@@ -17,7 +17,7 @@ from harness.config import load_config
 from harness.runtime.image import build, gather_inputs, image_id
 from harness.transport.local import LocalTransport
 from tests.fixtures.docker_engine import container_table
-from tests.fixtures.job_project import write_build_context, write_project
+from tests.fixtures.job_project import FAKE_STAGE, write_build_context, write_project
 from tests.fixtures.tls_proxy import PROBE, PROBE_VERSION, WHEEL, TlsInspectingProxy
 
 BUILD_TEST_IMAGE = "harness-build-test"  # not the job tests' image: these tests retag :latest
@@ -73,7 +73,7 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     assert r.stdout.strip() == first.image_id and "unchanged, not rebuilt" in r.stderr and "Step" not in r.stderr
     assert time.monotonic() - t0 < 60  # generous (loaded CI): the proof is the message and no build output
     # a changed stage script is a new input: new tag, real build, streamed output
-    changed = f"print('v2 {os.urandom(8).hex()}')\n"  # unique: images persist across sessions
+    changed = FAKE_STAGE + f"# v2 {os.urandom(8).hex()}\n"  # unique: images persist across sessions
     (tmp_path / "remote_scripts" / "evaluate.py").write_text(changed)
     dry = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--dry-run", "--json"],
                          capture_output=True, text=True, timeout=120)

@@ -19,9 +19,9 @@ from tests.fixtures.job_project import FAKE_STAGE, toml_value, write_project
 pytestmark = pytest.mark.ssh
 
 STATUS_KEYS = {"run_id", "host", "state", "started", "finished", "exit_code", "stages", "stages_done", "at_stage", "queue_place", "record"}
-STAGE_KEYS = {"stage", "state", "started", "finished", "exit_code", "last_event", "tau"}
+STAGE_KEYS = {"stage", "state", "started", "finished", "exit_code", "last_event", "tau", "artifact", "reused_from"}
 RUN_KEYS = {"run_id", "state", "started", "finished", "stages", "stages_done", "at_stage", "queue_place"}
-PULL_KEYS = {"host", "remote", "local", "run_id", "dry_run", "ok", "fetched", "identical", "links", "planned", "missing", "refused", "failed",
+PULL_KEYS = {"host", "remote", "local", "run_id", "dry_run", "ok", "fetched", "identical", "links", "planned", "missing", "notes", "refused", "failed",
              "bytes_received", "bytes_resumed", "streams", "seconds"}
 
 

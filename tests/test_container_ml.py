@@ -20,7 +20,7 @@ import pytest
 
 from harness.demo import DemoOptions, demo_config
 from tests.fixtures.docker_engine import container_table
-from tests.fixtures.job_project import toml_value
+from tests.fixtures.job_project import run_artifact, toml_value
 from tests.fixtures.pipeline_data import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.ssh, pytest.mark.pipeline]
@@ -98,7 +98,7 @@ def test_production_image_runs_the_demo_chain_and_pulls_a_loadable_checkpoint(tm
         state = json.loads((run_dir / stage / "state.json").read_text())
         assert state["state"] == "ok" and state["exit_code"] == 0, (stage, state)
         # the stage really ran in the container: its log is the container's output
-    report = json.loads((workdir / "outputs" / "eval" / "report.json").read_text())
+    report = json.loads((run_artifact(workdir, run_id, "evaluate") / "report.json").read_text())
     assert report["tau"] >= MIN_TAU, report
 
     local = tmp_path / "pulled"
@@ -107,7 +107,7 @@ def test_production_image_runs_the_demo_chain_and_pulls_a_loadable_checkpoint(tm
     assert json.loads((local / "outputs" / "eval" / "report.json").read_text())["tau"] == report["tau"]
     assert (local / "outputs" / "eval" / "acceptance.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (local / "outputs" / "export" / "config.json").is_file() and (local / "run.json").is_file()
-    epochs = sorted(int(p.name) for p in (workdir / "outputs" / "checkpoints").iterdir() if p.name.isdigit() and not p.is_symlink())
+    epochs = sorted(int(p.name) for p in run_artifact(workdir, run_id, "train").iterdir() if p.name.isdigit() and not p.is_symlink())
     assert len(epochs) > 1  # the demo saves every epoch: the pull must pick the newest
     local_ckpts = local / "outputs" / "checkpoints"
     weights = sorted(os.path.relpath(os.path.join(d, f), local_ckpts) for d, _, files in os.walk(local_ckpts) for f in files if f == "model.safetensors")

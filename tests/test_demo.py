@@ -142,12 +142,13 @@ def test_the_readme_first_command_on_pristine_debian_reaches_the_demos_tau(fresh
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
     from train_draft import BEST_TAU_TOLERANCE
 
-    best = json.loads((workdir / "outputs" / "checkpoints" / "best.json").read_text())
+    checkpoints = Path(record["artifacts"]["train"]["path"])  # the run's own draft (its artifact)
+    best = json.loads((checkpoints / "best.json").read_text())
     announced = [e["text"] for e in train_events if e["event"] == "message" and e["text"].startswith("best checkpoint so far:")]
     assert announced and announced[-1].endswith(f"/{best['checkpoint']} (step {best['step']}, estimated tau {best['tau']:.2f})"), (announced, best)
     assert {"step": best["step"], "tau": best["tau"]} in tau_events
     assert best["tau"] >= max(t["tau"] for t in tau_events) * (1 - BEST_TAU_TOLERANCE)
-    assert Path(summary["draft"]) == (workdir / "outputs" / "checkpoints" / best["checkpoint"]).resolve()
+    assert Path(summary["draft"]) == (checkpoints / best["checkpoint"]).resolve()
     chosen = report["extra"]["checkpoint"]
     assert chosen["name"] == best["checkpoint"] and chosen["chosen_by"] == "best.json"
     assert chosen["training_tau"] == best["tau"] and chosen["tau"] == round(summary["tau"], 4)
@@ -185,10 +186,12 @@ def test_the_summary_never_shows_a_tau_that_was_not_measured(tmp_path):
     writer) stops the demo in one line instead of printing it as its result."""
     from harness.demo import DemoOptions, _summary, demo_config
     from harness.errors import HarnessError
-    from harness.pipeline import StagePaths
 
     config = demo_config(DemoOptions(workdir=tmp_path))
-    report = tmp_path / StagePaths.from_config(config.pipeline).evaluation / "report.json"
+    artifacts = {stage: {"key": key * 20, "role": "made"} for stage, key in (("train", "a"), ("evaluate", "b"), ("export", "c"))}
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps({"recipes": {"train": {}}, "store": "outputs/artifacts", "artifacts": artifacts}))
+    report = tmp_path / "outputs" / "artifacts" / "evaluate" / ("b" * 20) / "report.json"
     report.parent.mkdir(parents=True)
     for tau in (0.0, None):
         report.write_text(json.dumps({"tau": tau, "acceptance_per_position": [0.0] * 3, "k": 3, "prompts": 4}))

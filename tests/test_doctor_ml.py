@@ -213,22 +213,22 @@ def test_hidden_state_disk_sizes_the_run():
     need = hidden_state_bytes(10000, 2048, 4, 4096)
     assert need == 10000 * 2048 * 4 * 4096 * 2  # samples x seq_len x (k+1) x hidden x 2 bytes
     need_gib = need / GIB  # 625 GiB
-    ok = run_checks(FakeHost(HEALTHY, free_gib={"outputs/hidden_states": need_gib * 1.5}))
+    ok = run_checks(FakeHost(HEALTHY, free_gib={"outputs/artifacts/extract": need_gib * 1.5}))
     status, message, _ = verdict(ok, "hidden-state-disk")
     assert status == "ok" and message.startswith("hidden states need 10000 samples x 2048 tokens x 4 layers x 4096 x 2 B = 625.00 GiB at most")
-    tight = run_checks(FakeHost(HEALTHY, free_gib={"outputs/hidden_states": need_gib * 1.1}))
+    tight = run_checks(FakeHost(HEALTHY, free_gib={"outputs/artifacts/extract": need_gib * 1.1}))
     assert tight["hidden-state-disk"].status == "warn"
-    full = run_checks(FakeHost(HEALTHY, free_gib={"outputs/hidden_states": 100, "/data": 4000}), data_dir="/data")
+    full = run_checks(FakeHost(HEALTHY, free_gib={"outputs/artifacts/extract": 100, "/data": 4000}), data_dir="/data")
     status, message, fix = verdict(full, "hidden-state-disk")
     assert status == "fail" and "100.0 GiB free" in message and "data_dir /data has 4000.0 GiB free" in fix
     assert "[pipeline.stages.train] online = true" in fix  # the option that needs no such disk
     # online: nothing stored; the per-row need and the offline total it avoids, both named
-    online = run_checks(FakeHost(HEALTHY, free_gib={"outputs/hidden_states": 100}), project(train="online = true"))
+    online = run_checks(FakeHost(HEALTHY, free_gib={"outputs/artifacts/extract": 100}), project(train="online = true"))
     status, message, _ = verdict(online, "hidden-state-disk")
     assert status == "ok" and message.startswith("training online: no hidden states stored (offline they would need 10000 samples x 2048 tokens")
     assert f"one row's, {2048 * 4 * 4096 * 2 / 2**20:.2f} MiB" in message and "100.0 GiB free" in message
     # explicit target layers change k
-    five = run_checks(FakeHost(HEALTHY, free_gib={"outputs/hidden_states": 10_000}), project(pipeline="target_layer_ids = [1, 5, 9, 13, 20]"))
+    five = run_checks(FakeHost(HEALTHY, free_gib={"outputs/artifacts/extract": 10_000}), project(pipeline="target_layer_ids = [1, 5, 9, 13, 20]"))
     assert "x 6 layers x" in five["hidden-state-disk"].message
     unknown = run_checks(FakeHost(facts(samples={"count": None, "source": "neither prepared data nor chat data exist yet"})))
     status, message, fix = verdict(unknown, "hidden-state-disk")

@@ -211,10 +211,17 @@ def test_check_extract_command_reports_ok_then_the_gap_with_exit_1(prepared_data
     import subprocess
 
     workdir = tmp_path / "work"
-    (workdir / "outputs").mkdir(parents=True)
+    store = workdir / "outputs" / "artifacts"
+    (store / "prepare").mkdir(parents=True)
     (workdir / "remote_scripts").symlink_to(SCRIPTS_DIR)
-    (workdir / "outputs" / "prepared").symlink_to(prepared_data)
-    shutil.copytree(hidden_states, workdir / "outputs" / "hidden_states")
+    keys = {"prepare": "1" * 20, "extract": "2" * 20}
+    (store / "prepare" / keys["prepare"]).symlink_to(prepared_data)
+    extracted = store / "extract" / keys["extract"]
+    shutil.copytree(hidden_states, extracted)
+    run_id = "20260101-000000-abcdef"  # a run that made both, as its record names them
+    (workdir / "runs" / run_id).mkdir(parents=True)
+    (workdir / "runs" / run_id / "run.json").write_text(json.dumps({"run_id": run_id, "store": "outputs/artifacts", "recipes": {"extract": {"reads": {"prepared": "prepare"}}},
+                                                                     "artifacts": {s: {"key": k, "role": "made"} for s, k in keys.items()}}))
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nlocal = true\nworkdir = "{workdir}"\npython = "{sys.executable}"\n')
 
@@ -227,7 +234,7 @@ def test_check_extract_command_reports_ok_then_the_gap_with_exit_1(prepared_data
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert (report["ok"], report["num_samples"], report["valid_per_host"], report["gaps"]) == (True, n, {"box": n}, "")
-    (workdir / "outputs" / "hidden_states" / "hs_1.safetensors").unlink()
+    (extracted / "hs_1.safetensors").unlink()
     r = check()
     assert r.returncode == 1, r.stderr
     lines = r.stdout.splitlines()

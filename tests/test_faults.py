@@ -328,8 +328,8 @@ def test_a_server_held_over_a_link_that_stalls_ends_in_one_line_and_stops_on_the
     from tests.test_tensorboard import assert_stopped_on_the_box, tensorboards_over, write_events
 
     require_module("tensorboard")
-    logdir = tmp_path / "host" / "outputs" / "checkpoints" / "logs"
-    write_events(logdir, "only", [1.0, 0.5])
+    logdir = tmp_path / "host" / "outputs" / "artifacts" / "train"  # every draft's logs (no RUN)
+    write_events(logdir / ("a" * 20) / "logs", "only", [1.0, 0.5])
     with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2) as line:
         config, env = slow_host(ssh_host, tmp_path, line.port, "server-stall")
         config.write_text(config.read_text() + f'python = "{sys.executable}"\n')

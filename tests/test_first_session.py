@@ -13,96 +13,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.pipeline import STAGES
-from tests.fixtures.beds import bed_unavailable
 from tests.fixtures.job_project import FAKE_STAGE, script_stem
+from tests.fixtures.terminal import Terminal
 
 pytestmark = pytest.mark.ssh
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPT = re.compile(r"^\[(\d+)\]\$ ?(.*)$")  # PS1 '[$?]$ ': every prompt shows the last exit code
-HANG_S = 60  # a guard against a hang (a loaded CI machine), not a speed claim
-
-
-class Terminal:
-    """One tmux pane running bash (160 x 50), on a socket of the test's own."""
-
-    def __init__(self, root: Path, cwd: Path, env: dict[str, str]):
-        if shutil.which("tmux") is None:
-            bed_unavailable("tmux", "tmux is not installed (scripts/test.sh installs it)")
-        self.socket = str(root / "tmux.sock")
-        self.conf = root / "tmux.conf"  # read when the server starts: the first pane keeps all it shows
-        self.conf.write_text("set-option -g history-limit 100000\n")
-        env = {**env, "HISTFILE": str(root / "bash_history"), "TERM": "xterm-256color"}
-        self._tmux("new-session", "-d", "-x", "160", "-y", "50", "-c", str(cwd), "bash --norc --noprofile", env=env)
-        try:
-            self.type("PS1='[$?]$ '")
-            self.wait_until(lambda screen: self.prompts(screen) == 1, "the first prompt")
-        except BaseException:
-            self.close()
-            raise
-
-    def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
-        return subprocess.run(["tmux", "-S", self.socket, "-f", str(self.conf), *args], env=env, capture_output=True, text=True,
-                              check=True, timeout=10).stdout
-
-    def screen(self) -> str:
-        """Everything the pane showed since it opened (scrollback included), wrapped lines joined."""
-        return self._tmux("capture-pane", "-p", "-J", "-S", "-")
-
-    @staticmethod
-    def prompts(screen: str) -> int:
-        return sum(1 for line in screen.splitlines() if PROMPT.match(line))
-
-    def wait_until(self, done, what: str, timeout: float = HANG_S) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.screen()
-            if done(screen):
-                return screen
-            assert time.monotonic() < deadline, f"the screen never showed {what}:\n{screen}"
-            time.sleep(0.1)
-
-    def wait_for(self, text: str) -> str:
-        return self.wait_until(lambda screen: text in screen, repr(text))
-
-    def type(self, line: str) -> None:
-        self._tmux("send-keys", "-l", line)
-        self._tmux("send-keys", "Enter")
-
-    def ctrl_c(self) -> None:
-        self._tmux("send-keys", "C-c")
-
-    def command(self, line: str) -> int:
-        """Type LINE and wait for the next prompt; the exit code it shows."""
-        self.start(line)
-        return self.finish(line)
-
-    def start(self, line: str) -> None:
-        self._before = self.prompts(self.screen())
-        self.type(line)
-
-    def finish(self, line: str) -> int:
-        screen = self.wait_until(lambda s: self.prompts(s) > self._before, f"the prompt after `{line}`")
-        return int(PROMPT.match([x for x in screen.splitlines() if PROMPT.match(x)][-1]).group(1))
-
-    def output_of(self, line: str) -> str:
-        """What the screen shows between the prompt where LINE was typed and the next prompt."""
-        lines = self.screen().splitlines()
-        start = max(i for i, x in enumerate(lines) if (m := PROMPT.match(x)) and m.group(2) == line)
-        end = next(i for i in range(start + 1, len(lines)) if PROMPT.match(lines[i]))
-        return "\n".join(lines[start + 1:end])
-
-    def close(self) -> None:
-        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True, timeout=10)  # bash and its children get SIGHUP
 
 
 def edit_starter_config(text: str, box: str, workdir: Path, knobs: dict[str, str]) -> str:
@@ -148,12 +70,12 @@ def test_the_first_session_in_a_terminal(tmp_path, ssh_host):
         assert (work / "remote_scripts" / STAGES["train"].script).read_text() == FAKE_STAGE
 
         # An attached run: log lines and a progress bar per stage; train waits until we let it end.
-        term.start("harness run gpu prepare train")
+        term.start("harness run gpu prepare extract train")
         screen = term.wait_until(lambda s: re.search(r"train tau=2\.5.*4/4 lines", s), "train's progress bar at 4/4 with its tau")
         assert f"{script_stem('prepare')}: line 3 of 3" in screen and f"{script_stem('train')}: line 4 of 4" in screen, screen
         train_may_end.touch()
-        assert term.finish("harness run gpu prepare train") == 0
-        shown = term.output_of("harness run gpu prepare train")
+        assert term.finish("harness run gpu prepare extract train") == 0
+        shown = term.output_of("harness run gpu prepare extract train")
         first_run = re.search(r"^(\S+)$", shown, re.M).group(1)  # stdout's run id line
         assert re.search(rf"run {first_run} on gpu: ok", shown), shown
         assert not re.search(r"\d+/\d+ lines", shown), shown  # the bars left with the run: no copies in the scrollback

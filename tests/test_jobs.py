@@ -158,7 +158,7 @@ def test_cancel_escalates_to_sigkill_after_grace(tmp_path):
 def test_two_concurrent_runs_never_collide(tmp_path):
     jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 5, "sleep": 1}})
     ids: list[str] = []
-    threads = [threading.Thread(target=lambda: ids.append(jobs.launch(["prepare"]).run_id)) for _ in range(2)]
+    threads = [threading.Thread(target=lambda: ids.append(jobs.launch(["prepare"], fresh=["all"]).run_id)) for _ in range(2)]  # both run: no reuse
     for t in threads:
         t.start()
     for t in threads:

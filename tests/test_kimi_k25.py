@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.pipeline import DEMO_CHAIN
+from tests.fixtures.job_project import run_artifact
 from tests.fixtures.pipeline_data import REPO_ROOT, SCRIPTS_DIR, offline_env, read_events
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
@@ -53,6 +54,11 @@ def kimi_run(tmp_path_factory) -> Path:
     return workdir
 
 
+def artifact(workdir: Path, stage: str) -> Path:
+    """The demo run's artifact of that stage (its run.json names it)."""
+    return run_artifact(workdir, (workdir / "run_id").read_text(), stage)
+
+
 def test_every_stage_passes_with_no_hand_set_flag(kimi_run):
     run_dir = kimi_run / "runs" / (kimi_run / "run_id").read_text()
     assert json.loads((run_dir / "run.json").read_text())["stages"] == STAGES
@@ -71,10 +77,10 @@ def test_every_stage_passes_with_no_hand_set_flag(kimi_run):
     train_log = (run_dir / "train" / "log").read_text()
     assert "mask token 407 (a new <|MASK|> in an unused embedding row (vocab 411))" in train_log
 
-    report = json.loads((kimi_run / "outputs" / "eval" / "report.json").read_text())
+    report = json.loads((artifact(kimi_run, "evaluate") / "report.json").read_text())
     assert report["k"] == 3 and report["prompts"] >= CI_VERIFIER["heldout"]  # a prompt per assistant turn
     assert report["tau"] >= 2.5, report["tau"]  # an untrained draft gets ~1
-    export = json.loads((kimi_run / "outputs" / "export" / "config.json").read_text())
+    export = json.loads((artifact(kimi_run, "export") / "config.json").read_text())
     assert export["speculators_config"]["verifier"]["name_or_path"] == str(verifier.resolve())
 
 
@@ -97,14 +103,14 @@ def test_extraction_matches_an_independent_computation(kimi_run):
     model = load_verifier(str(kimi_run / "outputs" / "tiny-verifier"))
     parts = locate_decoder(model)
     assert type(parts.text_model).__name__ == "DeepseekV3Model" and parts.num_layers == 8
-    meta = json.loads((kimi_run / "outputs" / "hidden_states" / "extract_meta.json").read_text())
+    meta = json.loads((artifact(kimi_run, "extract") / "extract_meta.json").read_text())
     layers = meta["target_layer_ids"]
     assert layers == [2, 4, 5]
-    rows = _rows(kimi_run / "outputs" / "prepared")
+    rows = _rows(artifact(kimi_run, "prepare"))
     tokens = agree = 0
     for i in (0, 3, len(rows) - 1):
         ids = rows[i]["input_ids"]
-        saved = load_file(str(kimi_run / "outputs" / "hidden_states" / f"hs_{i}.safetensors"))
+        saved = load_file(str(artifact(kimi_run, "extract") / f"hs_{i}.safetensors"))
         assert torch.equal(saved["token_ids"], ids) and saved["hidden_states"].dtype == torch.bfloat16
         with torch.no_grad():
             out = model(input_ids=ids[None], output_hidden_states=True)
@@ -139,13 +145,13 @@ def test_the_save_pretrained_layout_extracts_the_same_hidden_states(kimi_run, tm
 
     subset = tmp_path / "prepared"
     picked = [0, 5, 9]
-    _rows(kimi_run / "outputs" / "prepared").select(picked).with_format(None).save_to_disk(str(subset))
+    _rows(artifact(kimi_run, "prepare")).select(picked).with_format(None).save_to_disk(str(subset))
     out = tmp_path / "hs"
     assert extract_hidden_states.main(["--verifier", str(saved), "--prepared", str(subset), "--output", str(out), "--events", str(tmp_path / "events.jsonl")]) == 0
     assert read_events(tmp_path / "events.jsonl")[-1]["status"] == "ok"
     for j, i in enumerate(picked):
         mine = load_file(str(out / f"hs_{j}.safetensors"))
-        chain = load_file(str(kimi_run / "outputs" / "hidden_states" / f"hs_{i}.safetensors"))
+        chain = load_file(str(artifact(kimi_run, "extract") / f"hs_{i}.safetensors"))
         assert torch.equal(mine["token_ids"], chain["token_ids"])
         reference = chain["hidden_states"].float()  # other batches, other kernels: equal within bf16
         torch.testing.assert_close(mine["hidden_states"].float(), reference, rtol=1.6e-2, atol=1.6e-2 * float(reference.abs().max()))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.job_project import run_artifact
+
 REPO = Path(__file__).resolve().parents[1]
 WATCHDOG_S = 12.0  # [groups.cluster] watchdog_timeout in these tests
 GRACE_S = 6.0
@@ -48,7 +50,9 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
     config_path = write_cluster_config(
         tmp_path, netns_cluster,
         group_extra=f"watchdog_timeout = {WATCHDOG_S}\nnproc_per_node = 1\n",
-        extra=f'[sync]\npaths = ["remote_scripts"]\n\n[pipeline.stages.dist_check]\nsteps = 400\nstep_seconds = 0.25\ntimeout = {COLLECTIVE_TIMEOUT_S}\n',
+        extra=f'[sync]\npaths = ["remote_scripts"]\n\n[pipeline.stages.dist_check]\nsteps = 400\nstep_seconds = 0.25\ntimeout = {COLLECTIVE_TIMEOUT_S}\n'
+              # extract reads the prepared data each host was given (by path: an input from outside the store)
+              '\n[pipeline.stages.extract]\nprepared = "outputs/prepared"\n',
     )
     for key, value in netns_cluster.env().items():
         if key.startswith("HARNESS_"):
@@ -534,7 +538,7 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     transports = {}
     transport_for = lambda h: transports.setdefault(h, connect(config.host(h)))  # noqa: E731
     hosts = [Host(config, config.host(h), transport_for) for h in runner.hosts]
-    report = check_extraction(hosts)
+    report = check_extraction(hosts, launch.run_id)
     assert report.ok, report.lines()
     n = report.num_samples
     assert n > 0 and not report.gaps and not report.duplicates
@@ -542,12 +546,13 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     assert sum(report.valid_per_host.values()) == n
     assert all(abs(v - n / 3) <= 1 for v in report.valid_per_host.values()), report.valid_per_host
 
-    hs1 = sorted((netns_cluster.node("n1").workdir / "outputs" / "hidden_states").glob("hs_*.safetensors"))
-    hs2 = sorted((netns_cluster.node("n2").workdir / "outputs" / "hidden_states").glob("hs_*.safetensors"))
+    first = launch.run_id
+    hs1 = sorted(run_artifact(netns_cluster.node("n1").workdir, first, "extract").glob("hs_*.safetensors"))
+    hs2 = sorted(run_artifact(netns_cluster.node("n2").workdir, first, "extract").glob("hs_*.safetensors"))
     gone, broken = hs1[0], hs2[-1]
     gone.unlink()
     broken.write_bytes(broken.read_bytes()[:100])  # truncated, as by a crash without the rename
-    report = check_extraction(hosts)
+    report = check_extraction(hosts, first)
     assert not report.ok
     gone_i, broken_i = int(gone.stem.split("_")[1]), int(broken.stem.split("_")[1])
     assert report.gaps == sorted({gone_i, broken_i})
@@ -555,12 +560,15 @@ def test_sharded_extract_across_hosts_and_the_cross_shard_check(cluster_project,
     text = "\n".join(report.lines())
     assert "GAPS: 2 sample(s)" in text and "INVALID: n2:" in text
 
-    launch = runner.launch(["extract"], grace_s=GRACE_S)  # resumable: only the two are recomputed
+    # a group's distributed stage runs again whatever the store holds (every node must take part),
+    # resuming into its artifact: only the two are recomputed
+    launch = runner.launch(["extract"], grace_s=GRACE_S)
     status = runner.watch(launch.run_id, timeout=400)
     assert status.state == "ok", [(n.host, n.state, n.failure()) for n in status.nodes]
     log1 = (netns_cluster.node("n1").workdir / "runs" / launch.run_id / "extract" / "log").read_text()
     assert "1 to compute" in log1, log1[-1500:]
-    report = check_extraction(hosts)
+    assert run_artifact(netns_cluster.node("n1").workdir, launch.run_id, "extract") == run_artifact(netns_cluster.node("n1").workdir, first, "extract")
+    report = check_extraction(hosts, launch.run_id)
     assert report.ok, report.lines()
     for t in transports.values():
         t.close()

@@ -439,9 +439,76 @@ def test_pull_over_ssh_verifies_and_refuses(ssh_host, tmp_path, monkeypatch, rem
         assert again.bytes_received == 0 and len(again.identical) == 4
 
 
+def keyed_run(workdir: Path, run_id: str, made_by: str | None = None, lines: int = 1) -> Path:
+    """A finished run as harness lays it out: records and logs under runs/<id>/, what its stages
+    made or reused as artifacts of the store, named in run.json by key (`lines`: what the report
+    holds, so two runs' artifacts differ)."""
+    run_dir = workdir / "runs" / run_id
+    (run_dir / "train").mkdir(parents=True)
+    (run_dir / "train" / "log").write_text("step 1\n")
+    keys = {stage: hashlib.sha256(f"{stage}{lines}".encode()).hexdigest()[:20] for stage in ("train", "evaluate", "export")}
+    store = workdir / "outputs" / "artifacts"
+    artifacts = {}
+    for stage, key in keys.items():
+        artifacts[stage] = {"key": key, "role": "reused" if made_by else "made", "made_by": made_by or run_id}
+        d = store / stage / key
+        if d.exists():
+            continue
+        d.mkdir(parents=True)
+        if stage == "train":
+            (d / "0").mkdir()
+            (d / "0" / "model.safetensors").write_bytes(os.urandom(100))
+            (d / "metrics.jsonl").write_text(f'{{"step": {lines}}}\n')
+            (d / "best.json").write_text(json.dumps({"checkpoint": "0", "step": lines, "tau": 2.0}))
+        elif stage == "evaluate":
+            (d / "report.json").write_text(json.dumps({"tau": 1.0 + lines / 10}))
+        else:
+            (d / "config.json").write_text("{}")
+    (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "workdir": str(workdir), "store": "outputs/artifacts",
+                                                  "recipes": {s: {} for s in keys}, "artifacts": artifacts}))
+    return run_dir
+
+
+def test_a_run_brings_its_own_artifacts_however_many_runs_came_later(tmp_path):
+    """Each run's outputs are the artifacts its record names by key: a later run with other
+    inputs (other artifacts) changes nothing of what an earlier run's pull brings; a run that
+    reused an artifact brings the same bytes as the run that made it."""
+    from harness.run_pull import RunPullRequest, plan, pull_run
+
+    work = tmp_path / "work"
+    first = keyed_run(work, "20260101-120000-aaaaaa", lines=1)
+    keyed_run(work, "20260101-130000-bbbbbb", lines=2)  # later, other inputs: other artifacts
+    reused = keyed_run(work, "20260101-140000-cccccc", made_by="20260101-120000-aaaaaa", lines=1)
+
+    def pull_the_run(run_dir: Path, dest: Path, **kw):
+        with PullConnection(LocalTransport()) as c:
+            what = plan(c, "box", str(run_dir), RunPullRequest(**kw))
+            return what, pull_run(c, what, str(dest))
+
+    what, report = pull_the_run(first, tmp_path / "first", best_checkpoint=True)
+    assert report.ok and what.notes == [] and what.missing == []
+    assert json.loads((tmp_path / "first" / "outputs" / "eval" / "report.json").read_text()) == {"tau": 1.1}
+    assert (tmp_path / "first" / "outputs" / "checkpoints" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+    assert (tmp_path / "first" / "outputs" / "checkpoints" / "0" / "model.safetensors").is_file()
+    pull_the_run(reused, tmp_path / "reused")
+    for rel in ("outputs/eval/report.json", "outputs/checkpoints/best.json", "outputs/export/config.json"):
+        assert (tmp_path / "reused" / rel).read_bytes() == (tmp_path / "first" / rel).read_bytes()
+
+
+def test_a_run_made_before_the_store_brings_the_shared_outputs_and_says_so(tmp_path):
+    from harness.run_pull import RunPullRequest, plan
+
+    run_dir = fake_run(tmp_path / "work")
+    with PullConnection(LocalTransport()) as c:
+        what = plan(c, "box", str(run_dir), RunPullRequest())
+    assert what.notes == ["run 20260101-120000-abcdef was made before artifacts were kept per run: its outputs are the shared "
+                          "out/, as the newest run of that time left them"]
+
+
 def fake_run(workdir: Path, run_id: str = "20260101-120000-abcdef", best: str | None = "0") -> Path:
-    """A finished run as harness lays it out: records and logs under runs/<id>/, what the stages
-    made under the pipeline's output_dir (here a non-default one, as recorded in run.json)."""
+    """A finished run recorded before the store: records and logs under runs/<id>/, what the
+    stages made under the pipeline's shared output_dir (here a non-default one, as recorded in
+    run.json)."""
     run_dir = workdir / "runs" / run_id
     (run_dir / "train").mkdir(parents=True)
     pipeline = {"output_dir": "out", "stages": {"evaluate": {"output": "reports/k3"}}}
@@ -591,7 +658,7 @@ def test_pull_of_a_real_training_run_brings_a_checkpoint_that_loads(tmp_path, ss
     `harness pull box last --latest-checkpoint` brings its checkpoint, and speculators loads it."""
     import shutil
 
-    from tests.fixtures.job_project import toml_value
+    from tests.fixtures.job_project import run_artifact, toml_value
     from tests.fixtures.pipeline_data import load_checkpoint
 
     shutil.copytree(REPO / "remote_scripts", tmp_path / "remote_scripts", ignore=shutil.ignore_patterns("__pycache__"))
@@ -614,7 +681,8 @@ def test_pull_of_a_real_training_run_brings_a_checkpoint_that_loads(tmp_path, ss
     assert r.returncode == 0, r.stderr
     assert "absent  outputs/eval: the run has not made it" in r.stderr  # no evaluate stage in this run
     ckpt = tmp_path / "pulled" / "outputs" / "checkpoints" / "0"
-    assert sha(ckpt / "model.safetensors") == sha(workdir / "outputs" / "checkpoints" / "0" / "model.safetensors")
+    run_id = run.stdout.splitlines()[0]
+    assert sha(ckpt / "model.safetensors") == sha(run_artifact(workdir, run_id, "train") / "0" / "model.safetensors")
     assert load_checkpoint(ckpt, tiny_verifier.verifier)["forward_ok"] is True
     # the config's loggers reached the stage, and the pull brought their directory
     assert list((tmp_path / "pulled" / "outputs" / "checkpoints" / "logs").glob("*/events.out.tfevents.*"))

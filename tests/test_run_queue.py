@@ -1,7 +1,8 @@
 """The run queue, over the real sshd test bed: one run at a time per GPU set on a host, a later run
 `queued` with its place and started by its own supervisor, cancel while queued, disjoint GPU sets
 at once, `--now`, and a dead supervisor never blocking the queue. States are waited for with
-generous deadlines (a loaded 2-core CI machine), never fixed sleeps."""
+generous deadlines (a loaded 2-core CI machine), never fixed sleeps. Every run makes its stage
+anew (fresh): the queue is under test here, not the store (tests/test_artifacts.py)."""
 
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ def words(table: str) -> str:
 def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_path):
     release = tmp_path / "release"  # the first run ends once the test has seen the queue
     config, jobs = box({"prepare": {"lines": 3, "until_file": str(release)}})
-    first = jobs.launch(["prepare"]).run_id
+    first = jobs.launch(["prepare"], fresh=["all"]).run_id
     wait_line(jobs, first, "line 3 of 3")
-    r = harness(config, ssh_host, "run", "box", "prepare", "--detach")
+    r = harness(config, ssh_host, "run", "box", "prepare", "--fresh", "--detach")
     assert r.returncode == 0, r.stderr
     second = r.stdout.strip()
     assert f"run {second} queued on box (place 1 for all GPUs)" in r.stderr
@@ -91,7 +92,7 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_pa
     as_json = json.loads(harness(config, ssh_host, "status", "box", second, "--json").stdout)
     assert (as_json["state"], as_json["queue_place"], as_json["exit_code"]) == ("queued", 1, None)
     # a third run queues behind the second
-    third = jobs.launch(["prepare"]).run_id
+    third = jobs.launch(["prepare"], fresh=["all"]).run_id
     assert jobs.status(third).queue_place == 2
     assert jobs.status(first).state == "running"  # (the queue was seen while the first held the GPUs)
     release.touch()
@@ -107,9 +108,9 @@ def test_second_run_waits_with_place_then_starts_by_itself(box, ssh_host, tmp_pa
 
 def test_cancel_while_queued(box, ssh_host):
     config, jobs = box(LONG)
-    first = jobs.launch(["prepare"], grace_s=1).run_id
-    second = jobs.launch(["prepare", "train"]).run_id
-    third = jobs.launch(["prepare"], grace_s=1).run_id
+    first = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
+    second = jobs.launch(["prepare", "train"], fresh=["all"]).run_id
+    third = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
     assert jobs.status(third).queue_place == 2
     r = harness(config, ssh_host, "cancel", "box", second)
     assert r.returncode == 0 and f"run {second}: cancelled" in r.stdout, r.stderr
@@ -126,12 +127,12 @@ def test_disjoint_gpu_sets_run_at_once_overlapping_wait(box):
     _, jobs = box(LONG, gpus=[0])
     on = {gpus: Host(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), lambda _name: jobs.transport).runs for gpus in ((0,), (1,), (1, 2))}
     assert queue_gpus(on[(1, 2)].host) == [1, 2]
-    zero = on[(0,)].launch(["prepare"], grace_s=1).run_id
-    one = on[(1,)].launch(["prepare"], grace_s=1).run_id
+    zero = on[(0,)].launch(["prepare"], fresh=["all"], grace_s=1).run_id
+    one = on[(1,)].launch(["prepare"], fresh=["all"], grace_s=1).run_id
     assert jobs.status(one).state == "running"  # GPU 1 is free while GPU 0 is busy
     wait_line(jobs, zero, "line 1 of 200")
     wait_line(jobs, one, "line 1 of 200")
-    both = on[(1, 2)].launch(["prepare"], grace_s=1).run_id
+    both = on[(1, 2)].launch(["prepare"], fresh=["all"], grace_s=1).run_id
     st = jobs.status(both)
     assert (st.state, st.queue_place) == ("queued", 1) and "GPUs 1,2" in st.queue_note  # overlaps GPU 1
     assert jobs.cancel_run(one).states[jobs.name] == "cancelled"
@@ -143,15 +144,15 @@ def test_disjoint_gpu_sets_run_at_once_overlapping_wait(box):
 
 def test_now_bypasses_the_queue(box, ssh_host):
     config, jobs = box(LONG)
-    first = jobs.launch(["prepare"], grace_s=1).run_id
-    r = harness(config, ssh_host, "run", "box", "prepare", "--detach", "--now", "--grace", "1")
+    first = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
+    r = harness(config, ssh_host, "run", "box", "prepare", "--fresh", "--detach", "--now", "--grace", "1")
     assert r.returncode == 0, r.stderr
     now = r.stdout.strip()
     assert f"run {now} started on box" in r.stderr
     wait_line(jobs, now, "line 1 of 200")
     assert jobs.status(first).state == "running"
     # a run without --now still waits (for both)
-    queued = jobs.launch(["prepare"]).run_id
+    queued = jobs.launch(["prepare"], fresh=["all"]).run_id
     assert jobs.status(queued).state == "queued"
     for run_id in (queued, first, now):
         assert jobs.cancel_run(run_id).states[jobs.name] == "cancelled"
@@ -160,9 +161,9 @@ def test_now_bypasses_the_queue(box, ssh_host):
 def test_killed_supervisors_do_not_block_the_queue(box, tmp_path):
     """kill -9 of a running run's supervisor and of a queued run's: the run behind them starts."""
     _, jobs = box(LONG)
-    running = jobs.launch(["prepare"], grace_s=1).run_id
-    queued = jobs.launch(["prepare"], grace_s=1).run_id
-    behind = jobs.launch(["prepare"], grace_s=1).run_id
+    running = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
+    queued = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
+    behind = jobs.launch(["prepare"], fresh=["all"], grace_s=1).run_id
     wait_line(jobs, running, "line 1 of 200")
     assert jobs.status(behind).queue_place == 2
     runs = tmp_path / "work" / "runs"

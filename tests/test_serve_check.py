@@ -72,7 +72,8 @@ def test_serve_check_follows_export_in_the_default_chain_but_not_the_demo():
     assert DEFAULT_CHAIN[-2:] == ["export", "serve_check"] and resolve_chain(["all"]) == DEFAULT_CHAIN
     assert "serve_check" not in DEMO_CHAIN
     argv = stage_argv("serve_check", PipelineConfig(output_dir="out", data="d.jsonl"))
-    assert argv[1:] == ["remote_scripts/serve_check.py", "--export", "out/export", "--data", "d.jsonl", "--output", "out/eval"]
+    assert argv[1:] == ["remote_scripts/serve_check.py", "--data", "d.jsonl", "--export", "@artifact:export@", "--evaluation", "@artifact:evaluate@",
+                        "--output", "@artifact:serve_check@"]
 
 
 def test_status_shows_the_served_figures_a_skip_and_a_measured_tau():

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.job_project import run_artifact
 from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding, server_listeners
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.shared import build_once
@@ -82,7 +83,8 @@ def served_run(head32_draft, tmp_path_factory) -> tuple[Path, Path, str]:
         f'[hosts.local]\nlocal = true\nworkdir = "{workdir}"\nruntime = "host"\npython = "{sys.executable}"\nenv = ["VLLM_CPU_KVCACHE_SPACE"]\n\n'
         '[sync]\npaths = ["remote_scripts"]\n\n'
         f'[pipeline]\nverifier = "{(head32_draft / "verifier").resolve()}"\ndata = "{(head32_draft / "chat.jsonl").resolve()}"\noutput_dir = "outputs"\nmax_seq_len = 256\n\n'
-        f"[pipeline.stages.evaluate]\nmax_prompts = {PROMPTS}\nmax_new_tokens = {NEW_TOKENS}\n\n"
+        f'[pipeline.stages.evaluate]\nmax_prompts = {PROMPTS}\nmax_new_tokens = {NEW_TOKENS}\ndraft = "outputs/checkpoints"\n\n'
+        '[pipeline.stages.export]\ndraft = "outputs/checkpoints"\n\n'
         f"[pipeline.stages.serve_check]\nmax_model_len = {MAX_MODEL_LEN}\nenforce_eager = true\n"
     )
     sync = _harness(config, "sync", "local", timeout=120)
@@ -94,8 +96,8 @@ def served_run(head32_draft, tmp_path_factory) -> tuple[Path, Path, str]:
 
 def test_served_acceptance_equals_evaluates_and_replies_equal_the_verifiers(served_run):
     config, workdir, run_id = served_run
-    report = json.loads((workdir / "outputs" / "eval" / "report.json").read_text())
-    served = json.loads((workdir / "outputs" / "eval" / "served.json").read_text())
+    report = json.loads((run_artifact(workdir, run_id, "evaluate") / "report.json").read_text())
+    served = json.loads((run_artifact(workdir, run_id, "serve_check") / "served.json").read_text())
     s, ours = served["served"], served["evaluate"]
     assert served["prompts"] == report["prompts"] == PROMPTS and served["max_new_tokens"] == NEW_TOKENS and served["k"] == report["k"]
     assert s["drafts"] > 0 and s["tau"] > 1.5, s  # the trained draft is accepted
@@ -112,18 +114,18 @@ def test_served_acceptance_equals_evaluates_and_replies_equal_the_verifiers(serv
     assert status.returncode == 0 and json.loads(status.stdout)["stages"][-1]["last_event"]["served_tau"] == s["tau"], status.stdout
     status = _harness(config, "status", "local", run_id, timeout=60, COLUMNS="250")  # the table, wide enough for one line a cell
     assert status.returncode == 0 and f"served tau {s['tau']:.2f}, evaluate {report['tau']:.2f}" in status.stdout, status.stdout
-    assert (workdir / "outputs" / "eval" / "acceptance.png").stat().st_size > 0
+    assert (run_artifact(workdir, run_id, "serve_check") / "acceptance.png").stat().st_size > 0
 
 
-def _scrambled_run(workdir: Path) -> str:
-    """A run whose export is the trained one with its output layer scrambled (a record naming
-    another output directory, as harness serve reads it)."""
+def _scrambled_run(workdir: Path, trained_run: str) -> str:
+    """A run whose export is the trained one with its output layer scrambled: a record of a run
+    made before the store, naming another output directory (harness serve reads its export there)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     run_id = "20260101-000000-5c7a4b"
     export = workdir / "scrambled" / "export"
-    shutil.copytree(workdir / "outputs" / "export", export)
+    shutil.copytree(run_artifact(workdir, trained_run, "export"), export)
     weights = load_file(str(export / "model.safetensors"))
     generator = torch.Generator().manual_seed(0)
     weights["lm_head.weight"] = torch.randn(weights["lm_head.weight"].shape, generator=generator).to(weights["lm_head.weight"].dtype)
@@ -192,8 +194,8 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     from common.spec_metrics import SpecCounters
     from common.conversations import load_prompts
 
-    config, workdir, _ = served_run
-    run_id = _scrambled_run(workdir)
+    config, workdir, trained_run = served_run
+    run_id = _scrambled_run(workdir, trained_run)
     port = free_port()
     serving = Serving(tmp_path, config, "local", run_id, port, env=offline_env(**VLLM_ENV))
     try:
@@ -317,7 +319,7 @@ def test_harness_serve_in_a_container_serves_on_a_socket_reached_by_the_relay_on
     from tests.fixtures.job_project import toml_value
 
     _, workdir, run_id = served_run
-    verifier = Path(json.loads((workdir / "outputs" / "export" / "export.json").read_text())["verifier"]).resolve()
+    verifier = Path(json.loads((run_artifact(workdir, run_id, "export") / "export.json").read_text())["verifier"]).resolve()
     prefixes = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()} - {Path("/usr")})
     mounts = [f"{path}:{path}:ro" for path in (*prefixes, verifier)]
     libnuma = Path("/usr/lib/x86_64-linux-gnu/libnuma.so.1")  # vllm-cpu's one library the test image lacks (a Debian bookworm like it)

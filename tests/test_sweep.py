@@ -147,10 +147,13 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
         assert [t["state"] for t in json.loads(status.stdout)["trials"]] == ["running", "running", "queued"]
         table = harness(config_path, ssh_host, "sweep", "box", "--status")
         assert planned.sweep_id in table.stdout and "0.0003" in table.stdout and "queued" in table.stdout, table.stdout
-        # every trial's run reads the same prepared data and hidden states, and writes its own outputs
-        argv = json.loads(transport.get_bytes(f"{sweep.runtime.workdir}/runs/{planned.trials[2].run_id}/train/spec.json"))["command"]
-        assert argv[argv.index("--hidden-states") + 1] == "outputs/hidden_states" and argv[argv.index("--lr") + 1] == "0.0001"
-        assert argv[argv.index("--output") + 1] == f"outputs/sweeps/{planned.sweep_id}/t2/checkpoints"
+        # every trial's run reads the same prepared data and hidden states, and writes its own
+        # artifact: its lr is in its train key
+        run_dir = f"{sweep.runtime.workdir}/runs/{planned.trials[2].run_id}"
+        argv = json.loads(transport.get_bytes(f"{run_dir}/train/spec.json"))["command"]
+        assert argv[argv.index("--hidden-states") + 1] == "inputs" and argv[argv.index("--lr") + 1] == "0.0001"
+        assert argv[argv.index("--output") + 1] == "@artifact:train@"
+        assert json.loads(transport.get_bytes(f"{run_dir}/run.json"))["recipes"]["train"]["flags"]["lr"] == 0.0001
 
         cancel = harness(config_path, ssh_host, "cancel", "box", planned.sweep_id, "--grace", "1")
         assert cancel.returncode == 0, cancel.stderr
@@ -195,11 +198,12 @@ def test_a_sweep_trains_each_recipe_on_the_same_hidden_states_and_names_the_winn
     work = tmp_path / "work"
     (work / "outputs").mkdir(parents=True)
     (work / "remote_scripts").symlink_to(REPO / "remote_scripts")
-    (work / "outputs" / "prepared").symlink_to(prepared_data)  # what an earlier `harness run box prepare extract` left
+    (work / "outputs" / "prepared").symlink_to(prepared_data)  # made elsewhere: train reads them by path (an input from outside the store)
     (work / "outputs" / "hidden_states").symlink_to(hidden_states)
     selection_data(tiny_verifier.data, work / "outputs" / "chat.jsonl")
     config_path = tmp_path / "harness.toml"
-    stages = {"train": {"epochs": 1, "max_steps": 1, "total_seq_len": 256, "threads": 1}, "evaluate": {"max_prompts": 2, "max_new_tokens": 8, "threads": 1}}
+    stages = {"train": {"epochs": 1, "max_steps": 1, "total_seq_len": 256, "threads": 1, "prepared": "outputs/prepared", "hidden_states": "outputs/hidden_states"},
+              "evaluate": {"max_prompts": 2, "max_new_tokens": 8, "threads": 1}}
     config_path.write_text("\n".join([
         "[hosts.box]", f'ssh = "{ssh_host.alias}"', f'workdir = "{work}"', f'python = "{sys.executable}"', "connect_timeout = 5",
         "[pipeline]", f'verifier = "{tiny_verifier.verifier}"', 'data = "outputs/chat.jsonl"',
@@ -222,7 +226,15 @@ def test_a_sweep_trains_each_recipe_on_the_same_hidden_states_and_names_the_winn
     assert tomllib.loads(winner["harness_toml"])["pipeline"]["stages"]["train"] == {**stages["train"], "lr": winner["flags"]["lr"]}
     test = winner["test"]
     assert test["state"] == "ok" and 1.0 <= test["tau"] <= 4.0 and set(test["tau_by_category"]) == {"chat", "qa"}
-    reports = {name: json.loads((work / "outputs" / "sweeps" / sid / name / "report.json").read_text()) for name in ("t0/eval", "t1/eval", f"{winner['trial']}/test")}
+    def report(run_id: str) -> dict:  # evaluate's artifact of that run (run.json names it)
+        evaluate = json.loads((work / "runs" / run_id / "run.json").read_text())["artifacts"]["evaluate"]
+        return json.loads((Path(evaluate["path"]) / "report.json").read_text())
+
+    reports = {"t0/eval": report(result["trials"][0]["run_id"]), "t1/eval": report(result["trials"][1]["run_id"]), f"{winner['trial']}/test": report(test["run_id"])}
+    trains = {json.loads((work / "runs" / t["run_id"] / "run.json").read_text())["artifacts"]["train"]["key"] for t in result["trials"]}
+    assert len(trains) == 2  # each trial trained its own draft; the test run read the winner's, by its key
+    test_record = json.loads((work / "runs" / test["run_id"] / "run.json").read_text())
+    assert test_record["artifacts"]["train"]["role"] == "read" and test_record["artifacts"]["train"]["key"] in trains
     assert {n: r["extra"]["split"] for n, r in reports.items()} == {"t0/eval": "selection", "t1/eval": "selection", f"{winner['trial']}/test": "heldout"}
     assert {n: r["by_category"]["chat"]["prompts"] + r["by_category"]["qa"]["prompts"] for n, r in reports.items()} == {n: r["prompts"] for n, r in reports.items()}
     # Shown again (a later laptop): the table with its winner and the lines for harness.toml.

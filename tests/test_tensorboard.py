@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -81,12 +82,13 @@ def test_tensorboard_in_the_stages_container_is_reached_by_docker_exec_only_and_
 
 
 def serve_and_stop(config: Path, workdir: Path, ssh_host, other_user, expect_container: bool = False) -> None:
-    # the configured pipeline's logs, and a run whose record names another output_dir
-    write_events(workdir / "outputs" / "checkpoints" / "logs", "configured", [2.0, 1.5])
+    # another draft's logs in the store, and the run's own draft (its train artifact, as its record names it)
+    write_events(workdir / "outputs" / "artifacts" / "train" / DRAFTS[0] / "logs", "another", [2.0, 1.5])
     run_dir = workdir / "runs" / RUN_ID
     run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps({"run_id": RUN_ID, "workdir": str(workdir), "config": {"pipeline": {"output_dir": "k3"}}}))
-    logdir = workdir / "k3" / "checkpoints" / "logs"
+    (run_dir / "run.json").write_text(json.dumps({"run_id": RUN_ID, "workdir": str(workdir), "store": "outputs/artifacts", "recipes": {"train": {}},
+                                                  "artifacts": {"train": {"key": DRAFTS[1], "role": "made", "made_by": RUN_ID}}}))
+    logdir = workdir / "outputs" / "artifacts" / "train" / DRAFTS[1] / "logs"
     write_events(logdir, "recorded", [3.0, 2.0, 1.0])
 
     local = free_port()
@@ -97,7 +99,7 @@ def serve_and_stop(config: Path, workdir: Path, ssh_host, other_user, expect_con
         assert line.split()[:1] == [f"http://127.0.0.1:{local}"], (line, proc.stderr.read() if proc.poll() is not None else "")
         assert ("(container " in line) == expect_container, line
         runs = get_json(f"http://127.0.0.1:{local}/data/runs")
-        assert runs == ["recorded"], runs  # the run's logs, not the configured pipeline's
+        assert runs == ["recorded"], runs  # the run's own draft's logs, not another's
         scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=recorded&tag=train%2Floss")
         assert [(step, value) for _, step, value in scalars] == [(0, 3.0), (1, 2.0), (2, 1.0)]
         assert_out_of_reach(other_user, tensorboards_over(logdir))
@@ -205,18 +207,23 @@ def end_session(proc: subprocess.Popen) -> None:
     proc.wait(DEADLINE_S)
 
 
-def test_without_run_every_run_there_is_served_and_a_killed_harness_stops_it(ssh_host, tmp_path):
-    """No RUN: the configured pipeline's logger directory, one TensorBoard run per run that trained
-    there. kill -9 of harness (no handler runs) still stops TensorBoard on the box."""
+DRAFTS = ("a" * 20, "b" * 20)  # two trained drafts' artifact keys
+
+
+def test_without_run_every_draft_of_the_store_is_served_and_a_killed_harness_stops_it(ssh_host, tmp_path):
+    """No RUN: every trained draft's logger directory in the store (<output_dir>/artifacts/train/
+    <key>/logs/), one TensorBoard run each. kill -9 of harness (no handler runs) still stops
+    TensorBoard on the box."""
     require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
-    write_events(workdir / "outputs" / "checkpoints" / "logs", "first", [2.0, 1.5])
-    write_events(workdir / "outputs" / "checkpoints" / "logs", "second", [4.0, 3.0, 2.0])
-    logdir = workdir / "outputs" / "checkpoints" / "logs"
+    logdir = workdir / "outputs" / "artifacts" / "train"
+    write_events(logdir / DRAFTS[0] / "logs", "first", [2.0, 1.5])
+    write_events(logdir / DRAFTS[1] / "logs", "second", [4.0, 3.0, 2.0])
     proc, local = start_board(config, ssh_host, logdir)
     try:
-        assert sorted(get_json(f"http://127.0.0.1:{local}/data/runs")) == ["first", "second"]
-        scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run=second&tag=train%2Floss")
+        second = f"{DRAFTS[1]}/logs/second"
+        assert sorted(get_json(f"http://127.0.0.1:{local}/data/runs")) == [f"{DRAFTS[0]}/logs/first", second]
+        scalars = get_json(f"http://127.0.0.1:{local}/data/plugin/scalars/scalars?run={urllib.parse.quote(second, safe='')}&tag=train%2Floss")
         assert [(step, value) for _, step, value in scalars] == [(0, 4.0), (1, 3.0), (2, 2.0)]
         proc.kill()
         proc.wait(DEADLINE_S)
@@ -230,8 +237,8 @@ def test_a_dropped_link_stops_tensorboard_on_the_box(ssh_host, tmp_path):
     connection close, as when a laptop's link goes down and TCP says so): it stops on the box."""
     require_module("tensorboard")
     config, workdir = write_config(tmp_path, ssh_host)
-    write_events(workdir / "outputs" / "checkpoints" / "logs", "only", [1.0])
-    logdir = workdir / "outputs" / "checkpoints" / "logs"
+    logdir = workdir / "outputs" / "artifacts" / "train"
+    write_events(logdir / DRAFTS[0] / "logs", "only", [1.0])
     proc, _ = start_board(config, ssh_host, logdir)
     try:
         table = processes()
@@ -250,7 +257,7 @@ def test_no_logs_is_one_error_line(ssh_host, tmp_path):
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],
                        env=ssh_host.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=DEADLINE_S)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [f'harness: error: no training logs at {workdir}/outputs/checkpoints/logs: '
+    assert r.stderr.splitlines() == [f'harness: error: no training logs at {workdir}/outputs/artifacts/train: '
                                      'train with loggers = ["tensorboard"] in [pipeline.stages.train]']
 
 
@@ -261,7 +268,7 @@ def test_tensorboard_missing_where_the_stages_run_is_one_error_line(ssh_host, tm
     python.chmod(0o755)
     assert subprocess.run([python, "-c", "import tensorboard"], capture_output=True).returncode != 0
     workdir = tmp_path / "work"
-    write_events(workdir / "outputs" / "checkpoints" / "logs", "a", [1.0])
+    write_events(workdir / "outputs" / "artifacts" / "train" / DRAFTS[0] / "logs", "a", [1.0])
     config = tmp_path / "harness.toml"
     config.write_text(f'[hosts.box]\nssh = "{ssh_host.alias}"\nworkdir = "{workdir}"\npython = "{python}"\n')
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "tensorboard", "box"],

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.beds import bed_unavailable
+from tests.fixtures.job_project import run_artifact
 from tests.fixtures.other_user import VLLM_ROUTES, command_lines_holding
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, offline_env, read_events, run_script
 from tests.fixtures.sshd import free_port
@@ -123,7 +124,7 @@ def test_extract_vllm_through_harness_run_equals_the_transformers_backend(vllm_v
     )
     assert _harness(project / "harness.toml", "sync", "local", timeout=120).returncode == 0
     run = _harness(project / "harness.toml", "run", "local", "extract", timeout=1200)
-    out = workdir / "outputs" / "hidden_states"
+    out = run_artifact(workdir, run.stdout.split()[0], "extract")
     server_log = out / "vllm_server.rank0.log"
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + (server_log.read_text()[-3000:] if server_log.exists() else "")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.job_project import run_artifact
 from tests.fixtures.pipeline_data import SCRIPTS_DIR, read_events, run_script
 from tests.fixtures.other_user import server_listeners
 from tests.test_vllm import VLLM_ENV, _processes_mentioning, vllm_env
@@ -111,8 +112,8 @@ def _server_stopped(log: Path) -> bool:
     return "[harness] vllm serve stopped (exit" in log.read_text().splitlines()[-1]
 
 
-def _tau(workdir: Path) -> float:
-    return json.loads((workdir / "outputs" / "eval" / "report.json").read_text())["tau"]
+def _tau(workdir: Path, run_id: str) -> float:
+    return json.loads((run_artifact(workdir, run_id, "evaluate") / "report.json").read_text())["tau"]
 
 
 def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_with_one_row_on_disk(vllm_verifier, tmp_path):
@@ -123,17 +124,18 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     offline = _project(tmp_path, "offline", vllm_verifier, {}, extract={})
     run = _harness(offline, "run", "local", "extract", "train", "evaluate", timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
-    tau_offline = _tau(offline / "work")
+    tau_offline = _tau(offline / "work", run.stdout.split()[0])
 
     online = _project(tmp_path, "online", vllm_verifier, _online_train())
-    workdir, checkpoints = online / "work", online / "work" / "outputs" / "checkpoints"
-    staging, server_log = checkpoints / "online_staging", checkpoints / "vllm_server.log"
+    workdir = online / "work"
 
     # 1. The trainer crashes (killed) after its first epoch checkpoint, the server alive: the stage
     #    fails in one line and the server is stopped.
     run_id = _harness(online, "run", "--detach", "local", "train").stdout.split()[0]
     events_path = workdir / "runs" / run_id / "train" / "events.jsonl"
     _wait_for(events_path, lambda e: e["event"] == "artifact" and e.get("kind") == "checkpoint")
+    checkpoints = run_artifact(workdir, run_id, "train")
+    staging, server_log = checkpoints / "online_staging", checkpoints / "vllm_server.log"
     trainer = [line for line in _processes_mentioning(str(staging)) if "train_draft.py" in line and "vllm_compat.py" not in line]
     assert len(trainer) == 1, trainer
     os.killpg(int(trainer[0].split(":")[0]), signal.SIGKILL)  # its own process group (run_supervised)
@@ -142,9 +144,10 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     assert error.startswith("TrainError: the trainer exited with status -9") and "\n" not in error
     assert _server_stopped(server_log) and _no_process_left(workdir) == [] and not staging.exists()
 
-    # 2. The next run resumes from the last checkpoint and finishes; the server is stopped after.
+    # 2. The next run (the same key) resumes from the last checkpoint and finishes; the server is stopped after.
     run = _harness(online, "run", "local", "train", "evaluate", timeout=1500)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert run_artifact(workdir, run.stdout.split()[0], "train") == checkpoints
     train_events = read_events(sorted((workdir / "runs").glob("*/train/events.jsonl"))[-1])
     texts = [e.get("text", "") for e in train_events]
     assert any("; resuming after epoch" in t for t in texts)
@@ -162,7 +165,7 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     assert summary["left_in_staging"] == 0 and summary["peak_staging_bytes"] * 10 < all_rows
 
     # The same tau as offline, within the seed-to-seed spread.
-    tau_online = _tau(workdir)
+    tau_online = _tau(workdir, run.stdout.split()[0])
     print(f"tau offline {tau_offline:.4f}, online {tau_online:.4f}; peak on disk {summary['peak_staging_bytes']:,} B, one row {one_row:,} B, "
           f"bound {summary['staging_bound_bytes']:,} B, every row {all_rows:,} B")
     assert abs(tau_online - tau_offline) <= TAU_TOLERANCE, (tau_online, tau_offline)
@@ -185,7 +188,7 @@ def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(v
     assert _wait_done(online, run_id)["state"] == "failed"
     error = [e for e in read_events(events_path) if e["event"] == "finished"][-1]["error"]
     assert error.startswith("ServerFailed: vllm serve died while train_draft.py was running") and "\n" not in error
-    assert _no_process_left(workdir) == [] and not (workdir / "outputs" / "checkpoints" / "online_staging").exists()
+    assert _no_process_left(workdir) == [] and not (run_artifact(workdir, run_id, "train") / "online_staging").exists()
 
 
 def test_a_cancel_while_the_server_starts_stops_it(vllm_verifier, tmp_path):
@@ -195,7 +198,7 @@ def test_a_cancel_while_the_server_starts_stops_it(vllm_verifier, tmp_path):
     _wait_for(workdir / "runs" / run_id / "train" / "events.jsonl", lambda e: e.get("text", "").startswith("online: vllm serve on unix socket"))
     assert _harness(online, "cancel", "local", run_id).returncode == 0
     assert _wait_done(online, run_id)["state"] == "cancelled"
-    checkpoints = workdir / "outputs" / "checkpoints"
+    checkpoints = run_artifact(workdir, run_id, "train")
     assert _no_process_left(workdir) == []
     assert _server_stopped(checkpoints / "vllm_server.log") and not (checkpoints / "online_staging").exists()
 

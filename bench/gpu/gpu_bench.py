@@ -170,7 +170,7 @@ def run_stage(work: Path, stage: str, stage_args: dict, gpus: list[int], timeout
     transport = LocalTransport("gpu")
     sync(transport, config.root, config.sync.paths, str(workdir), python=sys.executable)
     jobs = Host(config, config.host("gpu"), lambda _name: transport).runs
-    run_id = jobs.launch([stage]).run_id
+    run_id = jobs.launch([stage], fresh=["all"]).run_id  # a bench measures work done, never a reused artifact
     status = jobs.wait(run_id, timeout=timeout, poll_s=2.0)
     return stage_outcome(workdir, run_id, stage, status.state)
 
@@ -193,7 +193,7 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
         if error is not None:
             raise SystemExit(f"sync to {host} failed: {error}")
     runner = Group(config, "pair", lambda h: transports[h]).runs
-    launch = runner.launch([stage])
+    launch = runner.launch([stage], fresh=["all"])
     status = runner.watch(launch.run_id, timeout=timeout)
     if status.state != "ok":
         for node in status.nodes:

@@ -64,7 +64,9 @@ HEADING = "## bench/quality/run.py"
 BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 CLEANUP: list = []  # callables that stop what the bench started (harness runs, trainings, measurements)
 # What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
-DERIVED = ["outputs/regenerated.jsonl", "outputs/regenerated.jsonl.meta.json", "outputs/regenerated.jsonl.parts", "outputs/prepared", "outputs/hidden_states", "outputs/checkpoints", "outputs/recipes", "outputs/eval", "speculators-defaults", "taus", "taus.json", "phases.json"]
+# (the harness runs' artifacts are keyed by the verifier's and data's content: a rebuilt one makes
+# new ones; the old are removed here only to bound the disk)
+DERIVED = ["outputs/artifacts", "outputs/recipes", "speculators-defaults", "taus", "taus.json", "phases.json"]
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,13 @@ class HarnessRun:
         log(f"harness run {run_id}: cancelled at the train deadline (its latest checkpoint is measured)")
         self.jobs.cancel_run(run_id, grace_s=15)
 
+    def artifact(self, run_id: str, stage: str) -> Path:
+        """Where the run's stage put (or took) its output: its artifact, as its run.json names it."""
+        from harness.artifacts import RunArtifacts
+
+        record = json.loads((self.work / "runs" / run_id / "run.json").read_text())
+        return Path(RunArtifacts(record, str(self.work)).path(stage))
+
     def wait(self, run_id: str, cancelled_ok: bool = False) -> dict[str, dict]:
         """The stages' `finished` events once the run ends; exits naming the stage that failed
         (a cancelled run too, unless `cancelled_ok`)."""
@@ -408,26 +417,28 @@ class Training:
                 self.kill()
 
 
-def speculators_training(spec: BenchSize, work: Path, verifier: str = "stdlib") -> Training:
+def speculators_training(spec: BenchSize, work: Path, data: dict[str, Path], verifier: str = "stdlib") -> Training:
+    """`data`: the data run's prepare and extract artifacts (HarnessRun.artifact)."""
     out = work / "speculators-defaults"
     argv = [
         sys.executable, REPO / "bench/quality/speculators_defaults.py",
         "--verifier-name-or-path", (work / verifier_dir(verifier)).resolve(),
-        "--data-path", work / "outputs/prepared", "--hidden-states-path", work / "outputs/hidden_states",
+        "--data-path", data["prepare"], "--hidden-states-path", data["extract"],
         "--save-path", out, "--log-dir", out / "logs", *cpu_only(spec.speculators_cpu_args), *gpu_loss_fix(),
     ]
     return Training("speculators", argv, out, work / "speculators-defaults.log", REPO)
 
 
-def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work: Path) -> Training:
-    """The train stage's own command line (harness.pipeline.stage_argv) with the recipe's flags
-    and an output of its own; --speculators-arg values go as --speculators-arg=VALUE."""
+def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work: Path, data: dict[str, Path]) -> Training:
+    """The train stage's own command line (harness.pipeline.stage_argv) with the recipe's flags,
+    the data run's artifacts (`data`) and an output of its own; --speculators-arg values go as
+    --speculators-arg=VALUE."""
     from harness.pipeline import stage_argv
 
     flags = dict(flags)
     passthrough = flags.pop("speculators_arg", [])
     out = Path("outputs/recipes") / name
-    pipeline = replace(harness.pipeline, stages={"train": {**flags, "output": str(out)}})
+    pipeline = replace(harness.pipeline, stages={"train": {**flags, "prepared": str(data["prepare"]), "hidden_states": str(data["extract"]), "output": str(out)}})
     argv = stage_argv("train", pipeline, python=sys.executable, events_path=str(work / "recipes" / f"{name}.events.jsonl"))
     argv += [f"--speculators-arg={a}" for a in ([passthrough] if isinstance(passthrough, str) else passthrough)]
     return Training(name, argv, work / out, work / "recipes" / f"{name}.log", work)
@@ -633,10 +644,13 @@ def bench() -> None:
     harness = HarnessRun(spec, work, stage_args, args.verifier)
     done = PhaseRecord(work)
     data_key = {stage: stage_args[stage] for stage in ("regenerate", "prepare", "extract")}
-    finished = done.get("data", data_key)
-    if finished is None:
-        finished = harness.wait(harness.start(["regenerate", "prepare", "extract"]))
-        done.put("data", data_key, finished)
+    data_phase = done.get("data", data_key)
+    if data_phase is None or "run" not in data_phase:
+        run = harness.start(["regenerate", "prepare", "extract"])
+        data_phase = {"run": run, "finished": harness.wait(run)}
+        done.put("data", data_key, data_phase)
+    finished = dict(data_phase["finished"])
+    data = {stage: harness.artifact(data_phase["run"], stage) for stage in ("prepare", "extract")}
     phases["data"] = round(time.monotonic() - t0 - sum(phases.values()), 1)
     if args.stop_after == "data":
         print(json.dumps({"stopped_after": "data", "phase_seconds": phases, "regenerate": {k: finished["regenerate"].get(k) for k in ("to_answer", "generated_tokens", "stopped_at_end_of_turn", "seconds")}}))
@@ -644,15 +658,15 @@ def bench() -> None:
 
     # Ours through `harness run` (train, evaluate); the drafts to compare it with beside it.
     concurrent = args.concurrent or gpu_available()
-    others = [] if args.skip_speculators else [speculators_training(spec, work, args.verifier)]
+    others = [] if args.skip_speculators else [speculators_training(spec, work, data, args.verifier)]
     (work / "recipes").mkdir(exist_ok=True)
     # The machine's settings, not the recipe's: threads; when they share a GPU box, one dataloader
     # worker each and a metrics line every 10 steps (speculators renders each one on the console).
     machine_flags = {k: v for k, v in stage_args["train"].items() if k == "threads"} | ({"num_workers": 1, "log_freq": 10} if concurrent else {})
-    others += [recipe_training(name, {**machine_flags, **flags}, harness, work) for name, flags in recipes.items()]
+    others += [recipe_training(name, {**machine_flags, **flags}, harness, work, data) for name, flags in recipes.items()]
     train_key = {"train": stage_args["train"], "evaluate": stage_args["evaluate"], "others": [t.name for t in others], "recipes": recipes, "sweep": args.sweep}
     trained_phase = done.get("train", train_key)
-    if trained_phase is None:
+    if trained_phase is None or "run" not in trained_phase:
         if args.sweep:
             harness.beside_sweep(args.sweep_per_gpu)
         ours = harness.start(["train", "evaluate"])
@@ -660,7 +674,7 @@ def bench() -> None:
         ours_stopped = train_all(others, concurrent, t0 + args.train_deadline_s if args.train_deadline_s else None, harness, ours, sweep)
         ours_finished = harness.wait(ours, cancelled_ok=ours_stopped)
         trained = {t.name: {"seconds": t.seconds or None, "stopped_early": t.stopped_early, "exit_code": t.exit_code, "checkpoint": _checkpoint_stamp(t.output)} for t in others}
-        trained_phase = {"finished": ours_finished, "ours_stopped": ours_stopped, "trained": trained, "sweep": sweep.result() if sweep else None}
+        trained_phase = {"finished": ours_finished, "ours_stopped": ours_stopped, "trained": trained, "sweep": sweep.result() if sweep else None, "run": ours}
         done.put("train", train_key, trained_phase)
     finished.update(trained_phase["finished"])
     ours_stopped, trained = trained_phase["ours_stopped"], trained_phase["trained"]
@@ -669,10 +683,10 @@ def bench() -> None:
         print(json.dumps({"stopped_after": "train", "phase_seconds": phases, "ours_stopped_at_deadline": ours_stopped, "trained": trained}))
         return
 
-    drafts = {"ours": work / "outputs/checkpoints", **{t.name: t.output for t in others}}
+    drafts = {"ours": harness.artifact(trained_phase["run"], "train"), **{t.name: t.output for t in others}}
     swept = trained_phase.get("sweep") or {}  # the sweep's view, as recorded
     trials = {f"sweep-{t['trial']}": t for t in swept.get("trials", [])}
-    drafts.update({name: work / "outputs/sweeps" / swept["sweep_id"] / t["trial"] / "checkpoints" for name, t in trials.items() if t["state"] == "ok"})
+    drafts.update({name: harness.artifact(t["run_id"], "train") for name, t in trials.items() if t["state"] == "ok"})
     for name in [n for n, path in drafts.items() if _checkpoint_stamp(path) is None]:
         log(f"{name}: no checkpoint before the train deadline: not measured")
         del drafts[name]

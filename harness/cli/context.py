@@ -31,6 +31,12 @@ class AppContext:
             self._config = load_config(self.config_path)
         return self._config
 
+    def override(self, settings: list[str]) -> None:
+        """`--set STAGE.FLAG=VALUE` for this invocation (config.with_overrides: checked first)."""
+        from harness.config import with_overrides
+
+        self._config = with_overrides(self.config, settings)
+
     def host(self, name: str) -> "Host":
         """One host (a group name is one clear error: this command takes one host)."""
         from harness.host import Host

@@ -35,10 +35,15 @@ def _run_help() -> str:
 @click.option("--detach", "-d", is_flag=True, help="Start the run and return at once.")
 @click.option("--grace", type=float, default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL when the run is cancelled.")
 @click.option("--now", is_flag=True, help="Start at once, even while other runs hold the same GPUs (no queue).")
+@click.option("--set", "settings", multiple=True, metavar="STAGE.FLAG=VALUE",
+              help="A stage flag for this run only, over [pipeline.stages.STAGE] (repeatable; VALUE as TOML reads it: 3e-4, [1, 3, 6]); recorded in run.json.")
+@click.option("--fresh", multiple=True, is_flag=False, flag_value="all", metavar="[STAGE]",
+              help="Make STAGE's artifact anew even if the box has one from the same inputs (repeatable; alone: every stage of the run).")
 @click.option("--dry-run", "-n", is_flag=True, help="Show what would be synced, the preflight's verdict and each stage's command line; start nothing.")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the same as JSON on stdout.")
 @click.pass_context
-def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool, dry_run: bool, as_json: bool) -> None:
+def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, grace: float, now: bool, settings: tuple[str, ...],
+        fresh: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
     """Start STAGES on HOST as one detached run (stage names, `all` or `demo`).
 
     What changed in the sync paths is synced first (as `harness sync`; nothing changed: about
@@ -46,8 +51,10 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
     The stages run one after another ON THE HOST: closing this terminal or the laptop does not
     stop them. Without --detach the logs stream here; Ctrl-C detaches and leaves the run going.
     While an earlier run on the same GPUs is queued or running, the run is `queued` and starts
-    by itself when they are done (--now: start at once). Exit code: 0 when the run ends ok, 1
-    when it failed or was cancelled (the stage's own code: `harness status`).
+    by itself when they are done (--now: start at once). Each stage's output is kept on the box
+    under a key of everything that made it: a stage whose inputs, flags, code and environment
+    are all unchanged is reused, and says so (--fresh STAGE: made anew). Exit code: 0 when the
+    run ends ok, 1 when it failed or was cancelled (the stage's own code: `harness status`).
     """
     from harness.run_start import dry_run as plan_run, start_run
 
@@ -55,18 +62,19 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
         from harness.errors import UsageError
 
         raise UsageError("--json goes with --dry-run (a started run's JSON: `harness status HOST RUN --json`)")
+    ctx.obj.override(list(settings))
     place = ctx.obj.place(host)
     if dry_run:
         from harness.cli.render import print_json
 
-        result = plan_run(place, list(stages))
+        result = plan_run(place, list(stages), fresh=list(fresh))
         if as_json:
             print_json(result.to_json())
         else:
             for line in result.lines():
                 click.echo(line)
         ctx.exit(result.exit_code())
-    synced, started = start_run(place, list(stages), grace_s=grace, now=now)
+    synced, started = start_run(place, list(stages), grace_s=grace, now=now, fresh=list(fresh))
     for h, result in synced.results.items():
         if (result.files_sent or result.deleted) and not ctx.obj.quiet:
             click.echo(f"synced to {h}: {result.files_sent} file(s), {result.bytes_sent} bytes, {result.deleted} deleted", err=True)
@@ -220,3 +228,27 @@ def _cancel_sweep(ctx: click.Context, host: str, sweep_id: str, grace: float | N
     else:
         print_sweep_cancel(sweep_id, states)
     return 0
+
+
+@click.command("diff")
+@host_argument()
+@click.argument("run_a", metavar="RUN_A", shell_complete=complete_runs)
+@click.argument("run_b", metavar="RUN_B", shell_complete=complete_runs)
+@click.option("--json", "as_json", is_flag=True, help="Every row as JSON on stdout: {section, name, a, b, same} (docs/json.md).")
+@click.pass_context
+def diff(ctx: click.Context, host: str, run_a: str, run_b: str, as_json: bool) -> None:
+    """Two runs of HOST side by side: what differs in their settings, the artifacts of each stage
+    (the same key: the same artifact, made once), their flags, code, inputs and environment
+    (digests), library versions, and tau overall and per category.
+
+    RUN_A, RUN_B: run ids (as `harness run` printed them) or 'last'."""
+    from harness.cli.render import print_diff, print_json
+    from harness.run_diff import diff as diff_runs
+
+    h = ctx.obj.host(host)
+    result = diff_runs(h.runs, run_a, run_b)
+    remember_runs(ctx.obj, host, [result.a, result.b])
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print_diff(result)

@@ -27,7 +27,7 @@ from harness.units import human_bytes  # noqa: F401 - the CLI modules take it fr
 # Every text column folds a long word (a path, a command, a fix) onto the next line instead of
 # cutting it with "…": at 80 columns (a pipe, a small terminal) nothing is lost. Run ids, stages
 # and times never wrap (a user copies them).
-STATE_COLORS = {"ok": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
+STATE_COLORS = {"ok": "green", "reused": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
 class EventRenderer:
@@ -211,7 +211,7 @@ def print_run_table(st) -> None:
     for col in ("stage", "state", "started", "duration", "exit", "last event"):
         table.add_column(col, overflow="fold", no_wrap=col != "last event")
     for s in st.stages:
-        table.add_row(plain(s.stage), styled_state(s.state), clock(s.started), duration(s.started, end_time(s)),
+        table.add_row(plain(s.stage), styled_state(s.shown_state), clock(s.started), duration(s.started, end_time(s)),
                       "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
     Console(stderr=False).print(table)
 
@@ -221,7 +221,8 @@ def last_event_cell(s) -> str:
     from harness.events import finished_failure
 
     failure = finished_failure(s.last_event)
-    return describe_event(s.last_event) + (f" ({failure.error[:240]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
+    reused = f"from run {s.reused_from}: " if s.reused_from else ""
+    return reused + describe_event(s.last_event) + (f" ({failure.error[:240]})" if failure and failure.error else "") + describe_tau(s.tau, s.last_event)
 
 
 def print_group_table(status) -> None:
@@ -239,8 +240,30 @@ def print_group_table(status) -> None:
             table.add_row(str(node.rank), plain(node.host), "", state, "", "", "", plain(node.error))
             continue
         for s in node.status.stages:
-            table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.state), clock(s.started),
+            table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.shown_state), clock(s.started),
                           duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
+    Console().print(table)
+
+
+def print_diff(result) -> None:
+    """`harness diff` (harness.run_diff.RunDiff): the rows that differ, every artifact and tau."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return plain(value if isinstance(value, str) else json.dumps(value))
+
+    table = Table(title=plain(f"{result.a} vs {result.b} on {result.host}"),
+                  caption=f"{result.agreeing} other settings, flags and digests the same")
+    for col in ("", "", result.a, result.b):
+        table.add_column(plain(col), overflow="fold")
+    for row in result.shown:
+        mark = "" if row.same else "[bold]"
+        table.add_row(row.section, plain(row.name), mark + cell(row.a), mark + cell(row.b))
     Console().print(table)
 
 
@@ -406,13 +429,13 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-def pull_report_json(host: str, target, destination: str, report, missing: list[str], dry_run: bool) -> dict[str, Any]:
+def pull_report_json(host: str, target, destination: str, report, missing: list[str], dry_run: bool, notes: list[str] = ()) -> dict[str, Any]:
     """`harness pull --json`: what was fetched where (transfer.PullReport; names relative to
     `local`)."""
     return {
         "host": host, "remote": target.path, "local": destination, "run_id": target.run_id, "dry_run": dry_run, "ok": report.ok,
         "fetched": report.fetched, "identical": report.identical, "links": report.links, "planned": report.planned,
-        "missing": list(missing),
+        "missing": list(missing), "notes": list(notes),
         "refused": [{"name": n, "why": w} for n, w in report.refused], "failed": [{"name": n, "why": w} for n, w in report.failed],
         "bytes_received": report.bytes_received, "bytes_resumed": report.bytes_resumed, "streams": report.streams, "seconds": round(report.seconds, 3),
     }

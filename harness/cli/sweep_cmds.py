@@ -55,7 +55,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
         ctx.exit(view.exit_code())
     axes = config_axes(config)
     check_axes(axes, f"{config.path.name} [sweep.grid]")
-    axes.update(parse_sets(list(sets)))
+    axes.update(parse_sets(list(sets), config))
     state, lines = sw.start(axes, split or config.sweep.split, _gpu_list(gpus) or config.sweep.gpus, per_gpu or config.sweep.per_gpu)
     click.echo(f"sweep {state.sweep_id} on {host}: {len(state.trials)} trials", err=True)
     for line in lines:

@@ -142,9 +142,9 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';
     without it, the newest run) from HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
 
-    A run brings its records and logs, evaluate's report and plots, the export and train's
-    metrics (under LOCAL_DIR/outputs/); checkpoints only with --latest-checkpoint or
-    --best-checkpoint.
+    A run brings its records and logs, evaluate's report and plots, the export, serve_check's
+    served.json and train's metrics (under LOCAL_DIR/outputs/): the artifacts this run made or
+    reused, never another run's; checkpoints only with --latest-checkpoint or --best-checkpoint.
 
     Every piece of every file is checked against its CRC-32 computed on the host (files already
     here by whole-file SHA-256) and a file is renamed into place only once verified; an
@@ -182,7 +182,8 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     try:
         try:
             outcome = pull_from(h, request, progress=lambda: Bar() if watched else None,
-                                on_missing=lambda name: click.echo(f"absent  {name}: the run has not made it", err=True))
+                                on_missing=lambda name: click.echo(f"absent  {name}: the run has not made it", err=True),
+                                on_note=lambda text: click.echo(f"note    {text}", err=True))
         finally:
             if shown is not None:
                 shown.close()
@@ -211,7 +212,7 @@ def _report_pull(host: str, request, outcome, as_json: bool) -> int:
             err=True,
         )
     if as_json:
-        print_json(pull_report_json(host, outcome.target, outcome.destination, report, outcome.missing, request.dry_run))
+        print_json(pull_report_json(host, outcome.target, outcome.destination, report, outcome.missing, request.dry_run, outcome.notes))
     if not report.ok:
         click.echo(f"harness: error: {len(report.refused)} refused, {len(report.failed)} failed (nothing unverified was kept)", err=True)
         return 1

@@ -23,7 +23,7 @@ from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner, describe
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
 from harness.inspect_remote import stage_env
-from harness.pipeline import SCRIPTS_DIR, StagePaths, online_training
+from harness.pipeline import SCRIPTS_DIR, online_training, store_root
 from harness.runtime.base import Runtime
 from harness.runtime.preflight import not_built
 
@@ -69,9 +69,10 @@ class RunPlan:
     @classmethod
     def from_config(cls, config: Config) -> "RunPlan":
         p = config.pipeline
-        paths = StagePaths.from_config(p)
+        # The hidden states go into the store (harness/artifacts.py): its free space is what matters;
+        # which prepared data a run will read is known by its key on the host alone: the chat data is counted.
         return cls(
-            paths.verifier, paths.data, paths.prepared, paths.hidden_states, p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})),
+            p.verifier, p.data, "", f"{store_root(p)}/extract", p.max_seq_len, list(p.target_layer_ids), dict(p.stages.get("train", {})),
             trust_remote_code=p.trust_remote_code, extract_backend=str(p.stages.get("extract", {}).get("backend", "transformers")),
             online=online_training(p),
         )

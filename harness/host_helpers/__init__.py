@@ -18,6 +18,22 @@ def path(name: str) -> Path:
     return DIR / name
 
 
+# Modules a helper imports from this directory, shipped with it (source()): name -> companions.
+COMPANIONS = {"supervisor.py": ("artifact_store.py",)}
+
+
 def source(name: str) -> str:
-    """The text of one helper, as it travels to the host."""
-    return path(name).read_text(encoding="utf-8")
+    """The text of one helper, as it travels to the host. A helper with companions travels as a
+    loader: each companion registered as a module (sys.modules), then the helper run as
+    __main__, every file compiled under its own name (tracebacks name the right file and line)."""
+    text = path(name).read_text(encoding="utf-8")
+    companions = COMPANIONS.get(name, ())
+    if not companions:
+        return text
+    lines = ["import sys, types", "def _companion(name, text):",
+             "    module = sys.modules[name] = types.ModuleType(name)",
+             "    module.__file__ = name + '.py'",
+             "    exec(compile(text, module.__file__, 'exec'), module.__dict__)"]
+    lines += [f"_companion({c.removesuffix('.py')!r}, {path(c).read_text(encoding='utf-8')!r})" for c in companions]
+    lines.append(f"exec(compile({text!r}, {name!r}, 'exec'), {{'__name__': '__main__', '__file__': {name!r}}})")
+    return "\n".join(lines) + "\n"

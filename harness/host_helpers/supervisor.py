@@ -9,6 +9,8 @@ Everything about a run lives in files under <workdir>/runs/<run_id>/ (run.json, 
 supervisor.lock, and per stage spec.json, log, events.jsonl, state.json), so any laptop can come
 back later and nothing depends on the connection that started it. Runs wait in a queue per GPU
 set (<workdir>/.harness/queue/, RunQueue). Secret env values arrive on stdin and are never written.
+A stage's output is an artifact of the store (artifact_store.py): reused when its key matches,
+else made under the artifact's lock.
 
 Requests (stdin, one JSON document, by "cmd"): launch, cancel, cancelling, status, follow.
 The files, stage specs and requests in detail: docs/ARCHITECTURE.md, "The supervisor".
@@ -25,10 +27,16 @@ import subprocess
 import sys
 import time
 
+if globals().get("__package__"):  # imported as harness.host_helpers.supervisor (tests)
+    from harness.host_helpers import artifact_store
+else:  # on the host: shipped with this helper (harness/host_helpers/__init__.py, COMPANIONS)
+    import artifact_store
+
 FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
 FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
 LIVE_RUN = {"queued", "running"}  # a supervisor owns the run: "lost" once its lock is free
-FOLLOW_SETTLE_S = 30.0  # at most this long from a followed run's last stage to its recorded outcome
+FOLLOW_SETTLE_S = 30.0
+ARTIFACT_TOKEN = "@artifact:{}@"  # in a stage's command line: that stage's artifact (harness/artifacts.py)  # at most this long from a followed run's last stage to its recorded outcome
 POLL_S = 0.2
 QUEUE_POLL_S = 1.0
 
@@ -212,6 +220,7 @@ class Supervisor:
         self.stages: list[str] = self.record["stages"]
         self.grace = float(self.record.get("grace_s", 10))
         self.cancel_requested = False
+        self.keys: artifact_store.Keys | None = None  # runs recorded before the store have no recipes
 
     # -- signals: the handler only sets a flag; the loop acts on it ------------------------------
 
@@ -256,6 +265,8 @@ class Supervisor:
     def _run_chain(self, state_path: str) -> int:
         update_json(state_path, state="running", started=now(), pid=os.getpid())
         self._probe_versions()
+        if self.record.get("recipes"):
+            self.keys = artifact_store.Keys(self.record.get("workdir") or workdir_of(self.run_dir), self.record)
         outcome = "ok"
         for i, stage in enumerate(self.stages):
             sd = stage_dir(self.run_dir, stage)
@@ -292,6 +303,7 @@ class Supervisor:
             log(f"version probe failed: {e}")
         run_json = os.path.join(self.run_dir, "run.json")
         update_json(run_json, versions=versions)
+        self.record["versions"] = versions  # the environment's identity in every key of the run
 
     def _run_stage(self, stage: str) -> str:
         sd = stage_dir(self.run_dir, stage)
@@ -299,24 +311,174 @@ class Supervisor:
         state_path = os.path.join(sd, "state.json")
         log_path = os.path.join(sd, "log")
         update_json(state_path, state="running", started=now())
-        with open(log_path, "ab", buffering=0) as log_file:
-            if spec["kind"] == "docker":
-                code, cancelled = self._run_container(spec, log_file, state_path)
-            else:
-                code, cancelled = self._run_process(spec, log_file, state_path)
-        # A node of a group whose peers were cancelled first dies of their cancel (its collectives
-        # break) before its own arrives: the group's cancel marked every node first (cmd_cancelling).
-        if code != 0 and os.path.exists(os.path.join(self.run_dir, "cancelling")):
-            cancelled = self.cancel_requested = True  # and the stages after it
-        state = "cancelled" if cancelled else ("ok" if code == 0 else "failed")
-        update_json(state_path, state=state, exit_code=code, finished=now())
+        lock_fd = None
+        try:
+            with open(log_path, "ab", buffering=0) as log_file:
+                if self.keys is not None and self.keys.keyed(stage):
+                    try:
+                        claim = self._claim(stage, log_file, state_path)
+                    except (OSError, ValueError, SyntaxError) as e:  # an input or script it cannot read
+                        problem = f"cannot key {stage}'s artifact: {e}"
+                        log_file.write(f"harness: {problem}\n".encode())
+                        return self._stage_ended(state_path, "failed", error=problem)
+                    if claim != "make":
+                        return claim
+                    lock_fd = self.lock_fd
+                    spec = {**spec, "argv": self._with_artifacts(stage, spec["argv"])}
+                if spec["kind"] == "docker":
+                    code, cancelled = self._run_container(spec, log_file, state_path, lock_fd)
+                else:
+                    code, cancelled = self._run_process(spec, log_file, state_path, lock_fd)
+            # A node of a group whose peers were cancelled first dies of their cancel (its collectives
+            # break) before its own arrives: the group's cancel marked every node first (cmd_cancelling).
+            if code != 0 and os.path.exists(os.path.join(self.run_dir, "cancelling")):
+                cancelled = self.cancel_requested = True  # and the stages after it
+            state = "cancelled" if cancelled else ("ok" if code == 0 else "failed")
+            if state == "ok" and lock_fd is not None:
+                self._complete(stage)  # under the lock still: a waiting run then finds it complete
+            update_json(state_path, state=state, exit_code=code, finished=now())
+            return state
+        finally:
+            if lock_fd is not None:
+                os.close(lock_fd)
+
+    # -- artifacts: a keyed stage's output reused when its key matches, else made under its lock --
+
+    def _claim(self, stage: str, log_file, state_path: str) -> str:
+        """Before a keyed stage runs: "make" (its artifact's lock is ours: self.lock_fd), or the
+        stage's state when it ends here: "ok" (reused), "failed" (an input it reads was never
+        made), "cancelled" (while waiting for another run's lock)."""
+        keys, run_id = self.keys, self.record["run_id"]
+        key = keys.key(stage)
+        update_json(state_path, artifact=key)
+        problem = self._check_reads(stage, log_file)
+        if problem is not None:
+            if problem == "cancelled":
+                return self._stage_ended(state_path, "cancelled")
+            log_file.write(f"harness: {problem}\n".encode())
+            return self._stage_ended(state_path, "failed", error=problem)
+        always_run = bool(keys.recipes[stage].get("always_run"))  # a group's distributed stage: resumes into it
+        waiting = False
+        while True:
+            record = None if always_run else keys.store.record(stage, key)
+            if record is None:
+                fd = keys.store.lock(stage, key, run_id)
+                if fd is not None:
+                    record = None if always_run else keys.store.record(stage, key)  # made while we took the lock
+                    if record is None:
+                        self.lock_fd = fd
+                        self._note_artifact(stage, "made", None)
+                        return "make"
+                    os.close(fd)
+            if record is not None:
+                return self._reuse(stage, record, log_file, state_path)
+            if not waiting:
+                waiting = True
+                holder = keys.store.holder(stage, key)
+                log_file.write(f"{stage}: waiting for {holder}, which is making this artifact from the same inputs\n".encode())
+            if self._cancel_pending():
+                return self._stage_ended(state_path, "cancelled")
+            time.sleep(QUEUE_POLL_S)
+
+    def _check_reads(self, stage: str, log_file) -> str | None:
+        """Each artifact the stage reads is complete, made earlier in this run or by another
+        (one being made by another run is waited for). None, "cancelled", or the line that says
+        which is missing and how to make it."""
+        keys = self.keys
+        recipe = keys.recipes[stage]
+        for flag, upstream in sorted(recipe.get("reads", {}).items()):
+            key = keys.key(upstream)
+            announced = False
+            while keys.store.record(upstream, key) is None:
+                fd = keys.store.lock(upstream, key, self.record["run_id"])
+                if fd is not None:  # nobody is making it
+                    os.close(fd)
+                    if keys.store.record(upstream, key) is not None:
+                        break
+                    if flag in recipe.get("optional", []):
+                        break
+                    host = self.record.get("host", "HOST")
+                    return (f"{stage} reads {upstream}'s output made from these inputs (artifact {key}), which no run has made: "
+                            f"run `harness run {host} {upstream} {stage}`")
+                if not announced:
+                    announced = True
+                    log_file.write(f"{stage}: waiting for {keys.store.holder(upstream, key)}, which is making {upstream}'s artifact it reads\n".encode())
+                if self._cancel_pending():
+                    return "cancelled"
+                time.sleep(QUEUE_POLL_S)
+            record = keys.store.record(upstream, key)
+            if record is not None and upstream not in self._recorded_artifacts():
+                self._note_artifact(upstream, "read", record)
+        return None
+
+    def _with_artifacts(self, stage: str, argv: list) -> list:
+        """The stage's command line with each artifact token (`@artifact:STAGE@`, harness/artifacts.py)
+        made the artifact's path; an optional input that no run made is left out with its flag."""
+        keys = self.keys
+        recipe = keys.recipes[stage]
+        paths = {stage: keys.path(stage)}
+        absent = set()
+        for flag, upstream in recipe.get("reads", {}).items():
+            paths[upstream] = keys.path(upstream)
+            if keys.store.record(upstream, keys.key(upstream)) is None:
+                absent.add(ARTIFACT_TOKEN.format(upstream))
+        out: list = []
+        for arg in argv:
+            if any(token in arg for token in absent):
+                if out and out[-1].startswith("--"):
+                    out.pop()
+                continue
+            for name, path in paths.items():
+                arg = arg.replace(ARTIFACT_TOKEN.format(name), path)
+            out.append(arg)
+        return out
+
+    def _reuse(self, stage: str, record: dict, log_file, state_path: str) -> str:
+        """The stage's artifact is complete: this run takes it as it is, and says so."""
+        made_by = record.get("made_by")
+        log_file.write(f"{stage}: reused from run {made_by} (same inputs; --fresh {stage} to redo it)\n".encode())
+        events = os.path.join(stage_dir(self.run_dir, stage), "events.jsonl")
+        with open(events, "a", encoding="utf-8") as f:  # what the maker's stage reported: status shows its tau
+            note = {"t": now(), "stage": stage, "event": "message", "text": f"reused from run {made_by} (same inputs)"}
+            for event in [note, *(record.get("events") or [])]:
+                f.write(json.dumps(event) + "\n")
+        self._note_artifact(stage, "reused", record)
+        return self._stage_ended(state_path, "ok", reused_from=made_by)
+
+    def _complete(self, stage: str) -> None:
+        """Record the stage's artifact as complete, with what made it and what its stage reported."""
+        events = os.path.join(stage_dir(self.run_dir, stage), "events.jsonl")
+        reported = [e for e in (latest_tau_event(events), last_event(events, TAU_WINDOW, lambda ev: ev.get("event") == "finished")) if e]
+        key = self.keys.key(stage)
+        record = {"made_by": self.record["run_id"], "created": now(), "parts": self.keys.parts[stage], "events": reported}
+        self.keys.store.complete(stage, key, record)
+        self._note_artifact(stage, "made", record)
+
+    def _recorded_artifacts(self) -> dict:
+        return (read_json(os.path.join(self.run_dir, "run.json"), {}) or {}).get("artifacts") or {}
+
+    def _note_artifact(self, stage: str, role: str, record: dict | None) -> None:
+        """run.json's `artifacts`: each artifact the run made, reused or read, with its key and
+        the parts that made the key (harness diff compares them)."""
+        keys = self.keys
+        key = keys.key(stage)
+        entry = {"key": key, "path": keys.store.dir(stage, key), "role": role, "made_by": (record or {}).get("made_by"),
+                 "parts": keys.parts[stage]}
+        path = os.path.join(self.run_dir, "run.json")
+        update_json(path, artifacts={**self._recorded_artifacts(), stage: entry})
+
+    @staticmethod
+    def _stage_ended(state_path: str, state: str, **fields) -> str:
+        update_json(state_path, state=state, exit_code=0 if state == "ok" else None, finished=now(), **fields)
         return state
 
-    def _run_process(self, spec: dict, log_file, state_path: str) -> tuple[int, bool]:
+    def _run_process(self, spec: dict, log_file, state_path: str, lock_fd: int | None = None) -> tuple[int, bool]:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.get("env_extra", {})}
         try:
+            # The stage holds its artifact's lock too: should the supervisor die, the orphan still does.
             proc = subprocess.Popen(
-                spec["argv"], cwd=self.record.get("workdir"), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                spec["argv"], cwd=self.record.get("workdir"), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,)
             )
         except OSError as e:
             log_file.write(f"harness: cannot start {spec['argv'][0]}: {e}\n".encode())
@@ -330,7 +492,7 @@ class Supervisor:
             time.sleep(POLL_S)
         return proc.returncode, cancelled
 
-    def _run_container(self, spec: dict, log_file, state_path: str) -> tuple[int, bool]:
+    def _run_container(self, spec: dict, log_file, state_path: str, lock_fd: int | None = None) -> tuple[int, bool]:
         name = spec["container"]
         created = subprocess.run(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file)
         if created.returncode != 0:
@@ -345,7 +507,9 @@ class Supervisor:
             return started.returncode, False
         # `docker wait` AFTER start: on a created container it returns 0 at once ("not running");
         # on one that already exited it returns that exit code, so no exit is missed.
-        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # The waiter holds the artifact's lock too: should the supervisor die, it lasts as long as the container.
+        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  pass_fds=() if lock_fd is None else (lock_fd,))
         cancelled = False
         while waiter.poll() is None:
             if self._cancel_pending() and not cancelled:
@@ -608,8 +772,12 @@ TAU_WINDOW = 1 << 20  # a long run's per-step metrics between two tau estimates 
 
 def latest_tau(path: str) -> dict | None:
     """{"step", "tau"} of the newest metric event carrying a tau (docs/events.json), or None."""
-    ev = last_event(path, TAU_WINDOW, lambda ev: ev.get("event") == "metric" and "tau" in (ev.get("metrics") or {}))
+    ev = latest_tau_event(path)
     return {"step": ev.get("step"), "tau": ev["metrics"]["tau"]} if ev is not None else None
+
+
+def latest_tau_event(path: str) -> dict | None:
+    return last_event(path, TAU_WINDOW, lambda ev: ev.get("event") == "metric" and "tau" in (ev.get("metrics") or {}))
 
 
 def last_event(path: str, window: int = 65536, match=None) -> dict | None:
