@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Collection
 
+from harness import box_values
 from harness.config import Config
 from harness.errors import UsageError
 from harness.pipeline import INPUT_FLAGS, OPTIONAL_READS, PLACE_FLAGS, SCRIPTS_DIR, STAGES, keeps_artifact, stage_args
@@ -159,13 +160,11 @@ class RunArtifacts:
                 self.by_stage[stage] = artifact
 
     def _checked(self, stage: Any, entry: Any) -> StageArtifact | None:
-        from harness.jobs import ARTIFACT_KEY_RE, RUN_ID_RE, well_formed
-
-        key = well_formed(ARTIFACT_KEY_RE, entry.get("key")) if isinstance(entry, dict) else None
+        key = box_values.or_none(box_values.artifact_key, entry.get("key")) if isinstance(entry, dict) else None
         if stage not in STAGES or key is None:
             return None
         path = posixpath.join(self.store, stage, key)  # made here, never taken from the record
-        return StageArtifact(stage, key, path, str(entry.get("role")), well_formed(RUN_ID_RE, entry.get("made_by")))
+        return StageArtifact(stage, key, path, str(entry.get("role")), box_values.or_none(box_values.run_id, entry.get("made_by")))
 
     def path(self, stage: str) -> str | None:
         artifact = self.by_stage.get(stage)

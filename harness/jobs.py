@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from harness import helpers
+from harness import box_values, helpers
+from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
 RUNS_DIR = "runs"
 SUPERVISOR = "supervisor.py"  # harness/host_helpers/
 HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
-RUN_ID_RE = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
 RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a run id, not a path
-ARTIFACT_KEY_RE = re.compile(r"^[0-9a-f]{20}$")  # artifact_store.KEY_CHARS of a SHA-256
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
@@ -143,29 +142,28 @@ class RunStatus:
                 "stages": [s.to_json() for s in self.stages], "record": self.record}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunStatus":
-        state = data.get("state") or {}
-        stages = [
-            StageStatus(
-                stage=s["stage"],
-                state=s.get("state", "pending"),
-                started=s.get("started"),
-                finished=s.get("finished"),
-                exit_code=s.get("exit_code"),
-                last_event=s.get("last_event"),
+    def from_json(cls, data: Any, where: str = "box") -> "RunStatus":
+        """A run's status as the supervisor on the box answers it: every value checked
+        (harness.box_values): an id that is no run id is refused, what is only shown is dropped."""
+        data = box_values.mapping(data)
+        state = box_values.mapping(data.get("state"))
+        stages = []
+        for s in data.get("stages") or []:
+            s = box_values.mapping(s)
+            stages.append(StageStatus(
+                stage=box_values.stage(s.get("stage"), where),
+                state=box_values.text(s.get("state")) or "pending",
+                started=box_values.number(s.get("started")),
+                finished=box_values.number(s.get("finished")),
+                exit_code=box_values.integer(s.get("exit_code")),
+                last_event=s.get("last_event") if isinstance(s.get("last_event"), dict) else None,
                 tau=s.get("tau") if isinstance(s.get("tau"), dict) else None,
-                artifact=well_formed(ARTIFACT_KEY_RE, s.get("artifact")),
-                reused_from=well_formed(RUN_ID_RE, s.get("reused_from")),
-            )
-            for s in data.get("stages", [])
-        ]
-        place = (state.get("queue") or {}).get("place")
-        return cls(data["run_id"], state.get("state", "starting"), stages, data.get("record", {}), state.get("started"), state.get("finished"), place)
-
-
-def well_formed(pattern: "re.Pattern[str]", value: Any) -> str | None:
-    """A value from the box that must have one form (a key, a run id), else None."""
-    return value if isinstance(value, str) and pattern.match(value) else None
+                artifact=box_values.or_none(box_values.artifact_key, s.get("artifact")),
+                reused_from=box_values.or_none(box_values.run_id, s.get("reused_from")),
+            ))
+        place = box_values.integer(box_values.mapping(state.get("queue")).get("place"))
+        return cls(box_values.run_id(data.get("run_id"), where), box_values.text(state.get("state")) or "starting", stages,
+                   box_values.mapping(data.get("record")), box_values.number(state.get("started")), box_values.number(state.get("finished")), place)
 
 
 MISSING_EXIT = 3  # the supervisor's answer when a file the run needs is not on the host
@@ -259,6 +257,7 @@ class Jobs:
             run_id = newest_run(self.runs_dir)
             if run_id is None:
                 raise self.no_runs_yet()
+            run_id = box_values.run_id(run_id, self.name)  # it becomes a local directory's name
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
         if what == "last" or RUN_ID_RE.match(what) or RUN_ID_LIKE_RE.match(what):  # a mistyped id is no path
             run_id = self.resolve_run_id(what)
@@ -322,7 +321,7 @@ class Jobs:
             raise RemoteCommandError("supervisor launch " + plan.run_id, result.exit_code, result.error)
         reply = result.json()
         self.runtime.home_is(reply["home"], HOME_TOKEN)
-        started = RunStatus.from_json(reply["status"])
+        started = RunStatus.from_json(reply["status"], self.name)
         run_id = started.run_id
         if started.state == "queued":
             return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
@@ -425,11 +424,17 @@ class Jobs:
         return result.checked("supervisor status").json()
 
     def status(self, run_id: str) -> RunStatus:
-        return RunStatus.from_json(self._status_json(self.resolve_run_id(run_id))[0])
+        run_id = self.resolve_run_id(run_id)
+        status = RunStatus.from_json(self._status_json(run_id)[0], self.name)
+        if status.run_id != run_id:
+            raise box_values.BoxValueError(f"{self.name}: asked for run {run_id}, the box answered for {status.run_id}; refused")
+        return status
 
     def listing(self) -> RunListing:
-        """Every run on the host, oldest first."""
-        return RunListing(self.name, [self.name], {self.name: [RunStatus.from_json(d) for d in self._status_json(None)]})
+        """Every run on the host, oldest first (a record whose id is no run id is left out: no
+        command could name it)."""
+        runs = [box_values.or_none(lambda d: RunStatus.from_json(d, self.name), d) for d in self._status_json(None)]
+        return RunListing(self.name, [self.name], {self.name: [r for r in runs if r is not None]})
 
     def stream_logs(self, run_id: str, sink: Callable[[bytes], None], stage: str | None = None, follow: bool = False,
                     as_json: bool = False, tail: int | None = None) -> int:

@@ -63,6 +63,8 @@ def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec]) 
     if len(set(locals_)) != len(locals_):
         raise UsageError(f"local port {next(p for p in locals_ if locals_.count(p) > 1)} is given twice")
     found = locate(transport, python, [s.remote_port for s in specs])
+    for spec in specs:
+        check_owner(transport.name, spec.remote_port, found.get(spec.remote_port))
     forwards = [PortForward(s.local_port, s.remote_port, (found.get(s.remote_port) or {}).get("address", "127.0.0.1")) for s in specs]
     forwarding = transport.forward(forwards)
     shown = [
@@ -70,6 +72,17 @@ def open_forwards(transport: Transport, python: str, specs: Sequence[PortSpec]) 
         for s, (host, port) in zip(specs, forwarding.addresses)
     ]
     return forwarding, shown
+
+
+def check_owner(host: str, port: int, where: dict | None) -> None:
+    """A port of the host that another user's process listens on is not forwarded: whatever
+    answers there (a look-alike of your server squatting its port) would get your requests."""
+    if not where or where.get("where") != "the host":
+        return
+    uid, ours = where.get("uid"), where.get("our_uid")
+    if isinstance(uid, int) and isinstance(ours, int) and uid != ours:
+        raise UsageError(f"{host}: port {port} listens for another user (uid {uid}), not for you: not forwarded",
+                         "start your server on another port (or find who holds it: ss -ltnp)")
 
 
 def _url_host(host: str) -> str:

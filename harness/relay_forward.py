@@ -81,6 +81,11 @@ class RelayForwarding(Forwarding):
                 return  # closed
             threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
 
+    def retarget(self, relay: Relay) -> None:
+        """Connections from now on go to `relay` (a server that says where it listens once it has
+        made its socket)."""
+        self._relay_to = relay
+
     def _relay(self, conn: socket.socket) -> None:
         proc = self._relay_to.start(self._transport)
         with self._lock:

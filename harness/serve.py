@@ -18,6 +18,7 @@ import json
 import os
 import posixpath
 import queue
+import re
 import secrets
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.errors import RemoteCommandError, UsageError
-from harness.events import Finished, Message, Metric, parse
+from harness.events import Artifact, Finished, Message, Metric, parse
 from harness.host_server import HostServer
 from harness.pipeline import SCRIPTS_DIR
 from harness.relay_forward import Relay, RelayForwarding
@@ -48,6 +49,21 @@ class ServeRequest:
     local_port: int = 8000  # where this machine reaches it; bound before vLLM loads
     start_timeout_s: float = 1800.0  # a large verifier loads for many minutes
     vllm_args: tuple[str, ...] = field(default_factory=tuple)  # more `vllm serve` flags
+
+
+SOCKET_RE = re.compile(r"^/tmp/harness-vllm-[A-Za-z0-9_]+/vllm\.sock$")  # common/vllm_server.private_socket's
+
+
+def serve_dir_of(workdir: str, output_dir: str) -> str:
+    """Where harness serve hands its key over and vLLM logs: <output_dir>/serve on the host."""
+    out = output_dir.rstrip("/")
+    return posixpath.join(out if out.startswith("/") else posixpath.join(workdir, out), "serve")
+
+
+def private_dir(transport: "Transport", path: str) -> str:
+    """`path` on the host, made (or made again) 0700: a secret written into it is never another uid's."""
+    transport.check(["sh", "-c", 'mkdir -p -- "$1" && chmod 700 -- "$1"', "sh", path])
+    return path
 
 
 def export_dir(transport: "Transport", workdir: str, run_id: str) -> str:
@@ -94,20 +110,22 @@ class RemoteServer(HostServer):
     poll_s = 2.0
     stop_timeout_s = STOP_GRACE_S + 30  # the host stops the script, which stops vLLM
 
-    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey):
+    def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey, output_dir: str):
         from harness.runtime.base import WrapOptions
 
         token = secrets.token_hex(8)
-        handed = posixpath.join(posixpath.dirname(export), "serve", f".api-key-{token}")
-        transport.put_bytes(key.value.encode(), handed, mode=0o600)  # serve_draft.py reads and removes it
+        serve_dir = private_dir(transport, serve_dir_of(runtime.workdir, output_dir))
+        handed = posixpath.join(serve_dir, f".api-key-{token}")
+        transport.put_bytes(key.value.encode(), handed, mode=0o600)  # in a 0700 directory; serve_draft.py reads and removes it
         self.key = key
-        directory = f"/tmp/harness-serve-{token}"  # made by serve_draft.py (0700; an existing one is refused)
-        self.socket = f"{directory}/vllm.sock"
+        self.socket = ""  # serve_draft.py makes its directory (a random name, 0700) and says where: _read_events
+        self._socket_known = threading.Event()
         self._transport = transport
         self._runtime = runtime
         # a named container on docker hosts: the relay reaches its socket by `docker exec`
         self.container = f"harness-serve-{token}" if runtime.uses_image else None
-        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--socket-dir", directory,
+        argv = [runtime.python, SCRIPT, "--export", export, "--api-key-file", handed, "--private-socket",
+                "--log", posixpath.join(serve_dir, f"vllm-harness-serve-{token}.log"),
                 "--health-timeout", str(request.start_timeout_s), "--stop-grace", str(STOP_GRACE_S),
                 *(f"--vllm-arg={a}" for a in request.vllm_args)]
         self.events: "queue.Queue[object]" = queue.Queue()
@@ -116,12 +134,26 @@ class RemoteServer(HostServer):
         threading.Thread(target=self._read_events, daemon=True).start()
 
     def reach_from(self, local_port: int) -> None:
-        """vLLM reached from this machine's loopback (local_port) until close(): `url`; `where`
-        it listens on the host (its socket, in which container). A taken port is a UsageError."""
+        """vLLM reached from this machine's loopback (local_port) until close(): `url`. The port
+        is bound now (a taken one is a UsageError before vLLM loads); its connections go to the
+        socket once serve_draft.py has said where it is (`where`: its socket, in which container)."""
         self.forwarding = RelayForwarding(self._transport, Relay(self._runtime, self.socket, container=self.container), local_port)
         host, port = self.forwarding.addresses[0]
         self.url = f"http://{host}:{port}"
-        self.where = f"unix socket {self.socket}" + (f" in container {self.container}" if self.container else "")
+
+    @property
+    def where(self) -> str:
+        return f"unix socket {self.socket}" + (f" in container {self.container}" if self.container else "")
+
+    def _on_socket(self, path: str) -> None:
+        """serve_draft.py's socket: a path of the form private_socket makes, else refused."""
+        if not SOCKET_RE.match(path):
+            self._tail.append(f"harness: serve_draft.py named {path!r} as its socket, not a directory of its own; refused")
+            return
+        self.socket = path
+        if self.forwarding is not None:
+            self.forwarding.retarget(Relay(self._runtime, path, container=self.container))
+        self._socket_known.set()
 
     def _read_events(self) -> None:
         for raw in self._proc.stdout_lines():
@@ -129,7 +161,9 @@ class RemoteServer(HostServer):
                 event = parse(json.loads(raw))
             except ValueError:
                 continue
-            if event is not None:
+            if isinstance(event, Artifact) and event.kind == "socket":
+                self._on_socket(event.path)
+            elif event is not None:
                 self.events.put(event)
 
     def failure(self) -> str:
@@ -168,6 +202,8 @@ class RemoteServer(HostServer):
             if on_event is not None:
                 on_event(event)
             if isinstance(event, Message) and event.text.startswith(READY):
+                if not self._socket_known.wait(self.poll_s * 5):
+                    raise RemoteCommandError(f"{self.name} (ready, but it never said where its socket is)", -1, "\n".join(self._tail))
                 return
         raise RemoteCommandError(f"{self.name} (not ready after {timeout:.0f} s)", -1, "\n".join(self._tail))
 
@@ -185,7 +221,7 @@ def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServe
     export = export_dir(transport, runtime.workdir, request.run_id)
     key = ServedKey()
     try:
-        server = RemoteServer(transport, runtime, export, request, key)
+        server = RemoteServer(transport, runtime, export, request, key, on.config.pipeline.output_dir)
     except BaseException:
         key.close()
         raise

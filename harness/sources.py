@@ -79,7 +79,21 @@ def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout:
             hint = f" (did you mean {', '.join(m['suggestions'])}?)" if m["suggestions"] else ""
             parts.append(f"{m['name']!r}{hint}")
         raise UsageError(f"{transport.name}: no Python package named {', '.join(parts)} where the stages run ({runtime.python}, runtime {runtime.kind})")
-    return [Located(p["name"], p["kind"], tuple(p["roots"]), p.get("version"), int(p["files"]), int(p["bytes"])) for p in answer["packages"]]
+    return [_located(p, request["packages"], transport.name) for p in answer["packages"]]
+
+
+def _located(p: Any, asked: list[str], where: str) -> Located:
+    """One package as the box answered: its name becomes a local path under the mirror (and what
+    the prune may delete there), so it must be one that was asked for."""
+    from harness import box_values
+
+    try:
+        name, kind = p["name"], p["kind"]
+        if name not in asked or kind not in ("package", "module"):
+            raise box_values.BoxValueError(f"{where}: the box answered for package {name!r} ({kind!r}), which was not asked for; refused")
+        return Located(name, kind, tuple(str(r) for r in p["roots"]), box_values.text(p.get("version")), int(p["files"]), int(p["bytes"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise box_values.BoxValueError(f"{where}: the box's answer for a package is not one ({type(e).__name__}: {e}); refused") from None
 
 
 def _parse(stdout: bytes) -> dict | None:

@@ -161,9 +161,20 @@ class SweepState:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SweepState":
-        trials = [TrialState(**t) for t in data["trials"]]
-        return cls(**{**data, "trials": trials})
+    def from_json(cls, data: Any, where: str = "box") -> "SweepState":
+        """sweep.json as the box keeps it: trial names and run ids checked (harness.box_values)."""
+        from harness import box_values
+
+        try:
+            trials = [TrialState(box_values.name(t["name"], where), dict(t["flags"]), box_values.integer(t.get("gpu")),
+                                 [box_values.run_id(r, where) for r in t.get("runs") or []], box_values.integer(t.get("slot")))
+                      for t in data["trials"]]
+            test_run = data.get("test_run")
+            return cls(str(data["sweep_id"]), str(data["host"]), dict(data["axes"]), str(data["split"]), float(data["created"]), trials,
+                       box_values.run_id(test_run, where) if test_run is not None else None,
+                       box_values.name(data["test_trial"], where) if data.get("test_trial") is not None else None, bool(data.get("cancelled")))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise box_values.BoxValueError(f"{where}: sweep.json is not a sweep's record ({type(e).__name__}: {e}); refused") from None
 
     def trial(self, name: str) -> TrialState:
         return next(t for t in self.trials if t.name == name)
@@ -274,7 +285,7 @@ class Sweep:
         if not SWEEP_ID_RE.match(sid):
             raise UsageError(f"invalid sweep id {sid!r} (expected sweep-xxxxxxxxxx, as `harness sweep` printed)")
         try:
-            return SweepState.from_json(json.loads(self.transport.get_bytes(self._record_path(sid))))
+            return SweepState.from_json(json.loads(self.transport.get_bytes(self._record_path(sid))), self.host.name)
         except FileNotFoundError:
             raise UsageError(f"{self.host.name}: no sweep {sid}") from None
 

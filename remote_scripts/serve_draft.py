@@ -1,14 +1,15 @@
 """Serve an exported draft with vLLM until stopped, reporting its served acceptance as it goes.
 
-    python remote_scripts/serve_draft.py --export EXPORT_DIR [--socket-dir DIR | --port PORT] [--interval 5] [vllm serve flags]
+    python remote_scripts/serve_draft.py --export EXPORT_DIR [--private-socket | --socket-dir DIR | --port PORT] [--interval 5] [vllm serve flags]
 
 `vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` (the
 verifier and K from the export; common/draft_serving.py), in its own process group, log kept at
 --log. Stage events go to STDOUT as JSON lines (docs/events.json; stage "serve"): a message when
 the server is healthy (its text begins "ready after": `harness serve` waits for it), then a metric event whenever vLLM's spec-decode counters in /metrics moved
 (`served_tau`, `served_acceptance_<i>`, `drafts`: since the server started). `harness serve`
-runs it in the stage runtime with --socket-dir (vLLM on a unix socket in a 0700 directory made
-here: no other uid of the box reaches it), relays connections to it and prints those. SIGTERM (or SIGINT) stops the
+runs it in the stage runtime with --private-socket (vLLM on a unix socket in a new 0700 directory
+of a random name made here, reported as an `artifact` event of kind `socket`: no other uid of the
+box reaches it, or can take its name first), relays connections to it and prints those. SIGTERM (or SIGINT) stops the
 server (SIGTERM to its group, grace, SIGKILL) and ends the script; so does the server's death.
 """
 
@@ -46,9 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--export", required=True, help="the export stage's directory")
     p.add_argument("--speculative-tokens", type=int, default=None, help="K (default: the export's)")
-    p.add_argument("--log", default=None, help="vLLM's log (default: EXPORT_DIR/../serve/vllm-PORT.log; with --socket-dir, vllm-DIRNAME.log)")
+    p.add_argument("--log", default=None, help="vLLM's log (default: outputs/serve/vllm-PORT.log under the working directory; on a socket, vllm-DIRNAME.log)")
     p.add_argument("--interval", type=float, default=5.0, help="seconds between reads of /metrics")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--private-socket", action="store_true",
+                   help="listen on a unix socket, not on a TCP port, in a new 0700 directory of a random name (reported as an artifact event), removed at the end")
     p.add_argument("--socket-dir", default=None,
                    help="listen on DIR/vllm.sock, not on a TCP port: DIR is made here (0700; an existing one is refused) and removed at the end")
     p.add_argument("--api-key-file", default=None, help="a 0600 file holding vLLM's API key, read and removed at start (harness serve hands its key over so); default: a key made here")
@@ -95,13 +98,16 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
         raise ServeCheckError(f"vLLM cannot serve this verifier here: {why}")
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
     # SIGTERM unwinds from before the socket's directory is made: it goes too
-    with sigterm_raises(), (private_socket(args.socket_dir) if args.socket_dir else contextlib.nullcontext()) as uds:
+    on_socket = args.private_socket or args.socket_dir
+    with sigterm_raises(), (private_socket(args.socket_dir) if on_socket else contextlib.nullcontext()) as uds:
+        if uds:
+            events.artifact(uds, kind="socket")  # where harness relays to: a name only this process knew
         port = 0 if uds else server_port(args)
         opts = ServeOptions(model=export.verifier, host=args.host, port=port, tensor_parallel_size=args.tensor_parallel_size,
                             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
                             vllm_command=args.vllm_command, extra_args=extra, uds=uds)
-        name = Path(args.socket_dir).name if uds else str(port)
-        log = Path(args.log) if args.log else Path(export.directory).parent / "serve" / f"vllm-{name}.log"
+        name = Path(uds).parent.name if uds else str(port)
+        log = Path(args.log) if args.log else Path("outputs") / "serve" / f"vllm-{name}.log"
         serve_until_stopped(args, events, export, opts, log)
 
 

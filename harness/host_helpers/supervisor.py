@@ -124,8 +124,11 @@ class RunQueue:
         self.lock_path = os.path.join(workdir, ".harness", "queue.lock")
 
     def _locked(self):
-        os.makedirs(self.dir, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        private_state(os.path.dirname(self.dir))
+        artifact_store.private_dirs(self.dir)
+        fd = os.open(self.lock_path, os.O_WRONLY | os.O_CREAT, 0o600)  # no other uid may hold it: ours alone
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # one made by an older harness
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
@@ -200,6 +203,14 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def private_state(path: str) -> None:
+    """<workdir>/.harness, made 0700 (or made so again: it holds the queue and its lock)."""
+    artifact_store.private_dirs(path)
+    st = os.stat(path)
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 def workdir_of(run_dir: str) -> str:
@@ -473,7 +484,7 @@ class Supervisor:
         return state
 
     def _run_process(self, spec: dict, log_file, state_path: str, lock_fd: int | None = None) -> tuple[int, bool]:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.get("env_extra", {})}
+        env = {**spec.get("env_defaults", {}), **os.environ, "PYTHONUNBUFFERED": "1", **spec.get("env_extra", {})}
         try:
             # The stage holds its artifact's lock too: should the supervisor die, the orphan still does.
             proc = subprocess.Popen(
@@ -624,12 +635,12 @@ def _become_daemon(run_dir: str, env: dict, versions_probe: dict | None) -> None
         os.chdir(run_dir)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        logfd = os.open(os.path.join(run_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        logfd = os.open(os.path.join(run_dir, "supervisor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         # stdout/stderr leave the SSH channel: the channel closes and the link may drop freely
         os.dup2(logfd, 1)
         os.dup2(logfd, 2)
         os.environ.update(env)
-        lock_fd = os.open(os.path.join(run_dir, "supervisor.lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+        lock_fd = os.open(os.path.join(run_dir, "supervisor.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)  # held until this process exits
         log(f"started pid {os.getpid()}")
         code = Supervisor(run_dir, versions_probe).run()
@@ -939,6 +950,7 @@ HOME_TOKEN = "@harness-home@"
 def main() -> int:
     """One request, a JSON document on stdin (harness/helpers.py): {"cmd": ..., ...}. Paths may
     start with ~ (the workdir as configured)."""
+    os.umask(0o077)  # what the supervisor and the stages it starts create is the user's alone
     text = sys.stdin.read()
     home = os.path.expanduser("~")
     if HOME_TOKEN in text:

@@ -196,6 +196,15 @@ def load_manifest(workdir):
         return {}
 
 
+def private_workdir(workdir):
+    """The workdir, made 0700 (or made so again, when it is ours): the code, data, runs and
+    artifacts in it are no other uid's to read, nor its locks to take (docs/security.md)."""
+    os.makedirs(workdir, mode=0o700, exist_ok=True)
+    st = os.stat(workdir)
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        os.chmod(workdir, 0o700)
+
+
 def manifest_doc(files, digest):
     # digest: of the canonical file table, computed by the laptop (harness.sync.manifest_digest)
     return {"version": 1, "digest": digest, "files": files}
@@ -209,7 +218,7 @@ def main():
     if not line.strip():
         return  # nothing to do (a no-op or a dry run): the host is left exactly as it was
     header = json.loads(line)
-    os.makedirs(workdir, exist_ok=True)
+    private_workdir(workdir)
     workdir = os.path.realpath(workdir)
     roots = header["roots"]
     upload = header["upload"]

@@ -35,7 +35,11 @@ class WrapOptions:
 
 # Create directories, then run the command: one round trip. The directories are data ($2..),
 # never part of the script.
-_MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+_MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+
+# Compilers' caches the stages write and later load code from: in the workdir (0700), not in a
+# shared /tmp where another uid could make them first (torch's default /tmp/torchinductor_USER).
+CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}
 
 # What the stages see as their GPUs: CUDA_VISIBLE_DEVICES (or all) and nvidia-smi's list.
 _VISIBLE_GPUS_PROBE = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'
@@ -92,6 +96,11 @@ class Runtime(abc.ABC):
     def host_dirs(self) -> list[str]:
         """Host directories that must exist before a command runs in this runtime."""
         return [self.workdir]
+
+    def cache_env(self) -> dict[str, str]:
+        """The compile caches' variables for the stages (CACHE_DIRS), under the workdir's .harness/
+        (a value the host's env sets is theirs: these are defaults)."""
+        return {name: f"{self.workdir}/.harness/cache/{sub}" for name, sub in CACHE_DIRS.items()}
 
     def foreground(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
         """wrap(argv), creating host_dirs() first: a fresh host has no workdir until the first

@@ -118,7 +118,9 @@ class DockerRuntime(Runtime):
         for mount in c.mounts:
             opts += ["-v", self._expand(mount)]
         opts += ["-e", "PYTHONUNBUFFERED=1"]
-        for name in dict.fromkeys((*self.host.env, *options.env_names)):
+        passed = dict.fromkeys((*self.host.env, *options.env_names))
+        opts += [a for name, value in self.cache_env().items() if name not in passed for a in ("-e", f"{name}={value}")]
+        for name in passed:
             opts += ["-e", name]  # by name: the value comes from docker's environment
         for key, value in options.labels:
             opts += ["--label", f"{LABEL_PREFIX}.{key}={value}"]
@@ -144,7 +146,7 @@ class DockerRuntime(Runtime):
         name = f"harness-{run_id}-{stage}"
         # The container appends its own output to the stage log (on the mounted workdir), so
         # the log is complete even if the supervisor dies while the container runs.
-        inner = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log_path, *argv]
+        inner = ["sh", "-c", 'umask 077; exec "$@" >>"$0" 2>&1', log_path, *argv]  # what it writes: the user's alone
         options = dataclasses.replace(options, labels=(*options.labels, ("run", run_id), ("stage", stage)), name=name)
         return {"kind": self.kind, "container": name, "argv": self.create_argv(inner, options)}
 

@@ -13,7 +13,7 @@ _CD_AND_EXEC = 'cd -- "$0" && exec "$@"'
 
 # The foreground commands: the workdir ($1, data) created if missing, then cd and exec. "~"
 # expands on the host, so `harness exec` needs no round trip to learn the home directory.
-_IN_WORKDIR = f'd=$1; shift; {sh_expand_home("d")}; {{ [ -d "$d" ] || mkdir -p -- "$d"; }} && cd -- "$d" && exec "$@"'
+_IN_WORKDIR = f'd=$1; shift; {sh_expand_home("d")}; {{ [ -d "$d" ] || mkdir -p -m 700 -- "$d"; }} && cd -- "$d" && exec "$@"'
 
 
 def with_visible_gpus(host: HostConfig, argv: Sequence[str]) -> list[str]:
@@ -44,7 +44,7 @@ class HostRuntime(Runtime):
 
     def stage_process(self, argv: Sequence[str], *, run_id: str, stage: str, log_path: str, options: WrapOptions = WrapOptions()) -> dict[str, Any]:
         # A process group of its own; the supervisor sends its output to the log.
-        return {"kind": self.kind, "argv": self.wrap(argv)}
+        return {"kind": self.kind, "argv": self.wrap(argv), "env_defaults": self.cache_env()}
 
     def visible_gpus_probe(self, argv: Sequence[str]) -> list[str]:
         return with_visible_gpus(self.host, argv)

@@ -8,8 +8,34 @@ import os
 import stat
 
 
+SHARED = "/tmp/harness-ssh-{uid}"  # a name any local user could make first: checked, never trusted
+
+
+def candidates() -> list[str]:
+    """Where it may be, in order: $HARNESS_CONTROL_DIR (then the only one); the session's own
+    runtime directory; /tmp/harness-ssh-UID; ~/.cache/harness/ssh. Another local user can make
+    the /tmp name first: it is then passed over, never trusted (and never a reason to stop)."""
+    if os.environ.get("HARNESS_CONTROL_DIR"):
+        return [os.environ["HARNESS_CONTROL_DIR"]]
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    found = [os.path.join(runtime, "harness-ssh")] if runtime and _private(runtime) else []
+    return [*found, SHARED.format(uid=os.getuid()), os.path.join(os.path.expanduser("~"), ".cache", "harness", "ssh")]
+
+
+def _private(directory: str) -> bool:
+    try:
+        return is_private(os.lstat(directory))
+    except OSError:
+        return False
+
+
 def path() -> str:
-    return os.environ.get("HARNESS_CONTROL_DIR") or f"/tmp/harness-ssh-{os.getuid()}"
+    """The first candidate that is private to this user or not there yet (ensure() makes it)."""
+    options = candidates()
+    for directory in options:
+        if _private(directory) or not os.path.lexists(directory):
+            return directory
+    return options[-1]
 
 
 def is_private(st: os.stat_result) -> bool:
@@ -18,14 +44,19 @@ def is_private(st: os.stat_result) -> bool:
 
 
 def ensure() -> str:
-    """The directory, made 0700 if missing; a TransportError where it is not private to us."""
-    directory = path()
-    try:
-        os.mkdir(directory, 0o700)
-    except FileExistsError:
-        pass
-    if not is_private(os.lstat(directory)):
-        from harness.errors import TransportError
+    """The directory, made 0700 if missing; a TransportError where none can be private to us."""
+    for directory in candidates():
+        try:
+            if not os.path.lexists(directory):
+                os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+                os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass  # made meanwhile: checked next
+        except OSError:
+            continue
+        if _private(directory):
+            return directory
+    from harness.errors import TransportError
 
-        raise TransportError(f"{directory} must be a directory owned by you with mode 0700 (it holds ssh control sockets)")
-    return directory
+    raise TransportError(f"{path()} must be a directory owned by you with mode 0700 (it holds ssh control sockets)",
+                         "set HARNESS_CONTROL_DIR to a directory of yours")
