@@ -12,22 +12,32 @@ if TYPE_CHECKING:
     from harness.transport.base import Transport
 
 
-def parallel(items: Sequence[Any], fn: Callable[[Any], Any]) -> list[tuple[Any, Any, BaseException | None]]:
-    """fn(item) for every item at once (one thread each); [(item, result, error)] in order."""
+def parallel(items: Sequence[Any], fn: Callable[[Any], Any], timeout: float | None = None) -> list[tuple[Any, Any, BaseException | None]]:
+    """fn(item) for every item at once (one thread each); [(item, result, error)] in order.
+    `timeout`: seconds for all of them; an item not done by then is a TimeoutError (its thread is
+    left to end by itself)."""
+    import time
+
     results: list[Any] = [None] * len(items)
     errors: list[BaseException | None] = [None] * len(items)
+    done = [False] * len(items)
 
     def one(i: int) -> None:
         try:
             results[i] = fn(items[i])
         except BaseException as e:  # noqa: BLE001 - reported per item
             errors[i] = e
+        done[i] = True
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(items))]
     for t in threads:
         t.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for t in threads:
-        t.join()
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    for i in range(len(items)):
+        if not done[i]:
+            errors[i] = TimeoutError(f"no answer within {timeout:.0f} s")
     return [(items[i], results[i], errors[i]) for i in range(len(items))]
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
-import re
 import secrets
 import subprocess
 import time
@@ -25,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import box_values, helpers
 from harness.box_values import RUN_ID_RE
-from harness.config import Config, HostConfig
+from harness.config import Config, HostConfig, PipelineConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
-from harness.runs import AttachView, CancelOutcome, RunListing, Started
+from harness.runs import AttachView, CancelOutcome, RunListing, Started, names_a_run, pick_run
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 RUNS_DIR = "runs"
 SUPERVISOR = "supervisor.py"  # harness/host_helpers/
 HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
-RUN_ID_LIKE_RE = re.compile(r"^\d{8}-\d{6}")  # what `harness pull` takes for a run id, not a path
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
@@ -181,17 +179,32 @@ def requirements(config: Config, host: HostConfig, workdir: str, stages: list[st
                 f"keep harness.toml in the harness checkout (where {SCRIPTS_DIR}/ is) and run from there")
 
     needs = [{"path": f"{workdir}/{SCRIPTS_DIR}/{STAGES[s].script}", "message": script_missing(s)} for s in dict.fromkeys(stages)]
-    verifier = config.pipeline.verifier
-    if "verifier" not in stages and verifier_is_host_path(verifier) and (host.runtime == "host" or not verifier.startswith("/")):
+    verifier, data = config.pipeline.verifier, config.pipeline.data
+    visible = host.runtime == "host"  # a container sees absolute paths through its mounts only: not checked from the host
+    if "verifier" not in stages and verifier_is_host_path(verifier) and (visible or not verifier.startswith("/")):
         path = verifier if verifier.startswith(("/", "~")) else f"{workdir}/{verifier}"
         needs.append({"path": path, "message": f"{host.name}: the verifier {verifier} ([pipeline] verifier) does not exist on the host "
                       f"(relative paths are under the workdir {host.workdir}): put it there, or name a Hugging Face model id"})
+    reads_data = any(s in ("regenerate", "prepare", "evaluate", "serve_check") for s in stages)
+    configured = data != PipelineConfig().data  # the default is the demo's, which its verifier stage makes
+    if configured and "verifier" not in stages and reads_data and data_is_host_path(data) and (visible or not data.startswith("/")):
+        path = data if data.startswith(("/", "~")) else f"{workdir}/{data}"
+        needs.append({"path": path, "message": f"{host.name}: the chat data {data} ([pipeline] data) does not exist on the host "
+                      f"(relative paths are under the workdir {host.workdir}): list it in [sync] paths, or give its path on the box"})
     return needs
 
 
 def verifier_is_host_path(verifier: str) -> bool:
     """A path, not a hub id: absolute, ~, ./, or not of the hub's "org/name" form."""
     return verifier.startswith(("/", "~", "./", "../")) or verifier.count("/") != 1
+
+
+DATA_FILES = (".jsonl", ".json", ".parquet", ".csv", ".txt")
+
+
+def data_is_host_path(data: str) -> bool:
+    """The chat data names a file on the host (a data file's suffix, or a path as for the verifier)."""
+    return bool(data) and (data.endswith(DATA_FILES) or verifier_is_host_path(data))
 
 
 @dataclass(frozen=True)
@@ -259,7 +272,7 @@ class Jobs:
                 raise self.no_runs_yet()
             run_id = box_values.run_id(run_id, self.name)  # it becomes a local directory's name
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
-        if what == "last" or RUN_ID_RE.match(what) or RUN_ID_LIKE_RE.match(what):  # a mistyped id is no path
+        if names_a_run(what):  # a mistyped id is no path
             run_id = self.resolve_run_id(what)
             return RemoteTarget(self.run_dir(run_id), posixpath.join("runs", run_id), run_id)
         path = what if what.startswith(("/", "~")) else f"{self.runtime.workdir_as_given}/{what}"
@@ -401,15 +414,11 @@ class Jobs:
     # -- read back --------------------------------------------------------------------------------
 
     def resolve_run_id(self, run_id: str) -> str:
-        """Validate a run id from the user; "last" means the newest run on the host."""
-        if run_id == "last":
-            runs = self.listing().runs[self.name]
-            if not runs:
-                raise self.no_runs_yet()
-            return runs[-1].run_id
-        if not RUN_ID_RE.match(run_id):
-            raise UsageError(f"invalid run id {run_id!r}: expected YYYYMMDD-HHMMSS-xxxxxx or 'last'", f"`harness runs {self.name}` lists the runs")
-        return run_id
+        """A run as the user names it (runs.pick_run: its id, `last`, `last~N`, or a unique start
+        or end of its id); the host's runs are listed only when the name needs them."""
+        if RUN_ID_RE.match(run_id):
+            return run_id
+        return pick_run(run_id, lambda: [r.run_id for r in self.listing().runs[self.name]], self.name)
 
     def no_runs_yet(self) -> UsageError:
         return UsageError(f"{self.name}: no runs yet", f"start one: harness run {self.name} all")
@@ -454,7 +463,42 @@ class Jobs:
         result = self._supervise({"cmd": "cancel", "run_dir": self.run_dir(run_id), "grace": grace_s})
         if result.exit_code == 2:
             raise self.no_run(run_id)
-        return CancelOutcome(run_id, {self.name: result.checked("supervisor cancel").text.strip()}, where=self.name)
+        said = result.checked("supervisor cancel").text.strip()
+        ended = said.startswith("already ")
+        state = said.removeprefix("already ")
+        return CancelOutcome(run_id, {self.name: state}, where=self.name, ended_before={self.name} if ended else set())
+
+    def preflight(self, plan: "RunPlan", synced: set[str] = frozenset()) -> dict[str, Any]:
+        """`run --dry-run`'s look at the host (supervisor `preflight`, nothing written): which of
+        the plan's requirements are missing (those the sync would send count as there), the free
+        space where the artifacts go, the data's rows and the verifier's width (what sizes the
+        hidden states). Its answer is the box's: numbers are checked by whoever uses them."""
+        def relative(path: str) -> str:
+            return path.removeprefix(plan.workdir + "/")
+
+        requires = [r for r in plan.requires if relative(r["path"]) not in synced]
+        p = self.config.pipeline
+        root = plan.record["store"]
+        data = p.data if p.data.startswith(("/", "~")) else f"{plan.workdir}/{p.data}"
+        verifier = p.verifier if p.verifier.startswith(("/", "~")) else f"{plan.workdir}/{p.verifier}"
+        result = self._supervise({"cmd": "preflight", "requires": requires, "space": root if root.startswith("/") else f"{plan.workdir}/{root}",
+                                  "data": data, "verifier": verifier})
+        facts = box_values.mapping(result.checked("supervisor preflight").json())
+        facts["missing"] = [str(m) for m in facts.get("missing") or []]
+        facts["space_at"] = box_values.text(facts.get("space_at"))
+        facts["free_bytes"] = box_values.integer(facts.get("free_bytes"))
+        return facts
+
+    def collect(self, remove: list[str], dry_run: bool) -> dict[str, Any]:
+        """`harness rm` / `harness gc` on the host (supervisor `gc`): the runs removed and the
+        artifacts no kept run names, removed (or, dry_run, what would be); its answer, checked
+        by harness.cleanup."""
+        run_ids = [self.resolve_run_id(r) for r in remove]
+        result = self._supervise({"cmd": "gc", "runs_dir": self.runs_dir, "stores": [store_root(self.config.pipeline)], "remove": run_ids,
+                                  "dry_run": dry_run})
+        if result.exit_code in (2, 3):
+            raise UsageError(result.error.strip().splitlines()[-1], f"`harness runs {self.name}` lists the runs and their states")
+        return result.checked("supervisor gc").json()
 
     def mark_cancelling(self, run_id: str) -> None:
         """The first round of a group's cancel: from now on a stage of this run that fails (its

@@ -355,9 +355,11 @@ class GroupRun:
             for host, _, error in parallel(list(self.hosts), lambda h: self.jobs(h).mark_cancelling(run_id)):
                 if error is not None:  # unreachable or no such run: asking again would only wait again
                     out[host] = f"error: {error}"
+        ended = set()
         for host, cancelled, error in parallel([h for h in (hosts or self.hosts) if h not in out], lambda h: self.jobs(h).cancel_run(run_id, grace_s)):
             out[host] = cancelled.states[host] if error is None else f"error: {error}"
-        return CancelOutcome(run_id, {h: out[h] for h in (hosts or self.hosts)}, group=True, where=self.name)
+            ended |= cancelled.ended_before if error is None else set()
+        return CancelOutcome(run_id, {h: out[h] for h in (hosts or self.hosts)}, group=True, where=self.name, ended_before=ended)
 
     def _follow_nodes(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
                       as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:

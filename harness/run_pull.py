@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -216,6 +217,9 @@ def pull(host: "Host", request: PullRequest, progress: Callable[[], PullProgress
             what = RunPullPlan([Part(f"{target.path}/{BEST_FILE}", "."), Part(f"{target.path}/{name}", name)], [])
         else:
             what = RunPullPlan([Part(target.path, ".", latest_checkpoint=request.latest_checkpoint)], [])
-        destination = request.local_dir or target.local_name
+        # a run lands by default in the project's runs/ (the config's directory), wherever the
+        # command runs: never inside a synced path, where the next sync would send it to the box
+        default = os.path.relpath(host.config.root / target.local_name) if target.run_id else target.local_name
+        destination = request.local_dir or default
         report = pull_run(connection, what, destination, progress())
     return PullOutcome(target, destination, report, what.missing, what.notes)

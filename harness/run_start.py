@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import HarnessError, UsageError
+from harness.units import human_bytes
 from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
 
 if TYPE_CHECKING:
@@ -70,6 +71,9 @@ class DryRun:
     requires: list[str] = field(default_factory=list)
     preflight_error: str | None = None
     store: str = ""  # the artifact store, as the workdir holds it
+    free_bytes: int | None = None  # on the host, where the artifacts go
+    space_at: str = ""
+    hidden_states: tuple[int, str] | None = None  # (bytes extract writes at most, how that is counted)
 
     @property
     def ok(self) -> bool:
@@ -81,8 +85,16 @@ class DryRun:
     def lines(self) -> list[str]:
         out = [f"sync: {len(self.to_send)} file(s), {self.send_bytes} bytes to send, {len(self.to_delete)} to delete" if self.to_send or self.to_delete
                else "sync: nothing to send (the host has this code)"]
-        out.append(f"preflight: ok (the launch also checks on {self.host}: {', '.join(self.requires)})" if self.ok
-                   else f"preflight: FAILED: {self.preflight_error}")
+        out.append(f"preflight on {self.host}: ok ({', '.join(self.requires)}: there, or sent by the sync)" if self.ok
+                   else f"preflight on {self.host}: FAILED: {self.preflight_error}")
+        if self.free_bytes is not None:
+            disk = f"disk: {human_bytes(self.free_bytes)} free at {self.space_at}"
+            if self.hidden_states:
+                need, how = self.hidden_states
+                disk += f"; extract writes up to {human_bytes(need)} of hidden states ({how})"
+                disk += "" if need < self.free_bytes else ": NOT ENOUGH (`harness gc` frees what no run needs; data_dir, output_dir)"
+            out.append(disk)
+        out.append(f"not checked here: the image, the stages' libraries and the GPUs (`harness doctor {self.host}` checks them)")
         out.append(f"in {self.workdir} on {self.host}:" if self.workdir else f"on {self.host}:")
         out += [f"  {stage}: {shlex.join(argv)}" for stage, argv in self.commands.items()]
         if any("@artifact:" in a for argv in self.commands.values() for a in argv):
@@ -92,7 +104,8 @@ class DryRun:
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "ok": self.ok, "stages": self.stages, "workdir": self.workdir,
                 "sync": {"send": self.to_send, "send_bytes": self.send_bytes, "delete": self.to_delete},
-                "preflight": {"ok": self.ok, "error": self.preflight_error, "requires": self.requires},
+                "preflight": {"ok": self.ok, "error": self.preflight_error, "requires": self.requires, "free_bytes": self.free_bytes,
+                              "space_at": self.space_at, "hidden_states_bytes": self.hidden_states[0] if self.hidden_states else None},
                 "commands": [{"stage": s, "argv": argv, "line": shlex.join(argv)} for s, argv in self.commands.items()]}
 
 
@@ -121,4 +134,23 @@ def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ())
     result.commands = {stage: [shown(a) for a in argv] for stage, argv in plan.commands().items()}
     result.requires = [shown(r["path"].removeprefix(plan.workdir + "/")) for r in plan.requires]
     result.store = plan.record["store"]
+    facts = place.runs.preflight(plan, synced=set(planned.plan.upload))  # what the sync sends counts as there
+    if facts["missing"]:
+        result.preflight_error = "; ".join(facts["missing"])
+    result.free_bytes, result.space_at = facts["free_bytes"], shown(facts["space_at"] or "")
+    result.hidden_states = hidden_states_estimate(place.config, result.stages, facts)
     return result
+
+
+def hidden_states_estimate(config, stages: list[str], facts: dict[str, Any]) -> tuple[int, str] | None:
+    """What extract writes at most, from the box's facts (the data's rows, the verifier's width):
+    rows x max_seq_len x (target layers + 1) x hidden x 2 bytes; None where it is not known."""
+    from harness.box_values import integer
+    from harness.doctor.ml_checks import DEFAULT_TARGET_LAYERS, hidden_state_bytes
+
+    rows, hidden = integer(facts.get("data_rows")), integer(facts.get("hidden_size"))
+    if "extract" not in stages or not rows or not hidden:
+        return None
+    p = config.pipeline
+    layers = (len(p.target_layer_ids) or DEFAULT_TARGET_LAYERS) + 1
+    return hidden_state_bytes(rows, p.max_seq_len, layers, hidden), f"{rows} rows x {p.max_seq_len} tokens x {layers} layers x {hidden} x 2 B"

@@ -8,8 +8,12 @@ return. Each answer also knows its JSON form (`--json`; the keys are listed in d
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
+
+from harness.box_values import RUN_ID_RE
+from harness.errors import UsageError
 
 
 class RunView(Protocol):
@@ -68,6 +72,40 @@ class RunListing:
 
 
 LIVE_STATES = ("queued", "starting", "running")
+LAST_RE = re.compile(r"^last(?:~(\d+))?$")
+FRAGMENT_RE = re.compile(r"^(?=.*\d)[0-9a-f-]{4,21}$")  # a start (20261205-2301) or an end (bf858a) of a run id
+
+
+def names_a_run(text: str) -> bool:
+    """Whether `text` is a way of naming a run (pick_run), not a path (`harness pull`'s REMOTE)."""
+    return bool(LAST_RE.match(text) or RUN_ID_RE.match(text) or FRAGMENT_RE.match(text))
+
+
+def pick_run(ref: str, run_ids: Callable[[], list[str]], where: str) -> str:
+    """The run `ref` names among a host's runs (oldest first; asked only when needed): a run id;
+    `last`, the newest, or `last~N`, the Nth before it; else a unique start or end of an id
+    (`20261205-2301`, `bf858a`). Each other case is one UsageError with the next step."""
+    hint = f"`harness runs {where}` lists the runs"
+    if RUN_ID_RE.match(ref):
+        return ref
+    last = LAST_RE.match(ref)
+    if not last and not FRAGMENT_RE.match(ref):
+        raise UsageError(f"invalid run id {ref!r}: expected a run id (YYYYMMDD-HHMMSS-xxxxxx), a unique part of one, 'last' or 'last~N'", hint)
+    ids = run_ids()
+    if not ids:
+        raise UsageError(f"{where}: no runs yet", f"start one: harness run {where} all")
+    if last:
+        back = int(last.group(1) or 0)
+        if back >= len(ids):
+            raise UsageError(f"{where}: {ref}: only {len(ids)} run(s) there", hint)
+        return ids[-1 - back]
+    matches = [i for i in ids if i.startswith(ref) or i.endswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UsageError(f"{where}: no run {ref}", hint)
+    shown = ", ".join(matches[-4:]) + (", ..." if len(matches) > 4 else "")
+    raise UsageError(f"{where}: {ref} names {len(matches)} runs ({shown})", "give more of the id")
 
 
 @dataclass(frozen=True)
@@ -80,6 +118,7 @@ class CancelOutcome:
     group: bool = False
     where: str = ""
     dry_run: bool = False
+    ended_before: set[str] = field(default_factory=set)  # hosts where the run had ended already: nothing was stopped
 
     def exit_code(self) -> int:
         return 1 if any(s.startswith("error") for s in self.states.values()) else 0
@@ -91,7 +130,7 @@ class CancelOutcome:
     def to_json(self) -> dict[str, Any]:
         """`harness cancel --json`."""
         out: dict[str, Any] = {("group" if self.group else "host"): self.where, "run_id": self.run_id, "dry_run": self.dry_run,
-                               "states": dict(self.states), "ok": self.exit_code() == 0}
+                               "states": dict(self.states), "ok": self.exit_code() == 0, "ended_before": sorted(self.ended_before)}
         if self.dry_run:
             out["would_stop"] = self.would_stop()
         return out

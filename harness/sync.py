@@ -39,6 +39,7 @@ MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
 IGNORE_FILES = (".gitignore", ".harnessignore")  # later files win within one directory
 NEVER_SYNCED = {".git", ".harness"}
+PULLED_RUNS = "runs"  # where `harness pull` lands runs, at the project's root: what came from the box never goes back
 _HASH_BLOCK = 1 << 20
 
 
@@ -198,7 +199,7 @@ class IgnoreRules:
 
     def ignored(self, root: Path, rel: str, is_dir: bool) -> bool:
         parent, _, name = rel.rpartition("/")
-        if name in NEVER_SYNCED:
+        if name in NEVER_SYNCED or rel == PULLED_RUNS:
             return True
         probe = rel + "/" if is_dir else rel
         if self._exclude is not None and self._exclude.match_file(probe):

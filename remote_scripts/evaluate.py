@@ -673,6 +673,18 @@ def training_curves(paths: list[Path]) -> list[dict]:
     return []
 
 
+def short_of_k_plus_one(report: Report) -> str | None:
+    """Why tau is below k + 1 though every position is accepted (nearly) always, or None: a
+    reply's last round stops at its end (end of turn, or the token budget), so a round averages
+    fewer than k + 1 tokens even when no proposal is refused."""
+    ceiling = report.k + 1
+    if not report.acceptance_per_position or min(report.acceptance_per_position) < 0.99 or report.tau >= ceiling - 0.05:
+        return None
+    per_reply = report.generated_tokens / report.prompts if report.prompts else 0
+    return (f"tau {report.tau:.2f} is below k + 1 = {ceiling} with every position accepted: each reply's last round stops at "
+            f"its end (end of turn or the token budget; {per_reply:.0f} tokens a reply here), so rounds average fewer than {ceiling} tokens")
+
+
 def plot_acceptance(report: Report, path: Path) -> None:
     import matplotlib
 
@@ -722,10 +734,12 @@ def plot_training(records: list[dict], path: Path, evaluated: tuple[int, float] 
     ax_loss.legend(fontsize=8)
     ttt = sorted({int(k.rsplit("_", 1)[1]) for _, m in train for k in m if k.startswith("full_acc_")})
     for t in ttt:
-        ax_acc.plot(steps, [m.get(f"full_acc_{t}", float("nan")) for _, m in train], lw=1, label=f"step {t + 1} (train)")
+        color = f"C{t}"  # a position's train line and its validation points in one colour
+        ax_acc.plot(steps, [m.get(f"full_acc_{t}", float("nan")) for _, m in train], lw=1, color=color, label=f"position {t + 1} (train)")
         if val:
-            ax_acc.plot([s for s, _ in val], [m.get(f"val_full_acc_{t}", float("nan")) for _, m in val], "o", ms=3, label=f"step {t + 1} (val)")
-    ax_acc.set_xlabel("step")
+            ax_acc.plot([s for s, _ in val], [m.get(f"val_full_acc_{t}", float("nan")) for _, m in val], "o", ms=3, color=color,
+                        label=f"position {t + 1} (validation)")
+    ax_acc.set_xlabel("optimizer step")
     ax_acc.set_ylabel("accuracy")
     ax_acc.set_ylim(0, 1.02)
     ax_acc.legend(fontsize=7, ncol=2)
@@ -857,6 +871,9 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
     if report.looping_prompts:
         events.message(f"{report.looping_prompts} of {report.prompts} replies loop (a repeated span to the token budget): tau {report.tau:.2f} counts them, {report.tau_without_loops:.2f} without them")
     events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
+    why = short_of_k_plus_one(report)
+    if why:
+        events.message(why)
     if report.by_category:
         events.message(f"tau on {args.split} by category: " + ", ".join(f"{c} {_tau_text(v['tau'])} ({v['prompts']} prompts)" for c, v in report.by_category.items()))
 

@@ -95,8 +95,8 @@ def test_status_runs_pull_and_hosts_as_json(tmp_path, ssh_host):
     again = as_json(harness(config, ssh_host, "pull", "box", run_id, str(out), "--json", cwd=tmp_path))
     assert again["fetched"] == [] and sorted(again["identical"]) == on_disk and again["bytes_received"] == 0
     dry = as_json(harness(config, ssh_host, "pull", "box", "last", "--dry-run", "--json", cwd=tmp_path))
-    assert dry["dry_run"] is True and dry["run_id"] == other and dry["local"] == f"runs/{other}" and dry["planned"]
-    assert not (tmp_path / "runs").exists()
+    assert dry["dry_run"] is True and dry["run_id"] == other and dry["local"] == f"project/runs/{other}" and dry["planned"]  # beside harness.toml
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "project" / "runs").exists()
 
     hosts = harness(config, ssh_host, "hosts", "--json")
     assert hosts.returncode == 0, hosts.stderr
@@ -147,7 +147,8 @@ def test_group_status_runs_and_cancel_as_json(tmp_path, ssh_host):
         assert node["run"]["record"] == json.loads((tmp_path / "work" / node["host"] / "runs" / run_id / "run.json").read_text())
 
     dry = as_json(harness(config, ssh_host, "cancel", "pair", "--dry-run", "--json"))  # RUN left out: the newest; nothing stopped
-    assert dry == {"group": "pair", "run_id": run_id, "dry_run": True, "states": {"a": "running", "b": "running"}, "ok": True, "would_stop": ["a", "b"]}
+    assert dry == {"group": "pair", "run_id": run_id, "dry_run": True, "states": {"a": "running", "b": "running"}, "ok": True, "ended_before": [],
+                   "would_stop": ["a", "b"]}
     lines = [json.loads(line) for line in harness(config, ssh_host, "logs", "pair", "--json", "--tail", "2").stdout.splitlines()]
     assert {item["host"] for item in lines} == {"a", "b"} and all(item["stage"] == "prepare" for item in lines)
     for host in ("a", "b"):  # at most the last 2 lines of each node's (growing) log, whole lines as on disk

@@ -76,7 +76,8 @@ MISTAKES = [
     (("logs",), EXIT_USAGE, "Missing argument 'HOST'", "harness logs --help"),
     (("status", "box"), EXIT_USAGE, "box: no runs yet", "harness run box all"),
     (("cancel", "box"), EXIT_USAGE, "box: no runs yet", "harness run box all"),
-    (("pull", "box", "20250101-000000-abcd"), EXIT_USAGE, "invalid run id '20250101-000000-abcd'", "harness runs box"),
+    (("pull", "box", "20250101-000000-abcd"), EXIT_USAGE, "box: no runs yet", "harness run box all"),  # a part of an id, on a box with none
+    (("status", "box", "last~x"), EXIT_USAGE, "invalid run id 'last~x'", "harness runs box"),
     (("logs", "box", "20250101-000000-abcdef"), EXIT_USAGE, "box: no run 20250101-000000-abcdef", "harness runs box"),
     (("pull", "box", "20250101-000000-abcdef"), EXIT_USAGE, "box: no run 20250101-000000-abcdef", "harness runs box"),
     (("status", "garbage"), EXIT_CONNECTION, "no SSH server answered", "speaks no SSH"),  # the same words from either client
@@ -132,8 +133,11 @@ def test_run_defaults_logs_tail_json_cancel_and_global_options_after(project, ss
 
     dry = harness(project, ssh_host, "cancel", "box", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
-    assert json.loads(dry.stdout) == {"host": "box", "run_id": run_id, "dry_run": True, "states": {"box": "ok"}, "ok": True, "would_stop": []}
+    assert json.loads(dry.stdout) == {"host": "box", "run_id": run_id, "dry_run": True, "states": {"box": "ok"}, "ok": True, "ended_before": [],
+                                      "would_stop": []}
     assert "nothing to cancel" in harness(project, ssh_host, "cancel", "box", "-n").stdout
+    ended = harness(project, ssh_host, "cancel", "box")  # a run that had ended: said so, nothing stopped
+    assert ended.returncode == 0 and ended.stdout.strip() == f"run {run_id} had already ended: ok (nothing to cancel)", ended.stdout
 
     # global options after the subcommand (the host-key error tells the user to add one there)
     after = subprocess.run([sys.executable, "-m", "harness", "status", "box", "--config", str(project), "--accept-new-host-key", "-q", "--json"],

@@ -18,6 +18,7 @@ A user without root and without sudo gets one line saying what to run (second te
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -99,6 +100,10 @@ def test_the_readme_first_command_on_pristine_debian_reaches_the_demos_tau(fresh
     workdir = checkout / "demo-output"  # the demo's default
     summary = json.loads((workdir / "summary.json").read_text())
     assert f"{summary['tau']:.2f}  (k = {summary['k']}" in output  # the table the newcomer sees
+    # the demo fits a terminal's scrollback: the stages' own lines and the table, not the libraries'
+    demo = proc.stdout[proc.stdout.index("harness is .venv/bin/harness"):].splitlines()
+    assert len(demo) < 300 and demo[-1].startswith("└"), (len(demo), demo[-40:])
+    assert re.search(r"^\(\d+ library log lines not shown; the whole logs: ", proc.stdout, re.M)
 
     assert summary["k"] == 3
     assert len(summary["acceptance_per_position"]) == 3

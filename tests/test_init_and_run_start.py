@@ -208,9 +208,11 @@ def test_init_then_run_syncs_code_and_data_first_and_checks_the_verifier_on_the_
     sub = project / "data"  # from a subdirectory, as anyone would
 
     dry = harness("run", "gpu", "prepare", "--dry-run", "--json", cwd=sub, env=env)
-    assert dry.returncode == 0, dry.stderr
+    assert dry.returncode == 1, dry.stderr  # the dry run looked on the box: the verifier is not there
     plan = json.loads(dry.stdout)
-    assert "data/chat.jsonl" in plan["sync"]["send"] and plan["preflight"]["ok"]
+    assert "data/chat.jsonl" in plan["sync"]["send"] and not plan["preflight"]["ok"]  # the data: sent by the sync, so not missing
+    assert plan["preflight"]["error"] == (f"gpu: the verifier models/missing/verifier ([pipeline] verifier) does not exist on the host "
+                                          f"(relative paths are under the workdir {work}): put it there, or name a Hugging Face model id")
     line = plan["commands"][0]["line"]
     assert line.startswith("python3 remote_scripts/prepare_data.py --verifier models/missing/verifier --data data/chat.jsonl")
     assert not work.exists()  # a dry run writes nothing on the box
@@ -249,3 +251,17 @@ def test_check_extract_runs_the_synced_script_never_a_missing_one(project, tmp_p
     # nothing was extracted here: the synced script itself says so (not python's "can't open file")
     assert r.returncode != 0 and "can't open file" not in r.stderr, r.stderr
     assert (work / "remote_scripts" / "check_extraction.py").read_bytes() == (project / "remote_scripts" / "check_extraction.py").read_bytes()
+
+
+def test_a_configured_data_path_missing_on_the_box_stops_the_run_before_any_stage(project, tmp_path):
+    """The data is checked on the box with the scripts and the verifier, in the launch itself (and
+    said by --dry-run): not found when prepare fails."""
+    work = tmp_path / "w"
+    (project / "harness.toml").write_text(f'[hosts.l]\nlocal = true\nworkdir = "{work}"\npython = "{sys.executable}"\n\n'
+                                          '[pipeline]\nverifier = "org/model"\ndata = "data/missng.jsonl"\n')
+    dry = harness("run", "l", "prepare", "--dry-run", cwd=project)
+    assert dry.returncode == 1 and "preflight on l: FAILED: l: the chat data data/missng.jsonl ([pipeline] data) does not exist" in dry.stdout, dry.stdout
+    r = harness("run", "l", "prepare", cwd=project)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "harness: error: l: the chat data data/missng.jsonl ([pipeline] data) does not exist on the host"), r.stderr
+    assert not (work / "runs").exists()  # no run, no stage

@@ -72,7 +72,7 @@ def test_a_neighbour_reads_nothing_of_a_run_and_takes_none_of_its_locks(tmp_path
     assert as_other(other_user, "list", workdir) == "EACCES"
     # inside, what the supervisor and the stages made has no bits for others either (the workdir
     # may be opened later by its owner; the files stay theirs alone)
-    made = [p for p in [run_dir, *run_dir.rglob("*"), *(workdir / "outputs").rglob("*")] if not p.is_symlink()]
+    made = [p for p in [run_dir, *run_dir.rglob("*"), *(workdir / "outputs" / "artifacts").rglob("*")] if not p.is_symlink()]
     assert made and [str(p) for p in made if p.stat().st_mode & 0o077] == []
     # a stage's compile caches are under the workdir, not in a /tmp another uid can make first
     digest = hashlib.sha256(f"{workdir}/.harness/cache/torchinductor".encode()).hexdigest()

@@ -5,7 +5,9 @@ The box is the test bed's sshd (`runtime = "host"`) and the stages are the real 
 session's tiny verifier at the smallest sizes that still train (a few optimizer steps, four
 prompts measured). What the screen must show: the second run makes train and evaluate anew (a new
 key: its lr changed) and reuses prepare and extract, saying so; `pull` of the first run brings the
-first run's own report, byte for byte, not the later one's; `diff` shows the lr and both taus."""
+first run's own report, byte for byte, not the later one's; `diff` shows the lr and both taus;
+`rm` of the first run (named by the end of its id) frees what only it needed, `gc` then finds
+nothing, and the second run is named by the start of its id."""
 
 from __future__ import annotations
 
@@ -86,5 +88,21 @@ def test_the_second_day_a_changed_flag_retrains_reuses_the_rest_and_each_run_kee
         taus = [json.loads((evaluations[r] / "report.json").read_text())["tau"] for r in (first, second)]
         assert re.search(rf"tau\s+│ overall\s+│ {taus[0]:.4g}\s+│ {taus[1]:.4g}", compared), (taus, compared)
         assert re.search(r"artifact\s+│ extract\s+│ (\w{20}) \(made\)\s+│ \1 \(reused\)", compared), compared
+
+        # Removing the first run (named by the end of its id) frees what only it needed: its draft
+        # and its evaluation; what the second run reused stays, and the second run is named by its start.
+        removing = f"harness rm gpu {first[-6:]}"
+        assert term.command(removing + " --dry-run") == 0
+        planned = term.output_of(removing + " --dry-run")
+        firsts = {stage: Path(records[first]["artifacts"][stage]["path"]) for stage in ("train", "evaluate")}
+        assert f"would remove run {first}" in planned and all(f"would remove {s}/{p.name}" in planned for s, p in firsts.items()), planned
+        assert all(p.is_dir() for p in firsts.values())
+        assert term.command(removing) == 0
+        assert not (work / "runs" / first).exists() and not any(p.exists() for p in firsts.values())
+        assert all(Path(records[second]["artifacts"][s]["path"]).is_dir() for s in ("prepare", "extract", "train", "evaluate"))
+        assert term.command("harness gc gpu --dry-run") == 0
+        assert "would free 0 B on gpu" in term.output_of("harness gc gpu --dry-run")
+        assert term.command(f"harness status gpu {second[:15]}") == 0
+        assert f"run {second} on gpu: ok" in term.output_of(f"harness status gpu {second[:15]}")
     finally:
         term.close()

@@ -4,6 +4,7 @@ only when invoked, so `harness --help` stays fast (no SSH client, docker or rich
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -23,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "runs": "harness.cli.job_cmds:runs",
     "cancel": "harness.cli.job_cmds:cancel",
     "diff": "harness.cli.job_cmds:diff",
+    "rm": "harness.cli.cleanup_cmds:rm",
+    "gc": "harness.cli.cleanup_cmds:gc",
     "inspect": "harness.cli.inspect_cmds:inspect",
     "sources": "harness.cli.sources_cmds:sources",
     "check-extract": "harness.cli.extract_cmds:check_extract",
@@ -49,6 +52,8 @@ HELP = {
     "runs": "List the runs on a host.",
     "cancel": "Cancel a run: SIGTERM, grace period, SIGKILL.",
     "diff": "Two runs side by side: settings, artifacts, flags, code and environment, versions, tau.",
+    "rm": "Remove runs from a host, and the artifacts no kept run needs.",
+    "gc": "Remove the artifacts no run on a host needs (--dry-run: what and how much).",
     "inspect": "Show the source of a Python object as the remote container sees it.",
     "sources": "Mirror the Python sources of packages on a host for the laptop's editor (extraPaths).",
     "check-extract": "After a sharded extract: every sample has exactly one valid hidden-state file (host or group).",
@@ -108,6 +113,8 @@ class LazyGroup(click.Group):
         if name and not name.startswith("-") and name not in COMMANDS:
             from harness.errors import UsageError, did_you_mean
 
+            if name == "help":  # what a person types for help is no typo of `shell`
+                raise UsageError("no command 'help'", "`harness --help` lists the commands; `harness COMMAND --help` says what one takes")
             raise UsageError(f"no command {name!r}", did_you_mean(name, COMMANDS) or "`harness --help` lists the commands")
         return super().resolve_command(ctx, args)
 
@@ -137,12 +144,36 @@ def usage_line(e: click.UsageError) -> str:
     """click's usage error (a missing argument, an unknown option) as harness's one line."""
     command = e.ctx.command_path if e.ctx is not None else "harness"
     message = e.format_message().rstrip(".")
-    if isinstance(e, click.NoSuchOption) and e.possibilities:
+    stage_flag = _stage_flag(e)
+    if stage_flag:  # `harness run gpu train --epochs 5`: a flag of the stage, not of run
+        message = f"no such option: {e.option_name}"
+        hint = f"a stage's flag goes in --set {stage_flag}=VALUE (this run) or [pipeline.stages.{stage_flag.split('.')[0]}] (every run)"
+    elif isinstance(e, click.NoSuchOption) and e.possibilities:
         hint = "did you mean " + " or ".join(e.possibilities) + "?"
         message = f"no such option: {e.option_name}"
     else:
         hint = f"`{command} --help` says what it takes"
     return f"harness: error: {message} ({hint})"
+
+
+def _stage_flag(e: click.UsageError) -> str | None:
+    """`STAGE.FLAG` when `harness run`'s unknown option is a flag of a stage it names (its
+    script's parser, beside the config, says so)."""
+    if not isinstance(e, click.NoSuchOption) or e.ctx is None or e.ctx.command.name != "run":
+        return None
+    from harness.errors import HarnessError
+    from harness.pipeline import STAGES
+    from harness.stage_options import stage_options
+
+    flag = e.option_name.lstrip("-").replace("-", "_")
+    try:
+        config = e.ctx.find_root().obj.config
+    except (HarnessError, AttributeError):
+        return None
+    for stage in [a for a in sys.argv if a in STAGES]:
+        if flag in (stage_options(config.path, STAGES[stage].script) or {}):
+            return f"{stage}.{flag}"
+    return None
 
 
 def run() -> None:

@@ -29,7 +29,9 @@ def demo(workdir: str, speculative_tokens: int, verifier: str, as_json: bool) ->
     from harness.demo import DemoOptions, run_demo
 
     options = DemoOptions(workdir=Path(workdir), speculative_tokens=speculative_tokens, verifier=verifier)
-    renderer = EventRenderer(log_stream=sys.stderr if as_json else sys.stdout)
+    # what a newcomer watches (the stages' own lines, bars, the table), whatever the output is
+    renderer = EventRenderer(log_stream=sys.stderr if as_json else sys.stdout, screen=True,
+                             whole_logs=f"{Path(workdir) / 'runs'}/RUN/STAGE/log")
     with renderer:
         summary = run_demo(options, renderer.feed)
     if as_json:
@@ -50,6 +52,9 @@ def _print_summary(summary) -> None:
     table.add_row("acceptance length tau", f"{summary.tau:.2f}  (k = {summary.k}, {summary.prompts} held-out prompts)")
     for i, a in enumerate(summary.acceptance_per_position, 1):
         table.add_row(f"accepted at position {i}", f"{a:.1%}")
+    if summary.acceptance_per_position and min(summary.acceptance_per_position) >= 0.99 and summary.tau < summary.k + 1 - 0.05:
+        table.add_row(f"why not {summary.k + 1}", "each reply's last round stops at its end (end of turn or the token budget): "
+                      f"rounds average fewer than k + 1 = {summary.k + 1} tokens even when every proposal is accepted")
     if summary.training_tau:
         curve = " -> ".join(f"{t['tau']:.2f}" for t in summary.training_tau)
         table.add_row("tau while training", f"{curve}  (estimated at steps {', '.join(str(t['step']) for t in summary.training_tau)})")

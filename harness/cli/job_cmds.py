@@ -74,7 +74,13 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
             for line in result.lines():
                 click.echo(line)
         ctx.exit(result.exit_code())
-    synced, started = start_run(place, list(stages), grace_s=grace, now=now, fresh=list(fresh))
+    from harness.cli.render import SyncBars
+
+    bars = SyncBars(always=False)  # what the sync sends before the run, shown as `harness sync` shows it
+    try:
+        synced, started = start_run(place, list(stages), grace_s=grace, now=now, fresh=list(fresh), progress=None if ctx.obj.quiet else bars)
+    finally:
+        bars.close()
     for h, result in synced.results.items():
         if (result.files_sent or result.deleted) and not ctx.obj.quiet:
             click.echo(f"synced to {h}: {result.files_sent} file(s), {result.bytes_sent} bytes, {result.deleted} deleted", err=True)
@@ -95,7 +101,7 @@ def _attach(runs, where: str, run_id: str, grace: float) -> int:
     from harness.errors import EXIT_INTERRUPTED
 
     try:
-        with AttachRenderer() as view:
+        with AttachRenderer(whole_logs=f"harness logs {where} {run_id}") as view:
             status = runs.attach(run_id, view, grace_s=grace)
     except KeyboardInterrupt:
         click.echo(f"\ndetached from run {run_id}; it keeps running on {where}{runs.detach_note}.", err=True)
@@ -106,11 +112,16 @@ def _attach(runs, where: str, run_id: str, grace: float) -> int:
 
 
 def _run_and_stage(run_id: str | None, stage: str | None) -> tuple[str, str | None]:
-    """`logs HOST train`: a stage name where RUN goes means the newest run's stage."""
+    """`logs HOST train`: a stage name where RUN goes means the newest run's stage; a near miss of
+    one (`trian`) is said as one."""
+    from harness.errors import UsageError, did_you_mean
     from harness.pipeline import STAGES
+    from harness.runs import names_a_run
 
     if stage is None and run_id in STAGES:
         return "last", run_id
+    if stage is None and run_id and not names_a_run(run_id) and did_you_mean(run_id, list(STAGES)):
+        raise UsageError(f"no stage or run {run_id!r}", did_you_mean(run_id, list(STAGES)))
     return run_id or "last", stage
 
 
@@ -120,18 +131,22 @@ def _run_and_stage(run_id: str | None, stage: str | None) -> tuple[str, str | No
 @click.argument("stage", required=False, shell_complete=complete_stages)
 @click.option("--follow", "-f", is_flag=True, help="Keep streaming until the run (or STAGE) ends.")
 @click.option("--tail", type=click.IntRange(min=1), default=None, metavar="N", help="Start at the last N lines (of the stages' logs, in order).")
+@click.option("--failed", is_flag=True, help="Only the failed stage: the last lines of its log (--tail, default 40), then its error line.")
 @click.option("--json", "as_json", is_flag=True,
               help='JSON lines on stdout: {"stage", "log": text} | {"stage", "event": {...}} (docs/events.json) | {"stage", "state": {...}}; a group\'s with "host".')
 @click.pass_context
-def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, follow: bool, tail: int | None, as_json: bool) -> None:
+def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, follow: bool, tail: int | None, failed: bool, as_json: bool) -> None:
     """Print the logs of RUN on HOST (all stages, or STAGE) from their first line.
 
-    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run; `harness logs HOST STAGE` is the newest run's STAGE. For a group,
+    RUN: a run id (as `harness run` printed it), a unique start or end of one, 'last' or 'last~N';
+    without it, the newest run; `harness logs HOST STAGE` is the newest run's STAGE. For a group,
     every node's log, each line prefixed [host]."""
     from harness.errors import EXIT_INTERRUPTED
 
     run_id, stage = _run_and_stage(run_id, stage)
     runs = ctx.obj.place(host).runs
+    if failed:
+        ctx.exit(_failed_stage(runs, host, run_id, tail or FAILED_TAIL))
     try:
         runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
     except KeyboardInterrupt:
@@ -146,38 +161,120 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
                            f"(the box rebooted or the process was killed); start it again: harness run {host} ...")
 
 
+FAILED_TAIL = 40  # lines of `logs --failed`
+
+
+def _failed_stage(runs, host: str, run_id: str, tail: int) -> int:
+    """`logs --failed`: the failed stage's last lines and its error line (a host's run)."""
+    from harness.errors import UsageError
+    from harness.events import finished_failure
+
+    view = runs.status(run_id)
+    if hasattr(view, "nodes"):
+        raise UsageError(f"--failed takes one host's run; {host} is a group", f"harness status {host} {view.run_id} names the node that failed")
+    failed = view.failed_stage
+    if failed is None:
+        click.echo(f"run {view.run_id} on {host} is {view.state}: no stage failed", err=True)
+        return 0
+    runs.stream_logs(view.run_id, _stdout_sink, stage=failed.stage, tail=tail)
+    failure = finished_failure(failed.last_event)
+    click.echo(f"run {view.run_id}: {failed.stage} failed (exit {failed.exit_code})" + (f": {failure.error}" if failure and failure.error else ""), err=True)
+    return 1
+
+
 @click.command("status")
-@host_argument()
+@host_argument(required=False)
 @run_argument()
+@click.option("--watch", "-w", is_flag=True, help="Show it again every few seconds until the run ends (Ctrl-C stops watching).")
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
-def status(ctx: click.Context, host: str, run_id: str | None, as_json: bool) -> None:
+def status(ctx: click.Context, host: str | None, run_id: str | None, watch: bool, as_json: bool) -> None:
     """The stages of RUN on HOST: state, start, duration, exit code, last event (for a group,
-    every node's stages in one table, and the node where it went wrong first).
+    every node's stages in one table, and the node where it went wrong first). Without HOST: the
+    newest run of every configured host, asked in parallel (an unreachable host is one line).
 
-    RUN: a run id (as `harness run` printed it) or 'last'; without it, the newest run. Exit code: 0 when the run is ok, running or queued; 1 when it
+    RUN: a run id (as `harness run` printed it), a unique start or end of one, 'last' or 'last~N';
+    without it, the newest run. Exit code: 0 when the run is ok, running or queued; 1 when it
     failed, was cancelled or lost.
     """
     from harness.cli.render import print_json, print_status
     from harness.errors import EXIT_OK
 
-    view = ctx.obj.place(host).runs.status(run_id or "last")
+    if host is None:
+        ctx.exit(_every_host(ctx, "status", as_json))
+    runs = ctx.obj.place(host).runs
+    view = runs.status(run_id or "last")
     remember_runs(ctx.obj, host, [view.run_id])
-    if as_json:
+    if watch and not as_json:
+        view = _watch(runs, view)
+    elif as_json:
         print_json(view.to_json())
     else:
         print_status(view)
     ctx.exit(EXIT_OK if view.state in ("ok", "running", "queued") else view.exit_code())
 
 
+WATCH_S = 3.0  # between two looks of `status --watch`
+
+
+def _watch(runs, view):
+    """`status --watch`: the table, redrawn in place until the run ends; Ctrl-C stops watching."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from harness.cli.render import status_renderable
+    from harness.runs import LIVE_STATES
+
+    with Live(status_renderable(view), console=Console(), auto_refresh=False) as live:
+        try:
+            while view.state in LIVE_STATES:
+                time.sleep(WATCH_S)
+                view = runs.status(view.run_id)
+                live.update(status_renderable(view), refresh=True)
+        except KeyboardInterrupt:
+            pass
+    return view
+
+
+def _every_host(ctx: click.Context, what: str, as_json: bool) -> int:
+    """`harness status` / `harness runs` without HOST: every configured host, asked in parallel,
+    each within its connect and answer bounds (an unreachable one is one line)."""
+    from harness.cli.render import print_every_host, print_json
+    from harness.fanout import parallel
+
+    config = ctx.obj.config
+    names = list(config.hosts)
+    bound = max((h.connect_timeout for h in config.hosts.values()), default=10.0) + EVERY_HOST_ANSWER_S
+
+    def ask(name: str):
+        listing = ctx.obj.host(name).runs.listing()
+        remember_runs(ctx.obj, name, listing.run_ids(), replace=True)
+        return listing
+
+    answers = {name: (result, error) for name, result, error in parallel(names, ask, timeout=bound)}
+    if as_json:
+        print_json({"hosts": {n: (r.to_json() if e is None else {"host": n, "error": str(e)}) for n, (r, e) in answers.items()}})
+    else:
+        print_every_host(what, answers)
+    return 1 if any(e is not None for _, e in answers.values()) else 0
+
+
+EVERY_HOST_ANSWER_S = 30.0  # past its connect timeout, what a host may take to list its runs
+
+
 @click.command("runs")
-@host_argument()
+@host_argument(required=False)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
-def runs(ctx: click.Context, host: str, as_json: bool) -> None:
-    """List the runs on HOST (or on every host of a group: one column per host), oldest first."""
+def runs(ctx: click.Context, host: str | None, as_json: bool) -> None:
+    """List the runs on HOST (or on every host of a group: one column per host), oldest first.
+    Without HOST: every configured host's, asked in parallel (an unreachable host is one line)."""
     from harness.cli.render import print_json, print_runs
 
+    if host is None:
+        ctx.exit(_every_host(ctx, "runs", as_json))
     listing = ctx.obj.place(host).runs.listing()
     remember_runs(ctx.obj, host, listing.run_ids(), replace=True)
     if as_json:
@@ -193,7 +290,7 @@ def runs(ctx: click.Context, host: str, as_json: bool) -> None:
 @click.option("--grace", type=float, default=None, help="Seconds between SIGTERM and SIGKILL (default: the run's own, 10).")
 @click.option("--dry-run", "-n", is_flag=True, help="Say which run would be cancelled and its state now; stop nothing.")
 @click.option("--json", "as_json", is_flag=True,
-              help="JSON on stdout: host (or group), run_id, dry_run, ok, states {host: state after the cancel, or now with --dry-run, or \"error: ...\"}, would_stop [hosts] (--dry-run).")
+              help="JSON on stdout: host (or group), run_id, dry_run, ok, states {host: state after the cancel, or now with --dry-run, or \"error: ...\"}, ended_before [hosts where it had ended], would_stop [hosts] (--dry-run).")
 @click.pass_context
 def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | None, dry_run: bool, as_json: bool) -> None:
     """Cancel RUN on HOST (a group: on every node at once): SIGTERM, a grace period, then

@@ -16,6 +16,7 @@ plain); `metric` events update the bar's description. The stream's line format:
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any, TextIO
@@ -30,10 +31,66 @@ from harness.units import human_bytes  # noqa: F401 - the CLI modules take it fr
 STATE_COLORS = {"ok": "green", "reused": "green", "queued": "magenta", "running": "cyan", "failed": "red", "cancelled": "yellow", "lost": "red", "skipped": "dim"}
 
 
+class ScreenFilter:
+    """What a person watching a run sees of its stages' logs (`harness run` on a terminal, the
+    demo): the stages' own lines (messages, warnings, artifacts, the end; a metrics line that
+    carries tau, others at most one per stage every METRIC_EVERY_S), harness's lines (a reused
+    artifact, a wait), not the libraries' (speculators prints a block at every step). A failed
+    stage's last lines are shown after all, so its traceback is on screen. The whole logs stay in
+    the run's files (`harness logs`)."""
+
+    SHOWN = re.compile(r"^\[[\w.-]+\] (message|warning|failed|finished|artifact): |^harness: |^[a-z_]+: (reused from run|waiting for) ")
+    METRIC = re.compile(r"^\[[\w.-]+\] metric: ")
+    METRIC_EVERY_S = 15.0
+    TAIL = 30  # lines of a failed stage's log shown after all
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._partial: dict[str, str] = {}
+        self._tails: dict[str, Any] = {}
+        self._last_metric: dict[str, float] = {}
+        self._showing: dict[str, bool] = {}  # the stage's last line was shown
+        self.hidden = 0
+
+    def feed(self, stage: str, text: str) -> list[str]:
+        """The lines of `text` to show (whole lines: a line's end may come in the next chunk)."""
+        from collections import deque
+
+        *lines, self._partial[stage] = (self._partial.get(stage, "") + text).split("\n")
+        tail = self._tails.setdefault(stage, deque(maxlen=self.TAIL))
+        shown = []
+        for raw in lines:
+            line = raw.rstrip("\r").rsplit("\r", 1)[-1]  # what a terminal shows of a tqdm line
+            continued = line[:1] in (" ", "\t") and self._showing.get(stage, False)  # a shown message's next lines
+            if continued or self.SHOWN.match(line) or self.METRIC.match(line) and self._metric_due(stage, line):
+                shown.append(line)
+                self._showing[stage] = True
+            elif line.strip():
+                self.hidden += 1
+                tail.append(line)
+                self._showing[stage] = False
+        return shown
+
+    def _metric_due(self, stage: str, line: str) -> bool:
+        now = self._clock()
+        if " tau=" in line or now - self._last_metric.get(stage, float("-inf")) >= self.METRIC_EVERY_S:
+            self._last_metric[stage] = now
+            return True
+        return False
+
+    def ended(self, stage: str, state: str) -> list[str]:
+        """A stage ended: after a failure, the last lines of its log not shown yet."""
+        tail = list(self._tails.pop(stage, ()))
+        if state != "failed" or not tail:
+            return []
+        return [f"[{stage}] the last {len(tail)} lines of its log:", *tail]
+
+
 class EventRenderer:
-    def __init__(self, log_stream: TextIO | None = None) -> None:
+    def __init__(self, log_stream: TextIO | None = None, screen: bool = False, whole_logs: str = "") -> None:
         """log_stream: where stage log text goes (stdout by default; stderr when stdout must
-        carry only a machine-readable result)."""
+        carry only a machine-readable result). `screen`: what a person watches (ScreenFilter),
+        with `whole_logs` (where the whole logs are) said at the end when lines were left out."""
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -49,6 +106,8 @@ class EventRenderer:
             disable=not self.console.is_terminal,
         )
         self.log_stream = log_stream or sys.stdout
+        self.screen = ScreenFilter() if screen else None
+        self.whole_logs = whole_logs
         self._tasks: dict[str, Any] = {}
         self._pending = b""
         self._log_pending = ""  # a log line not ended yet (shown with its end)
@@ -64,6 +123,9 @@ class EventRenderer:
             self.log_stream.write(self._log_pending)
             self.log_stream.flush()
             self._log_pending = ""
+        if self.screen is not None and self.screen.hidden and self.whole_logs:
+            self.log_stream.write(f"({self.screen.hidden} library log lines not shown; the whole logs: {self.whole_logs})\n")
+            self.log_stream.flush()
 
     def write_log(self, text: str) -> None:
         """Stage log text. Where it shares the screen with the live bars, it is printed above them
@@ -77,6 +139,10 @@ class EventRenderer:
         for line in lines:  # a terminal shows what follows a line's last carriage return (tqdm's bars)
             self.console.print(line.rstrip("\r").rsplit("\r", 1)[-1], markup=False, highlight=False, soft_wrap=True, emoji=False)
 
+    def _write_lines(self, lines: list[str]) -> None:
+        if lines:
+            self.write_log("".join(line + "\n" for line in lines))
+
     def feed(self, chunk: bytes) -> None:
         data = self._pending + chunk
         lines = data.split(b"\n")
@@ -89,13 +155,18 @@ class EventRenderer:
                     self.write_log(line.decode("utf-8", "replace") + "\n")
 
     def handle(self, item: dict[str, Any]) -> None:
-        stage = item.get("stage", "?")
+        stage = str(item.get("stage", "?"))
         if "log" in item:
-            self.write_log(item["log"])
+            if self.screen is None:
+                self.write_log(str(item["log"]))
+            else:
+                self._write_lines(self.screen.feed(stage, str(item["log"])))
         elif "event" in item:
             self._on_event(stage, item["event"])
         elif "state" in item:
             self.final_states[stage] = item["state"]
+            if self.screen is not None and isinstance(item["state"], dict):
+                self._write_lines(self.screen.ended(stage, str(item["state"].get("state"))))
             task = self._tasks.get(stage)
             if task is not None:
                 self.progress.update(task, description=plain(f"{stage} ({item['state'].get('state')})"))
@@ -119,11 +190,14 @@ class AttachRenderer:
     EventRenderer (made on the first chunk), a group's node lines go to stdout as `[host] line`,
     notes to stderr."""
 
-    def __init__(self) -> None:
+    def __init__(self, whole_logs: str = "") -> None:
+        """On a terminal, the stages' screen (ScreenFilter; `whole_logs`: the command that prints
+        them whole); piped, every log line as it comes."""
         from harness.fanout import prefixed_writer
 
         self._events: EventRenderer | None = None
         self.node_line = prefixed_writer()
+        self.whole_logs = whole_logs
 
     def __enter__(self) -> "AttachRenderer":
         return self
@@ -134,7 +208,7 @@ class AttachRenderer:
 
     def events(self, chunk: bytes) -> None:
         if self._events is None:
-            self._events = EventRenderer().__enter__()
+            self._events = EventRenderer(screen=sys.stdout.isatty(), whole_logs=self.whole_logs).__enter__()
         self._events.feed(chunk)
 
     def note(self, text: str) -> None:
@@ -195,9 +269,19 @@ def end_time(item) -> float | None:
 # Status tables
 
 
+def status_renderable(view):
+    """What print_status prints, for a live display (`status --watch`)."""
+    return group_table(view) if hasattr(view, "nodes") else run_table(view)
+
+
 def print_run_table(st) -> None:
     """A host's run (jobs.RunStatus): one row per stage."""
     from rich.console import Console
+
+    Console(stderr=False).print(run_table(st))
+
+
+def run_table(st):
     from rich.table import Table
 
     rec = st.record
@@ -213,7 +297,7 @@ def print_run_table(st) -> None:
     for s in st.stages:
         table.add_row(plain(s.stage), styled_state(s.shown_state), clock(s.started), duration(s.started, end_time(s)),
                       "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
-    Console(stderr=False).print(table)
+    return table
 
 
 def last_event_cell(s) -> str:
@@ -228,6 +312,11 @@ def last_event_cell(s) -> str:
 def print_group_table(status) -> None:
     """A group's run (multinode.GroupStatus): one row per stage of each node."""
     from rich.console import Console
+
+    Console().print(group_table(status))
+
+
+def group_table(status):
     from rich.table import Table
 
     table = Table(title=plain(f"run {status.run_id} on group {status.group}: {status.state}"),
@@ -242,7 +331,7 @@ def print_group_table(status) -> None:
         for s in node.status.stages:
             table.add_row(str(node.rank), plain(node.host), plain(s.stage), styled_state(s.shown_state), clock(s.started),
                           duration(s.started, end_time(s)), "" if s.exit_code is None else str(s.exit_code), plain(last_event_cell(s)))
-    Console().print(table)
+    return table
 
 
 def print_diff(result) -> None:
@@ -265,6 +354,23 @@ def print_diff(result) -> None:
         mark = "" if row.same else "[bold]"
         table.add_row(row.section, plain(row.name), mark + cell(row.a), mark + cell(row.b))
     Console().print(table)
+
+
+def print_cleanup(outcome) -> None:
+    """`harness rm` / `harness gc` (harness.cleanup.Cleanup): what went (or would go) and what stayed."""
+    verb = "would remove" if outcome.dry_run else "removed"
+    for run_id in outcome.runs:
+        click.echo(f"{verb} run {run_id}")
+    for a in outcome.artifacts:
+        what = "" if a.complete in (None, True) else ", incomplete"
+        click.echo(f"{verb} {a.stage}/{a.key} ({human_bytes(a.bytes)}{what}): no run made, reused or read it")
+    kept = [f"{outcome.kept} a run names"]
+    if outcome.kept_for_live_runs:
+        kept.append(f"{outcome.kept_for_live_runs} of stages a queued or running run may read")
+    if outcome.kept_busy:
+        kept.append(f"{outcome.kept_busy} being made")
+    click.echo(f"kept {', '.join(kept)}")
+    click.echo(f"{'would free' if outcome.dry_run else 'freed'} {human_bytes(outcome.bytes)} on {outcome.host}")
 
 
 def reattach_hint(where: str, run_id: str) -> str:
@@ -305,6 +411,34 @@ def print_runs(listing) -> None:
         click.echo(f"{host}: {error}", err=True)
 
 
+def print_every_host(what: str, answers: dict) -> None:
+    """`harness status` / `harness runs` without HOST: {host: (RunListing, error)}. status: each
+    host's newest run in one table; runs: each host's table. An unreachable host: one line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if what == "runs":
+        for listing, error in answers.values():
+            if error is None:
+                print_runs(listing)
+    else:
+        table = Table(title="the newest run of every host")
+        for col in ("host", "run", "state", "stages", "started", "at stage"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("host", "run"))
+        for host, (listing, error) in answers.items():
+            runs = listing.runs.get(host, []) if error is None else []
+            if error is None and not runs:
+                table.add_row(plain(host), "", "no runs yet", "", "", "")
+            for r in runs[-1:]:
+                done = sum(1 for s in r.stages if s.state == "ok")
+                table.add_row(plain(host), plain(r.run_id), styled_state(r.state) + plain(r.queue_note), f"{done}/{len(r.stages)}", clock(r.started),
+                              plain(r.current_stage or ""))
+        Console().print(table)
+    for host, (_, error) in answers.items():
+        if error is not None:
+            click.echo(f"{host}: unreachable: {error}", err=True)
+
+
 def print_cancel(outcome) -> None:
     """`harness cancel` (harness.runs.CancelOutcome): the final state, per host for a group; with
     --dry-run, what a cancel would stop."""
@@ -315,7 +449,8 @@ def print_cancel(outcome) -> None:
             click.echo(f"run {outcome.run_id} on {host} is {state}: {verdict}")
         return
     for host, state in outcome.states.items():
-        click.echo(f"run {outcome.run_id} on {host}: {state}" if outcome.group else f"run {outcome.run_id}: {state}")
+        where = f"run {outcome.run_id} on {host}" if outcome.group else f"run {outcome.run_id}"
+        click.echo(f"{where} had already ended: {state} (nothing to cancel)" if host in outcome.ended_before else f"{where}: {state}")
 
 
 def print_checks(title: str, results) -> None:
@@ -355,6 +490,61 @@ def print_hosts(config) -> None:
         console.print(groups)
 
 
+
+
+QUIET_SYNC_BYTES = 4 << 20  # a sync smaller than these gets no bar (a blink)
+QUIET_SYNC_FILES = 200
+
+
+def transfer_bars():
+    """The bars of a transfer (sync, pull): bytes, speed, time left, files."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[files]}"),
+        console=Console(stderr=True),
+        transient=False,
+    )
+
+
+class SyncBars:
+    """sync's progress bars (a harness.host.SyncProgress): one per host, added when its plan is
+    known. A host's sync that is a blink, or that no one watches, gets none (and no rich import);
+    several hosts at once always do (their lines come only at the end)."""
+
+    def __init__(self, always: bool):
+        self.always = always
+        self.bar = None
+        self.tasks: list[tuple[object, int]] = []
+
+    def __call__(self, host: str, plan):
+        quiet = plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES
+        if not self.always and (quiet or not click.get_text_stream("stderr").isatty()):
+            return None
+        if self.bar is None:
+            self.bar = transfer_bars()
+            self.bar.start()
+        total, n, bar = max(1, plan.upload_bytes), len(plan.upload), self.bar  # a sum over the plan: once, not per file sent
+        task = bar.add_task(f"sync {host}", total=total, files=f"0/{n} files")
+        self.tasks.append((task, total))
+
+        def on_progress(files: int, sent: int) -> None:
+            # files may have grown since the plan: cap at its total
+            bar.update(task, completed=min(sent, total), files=f"{files}/{n} files")
+
+        return on_progress
+
+    def close(self) -> None:
+        if self.bar is not None:
+            for task, total in self.tasks:
+                self.bar.update(task, completed=total)
+            self.bar.stop()
 
 
 def print_sync_plan(host: str, result) -> None:

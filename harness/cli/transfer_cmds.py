@@ -6,16 +6,14 @@ from __future__ import annotations
 import click
 
 from harness.cli.params import host_argument, run_or_path_argument
-from harness.cli.render import human_bytes, print_json, print_sync_outcome
+from harness.cli.render import SyncBars, human_bytes, print_json, print_sync_outcome, transfer_bars
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
-QUIET_SYNC_BYTES = 4 << 20
-QUIET_SYNC_FILES = 200
 
 
 class _BarInBackground:
-    """_progress() built in a thread started now: rich's import (~0.1 s) overlaps the pull's
+    """transfer_bars() built in a thread started now: rich's import (~0.1 s) overlaps the pull's
     connection set-up instead of preceding it. Shown from the first get()."""
 
     def __init__(self):
@@ -27,12 +25,12 @@ class _BarInBackground:
         self._thread.start()
 
     def _build(self) -> None:
-        self._bar = _progress()
+        self._bar = transfer_bars()
 
     def get(self):
         self._thread.join()
         if self._bar is None:
-            self._bar = _progress()  # the thread failed: build it here, where an error is seen
+            self._bar = transfer_bars()  # the thread failed: build it here, where an error is seen
         if not self._shown:
             self._bar.start()
             self._shown = True
@@ -41,22 +39,6 @@ class _BarInBackground:
     def close(self) -> None:
         if self._shown:
             self._bar.stop()
-
-
-def _progress():
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(binary_units=True),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[files]}"),
-        console=Console(stderr=True),
-        transient=False,
-    )
 
 
 # -------------------------------------------------------------------------------------------------
@@ -76,7 +58,7 @@ def sync(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
     paths; everything else on the host (runs/, outputs, data) is never touched.
     """
     place = ctx.obj.place(host)
-    bars = _SyncBars(always=len(place.hosts) > 1)
+    bars = SyncBars(always=len(place.hosts) > 1)
     try:
         outcome = place.sync(place.config.sync_paths(), dry_run=dry_run, progress=None if dry_run or ctx.obj.quiet else bars)
     finally:
@@ -86,40 +68,6 @@ def sync(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
     else:
         print_sync_outcome(outcome, dry_run)
     ctx.exit(outcome.exit_code())
-
-
-class _SyncBars:
-    """sync's progress bars (a harness.host.SyncProgress): one per host, added when its plan is
-    known. A host's sync that is a blink, or that no one watches, gets none (and no rich import);
-    several hosts at once always do (their lines come only at the end)."""
-
-    def __init__(self, always: bool):
-        self.always = always
-        self.bar = None
-        self.tasks: list[tuple[object, int]] = []
-
-    def __call__(self, host: str, plan):
-        quiet = plan.upload_bytes < QUIET_SYNC_BYTES and len(plan.upload) < QUIET_SYNC_FILES
-        if not self.always and (quiet or not click.get_text_stream("stderr").isatty()):
-            return None
-        if self.bar is None:
-            self.bar = _progress()
-            self.bar.start()
-        total, n, bar = max(1, plan.upload_bytes), len(plan.upload), self.bar  # a sum over the plan: once, not per file sent
-        task = bar.add_task(f"sync {host}", total=total, files=f"0/{n} files")
-        self.tasks.append((task, total))
-
-        def on_progress(files: int, sent: int) -> None:
-            # files may have grown since the plan: cap at its total
-            bar.update(task, completed=min(sent, total), files=f"{files}/{n} files")
-
-        return on_progress
-
-    def close(self) -> None:
-        if self.bar is not None:
-            for task, total in self.tasks:
-                self.bar.update(task, completed=total)
-            self.bar.stop()
 
 
 # -------------------------------------------------------------------------------------------------
@@ -140,7 +88,8 @@ class _SyncBars:
 @click.pass_context
 def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';
-    without it, the newest run) from HOST into LOCAL_DIR (default: ./runs/RUN_ID or ./NAME).
+    without it, the newest run) from HOST into LOCAL_DIR (default: runs/RUN_ID in the project, beside
+    harness.toml, from any directory; a path: ./NAME).
 
     A run brings its records and logs, evaluate's report and plots, the export, serve_check's
     served.json and train's metrics (under LOCAL_DIR/outputs/): the artifacts this run made or

@@ -21,9 +21,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import shutil
+import stat
 
 FORMAT = 1  # of the key's parts: a change here is a change of every key
 KEY_CHARS = 20  # of the SHA-256 in hex, as the artifact's name (80 bits)
+KEY_RE = re.compile(r"^[0-9a-f]{%d}$" % KEY_CHARS)
+STAGE_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 SMALL_FILE = 1 << 20  # a file in an input directory up to this size is identified by its content
 HEADER_LIMIT = 100 << 20  # a safetensors header larger than this is no header
 DIGESTS_KEPT = 20000  # entries of the digest cache
@@ -328,9 +333,91 @@ class Store:
         os.pwrite(fd, holder.encode(), 0)
         return fd
 
+    def artifacts(self) -> list[tuple[str, str]]:
+        """(stage, key) of every artifact in the store, complete or not (its directory or its
+        record is there: a lock alone is none); nothing behind a link is looked into."""
+        found = set()
+        for stage in _real_dirs(self.root):
+            if not STAGE_RE.match(stage):
+                continue
+            for name in os.listdir(os.path.join(self.root, stage)):
+                key = name[:-5] if name.endswith(".json") else name
+                if KEY_RE.match(key):
+                    found.add((stage, key))
+        return sorted(found)
+
+    def remove(self, stage: str, key: str) -> int | None:
+        """Remove an artifact nobody is making (its lock is taken for the while): the record
+        first, so that one removal cut short leaves nothing that claims to be complete, then its
+        directory (never through a link). Its bytes, or None when a run holds its lock."""
+        fd = self.lock(stage, key, "harness gc")
+        if fd is None:
+            return None
+        try:
+            freed = size_of(self.dir(stage, key)) + size_of(self.dir(stage, key) + ".json")
+            for path in (self.dir(stage, key) + ".json", self.dir(stage, key)):
+                remove_path(path)
+            return freed
+        finally:
+            os.close(fd)  # the lock file stays: a run waiting on it must find the same file
+
+    def busy(self, stage: str, key: str) -> bool:
+        """A run holds the artifact's lock (it is being made)."""
+        try:
+            fd = os.open(self.dir(stage, key) + ".lock", os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
     def holder(self, stage: str, key: str) -> str:
         try:
             with open(self.dir(stage, key) + ".lock", encoding="utf-8", errors="replace") as f:
                 return f.read(200).strip() or "another run"
         except OSError:
             return "another run"
+
+
+def _real_dirs(path: str) -> list[str]:
+    """The names of the directories in `path` (links left out), sorted; none when it is missing."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(n for n in names if stat.S_ISDIR(os.lstat(os.path.join(path, n)).st_mode))
+
+
+def size_of(path: str) -> int:
+    """Bytes under `path`, links not followed (a link counts as itself)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    for root, dirs, files in os.walk(path):  # os.walk follows no links by default
+        for name in dirs + files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def remove_path(path: str) -> None:
+    """A file, a link (itself) or a directory tree (shutil.rmtree: file descriptors, links never
+    followed); a missing one is gone already."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)

@@ -674,7 +674,7 @@ def cmd_cancel(run_dir: str, grace: float | None) -> int:
     state_path = os.path.join(run_dir, "state.json")
     state = read_json(state_path, {})
     if state.get("state") in FINAL_RUN:
-        print(state["state"])
+        print(f"already {state['state']}")  # it had ended: nothing was stopped
         return 0
     open(os.path.join(run_dir, "cancel"), "w").close()
     grace = float(record.get("grace_s", 10)) if grace is None else grace
@@ -810,6 +810,97 @@ def last_event(path: str, window: int = 65536, match=None) -> dict | None:
         if match is None or (isinstance(ev, dict) and match(ev)):
             return ev
     return None
+
+
+def cmd_gc(runs_dir: str, stores: list, remove: list, dry_run: bool) -> int:
+    """`harness rm` (the runs in `remove`) and `harness gc` (none): remove those runs, then every
+    artifact of the stores that no kept run made, reused or read. Kept whatever it holds: an
+    artifact being made (its lock held), and every artifact of a stage a queued or running run
+    names (it may read one whose key is not known before its stage starts). Prints what went (or
+    would go, with `dry_run`) as one JSON document."""
+    workdir = os.path.dirname(os.path.abspath(runs_dir))
+    runs = {}
+    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+        record = read_json(os.path.join(runs_dir, name, "run.json"))
+        if isinstance(record, dict) and not os.path.islink(os.path.join(runs_dir, name)):
+            runs[name] = record
+    for run_id in remove:
+        if run_id not in runs:
+            print(f"no run {run_id} in {runs_dir}", file=sys.stderr)
+            return 2
+        if lock_is_held(os.path.join(runs_dir, run_id)):
+            print(f"run {run_id} is {read_json(os.path.join(runs_dir, run_id, 'state.json'), {}).get('state')}: cancel it first", file=sys.stderr)
+            return 3
+    kept = {rid: record for rid, record in runs.items() if rid not in remove}
+    named, reading = set(), set()  # (store, stage, key) kept runs name; (store, stage) a live run may read
+    for rid, record in kept.items():
+        root = record.get("store")
+        for stage, entry in (record.get("artifacts") or {}).items():
+            if isinstance(entry, dict):
+                named.add((root, stage, entry.get("key")))
+        if lock_is_held(os.path.join(runs_dir, rid)):
+            reading |= {(root, stage) for stage in (record.get("recipes") or {})}
+    roots = sorted({r for r in [*stores, *(record.get("store") for record in runs.values())] if isinstance(r, str) and safe_store(r)})
+    answer = {"runs": [], "artifacts": [], "kept": 0, "kept_for_live_runs": 0, "kept_busy": 0, "bytes": 0, "dry_run": dry_run}
+    for run_id in remove:
+        answer["bytes"] += artifact_store.size_of(os.path.join(runs_dir, run_id))
+        if not dry_run:
+            artifact_store.remove_path(os.path.join(runs_dir, run_id))
+        answer["runs"].append(run_id)
+    for root in roots:
+        store = artifact_store.Store(workdir, root)
+        for stage, key in store.artifacts():
+            if (root, stage, key) in named:
+                answer["kept"] += 1
+            elif (root, stage) in reading:
+                answer["kept_for_live_runs"] += 1
+            elif store.busy(stage, key):
+                answer["kept_busy"] += 1
+            else:
+                freed = (artifact_store.size_of(store.dir(stage, key)) + artifact_store.size_of(store.dir(stage, key) + ".json")) if dry_run \
+                    else store.remove(stage, key)
+                if freed is None:
+                    answer["kept_busy"] += 1
+                    continue
+                answer["artifacts"].append({"store": root, "stage": stage, "key": key, "bytes": freed,
+                                            "complete": store.record(stage, key) is not None if dry_run else None})
+                answer["bytes"] += freed
+    json.dump(answer, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+def safe_store(root: str) -> bool:
+    """A store as a record names it: relative to the workdir and below it, or absolute; no `..`."""
+    return ".." not in root.split("/") and root not in ("", "/", ".")
+
+
+def cmd_preflight(requires: list, space: str, data: str | None, verifier: str | None) -> int:
+    """`harness run --dry-run`: what the launch would check (requires), the free space where the
+    artifacts go, and what sizes the hidden states: the data's rows, the verifier's width and
+    depth (its config.json). Prints one JSON document; writes nothing."""
+    missing = [need["message"] for need in requires if not os.path.exists(os.path.expanduser(need["path"]))]
+    at = os.path.expanduser(space)
+    while at and not os.path.exists(at):
+        at = os.path.dirname(at)
+    free = None
+    try:
+        st = os.statvfs(at or "/")
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        pass
+    rows = None
+    if data and os.path.isfile(os.path.expanduser(data)):
+        with open(os.path.expanduser(data), "rb") as f:
+            rows = sum(1 for line in f if line.strip())
+    width = depth = None
+    config = read_json(os.path.join(os.path.expanduser(verifier), "config.json")) if verifier else None
+    if isinstance(config, dict):
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+        width, depth = text.get("hidden_size"), text.get("num_hidden_layers")
+    json.dump({"missing": missing, "free_bytes": free, "space_at": at, "data_rows": rows, "hidden_size": width, "num_layers": depth}, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
 
 
 def cmd_status(runs_dir: str, run_id: str | None) -> int:
@@ -956,7 +1047,7 @@ def main() -> int:
     if HOME_TOKEN in text:
         text = text.replace(HOME_TOKEN, json.dumps(home)[1:-1])
     request = json.loads(text)
-    for key in ("run_dir", "runs_dir", "manifest"):
+    for key in ("run_dir", "runs_dir", "manifest", "space"):
         if request.get(key):
             request[key] = os.path.expanduser(request[key])
     cmd = request["cmd"]
@@ -968,6 +1059,10 @@ def main() -> int:
         return cmd_cancelling(request["run_dir"])
     if cmd == "status":
         return cmd_status(request["runs_dir"], request.get("run_id"))
+    if cmd == "preflight":
+        return cmd_preflight(list(request.get("requires") or []), request["space"], request.get("data"), request.get("verifier"))
+    if cmd == "gc":
+        return cmd_gc(request["runs_dir"], list(request.get("stores") or []), list(request.get("remove") or []), bool(request.get("dry_run")))
     if cmd == "follow":
         try:
             return cmd_follow(os.path.abspath(request["run_dir"]), request.get("stage"), bool(request.get("follow")), bool(request.get("json")),

@@ -1,0 +1,63 @@
+"""`harness rm HOST RUN...` and `harness gc HOST`: removing runs, and the artifacts no kept run needs.
+
+The work is the supervisor's on the host (host_helpers/supervisor.py, `gc`): it removes the runs
+named (never one that is queued or running), then every artifact of the store that no kept run
+made, reused or read, record first (a removal cut short leaves nothing that claims to be
+complete), never through a link, never outside the store and runs/; an artifact being made, and
+every artifact of a stage a queued or running run names (its keys are known only when its stage
+starts), stay. `--dry-run` says what would go and the bytes it would free. Its answer is the
+box's: every value is checked here (harness.box_values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from harness import box_values
+
+if TYPE_CHECKING:
+    from harness.jobs import Jobs
+
+
+@dataclass(frozen=True)
+class Removed:
+    stage: str
+    key: str
+    bytes: int
+    complete: bool | None  # with --dry-run: whether it is a complete artifact (else one a failed or cut run left)
+
+
+@dataclass
+class Cleanup:
+    host: str
+    dry_run: bool
+    runs: list[str] = field(default_factory=list)
+    artifacts: list[Removed] = field(default_factory=list)
+    bytes: int = 0
+    kept: int = 0  # artifacts a kept run names
+    kept_for_live_runs: int = 0  # of stages a queued or running run may read
+    kept_busy: int = 0  # being made
+
+    @classmethod
+    def from_json(cls, host: str, data: Any) -> "Cleanup":
+        data = box_values.mapping(data)
+        artifacts = []
+        for a in data.get("artifacts") or []:
+            a = box_values.mapping(a)
+            artifacts.append(Removed(box_values.stage(a.get("stage"), host), box_values.artifact_key(a.get("key"), host),
+                                     box_values.integer(a.get("bytes")) or 0, a.get("complete") if isinstance(a.get("complete"), bool) else None))
+        return cls(host, bool(data.get("dry_run")), [box_values.run_id(r, host) for r in data.get("runs") or []], artifacts,
+                   box_values.integer(data.get("bytes")) or 0, box_values.integer(data.get("kept")) or 0,
+                   box_values.integer(data.get("kept_for_live_runs")) or 0, box_values.integer(data.get("kept_busy")) or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "dry_run": self.dry_run, "runs": self.runs, "bytes": self.bytes,
+                "artifacts": [{"stage": a.stage, "key": a.key, "bytes": a.bytes, "complete": a.complete} for a in self.artifacts],
+                "kept": self.kept, "kept_for_live_runs": self.kept_for_live_runs, "kept_busy": self.kept_busy}
+
+
+def collect(jobs: "Jobs", remove: list[str], dry_run: bool) -> Cleanup:
+    """Remove `remove` (run names as the user gives them: harness.runs.pick_run) and every
+    artifact no kept run needs; `dry_run`: only say what would go."""
+    return Cleanup.from_json(jobs.name, jobs.collect(remove, dry_run))

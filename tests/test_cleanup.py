@@ -1,0 +1,124 @@
+"""`harness rm` and `harness gc` on a real box (this machine, runtime = "host", the fast fake
+stages writing into their artifacts): what no kept run needs goes; what a kept run names, what a
+queued or running run may read, what is being made, and anything outside the store stay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.config import load_config
+from harness.host import Host
+from harness.transport import connect
+from tests.fixtures.job_project import run_artifact, write_project
+
+DEADLINE_S = 60
+
+
+def project(tmp_path: Path, stages: dict) -> tuple[Path, Path, Host]:
+    workdir = tmp_path / "work"
+    config = write_project(tmp_path / "project", workdir, stages, host_table={"python": sys.executable}, inputs_by_path=False)
+    cfg = load_config(config)
+    transport = connect(cfg.host("box"))
+    return config, workdir, Host(cfg, cfg.host("box"), lambda _name: transport)
+
+
+def harness(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], capture_output=True, text=True, timeout=120)
+
+
+def run(config: Path, *stages: str) -> str:
+    r = harness(config, "run", "box", *stages)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()[0]
+
+
+def test_rm_then_gc_free_what_no_kept_run_needs_and_nothing_else(tmp_path):
+    config, workdir, _ = project(tmp_path, {"train": {"lines": 2}})
+    first = run(config, "prepare", "extract", "train")
+    second = run(config, "prepare", "extract", "train", "--set", "train.lines=4")  # reuses prepare and extract
+    store = workdir / "outputs" / "artifacts"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the store's\n")
+    (store / "train" / ("f" * 20)).symlink_to(outside)  # a link named like an artifact: removed as a link, never followed
+
+    dry = harness(config, "gc", "box", "--dry-run")
+    assert dry.returncode == 0 and f"would remove train/{'f' * 20} (" in dry.stdout, dry.stdout
+    assert (store / "train" / ("f" * 20)).is_symlink()  # a dry run removes nothing
+
+    first_train = run_artifact(workdir, first, "train")
+    removed = harness(config, "rm", "box", first[-6:], "--json")  # the end of its id names it
+    assert removed.returncode == 0, removed.stderr
+    outcome = json.loads(removed.stdout)
+    assert outcome["runs"] == [first] and not (workdir / "runs" / first).exists()
+    assert {(a["stage"], a["key"]) for a in outcome["artifacts"]} == {("train", first_train.name), ("train", "f" * 20)}
+    assert not first_train.exists() and not Path(f"{first_train}.json").exists() and not (store / "train" / ("f" * 20)).exists()
+    assert (outside / "keep.txt").read_text() == "not the store's\n"  # the link went, never what it pointed at
+    for stage in ("prepare", "extract", "train"):  # what the second run made or reused
+        kept = run_artifact(workdir, second, stage)
+        assert kept.is_dir() and Path(f"{kept}.json").is_file(), stage
+    assert harness(config, "status", "box", second[:15]).returncode == 0  # the start of its id names the second run
+
+    again = harness(config, "gc", "box")
+    assert again.returncode == 0 and again.stdout.splitlines()[-1].startswith("freed 0 B"), again.stdout
+
+
+def test_a_live_run_keeps_every_artifact_of_a_stage_it_may_read(tmp_path):
+    """A run still queued or running names the artifacts it will read only when its stages start:
+    until it ends, no artifact of a stage it names goes, and it cannot be removed itself."""
+    gate = tmp_path / "may-end"
+    config, workdir, host = project(tmp_path, {})
+    other = run(config, "prepare", "extract", "--set", "extract.lines=2")  # an extract no later run names
+    live = harness(config, "run", "box", "extract", "--set", f"extract.until_file={gate}", "--detach")
+    assert live.returncode == 0, live.stderr
+    live = live.stdout.splitlines()[0]
+    deadline = time.monotonic() + DEADLINE_S
+    while host.runs.status(live).stages[0].state != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    refused = harness(config, "rm", "box", live)
+    assert refused.returncode == 2 and f"run {live} is running: cancel it first" in refused.stderr, refused.stderr
+    other_extract = run_artifact(workdir, other, "extract")
+    removed = json.loads(harness(config, "rm", "box", other, "--json").stdout)
+    assert removed["runs"] == [other] and removed["artifacts"] == [] and removed["kept_for_live_runs"] >= 1, removed
+    assert other_extract.is_dir()
+    gate.touch()
+    assert host.runs.wait(live, DEADLINE_S).state == "ok"
+    after = json.loads(harness(config, "gc", "box", "--json").stdout)  # the live run ended: now it goes
+    assert {(a["stage"], a["key"]) for a in after["artifacts"]} == {("extract", other_extract.name)}
+
+
+def test_a_removal_cut_short_leaves_no_artifact_that_claims_to_be_complete(tmp_path):
+    """The record goes first: an artifact whose directory is half removed is incomplete, and the
+    next run makes it again instead of reusing it."""
+    from harness.host_helpers.artifact_store import Store
+
+    config, workdir, _ = project(tmp_path, {})
+    first = run(config, "prepare")
+    artifact = run_artifact(workdir, first, "prepare")
+    store = Store(str(workdir), "outputs/artifacts")
+    removed = []
+    real = os.unlink
+
+    def cut(path, *a, **kw):  # the first unlink goes through (the record), the next is "cut"
+        removed.append(path)
+        if len(removed) > 1:
+            raise KeyboardInterrupt
+        return real(path, *a, **kw)
+
+    os.unlink = cut
+    try:
+        try:
+            store.remove("prepare", artifact.name)
+        except KeyboardInterrupt:
+            pass
+    finally:
+        os.unlink = real
+    assert removed[0] == f"{artifact}.json" and not Path(f"{artifact}.json").exists()
+    again = harness(config, "run", "box", "prepare")
+    assert again.returncode == 0 and "reused" not in again.stdout
