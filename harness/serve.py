@@ -51,7 +51,7 @@ class ServeRequest:
     vllm_args: tuple[str, ...] = field(default_factory=tuple)  # more `vllm serve` flags
 
 
-SOCKET_RE = re.compile(r"^/tmp/harness-vllm-[A-Za-z0-9_]+/vllm\.sock$")  # common/vllm_server.private_socket's
+SOCKET_RE = re.compile(r"^/tmp/harness-serve-[A-Za-z0-9_]+/vllm\.sock$")  # serve_draft.py's, by common/vllm_server.private_socket
 
 
 def serve_dir_of(workdir: str, output_dir: str) -> str:

@@ -99,7 +99,7 @@ def serve(args: argparse.Namespace, events: EventLog) -> None:
     extra = [*export.serve_args(args.speculative_tokens), *(["--trust-remote-code"] if args.trust_remote_code else []), *args.vllm_arg]
     # SIGTERM unwinds from before the socket's directory is made: it goes too
     on_socket = args.private_socket or args.socket_dir
-    with sigterm_raises(), (private_socket(args.socket_dir) if on_socket else contextlib.nullcontext()) as uds:
+    with sigterm_raises(), (private_socket(args.socket_dir, prefix="harness-serve-") if on_socket else contextlib.nullcontext()) as uds:
         if uds:
             events.artifact(uds, kind="socket")  # where harness relays to: a name only this process knew
         port = 0 if uds else server_port(args)

@@ -60,8 +60,9 @@ def test_a_neighbour_reads_nothing_of_a_run_and_takes_none_of_its_locks(tmp_path
     tmp_path.chmod(0o755)
     config = write_project(tmp_path / "project", workdir, {"train": {"print_env": "TORCHINDUCTOR_CACHE_DIR"}},
                            host_table={"python": sys.executable})
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}  # torch in this process may have set them
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     run_id = r.stdout.splitlines()[0]
     run_dir = workdir / "runs" / run_id
@@ -197,6 +198,6 @@ def test_serve_draft_makes_its_socket_directory_itself_and_says_where(tmp_path, 
 def test_serve_refuses_a_socket_path_that_is_not_one_serve_draft_makes():
     from harness.serve import SOCKET_RE
 
-    assert SOCKET_RE.match("/tmp/harness-vllm-a1b2_c3d4/vllm.sock")
-    for bad in ("/tmp/harness-vllm-x/../../etc/vllm.sock", "/home/user/.ssh/vllm.sock", "relative/vllm.sock", "/tmp/harness-vllm-x/other.sock"):
+    assert SOCKET_RE.match("/tmp/harness-serve-a1b2_c3d4/vllm.sock")
+    for bad in ("/tmp/harness-serve-x/../../etc/vllm.sock", "/home/user/.ssh/vllm.sock", "relative/vllm.sock", "/tmp/harness-serve-x/other.sock"):
         assert not SOCKET_RE.match(bad), bad

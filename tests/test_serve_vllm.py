@@ -199,7 +199,7 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
     port = free_port()
     serving = Serving(tmp_path, config, "local", run_id, port, env=offline_env(**VLLM_ENV))
     try:
-        serving.wait_for("its API key is in", workdir / "scrambled" / "serve")  # after the URL
+        serving.wait_for("its API key is in", workdir / "outputs" / "serve")  # after the URL
         tokenizer = AutoTokenizer.from_pretrained(str((head32_draft / "verifier").resolve()))
         (base, socket_path, _), key = serving.served_at(), _key(serving.shown())
         assert base == f"http://127.0.0.1:{port}"
@@ -217,8 +217,9 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
         serving.kill()
     assert not listening(port), "harness serve's forward outlived it"
     assert not Path(socket_path).parent.exists(), "vLLM's socket directory outlived harness serve"
-    log = (workdir / "scrambled" / "serve" / f"vllm-{Path(socket_path).parent.name}.log").read_text()
-    assert "[harness] vllm serve stopped" in log
+    logs = list((workdir / "outputs" / "serve").glob("vllm-harness-serve-*.log"))  # where harness serve keeps vLLM's log, 0700
+    assert any("[harness] vllm serve stopped" in log.read_text() for log in logs), logs
+    assert (workdir / "outputs" / "serve").stat().st_mode & 0o777 == 0o700
 
 
 def test_a_taken_local_port_fails_harness_serve_before_vllm_loads(served_run, tmp_path):

@@ -269,12 +269,13 @@ def offline_data_argv(launcher: list[str], o: ServeOptions, prepared: str, outpu
 
 
 @contextlib.contextmanager
-def private_socket(directory: str | None = None) -> Iterator[str]:
+def private_socket(directory: str | None = None, prefix: str = "harness-vllm-") -> Iterator[str]:
     """DIR/vllm.sock, for a server only this uid reaches: DIR is made here with mode 0700 (the
     given `directory`, refused if it exists, as someone could have made it beforehand; else a new
-    one in /tmp, short as a socket's path must be) and removed with its contents at the end."""
+    one in /tmp named `prefix` and random letters, short as a socket's path must be) and removed
+    with its contents at the end."""
     if directory is None:
-        directory = tempfile.mkdtemp(prefix="harness-vllm-", dir="/tmp")
+        directory = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     else:
         try:
             os.mkdir(directory, 0o700)
