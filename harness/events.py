@@ -176,6 +176,10 @@ def _headline(summary: dict[str, Any]) -> str:
             parts.append(f"evaluate {summary['evaluate_tau']:.2f}")
         if number("tokens_per_s"):
             parts.append(f"{summary['tokens_per_s']:.1f} tok/s" + (f" vs {summary['tokens_per_s_without_draft']:.1f} without the draft" if number("tokens_per_s_without_draft") else ""))
+        if number("recommended_k") and number("target_concurrency"):
+            k, at = summary["recommended_k"], summary["target_concurrency"]
+            speedup = f" {summary['recommended_speedup']:.2f}x" if number("recommended_speedup") else ""
+            parts.append(f"recommended k={k} at concurrency {at}:{speedup}" if k else f"recommended: no draft at concurrency {at} (best{speedup})")
         return " (" + ", ".join(parts) + ")"
     if acceptance_length(summary.get("tau")):
         return f" (tau {summary['tau']:.2f})"

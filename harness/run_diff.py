@@ -108,9 +108,27 @@ def tau_rows(a: "RunStatus", b: "RunStatus") -> list[Row]:
     return rows
 
 
+def served_rows(a: "RunStatus", b: "RunStatus") -> list[Row]:
+    """serve_check's figures of each run: served tau, the speedup at each k and concurrency, and
+    the recommended k."""
+    sa, sb = (_finished_summary(s, "serve_check") for s in (a, b))
+    pick = lambda summary, key: summary.get(key) if isinstance(summary.get(key), (int, float)) else None  # noqa: E731
+    rows = [Row("served", name, pick(sa, name), pick(sb, name)) for name in ("served_tau", "recommended_k", "recommended_speedup", "target_concurrency")
+            if pick(sa, name) is not None or pick(sb, name) is not None]
+    speedups = lambda summary: {f"k={k} at {c}": v for k, row in (summary.get("speedup") or {}).items() if isinstance(row, dict)  # noqa: E731
+                                for c, v in row.items() if isinstance(v, (int, float))}
+    return rows + _pairs("speedup", speedups(sa), speedups(sb))
+
+
+def _finished_summary(status: "RunStatus", stage_name: str) -> dict[str, Any]:
+    """The finished event of the run's stage, where it ended ok ({} otherwise)."""
+    stage = next((s for s in status.stages if s.stage == stage_name and s.state == "ok"), None)
+    return stage.last_event if stage is not None and isinstance(stage.last_event, dict) else {}
+
+
 def _evaluation(status: "RunStatus"):
-    stage = next((s for s in status.stages if s.stage == "evaluate" and s.state == "ok"), None)
-    return evaluation(stage.last_event) if stage is not None else None
+    summary = _finished_summary(status, "evaluate")
+    return evaluation(summary) if summary else None
 
 
 def diff(place: "RunPlace", run_a: str, run_b: str) -> RunDiff:
@@ -124,4 +142,5 @@ def diff(place: "RunPlace", run_a: str, run_b: str) -> RunDiff:
     out.rows += _pairs("version", {**(ra.get("versions") or {}), "image": (ra.get("image") or {}).get("id")},
                        {**(rb.get("versions") or {}), "image": (rb.get("image") or {}).get("id")})
     out.rows += tau_rows(a, b)
+    out.rows += served_rows(a, b)
     return out

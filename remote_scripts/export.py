@@ -3,9 +3,10 @@
     python remote_scripts/export.py --draft CHECKPOINTS --verifier DIR --output EXPORT_DIR [--events FILE]
 
 The directory is speculators' own format, which vLLM reads natively (config.json and
-model.safetensors, bf16), with the verifier path made ABSOLUTE so `vllm serve EXPORT_DIR` works
-from any directory. From the train stage's output, the checkpoint its best.json names is
-exported, else the latest epoch's. The checkpoint is loaded back with speculators and run once
+model.safetensors, bf16), with the verifier path made ABSOLUTE, served beside its verifier with
+`vllm serve VERIFIER --speculative-config '{"method": "eagle3", "model": EXPORT_DIR, ...}'` from any
+directory (vLLM 0.33 refuses `vllm serve EXPORT_DIR` for a verifier on local disk). From the
+train stage's output, the checkpoint its best.json names is exported, else the latest epoch's. The checkpoint is loaded back with speculators and run once
 before anything lands at --output. The `vllm serve` command is printed and written to
 serve_command.txt. What the directory holds: docs/pipeline.md, "Export".
 """
@@ -61,11 +62,11 @@ def speculative_tokens(config: dict[str, Any]) -> int:
 
 
 def serve_commands(verifier: str, export_dir: str, k: int) -> list[list[str]]:
+    """The one way every vLLM we meet serves it: `vllm serve EXPORT_DIR` reads the verifier from
+    config.json on 0.26 and 0.32, but 0.33 refuses a verifier on local disk
+    (transformers_utils/config.py: "Speculators verifier must name a remote model repository")."""
     spec_config = json.dumps({"method": "eagle3", "model": export_dir, "num_speculative_tokens": k})
-    return [
-        ["vllm", "serve", verifier, "--speculative-config", spec_config],
-        ["vllm", "serve", export_dir],
-    ]
+    return [["vllm", "serve", verifier, "--speculative-config", spec_config]]
 
 
 def check_loads(export_dir: Path, verifier: str) -> dict[str, Any]:

@@ -62,10 +62,9 @@ def test_export_config_refuses_what_vllm_cannot_serve(config, message):
 
 
 def test_serve_commands():
-    first, second = ex.serve_commands("/models/verifier", "/out/export", 3)
+    [first] = ex.serve_commands("/models/verifier", "/out/export", 3)  # not `vllm serve EXPORT_DIR`: 0.33 refuses a local verifier
     assert first[:3] == ["vllm", "serve", "/models/verifier"] and first[3] == "--speculative-config"
     assert json.loads(first[4]) == {"method": "eagle3", "model": "/out/export", "num_speculative_tokens": 3}
-    assert second == ["vllm", "serve", "/out/export"]
     assert shlex.split(shlex.join(first)) == first  # printable and pasteable as one shell line
 
 

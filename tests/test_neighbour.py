@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from harness.runtime.base import CACHE_DIRS
 from harness.transport import connect
 from tests.fixtures.job_project import write_project
 from tests.fixtures.other_user import PYTHON
@@ -60,7 +61,7 @@ def test_a_neighbour_reads_nothing_of_a_run_and_takes_none_of_its_locks(tmp_path
     tmp_path.chmod(0o755)
     config = write_project(tmp_path / "project", workdir, {"train": {"print_env": "TORCHINDUCTOR_CACHE_DIR"}},
                            host_table={"python": sys.executable})
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}  # torch in this process may have set them
+    env = {k: v for k, v in os.environ.items() if k not in CACHE_DIRS}  # torch in this process may have set them
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "train"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr

@@ -60,7 +60,8 @@ def test_configured_gpu_count_of_a_container(gpus, count):
 def test_host_stage_process_is_a_process_group_in_the_workdir():
     runtime = HostRuntime(HostConfig(name="n", local=True, gpus=[1]), "/work")
     spec = runtime.stage_process(["python3", "s.py"], run_id="R", stage="train", log_path="/work/runs/R/train/log", options=WrapOptions(host_network=True))
-    caches = {"TORCHINDUCTOR_CACHE_DIR": "/work/.harness/cache/torchinductor", "TRITON_CACHE_DIR": "/work/.harness/cache/triton"}
+    caches = {"TORCHINDUCTOR_CACHE_DIR": "/work/.harness/cache/torchinductor", "TRITON_CACHE_DIR": "/work/.harness/cache/triton",
+              "VLLM_CACHE_ROOT": "/work/.harness/cache/vllm"}
     assert spec == {"kind": "host", "argv": runtime.wrap(["python3", "s.py"]), "env_defaults": caches}  # defaults: the host's env wins
     assert spec["argv"][3:] == ["/work", "env", "CUDA_VISIBLE_DEVICES=1", "python3", "s.py"]
 
@@ -76,7 +77,8 @@ def test_docker_stage_process_is_a_labelled_container_writing_its_log():
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--label"] == ["harness.run=R1", "harness.stage=train"]
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-e"] == ["HF_HOME=/root/.cache/huggingface", "PYTHONUNBUFFERED=1",
                                                                       "TORCHINDUCTOR_CACHE_DIR=/home/me/w/.harness/cache/torchinductor",
-                                                                      "TRITON_CACHE_DIR=/home/me/w/.harness/cache/triton", "HF_TOKEN"]  # HF_TOKEN by name
+                                                                      "TRITON_CACHE_DIR=/home/me/w/.harness/cache/triton",
+                                                                      "VLLM_CACHE_ROOT=/home/me/w/.harness/cache/vllm", "HF_TOKEN"]  # HF_TOKEN by name
     image_at = argv.index("eagle:latest")
     assert argv[image_at + 1:] == ["sh", "-c", 'umask 077; exec "$@" >>"$0" 2>&1', "/home/me/w/runs/R1/train/log", "python3", "s.py"]
     # a group's distributed stage: the host's network, first, so it reads as the mode of the container

@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.pipeline, pytest.mark.slow]
 sys.path.insert(0, str(SCRIPTS_DIR))
 
 PROMPTS, NEW_TOKENS, MAX_MODEL_LEN = 8, 32, 512
+TABLE_K, TABLE_CONCURRENCY = [2, 3], [1, 2, 16]  # 3: the export's (evaluate's) k; 16 > PROMPTS: dropped, and said
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -85,7 +86,7 @@ def served_run(head32_draft, tmp_path_factory) -> tuple[Path, Path, str]:
         f'[pipeline]\nverifier = "{(head32_draft / "verifier").resolve()}"\ndata = "{(head32_draft / "chat.jsonl").resolve()}"\noutput_dir = "outputs"\nmax_seq_len = 256\n\n'
         f'[pipeline.stages.evaluate]\nmax_prompts = {PROMPTS}\nmax_new_tokens = {NEW_TOKENS}\ndraft = "outputs/checkpoints"\n\n'
         '[pipeline.stages.export]\ndraft = "outputs/checkpoints"\n\n'
-        f"[pipeline.stages.serve_check]\nmax_model_len = {MAX_MODEL_LEN}\nenforce_eager = true\n"
+        f"[pipeline.stages.serve_check]\nmax_model_len = {MAX_MODEL_LEN}\nenforce_eager = true\nk = {TABLE_K}\nconcurrency = {TABLE_CONCURRENCY}\n"
     )
     sync = _harness(config, "sync", "local", timeout=120)
     assert sync.returncode == 0, sync.stderr
@@ -115,6 +116,38 @@ def test_served_acceptance_equals_evaluates_and_replies_equal_the_verifiers(serv
     status = _harness(config, "status", "local", run_id, timeout=60, COLUMNS="250")  # the table, wide enough for one line a cell
     assert status.returncode == 0 and f"served tau {s['tau']:.2f}, evaluate {report['tau']:.2f}" in status.stdout, status.stdout
     assert (run_artifact(workdir, run_id, "serve_check") / "acceptance.png").stat().st_size > 0
+
+
+def test_the_table_of_k_by_concurrency_and_a_recommendation_that_follows_it(served_run):
+    from common.served_table import Table, best_k
+
+    config, workdir, run_id = served_run
+    served = json.loads((run_artifact(workdir, run_id, "serve_check") / "served.json").read_text())
+    table, rec = served["table"], served["recommendation"]
+    assert (table["k"], table["concurrency"], table["repeats"]) == (TABLE_K, [1, 2], 2)
+    assert table["dropped"] == {"16": f"only {PROMPTS} prompts: at most {PROMPTS} requests in flight"}
+    measured = Table(table["k"], table["concurrency"], table["repeats"])
+    for c in table["concurrency"]:
+        base = table["baseline"][f"{c}"]["tokens_per_s"]
+        assert len(base) == 2 and min(base) > 0
+        measured.baseline[c] = base
+        for k in TABLE_K:
+            cell = table["cells"][f"{k}"][f"{c}"]
+            assert len(cell["tokens_per_s"]) == 2 and min(cell["tokens_per_s"]) > 0
+            assert all(1.0 <= t <= k + 1 for t in cell["served_tau"]), cell  # vLLM's counters in every cell
+            measured.cell(k, c).tokens_per_s = cell["tokens_per_s"]
+    for c in table["concurrency"]:  # the recommendation is the table's, read again here
+        choice = best_k(measured, c)
+        assert rec["per_concurrency"][f"{c}"] == {"k": choice.k, "speedup": choice.speedup, "spread": choice.spread}
+    target = rec["per_concurrency"][f"{rec['target_concurrency']}"]["k"]
+    config_k = (rec["speculative_config"] or {}).get("num_speculative_tokens", 0)
+    assert config_k == target or rec["schedule"], rec
+    events = read_events(workdir / "runs" / run_id / "serve_check" / "events.jsonl")
+    messages = [e["text"] for e in events if e["event"] == "message"]
+    assert messages[-1] == rec["line"] and messages[-1].startswith("recommended by concurrency {1: ")
+    assert any(m.startswith("the table costs 3 server starts and 12 rounds of 8 prompts; the verifier alone took") for m in messages), messages
+    assert (run_artifact(workdir, run_id, "serve_check") / "speedup.png").stat().st_size > 0
+    assert events[-1]["recommended_k"] == rec["per_concurrency"]["1"]["k"] and events[-1]["speedup"]["3"]["1"] == table["speedup"]["3"]["1"]["mean"]
 
 
 def _scrambled_run(workdir: Path, trained_run: str) -> str:

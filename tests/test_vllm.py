@@ -210,6 +210,29 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
     assert server.api_key not in (tmp_path / "server.log").read_text()  # nor in its log
 
 
+def test_the_key_on_every_route_shim_finds_vllm_0_26s_middleware(tmp_path, monkeypatch):
+    """vLLM 0.26.0 (the GPU image's) keeps the middleware in entrypoints/serve/utils/server_utils.py,
+    not middleware/authenticate.py: the shim patches it there (its __call__ as 0.26.0 has it)."""
+    from common.vllm_compat import AUTHENTICATION_MODULES, guard_every_route
+
+    source = tmp_path / "server_utils.py"
+    source.write_text(
+        'GUARDED_PREFIX = ("/v1", "/v2", "/inference")\n\n\n'
+        "class AuthenticationMiddleware:\n"
+        "    def __call__(self, scope, receive, send):\n"
+        '        url_path = scope["path"]\n'
+        "        if url_path.startswith(GUARDED_PREFIX) and not self.verify_token(scope):\n"
+        "            return None\n"
+        "        return self.app(scope, receive, send)\n")
+    spec = importlib.util.spec_from_file_location(AUTHENTICATION_MODULES[1], source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, AUTHENTICATION_MODULES[0], None)  # 0.26.0 has no such module
+    monkeypatch.setitem(sys.modules, AUTHENTICATION_MODULES[1], module)
+    guard_every_route()
+    assert module.GUARDED_PREFIX == ("/",)
+
+
 def test_vllm_wants_its_key_on_every_route_when_started_through_vllm_compat():
     """vllm_compat's key-on-every-route shim on the installed vLLM's own middleware (no engine):
     without the key /metrics, /tokenize, /health ... are 401 too, not only /v1."""

@@ -38,8 +38,10 @@ class WrapOptions:
 _MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 
 # Compilers' caches the stages write and later load code from: in the workdir (0700), not in a
-# shared /tmp where another uid could make them first (torch's default /tmp/torchinductor_USER).
-CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton"}
+# shared /tmp where another uid could make them first (torch's default /tmp/torchinductor_USER),
+# and kept across containers: vLLM's (its torch.compile cache) makes each later server start of
+# serve_check's table, and of the next run, skip the compile.
+CACHE_DIRS = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
 
 # What the stages see as their GPUs: CUDA_VISIBLE_DEVICES (or all) and nvidia-smi's list.
 _VISIBLE_GPUS_PROBE = 'printf "%s\\n" "${CUDA_VISIBLE_DEVICES-all}"; exec nvidia-smi -L'

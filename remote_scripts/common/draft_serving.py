@@ -92,3 +92,35 @@ def complete(server: ServeOptions, model: str, prompt: list[int], max_tokens: in
     usage = answer.get("usage") or {}
     ids = choice.get("token_ids")
     return {"token_ids": ids, "completion_tokens": int(usage.get("completion_tokens") if usage.get("completion_tokens") is not None else len(ids or []))}
+
+
+# Where vLLM takes a batch-size schedule of k, and where it drops one: read in the installed source
+# (no import: vllm's takes seconds). 0.32.0: SpeculativeConfig.num_speculative_tokens_per_batch_size,
+# dropped under data parallelism by VllmConfig._maybe_disable_dynamic_sd_for_data_parallel.
+SCHEDULE_FIELD = "num_speculative_tokens_per_batch_size"
+SCHEDULE_DROPPED_UNDER_DP = "_maybe_disable_dynamic_sd_for_data_parallel"
+
+
+def installed_vllm_source(relative: str) -> str | None:
+    """The text of one file of the installed vllm package (e.g. "config/speculative.py"), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / relative
+        if path.is_file():
+            return path.read_text(errors="replace")
+    return None
+
+
+def schedule_unsupported(data_parallel_size: int) -> str | None:
+    """None where the installed vLLM serves a batch-size schedule of k at this data parallelism,
+    else why not (one clause)."""
+    speculative = installed_vllm_source("config/speculative.py")
+    if speculative is None:
+        return "the installed vLLM's source was not found to check for a batch-size schedule of k"
+    if SCHEDULE_FIELD not in speculative:
+        return f"the installed vLLM has no {SCHEDULE_FIELD} (a batch-size schedule of k)"
+    if data_parallel_size > 1 and SCHEDULE_DROPPED_UNDER_DP in (installed_vllm_source("config/vllm.py") or ""):
+        return f"the installed vLLM drops {SCHEDULE_FIELD} under data parallelism (--data-parallel-size {data_parallel_size})"
+    return None

@@ -6,7 +6,7 @@ only grow: take them before and after the requests and subtract (`SpecCounters.m
 acceptance lengths come out of them, and evaluate.py has the same two: `tau` = 1 + accepted /
 drafts (vLLM's "mean acceptance length") and `delivered_tau` = (generated tokens - requests) /
 drafts (exactly evaluate's tau). The names, where vLLM defines them and how each tau compares
-with evaluate's: docs/pipeline.md, "Served acceptance"; docs/ARCHITECTURE.md,
+with evaluate's: docs/pipeline.md, "Served acceptance and the k to deploy"; docs/ARCHITECTURE.md,
 common/spec_metrics.py.
 Pure: no vLLM import (the CLI and tests read a /metrics text).
 """
@@ -71,12 +71,18 @@ class SpecCounters:
                    int(sums.get(GENERATION_TOKENS, 0)), speculating=DRAFTS in sums)
 
     def minus(self, before: "SpecCounters") -> "SpecCounters":
-        n = max(len(self.accepted_per_position), len(before.accepted_per_position))
+        return self._combine(before, -1)
+
+    def plus(self, other: "SpecCounters") -> "SpecCounters":
+        return self._combine(other, 1)
+
+    def _combine(self, other: "SpecCounters", sign: int) -> "SpecCounters":
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         pad = lambda xs: list(xs) + [0] * (n - len(xs))  # noqa: E731
         return SpecCounters(
-            self.drafts - before.drafts, self.draft_tokens - before.draft_tokens, self.accepted - before.accepted,
-            [a - b for a, b in zip(pad(self.accepted_per_position), pad(before.accepted_per_position))],
-            self.generation_tokens - before.generation_tokens, self.speculating,
+            self.drafts + sign * other.drafts, self.draft_tokens + sign * other.draft_tokens, self.accepted + sign * other.accepted,
+            [a + sign * b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))],
+            self.generation_tokens + sign * other.generation_tokens, self.speculating or other.speculating,
         )
 
     @property

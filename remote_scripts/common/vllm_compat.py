@@ -86,10 +86,21 @@ def patch_cli_version() -> None:
     importlib.metadata.version = version
 
 
+# Where vLLM keeps its API-key middleware: 0.32 and 0.33, then 0.26 (the GPU image's vLLM).
+AUTHENTICATION_MODULES = ("vllm.entrypoints.serve.middleware.authenticate", "vllm.entrypoints.serve.utils.server_utils")
+
+
 def guard_every_route() -> None:
     """The key-on-every-route shim (docs/ARCHITECTURE.md, common/vllm_compat.py)."""
-    from vllm.entrypoints.serve.middleware import authenticate
-
+    authenticate = None
+    for name in AUTHENTICATION_MODULES:
+        try:
+            authenticate = importlib.import_module(name)
+            break
+        except ModuleNotFoundError:
+            continue
+    if authenticate is None or not hasattr(authenticate, "AuthenticationMiddleware"):
+        raise ShimOutdated("key-on-every-route", f"no AuthenticationMiddleware in {' or '.join(AUTHENTICATION_MODULES)}")
     _require("key-on-every-route", authenticate.AuthenticationMiddleware.__call__, "url_path.startswith(GUARDED_PREFIX)")
     if not isinstance(authenticate.GUARDED_PREFIX, tuple):
         raise ShimOutdated("key-on-every-route", "GUARDED_PREFIX is no longer a tuple of prefixes")

@@ -1,0 +1,113 @@
+"""The CPU half of carrying vLLM to the GPU machine (bench/gpu/vllm_carry.py), with real pip on
+wheels made here: derive (what the image lacks, from the wheels' metadata, markers and extras
+followed), split into parts no larger than asked, assemble (checked against the manifest) and
+install into a scratch directory for the device's platform (Python 3.12, manylinux x86-64)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.fixtures.pipeline_data import REPO_ROOT
+
+CARRY = REPO_ROOT / "bench" / "gpu" / "vllm_carry.py"
+
+
+def make_wheel(index: Path, name: str, version: str, requires: list[str], payload: bytes = b"") -> Path:
+    """A pure-Python wheel: NAME/__init__.py (with `payload` as a data file) and its metadata."""
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = {version!r}\n".encode(), f"{name}/payload.bin": payload,
+             f"{dist}/METADATA": ("Metadata-Version: 2.1\n" + f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n" for path, data in files.items())
+    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    path = index / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, data in files.items():
+            z.writestr(member, data)
+    return path
+
+
+def carry(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env["PIP_CONFIG_FILE"] = os.devnull  # this machine's index settings are not the test's
+    return subprocess.run([sys.executable, str(CARRY), *args], capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+
+
+def index_of(tmp_path: Path) -> Path:
+    index = tmp_path / "index"
+    index.mkdir()
+    make_wheel(index, "topvllm", "1.0", ["alpha>=1", "beta[fast]<3", 'gamma; sys_platform == "win32"', "delta>=2", "epsilon",
+                                         'theta; python_version < "3.12"', 'iota[x]; python_version >= "3.12"'])
+    make_wheel(index, "alpha", "1.2", [], payload=os.urandom(40_000))  # larger than a part: cut into chunks
+    make_wheel(index, "beta", "2.0", ['zeta; extra == "fast"', 'eta; extra == "slow"'])
+    make_wheel(index, "delta", "2.1", [])
+    make_wheel(index, "zeta", "1.0", ["alpha"])
+    make_wheel(index, "iota", "1.0", ['kappa; extra == "x"'])
+    make_wheel(index, "kappa", "1.0", [])
+    return index
+
+
+def test_derive_split_assemble_and_install_for_the_device(tmp_path):
+    index = index_of(tmp_path)
+    image = tmp_path / "image-packages.txt"
+    image.write_text("epsilon==1.0\ndelta==1.5\ntorch==2.11.0\n")  # delta too old for delta>=2: carried
+    pip = ["--pip-arg=--no-index", f"--pip-arg=--find-links={index}"]
+    derived = carry("derive", str(tmp_path / "wheels"), "--requirement", "topvllm==1.0", "--image-packages", str(image), *pip, cwd=tmp_path)
+    assert derived.returncode == 0, derived.stdout + derived.stderr
+    report = json.loads((tmp_path / "wheels" / "carry.json").read_text())
+    assert sorted(report["taken"]) == ["alpha", "beta", "delta", "iota", "kappa", "topvllm", "zeta"]  # not gamma (win32), theta (< 3.12), eta (another extra)
+    assert report["in_image"] == {"epsilon": "1.0"} and report["transitive"] and not report["failed"]
+    assert report["taken"]["zeta"]["why"] == "beta 2.0" and report["taken"]["kappa"]["why"] == "iota 1.0"
+    originals = {w.name: w.read_bytes() for w in (tmp_path / "wheels").glob("*.whl")}
+
+    part_bytes = 16 * 1024
+    split = carry("split", str(tmp_path / "wheels"), str(tmp_path / "part"), "--part-mib", str(part_bytes / 2**20), cwd=tmp_path)
+    assert split.returncode == 0, split.stderr
+    parts = [Path(line) for line in split.stdout.split()]
+    assert len(parts) >= 3 and all(sum(f.stat().st_size for f in p.iterdir() if f.name != "manifest.json") <= part_bytes for p in parts)
+
+    missing = carry("assemble", *map(str, parts[1:]), "--into", str(tmp_path / "joined"), cwd=tmp_path)
+    assert missing.returncode != 0 and "manifest.json" in missing.stderr  # every part is needed, the first too
+    joined = carry("assemble", *map(str, parts), "--into", str(tmp_path / "joined"), cwd=tmp_path)
+    assert joined.returncode == 0, joined.stderr
+    assert {w.name: w.read_bytes() for w in (tmp_path / "joined").glob("*.whl")} == originals
+    chunk = next(f for f in parts[0].iterdir() if f.name != "manifest.json")
+    chunk.write_bytes(b"x" + chunk.read_bytes()[1:])  # a part damaged on the way: refused, nothing at the final path
+    damaged = carry("assemble", *map(str, parts), "--into", str(tmp_path / "again"), cwd=tmp_path)
+    assert damaged.returncode != 0 and "sha256 differs" in damaged.stderr
+    assert not list((tmp_path / "again").glob(chunk.name.rsplit(".", 1)[0]))
+
+    installed = carry("install", str(tmp_path / "joined"), str(tmp_path / "site"), "--for-device", cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    assert (tmp_path / "site" / "topvllm" / "__init__.py").is_file() and (tmp_path / "site" / "alpha" / "payload.bin").stat().st_size == 40_000
+    probe = subprocess.run([sys.executable, "-c", "import topvllm, zeta, kappa; print(topvllm.VERSION)"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert probe.stdout.strip() == "1.0", probe.stderr
+
+
+def test_without_the_images_list_the_needs_file_stands_for_it(tmp_path):
+    index = index_of(tmp_path)
+    needs = tmp_path / "needs.txt"
+    needs.write_text("# direct requirements the image lacks\ntopvllm==1.0\nbeta[fast]<3\n")
+    derived = carry("derive", str(tmp_path / "wheels"), "--requirement", "topvllm==1.0", "--image-packages", str(tmp_path / "none.txt"),
+                    "--needs", str(needs), "--pip-arg=--no-index", f"--pip-arg=--find-links={index}", cwd=tmp_path)
+    assert derived.returncode == 0, derived.stderr
+    report = json.loads((tmp_path / "wheels" / "carry.json").read_text())
+    assert sorted(report["taken"]) == ["beta", "topvllm"] and report["transitive"] is False  # nothing beyond the list is derived
+
+
+def test_a_requirement_no_index_has_fails_derive_naming_it(tmp_path):
+    index = index_of(tmp_path)
+    (index / "delta-2.1-py3-none-any.whl").unlink()
+    image = tmp_path / "image-packages.txt"
+    image.write_text("epsilon==1.0\n")
+    derived = carry("derive", str(tmp_path / "wheels"), "--requirement", "topvllm==1.0", "--image-packages", str(image),
+                    "--pip-arg=--no-index", f"--pip-arg=--find-links={index}", cwd=tmp_path)
+    assert derived.returncode == 1 and '"delta": "pip download delta>=2' in derived.stdout
