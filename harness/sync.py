@@ -47,6 +47,12 @@ class SyncError(HarnessError):
     """The host refused part of a sync (the message lists what and why)."""
 
 
+def shown_path(path: str) -> str:
+    """A file name as a line shows it: as it is when printable, else quoted with its escapes (a
+    newline in a name must not start a line of its own that reads as harness's)."""
+    return path if path.isprintable() else repr(path)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One synced path as recorded in the manifest."""
@@ -637,7 +643,7 @@ class PreparedSync:
         result.deleted = report["deleted"]
         result.refused = [tuple(r) for r in report["refused"]]
         if result.refused:
-            listed = "; ".join(f"{p}: {why}" for p, why in result.refused[:5])
+            listed = "; ".join(f"{shown_path(p)}: {shown_path(why)}" for p, why in result.refused[:5])
             more = f" (and {len(result.refused) - 5} more)" if len(result.refused) > 5 else ""
             raise SyncError(f"the host refused {len(result.refused)} path(s): {listed}{more}")
         return result

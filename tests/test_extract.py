@@ -404,6 +404,18 @@ def test_a_squatter_on_the_port_before_or_while_the_server_loads_is_never_taken_
     assert json.loads((tmp_path / "hang.json").read_text())["network"] == LOOPBACK_ENV
 
 
+def test_a_server_that_answers_without_its_key_is_refused_and_stopped(tiny_verifier, tmp_path):
+    """A --vllm-command that does not honour VLLM_API_KEY (here the stand-in started without it in
+    its environment) answers anyone: never taken for ready, one line, and stopped."""
+    from common.vllm_server import ManagedServer, ServeOptions, ServerFailed
+
+    opts = ServeOptions(model=str(tiny_verifier.verifier), port=_free_port(), vllm_command=f"env -u VLLM_API_KEY {sys.executable} {STAND_IN} --mode health-only")
+    with ManagedServer(opts, tmp_path / "keyless.log", stop_grace=1) as server:
+        with pytest.raises(ServerFailed, match="answers /v1/models at .* without its API key"):
+            server.wait_healthy(120)
+    assert not _alive(server.proc.pid)
+
+
 def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):
     out, record = tmp_path / "hs", tmp_path / "server.json"
     import time

@@ -433,7 +433,7 @@ def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
     follow = harness(config, "logs", "box", run_id, "--follow")
     assert follow.returncode == 1 and follow.stderr.splitlines() == [
         f"harness: error: run {run_id} on box is lost: its supervisor ended without recording an outcome (the box rebooted or the "
-        "process was killed); start it again: harness run box ..."], follow
+        f"process was killed), and its stage may still be running: harness cancel box {run_id} stops what is provably the run's, then run it again"], follow
     status = harness(config, "status", "box", run_id)
     assert "lost" in status.stdout and "running" not in status.stdout.split(run_id, 1)[-1].splitlines()[0], status.stdout
 
@@ -605,3 +605,44 @@ def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_p
                         stage["last_event"]["error"]), status.stdout
     finally:
         engine.remove()
+
+
+@pytest.mark.ssh
+def test_logs_follow_whose_ssh_master_is_killed_ends_in_the_link_line_and_255(ssh_host, tmp_path):
+    """The SSH master under `logs -f` killed (the laptop's side of the link gone): not a silent exit
+    0, but the connection line and 255; the run goes on on the box."""
+    import signal
+
+    from bench.delayline import DelayLine
+    from tests.fixtures.job_project import write_project
+
+    with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2, rate=64 * MiB) as line:
+        config, env = slow_host(ssh_host, tmp_path, line.port, "master")
+        write_project(tmp_path / "unused", tmp_path / "host", {})  # the fake stages, on the host
+        project = tmp_path / "project"
+        project.mkdir()
+        config.rename(project / "harness.toml")
+        config = project / "harness.toml"
+        config.write_text(config.read_text() + "[pipeline.stages.prepare]\nlines = 100\nsleep = 100\n")
+
+        def harness_cli(*args: str) -> subprocess.Popen:
+            return subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        started = harness_cli("run", "slow", "prepare", "--detach")
+        run_id = started.communicate(timeout=60)[0].strip()
+        assert started.returncode == 0 and run_id, started.stderr.read() if started.stderr else ""
+        follow = harness_cli("logs", "slow", run_id, "--follow")
+        assert "line 1 of 100" in follow.stdout.readline() + follow.stdout.readline()
+        [socket_path] = [p for p in Path(env["HARNESS_CONTROL_DIR"]).rglob("*") if p.is_socket()]
+        check = subprocess.run(["ssh", "-O", "check", "-S", str(socket_path), "x"], capture_output=True, text=True, timeout=30)
+        master = int(check.stderr.split("pid=")[1].split(")")[0])
+        os.kill(master, signal.SIGKILL)
+        out, err = follow.communicate(timeout=60)
+        assert follow.returncode == 255, (follow.returncode, err)
+        assert err.strip().splitlines() == ["harness: error: the connection ended during supervisor.py on slow (the link dropped, or its SSH master "
+                                            "was stopped); what it ran there may still be running (run the command again once the host answers "
+                                            "(`harness doctor HOST`))"], err
+        status = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "slow", run_id], env=env, capture_output=True, text=True, timeout=60)
+        assert "running" in status.stdout, status.stdout + status.stderr
+        subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "cancel", "slow", run_id], env=env, capture_output=True, timeout=60)

@@ -284,6 +284,30 @@ def test_cancel_of_a_lost_run_signals_no_stranger_that_now_holds_its_pgid(tmp_pa
         stranger.wait()
 
 
+def test_cancel_after_a_reboot_signals_no_process_whose_start_time_matches_by_chance(tmp_path):
+    """The leader's identity is its start time AND the boot it started in: after a reboot a
+    stranger may hold the recorded pgid with the same start time (clock ticks after boot); the
+    boot id tells them apart (a reboot cannot be made: the record names another boot)."""
+    jobs, workdir = make_jobs(tmp_path, {"prepare": {"lines": 100, "sleep": 100}})
+    run_id = jobs.launch(["prepare"], grace_s=1).run_id
+    _wait_for_line(jobs, run_id, "line 1 of 100")
+    run_dir = workdir / "runs" / run_id
+    stage_state = json.loads((run_dir / "prepare" / "state.json").read_text())
+    os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
+    os.killpg(stage_state["pgid"], signal.SIGKILL)
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        start_time = int(Path(f"/proc/{stranger.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        leader = {"boot_id": "00000000-0000-0000-0000-000000000000", "start_time": start_time}  # all but the boot the stranger's
+        (run_dir / "prepare" / "state.json").write_text(json.dumps({**stage_state, "pid": stranger.pid, "pgid": stranger.pid, "leader": leader}))
+        _wait_for_status(lambda: jobs.status(run_id), "lost", key=lambda s: s.state)
+        assert jobs.cancel_run(run_id).states[jobs.name] == "lost"
+        assert stranger.poll() is None  # not signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
 def test_shell_on_host_runtime_is_a_pty_in_the_workdir(tmp_path):
     make_jobs(tmp_path, {})
     config = tmp_path / "project" / "harness.toml"

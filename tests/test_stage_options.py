@@ -41,6 +41,7 @@ def config_with(project: Path, stages: str) -> Path:
     ("[pipeline.stages.train]\nepochs = \"ten\"\n", "[pipeline.stages.train] epochs", "invalid value 'ten' for --epochs"),
     ("[pipeline.stages.prepare]\nstrict = 1\n", "[pipeline.stages.prepare] strict", "expected true or false (a flag), got 1"),
     ("[pipeline.stages.prepare]\nmax_seq_len = [1, 2]\n", "[pipeline.stages.prepare] max_seq_len", "expected one value, got a list"),
+    ("[pipeline.stages.extract]\nbackend = \"vlm\"\n", "[pipeline.stages.extract] backend", "invalid value 'vlm' (choices: transformers, vllm) (did you mean 'vllm'?)"),
 ])
 def test_a_wrong_table_option_or_value_is_one_error_with_the_nearest_name(project, stages, key, problem):
     path = config_with(project, stages)

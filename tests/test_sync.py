@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -346,3 +348,45 @@ def test_cut_stream_leaves_no_partial_file_and_the_next_sync_completes(tmp_path,
 
     result = do_sync(LocalTransport("local"), project, str(workdir))
     assert result.files_sent == 7 and not result.refused
+
+
+def test_the_box_side_refuses_a_deletion_outside_the_tree_even_when_the_laptop_asks(tmp_path):
+    """sync_apply.py checks every path again (its manifest lives on the box and may be edited, the
+    stream may be anyone's): a header naming paths outside the synced roots, or the harness's own
+    state, deletes nothing there and says so, whatever the laptop side would have filtered."""
+    workdir = tmp_path / "work"
+    (workdir / ".harness").mkdir(parents=True)
+    (workdir / "remote_scripts").mkdir()
+    (workdir / "remote_scripts" / "ok.py").write_text("x")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (workdir / "runs").mkdir()
+    (workdir / "runs" / "out.txt").write_text("output")
+    (workdir / ".harness" / "x").write_text("state")
+    evil = ["../victim.txt", str(victim), "remote_scripts/../../victim.txt", "runs/out.txt", ".harness/x", "remote_scripts\\..\\..\\victim.txt"]
+    entry = {"kind": "file", "size": 1, "mode": 420, "sha256": "0" * 64, "target": ""}
+    (workdir / MANIFEST_PATH).write_text(json.dumps({"version": 1, "digest": "d", "files": {p: entry for p in [*evil, "remote_scripts/ok.py"]}}))
+    header = {"roots": ["remote_scripts"], "upload": {}, "delete": [*evil, "remote_scripts/ok.py"], "drop": []}
+    stream = (json.dumps({"workdir": str(workdir)}) + "\n" + json.dumps(header) + "\n" + json.dumps({"digest": "d2"}) + "\n").encode()
+    helper = Path(__file__).resolve().parent.parent / "harness" / "host_helpers" / "sync_apply.py"
+    proc = subprocess.run([sys.executable, str(helper)], input=stream, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert said["deleted"] == 1 and not (workdir / "remote_scripts" / "ok.py").exists()  # the one path in the tree
+    assert sorted(p for p, _ in said["refused"]) == sorted(evil)
+    assert victim.read_text() == "precious" and (workdir / "runs" / "out.txt").read_text() == "output" and (workdir / ".harness" / "x").read_text() == "state"
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
+    """A name is shown quoted with its escapes where it is not printable: a link named to look like
+    harness's own error line stays inside the 'skipped' line."""
+    project = tmp_path / "p"
+    (project / "remote_scripts").mkdir(parents=True)
+    (project / "remote_scripts" / "a.py").write_text("a")
+    (project / "remote_scripts" / "x\nharness: error: forged").symlink_to("/etc/passwd")
+    (project / "harness.toml").write_text(f'[hosts.loc]\nlocal = true\nworkdir = "{tmp_path / "w"}"\nruntime = "host"\n\n[sync]\npaths = ["remote_scripts"]\n')
+    for args in (["sync", "loc", "--dry-run"], ["sync", "loc"]):
+        proc = subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=120, cwd=project)
+        assert proc.returncode == 0, proc.stderr
+        assert not any(line.startswith("harness: error: forged") for line in (proc.stdout + proc.stderr).splitlines()), proc.stderr
+        assert "'remote_scripts/x\\nharness: error: forged'" in proc.stderr

@@ -158,7 +158,8 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
         from harness.errors import HarnessError
 
         raise HarnessError(f"run {status.run_id} on {host} is lost: its supervisor ended without recording an outcome "
-                           f"(the box rebooted or the process was killed); start it again: harness run {host} ...")
+                           f"(the box rebooted or the process was killed), and its stage may still be running: "
+                           f"harness cancel {host} {status.run_id} stops what is provably the run's, then run it again")
 
 
 FAILED_TAIL = 40  # lines of `logs --failed`

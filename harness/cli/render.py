@@ -549,22 +549,26 @@ class SyncBars:
 
 def print_sync_plan(host: str, result) -> None:
     """`harness sync --dry-run`: what would move (sync.SyncResult)."""
+    from harness.sync import shown_path
+
     plan = result.plan
     for p in plan.upload:
-        click.echo(f"send    {p}")
+        click.echo(f"send    {shown_path(p)}")
     for p in plan.delete:
-        click.echo(f"delete  {p}")
+        click.echo(f"delete  {shown_path(p)}")
     for p, why in plan.local.skipped:
-        click.echo(f"skip    {p}: {why}", err=True)
+        click.echo(f"skip    {shown_path(p)}: {shown_path(why)}", err=True)
     for p in plan.ignored_manifest_entries:
         click.echo(f"ignore  host manifest entry {p!r} (not a clean path in the synced tree)", err=True)
     click.echo(f"{host}: would send {len(plan.upload)} files ({human_bytes(plan.upload_bytes)}), delete {len(plan.delete)}; {len(plan.local.entries) - len(plan.upload)} unchanged", err=True)
 
 
 def print_sync_summary(host: str, result) -> None:
+    from harness.sync import shown_path
+
     plan = result.plan
     for p, why in plan.local.skipped:
-        click.echo(f"skipped {p}: {why}", err=True)
+        click.echo(f"skipped {shown_path(p)}: {shown_path(why)}", err=True)
     unchanged = len(plan.local.entries) - len(plan.upload)
     click.echo(
         f"{host}: sent {result.files_sent} files ({human_bytes(result.bytes_sent)}), deleted {result.deleted}, "

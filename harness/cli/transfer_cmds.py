@@ -7,6 +7,7 @@ import click
 
 from harness.cli.params import host_argument, run_or_path_argument
 from harness.cli.render import SyncBars, human_bytes, print_json, print_sync_outcome, transfer_bars
+from harness.sync import shown_path
 
 
 # Below these a sync takes a blink: no progress bar (and no rich import) for it.
@@ -149,7 +150,7 @@ def _report_pull(host: str, request, outcome, as_json: bool) -> int:
     for p in report.planned if request.dry_run and not as_json else []:
         click.echo(f"fetch   {p}")
     for name, why in report.refused:
-        click.echo(f"refused {name}: {why}", err=True)
+        click.echo(f"refused {shown_path(name)}: {shown_path(why)}", err=True)
     for name, why in report.failed:
         click.echo(f"failed  {name}: {why}", err=True)
     if not request.dry_run:

@@ -19,7 +19,7 @@ import threading
 import weakref
 from typing import Callable, Iterator, Sequence
 
-from harness.errors import HarnessError, RemoteCommandError, TransportError
+from harness.errors import HarnessError, LinkLostError, RemoteCommandError, TransportError
 
 # (what, exit code, stderr text) -> the typed error: Transport.argv_failure
 Classify = Callable[[str, int, str], HarnessError]
@@ -33,13 +33,16 @@ class RemoteProcess:
     kept (the last TAIL_LINES lines) and handed line by line to on_stderr_line when given."""
 
     def __init__(self, argv: Sequence[str], classify: Classify, host_name: str, *, stdin: bool = True, stdout: bool = True,
-                 on_stderr_line: StderrLine | None = None, client_log: str | None = None):
+                 on_stderr_line: StderrLine | None = None, client_log: str | None = None, link_up: Callable[[], bool] | None = None):
         """client_log: a file the client writes its own diagnostics to (`ssh -E`), apart from the
         command's stderr: an exit without them is the command's, whatever its code. It is
-        removed once read, or when this object goes."""
+        removed once read, or when this object goes. link_up: whether the connection the client
+        rode on still stands (its SSH master): a silent 255 after it fell is the link's end, not
+        the command's."""
         self.host_name = host_name
         self._classify = classify
         self._client_log = client_log
+        self._link_up = link_up
         if client_log is not None:
             weakref.finalize(self, _unlink, client_log)
         self._on_line = on_stderr_line
@@ -111,6 +114,9 @@ class RemoteProcess:
         said = self.client_said()
         if code == 255 and said.strip():
             return self._classify(what, code, said + stderr)  # (+ stderr: what the ssh of a ProxyJump hop printed)
+        if code == 255 and self._link_up is not None and not self._link_up():  # a mux client whose master went says nothing
+            return LinkLostError(f"the connection ended during {what} (the link dropped, or its SSH master was stopped); "
+                                 "what it ran there may still be running", "run the command again once the host answers (`harness doctor HOST`)")
         return RemoteCommandError(what, code, stderr)
 
     def client_said(self) -> str:
