@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -390,3 +391,31 @@ def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert not any(line.startswith("harness: error: forged") for line in (proc.stdout + proc.stderr).splitlines()), proc.stderr
         assert "'remote_scripts/x\\nharness: error: forged'" in proc.stderr
+
+
+def test_a_helper_killed_mid_file_leaves_nothing_at_the_final_path_and_the_next_sync_tidies(tmp_path, project):
+    """SIGKILL of the box's helper while a file streams in (the box ran out of memory, someone
+    killed it): the final path never holds part of a file; the next sync writes it whole and
+    removes the killed helper's temporary file."""
+    import signal
+
+    from harness import helpers
+    from harness.sync import RECORD, SYNC_APPLY
+    from harness.transport.local import LocalTransport
+
+    workdir = tmp_path / "host-workdir"
+    header = {"roots": ["remote_scripts"], "upload": {"remote_scripts/big.bin": {"kind": "file", "size": 4 * 2**20, "mode": 0o644, "sha256": "", "target": ""}},
+              "delete": [], "drop": []}
+    proc = subprocess.Popen(helpers.argv(SYNC_APPLY, python=sys.executable), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(helpers.payload(SYNC_APPLY, {"workdir": str(workdir)}) + json.dumps(header).encode() + b"\n" + RECORD.pack(4 * 2**20, 0o644) + b"x" * 2**21)
+    proc.stdin.flush()
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith(".harness-sync-tmp-") and p.stat().st_size > 0 for p in (workdir / "remote_scripts").glob(".*")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert not (workdir / "remote_scripts" / "big.bin").exists()
+    result = do_sync(LocalTransport("local"), project, str(workdir))
+    assert not result.refused and (workdir / "remote_scripts" / "train.py").read_text() == "print('train')\n"
+    assert [p.name for p in (workdir / "remote_scripts").iterdir() if p.name.startswith(".harness-sync-tmp-")] == []

@@ -115,26 +115,53 @@ def copy_content(stream, size, fd):
     return error
 
 
+TMP_PREFIX = ".harness-sync-tmp-"
+
+
 def create(workdir, rel, owned, make):
-    """make(path) creates a file or link at path, failing if anything is there. A new path is
-    made in place (nothing can be reading it); an existing one under a temporary name in its
-    directory, which the caller renames over it (a running job never sees a half-written file;
-    a symlink there is replaced, never followed). Returns (what make returned, the temporary
-    path or None)."""
+    """make(path) creates a file or link under a temporary name in its directory, which the caller
+    renames over rel: nothing at the final path is ever half-written (not for a running job, nor
+    after this helper is killed mid-file; a symlink there is replaced, never followed). Returns
+    (what make returned, the temporary path)."""
     make_parents(workdir, rel, owned)
     if not parents_are_real_dirs(workdir, rel):
         raise OSError("a parent directory is a symlink")
     target = os.path.join(workdir, rel)
-    try:
-        return make(target), None
-    except FileExistsError:
-        pass
     if os.path.isdir(target) and not os.path.islink(target):
         raise OSError("a directory is in the way")
-    tmp = os.path.join(os.path.dirname(target), ".harness-sync-tmp-%d" % os.getpid())
+    tmp = os.path.join(os.path.dirname(target), TMP_PREFIX + str(os.getpid()))
     if os.path.lexists(tmp):
         os.unlink(tmp)
     return make(tmp), tmp
+
+
+def remove_stale_temporaries(workdir, rels):
+    """A killed helper's temporary files, in the directories this sync writes to (their writer is
+    no longer running)."""
+    for directory in {os.path.dirname(os.path.join(workdir, rel)) for rel in rels}:
+        if os.path.realpath(directory) != directory:  # through a symlink (or not there): not ours to tidy
+            continue
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            pid = name[len(TMP_PREFIX):]
+            if name.startswith(TMP_PREFIX) and pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+                try:
+                    os.unlink(os.path.join(directory, name))
+                except OSError:
+                    pass
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def receive_file(stream, workdir, rel, owned, umask):
@@ -151,7 +178,7 @@ def receive_file(stream, workdir, rel, owned, umask):
     except OSError:
         copy_content(stream, size + 32, None)
         raise
-    written = tmp or os.path.join(workdir, rel)
+    written = tmp
     error = None
     try:
         if size <= BLOCK:  # the common case: one read for content and hash
@@ -174,15 +201,13 @@ def receive_file(stream, workdir, rel, owned, umask):
     if error is not None:
         os.unlink(written)
         raise error
-    if tmp:
-        os.replace(tmp, os.path.join(workdir, rel))
+    os.replace(tmp, os.path.join(workdir, rel))
     return {"kind": "file", "size": size, "mode": mode, "sha256": digest.hex(), "target": ""}
 
 
 def place_link(workdir, rel, owned, entry):
     _, tmp = create(workdir, rel, owned, lambda path: os.symlink(entry["target"], path))
-    if tmp:
-        os.replace(tmp, os.path.join(workdir, rel))
+    os.replace(tmp, os.path.join(workdir, rel))
     return entry
 
 
@@ -266,6 +291,7 @@ def main():
     umask = os.umask(0)
     os.umask(umask)
     written = {}
+    remove_stale_temporaries(workdir, [rel for rel in (safe_rel(p, roots) for p in upload) if rel])
     for path, entry in upload.items():
         rel = safe_rel(path, roots)
         kind = entry.get("kind") if isinstance(entry, dict) else None
