@@ -30,6 +30,13 @@ class HarnessError(Exception):
         return self.message if not self.hint else f"{self.message} ({self.hint})"
 
 
+class Interrupted(HarnessError):
+    """Ctrl-C while something was being started on the host: the line says what may be running
+    there and how to see it."""
+
+    exit_code = EXIT_INTERRUPTED
+
+
 class UsageError(HarnessError):
     """Bad input on the command line or in a file the user wrote."""
 

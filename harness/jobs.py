@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from harness import box_values, helpers
 from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig, PipelineConfig
-from harness.errors import EXIT_FAILED, EXIT_OK, RemoteCommandError, UsageError
+from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, RunListing, Started, names_a_run, pick_run
 from harness.runtime.base import WrapOptions
@@ -325,9 +325,13 @@ class Jobs:
         plan = self.plan(stages, grace_s, run_id, now, fresh)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
         versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
-        result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
-                                  "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
-                                  "versions_probe": versions_probe})
+        try:
+            result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
+                                      "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
+                                      "versions_probe": versions_probe})
+        except KeyboardInterrupt:  # the supervisor may have started it already: name it
+            raise Interrupted(f"interrupted while starting run {plan.run_id} on {self.name}; it may be running there",
+                              f"`harness status {self.name} {plan.run_id}` says; `harness cancel {self.name} {plan.run_id}` stops it") from None
         if result.exit_code == MISSING_EXIT:
             raise UsageError(result.error.strip().splitlines()[-1])
         if result.exit_code != 0:

@@ -416,6 +416,27 @@ def test_a_server_that_answers_without_its_key_is_refused_and_stopped(tiny_verif
     assert not _alive(server.proc.pid)
 
 
+def test_vllms_ipc_sockets_go_in_a_private_directory_removed_with_the_server(tiny_verifier, tmp_path):
+    """vLLM makes its ZMQ sockets in VLLM_RPC_BASE_PATH (default /tmp, where they stayed after each
+    server): a 0700 directory of the server's own, gone once it stops (on a unix socket: the
+    socket's directory)."""
+    import time
+
+    from common.vllm_server import ManagedServer, ServeOptions
+
+    record = tmp_path / "record.json"
+    opts = ServeOptions(model=str(tiny_verifier.verifier), port=_free_port(), vllm_command=f"{sys.executable} {STAND_IN} --mode health-only --record {record}")
+    with ManagedServer(opts, tmp_path / "server.log", stop_grace=1) as server:
+        server.wait_healthy(120)
+        deadline = time.monotonic() + 30
+        while not (record.exists() and record.read_text()):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        rpc_dir = Path(json.loads(record.read_text())["rpc_dir"])
+        assert rpc_dir.parent == Path("/tmp") and rpc_dir.stat().st_mode & 0o777 == 0o700
+    assert not rpc_dir.exists()
+
+
 def test_vllm_server_that_dies_fails_fast_with_its_log(tiny_verifier, prepared_data, tmp_path):
     out, record = tmp_path / "hs", tmp_path / "server.json"
     import time

@@ -334,6 +334,16 @@ def test_cli_attached_run_exit_code_and_ctrl_c_detaches(tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert f"detached from run {run_id}" in err.decode() and f"harness logs box {run_id} -f" in err.decode()
+    # SIGTERM (a closed terminal, a process manager) ends it as Ctrl-C does: what it holds is let go
+    longer = harness_cli(config, "run", "box", "train", "--detach", "--set", "train.sleep=60").stdout.strip()
+    follow = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "logs", "box", longer, "-f"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    while b"line 1 of" not in seen:
+        seen += follow.stdout.read1(4096)
+    follow.send_signal(signal.SIGTERM)
+    _, err = follow.communicate(timeout=30)
+    assert follow.returncode == 130 and f"detached from run {longer}" in err.decode(), err
+    harness_cli(config, "cancel", "box", longer)
     r = harness_cli(config, "logs", "box", run_id, "-f")
     assert log_lines(r.stdout) == expected_log("train_draft", 4)
     assert harness_cli(config, "status", "box", run_id).returncode == 0

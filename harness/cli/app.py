@@ -4,6 +4,7 @@ only when invoked, so `harness --help` stays fast (no SSH client, docker or rich
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import click
@@ -176,12 +177,19 @@ def _stage_flag(e: click.UsageError) -> str | None:
     return None
 
 
+def _interrupted(signum, frame) -> None:
+    """SIGTERM (a terminal closed, a supervisor's stop) ends a command as Ctrl-C does: what it
+    started stops, what it wrote here goes (serve's key file, a tunnel, a pull's part files)."""
+    raise KeyboardInterrupt
+
+
 def run() -> None:
     """Run the command line: typed HarnessErrors become one line and their exit code
     (harness.errors: EXIT_*)."""
     from harness.cli import exit_with
     from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError
 
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         rv = cli.main(standalone_mode=False, complete_var="_HARNESS_COMPLETE")  # the same under python -m harness
     except HarnessError as e:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -138,13 +139,33 @@ class EventLog:
             self._echo(event, fields)
 
 
+# A disk full as libraries that are not Python's own say it (safetensors: "IoError(Os { code: 28,
+# kind: StorageFull, ... })"), where no OSError carries the errno.
+DISK_FULL_WORDS = re.compile(r"No space left on device|Disk quota exceeded|StorageFull|QuotaExceeded")
+
+
+def _disk_error(error: BaseException) -> OSError | None:
+    """The OSError (ENOSPC, EDQUOT) behind `error`, itself, its causes or its words; else None."""
+    import errno
+
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        if not isinstance(e, OSError) and DISK_FULL_WORDS.search(str(e)):
+            return OSError(errno.ENOSPC, "No space left on device")
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def disk_full(error: BaseException, places: tuple[str, ...] = ()) -> str | None:
     """The one line for a write that found its disk full (ENOSPC, EDQUOT): which disk (the
     file's where the error names one, else the fullest of `places` and the working directory)
     and what is free there; None for any other error."""
-    import errno
-
-    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+    error = _disk_error(error)
+    if error is None:
         return None
 
     def disk(path: str) -> tuple[int, str]:

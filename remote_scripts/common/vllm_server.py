@@ -22,6 +22,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -38,6 +39,7 @@ from common import private_network
 from common.speculators_compat import SOCKET_ENV
 
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own name (vllm/envs.py); our clients read it too
+RPC_DIR_ENV = "VLLM_RPC_BASE_PATH"  # where vLLM makes its ZMQ IPC sockets (vllm/envs.py; default /tmp)
 # vLLM's workers talk over torch's gloo and, on GPUs, NCCL, whose listeners (no authentication)
 # bind the address the host name resolves to or the first interface that is not the loopback (a
 # container's bridge address, a box's LAN one) unless told one: the loopback, as every server here
@@ -319,11 +321,38 @@ def stop_process_group(proc: subprocess.Popen, grace: float) -> int | None:
         return None
 
 
+# An exception's own line ("ValueError: ..."), wherever a log line has it (vLLM prefixes its
+# processes' names, levels and times); the ones that only point elsewhere are not the cause.
+EXCEPTION_LINE = re.compile(r"\b([A-Z][A-Za-z0-9_]*(?:Error|Exception)): (.*\S)")
+POINTERS = ("root cause above", "Engine core initialization failed", "EngineCore encountered an issue", "Engine core proc")
+NOT_FAILURES = re.compile(r"\b(?:WARNING|INFO|DEBUG)\b")  # a level that says the line is no failure (vLLM logs some exceptions as warnings)
+WORKER_DIED = re.compile(r"(Worker proc \S+ died unexpectedly \(exit code: (-?\d+)\))")  # a worker killed by a signal says no exception
+
+
+def failure_cause(lines: list[str]) -> str | None:
+    """The first exception line that is a failure and not a pointer to another, in the log's
+    last 300 lines (vLLM's real error comes before the wrappers that repeat it), or None."""
+    for line in lines[-300:]:
+        died = WORKER_DIED.search(line)
+        if died:
+            code = int(died.group(2))
+            return died.group(1) + (f": killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else "")
+        found = EXCEPTION_LINE.search(line)
+        if found and not NOT_FAILURES.search(line[:found.start()]) and not any(p in line for p in POINTERS):
+            return f"{found.group(1)}: {found.group(2)}"[:600]
+    return None
+
+
 def log_tail(path: Path, lines: int = 15) -> str:
+    """What a log says went wrong, for one line: the failure's own exception line where there is
+    one (not the last line, often an unrelated warning), else its last lines."""
     try:
         text = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return "(no log)"
+    cause = failure_cause(text)
+    if cause:
+        return cause
     # Each line capped: vLLM's errors can be one huge line (e.g. the list of every architecture it
     # supports) that would push the line saying what went wrong out of the tail.
     return " | ".join(line.strip()[:300] for line in text[-lines:] if line.strip())[-1500:] or "(empty log)"
@@ -344,6 +373,7 @@ class ManagedServer:
         self._key_before: str | None = None
         self._exported = False
         self.network = "the stage's network"  # where its workers' TCP listeners are, for a person
+        self._rpc_dir: str | None = None  # vLLM's IPC sockets, where the server has no socket directory of ours
 
     def __enter__(self) -> "ManagedServer":
         self.start()
@@ -359,7 +389,13 @@ class ManagedServer:
         if self.opts.staging_dir:
             Path(self.opts.staging_dir).mkdir(parents=True, exist_ok=True)
         argv = serve_argv(self.opts)
-        env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key}
+        # vLLM's own IPC sockets (ZMQ, between its API server and engine): in a 0700 directory of
+        # this server's, removed with it, not left in /tmp for anyone to find (VLLM_RPC_BASE_PATH).
+        if self.opts.uds:
+            rpc_dir = os.path.dirname(self.opts.uds)
+        else:
+            rpc_dir = self._rpc_dir = tempfile.mkdtemp(prefix="harness-vllm-rpc-", dir="/tmp")
+        env = {**(self.env if self.env is not None else os.environ), **LOOPBACK_ENV, API_KEY_ENV: self.api_key, RPC_DIR_ENV: rpc_dir}
         if shutil.which(argv[0], path=env.get("PATH")) is None:
             raise ServerFailed(f"cannot start vllm: {argv[0]!r} not found (is vllm installed in this environment? --vllm-command)")
         if self.opts.uds:  # nothing outside needs its TCP: its workers' listeners go where no one else is
@@ -413,6 +449,9 @@ class ManagedServer:
             self.exit_code = stop_process_group(self.proc, self.stop_grace)
             with open(self.log_path, "ab") as log:
                 log.write(f"[harness] vllm serve stopped (exit {self.exit_code})\n".encode())
+        if self._rpc_dir is not None:
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None
         if self._exported:
             self._exported = False
             if self._key_before is None:
