@@ -39,8 +39,11 @@ class ContainerConfig:
     base_image: str = "vllm/vllm-openai:v0.33.0"  # build argument BASE_IMAGE
     dockerfile: str = "container/Dockerfile"
     gpus: Union[str, int, list[int]] = "all"  # "all", a count, or a list of device indices
-    shm_size: str = "16g"
-    ipc: str = "host"
+    shm_size: str = "16g"  # the container's own /dev/shm (with ipc = "private": void under "host")
+    # "private": the container's own IPC namespace, so no other uid's shared memory is in reach;
+    # "host" only where containers must share memory with the host (docs/security.md)
+    ipc: str = "private"
+    build_network: str = "default"  # docker build --network: "host" for a proxy on the box's loopback
     mounts: list[str] = field(default_factory=list)  # "host_path:container_path[:ro]"
     ca_bundle: str = ""  # host path of an extra CA bundle (TLS-inspecting proxies); "" for none
     build_args: dict[str, str] = field(default_factory=dict)
@@ -337,6 +340,10 @@ def _validate_host(file: str, key: str, host: HostConfig) -> None:
     c = host.container
     if not SIZE_RE.match(c.shm_size):
         raise ConfigError(file, f"{key}.container.shm_size", f'expected a size like "16g", got {c.shm_size!r}')
+    if c.ipc not in ("private", "shareable", "host"):
+        raise ConfigError(file, f"{key}.container.ipc", f'expected "private" (the default), "shareable" or "host", got {c.ipc!r}')
+    if not HOST_NAME_RE.match(c.build_network):
+        raise ConfigError(file, f"{key}.container.build_network", f'expected a docker network name ("default", "host"), got {c.build_network!r}')
     if isinstance(c.gpus, str) and c.gpus not in ("all", "none"):
         raise ConfigError(file, f"{key}.container.gpus", f'expected "all", "none", a count or a list of indices, got {c.gpus!r}')
     if isinstance(c.gpus, int) and c.gpus < 0:

@@ -36,7 +36,7 @@ class HostServer:
         helpers.command, helpers.payload); without one its stdin is /dev/null."""
         self._tail: list[str] = []
         # a connection of its own: the server outlives the other commands of this CLI call
-        wrapped = runtime.wrap(until_stdin_closes(argv, given=len(payload)), *([options] if options else []))
+        wrapped = runtime.foreground(until_stdin_closes(argv, given=len(payload)), *([options] if options else []))
         self._proc = transport.stream(wrapped, channel=OWN, stdout=stdout, on_stderr_line=self._keep)
         if payload:
             try:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
-from harness.runtime.image import build, gather_inputs, image_id
+from harness.errors import UsageError
+from harness.runtime.image import build, gather_inputs, image_id, refuse_secret_build_args
 from harness.transport.local import LocalTransport
 from tests.fixtures.docker_engine import container_table
 from tests.fixtures.job_project import FAKE_STAGE, write_build_context, write_project
@@ -120,6 +121,23 @@ def test_build_arg_values_stay_off_command_lines_and_secrets_are_refused(tmp_pat
         assert "hunter2" not in r.stderr and "t0k3n" not in r.stderr
 
 
+@pytest.mark.parametrize("value, secret", [
+    ("git+https://ghp_T0KEN@github.com/me/pkg.git", True),  # a bare token as the URL's user
+    ("--index-url https://me:hunter2@pypi.example/simple x", True),
+    ("https://files.example/pkg.whl?token=abc", True),
+    ("https://blob.example/pkg.whl?sv=1&sig=abc", True),
+    ("git+ssh://git@github.com/me/pkg.git", False),  # ssh's user, no credential
+    ("six==1.17.0 https://files.example/pkg.whl?version=2", False),
+])
+def test_credentials_in_a_build_arg_url_are_refused(tmp_path, value, secret):
+    config = load_config(project(tmp_path, "base:1", build_args={"EXTRA_PIP_PACKAGES": value}))
+    if secret:
+        with pytest.raises(UsageError, match="EXTRA_PIP_PACKAGES: looks like a secret"):
+            refuse_secret_build_args(config, config.host("box"))
+    else:
+        refuse_secret_build_args(config, config.host("box"))
+
+
 @pytest.mark.docker
 def test_build_error_is_one_line_and_exit_code(tmp_path, docker_base_image):
     config_path = project(tmp_path, "harness-no-such-base:1")
@@ -138,11 +156,12 @@ def test_extra_ca_bundle_lets_pip_through_a_tls_inspecting_proxy(tmp_path, docke
     the package the proxy served."""
     with TlsInspectingProxy(tmp_path / "proxy") as proxy:
         args = {"INSTALL_ML": "0", "EXTRA_PIP_PACKAGES": f"{PROBE}=={PROBE_VERSION}", "HTTPS_PROXY": proxy.url}
-        config_path = project(tmp_path / "without", docker_base_image, build_args=args)
+        # the proxy listens on the box's loopback: a build reaches it only on the host's network, as configured
+        config_path = project(tmp_path / "without", docker_base_image, build_args=args, build_network="host")
         r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--force"], capture_output=True, text=True, timeout=600)
         assert r.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in r.stderr, r.stderr[-3000:]
         assert "pypi.org" in proxy.connects and proxy.served == []  # pip did go through the proxy, and got nothing
-        config_path = project(tmp_path / "with", docker_base_image, ca_bundle=str(proxy.ca), build_args=args)
+        config_path = project(tmp_path / "with", docker_base_image, ca_bundle=str(proxy.ca), build_args=args, build_network="host")
         r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config_path), "build", "box", "--force"], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "added extra CA bundle" in r.stderr and f"Successfully installed {PROBE}-{PROBE_VERSION}" in r.stderr

@@ -201,7 +201,7 @@ def test_healthy_host_is_all_ok_in_one_probe_round_trip():
     probes = [c for c in runner.calls if "ml_probe.py" in c]
     # through the runtime, once, after creating the directories the container mounts
     assert len(probes) == 1 and probes[0][:2] == ["sh", "-c"]
-    assert probes[0][3:10] == ["sh", "2", "/home/me/harness", "/home/me/.cache/huggingface", "docker", "run", "--rm"]
+    assert probes[0][3:11] == ["sh", "3", "/home/me/harness", "/home/me/.cache/huggingface", "/home/me/harness/.harness/home", "docker", "run", "--rm"]
     # + df once + docker image inspect of the two tags + the start check (inspect, run)
     assert len(runner.calls) == 6
     assert results["stage-gpus"].message == "2 GPU(s) visible inside the container: NVIDIA H100 80GB HBM3 (driver 580.65.06); torch 2.14.0+cu129 (CUDA 12.9) uses them (sm_90)"

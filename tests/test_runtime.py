@@ -75,7 +75,10 @@ def test_docker_stage_process_is_a_labelled_container_writing_its_log():
     assert argv[:2] == ["docker", "create"] and "--network=host" not in argv
     assert argv[argv.index("--name") + 1] == "harness-R1-train"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--label"] == ["harness.run=R1", "harness.stage=train"]
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-e"] == ["HF_HOME=/root/.cache/huggingface", "PYTHONUNBUFFERED=1",
+    # the box user's uid and gid (put in on the host), a private IPC namespace, HOME of its own
+    assert argv[argv.index("--user") + 1] == "@harness-user@" and "--ipc=private" in argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-v"] == ["/home/me/w:/home/me/w", "/home/me/.cache/huggingface:/home/me/.cache/huggingface"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "-e"] == ["HF_HOME=/home/me/.cache/huggingface", "HOME=/home/me/w/.harness/home", "PYTHONUNBUFFERED=1",
                                                                       "TORCHINDUCTOR_CACHE_DIR=/home/me/w/.harness/cache/torchinductor",
                                                                       "TRITON_CACHE_DIR=/home/me/w/.harness/cache/triton",
                                                                       "VLLM_CACHE_ROOT=/home/me/w/.harness/cache/vllm", "HF_TOKEN"]  # HF_TOKEN by name

@@ -77,6 +77,8 @@ def test_container_host_config(tmp_path, docker_base_image, gpus, expected, monk
     argv = runtime.create_argv(["true"], WrapOptions(labels=(("run", "R1"), ("stage", "train")), name=name))
     # docker reads the secret from ITS environment (-e NAME): not on the command line
     assert SECRET_VALUE not in " ".join(argv) and ["-e", SECRET_NAME] == argv[argv.index(SECRET_NAME) - 1 : argv.index(SECRET_NAME) + 1]
+    user = f"{os.getuid()}:{os.getgid()}"
+    argv[argv.index("--user") + 1] = user  # as the supervisor puts it in on the host
     assert transport.run(argv, env={SECRET_NAME: SECRET_VALUE}).exit_code == 0
     try:
         info = json.loads(docker("inspect", name).stdout)[0]
@@ -86,12 +88,12 @@ def test_container_host_config(tmp_path, docker_base_image, gpus, expected, monk
     (request,) = hc["DeviceRequests"]
     assert request["Capabilities"] == [["gpu"]]
     assert {k: request[k] for k in expected} == expected
-    assert hc["IpcMode"] == "host"
-    assert hc["ShmSize"] == 2 * 1024**3
+    assert hc["IpcMode"] == "private" and info["Config"]["User"] == user  # no other uid's shared memory; the box user's files
+    assert hc["ShmSize"] == 2 * 1024**3  # takes effect: the container's own /dev/shm
     assert {u["Name"]: (u["Soft"], u["Hard"]) for u in hc["Ulimits"]} == {"memlock": (-1, -1), "stack": (67108864, 67108864)}
     assert hc["Init"] is True
     work = str(tmp_path / "work")
-    assert set(hc["Binds"]) == {f"{work}:{work}", f"{data}:{data}", f"{runtime.hf_cache}:/root/.cache/huggingface", f"{extra}:/extra:ro"}
+    assert set(hc["Binds"]) == {f"{work}:{work}", f"{data}:{data}", f"{runtime.hf_cache}:{runtime.hf_cache}", f"{extra}:/extra:ro"}
     assert info["Config"]["WorkingDir"] == work
     assert info["Config"]["Labels"]["harness.run"] == "R1" and info["Config"]["Labels"]["harness.stage"] == "train"
     assert f"{SECRET_NAME}={SECRET_VALUE}" in info["Config"]["Env"]  # passed through by name
@@ -173,7 +175,7 @@ def test_shell_is_a_real_pty_in_the_container_with_job_mounts(tmp_path, harness_
     keys = b'echo "cwd=$(pwd) tty=$(test -t 0 && echo yes) size=$(stty size) hf=$HF_HOME"; exit 3\n'
     code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], keys)
     assert code == 3, out
-    assert f"cwd={tmp_path / 'work'} tty=yes size=33 101 hf=/root/.cache/huggingface" in out
+    assert f"cwd={tmp_path / 'work'} tty=yes size=33 101 hf={Path.home()}/.cache/huggingface" in out
 
 
 def test_exec_runs_in_the_container(tmp_path, harness_test_image, docker_base_image):

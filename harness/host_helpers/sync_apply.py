@@ -243,6 +243,7 @@ def main():
     if not line.strip():
         return  # nothing to do (a no-op or a dry run): the host is left exactly as it was
     header = json.loads(line)
+    os.umask(0o077)  # what it makes (directories, the manifest) is the user's alone; files keep the laptop's bits
     private_workdir(workdir)
     workdir = os.path.realpath(workdir)
     roots = header["roots"]

@@ -34,8 +34,11 @@ class WrapOptions:
 
 
 # Create directories, then run the command: one round trip. The directories are data ($2..),
-# never part of the script.
-_MKDIRS_THEN_EXEC = 'n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
+# never part of the script; they and what the command writes are the user's alone (umask 077).
+# `--user USER_TOKEN` (runtime/docker.py) becomes the user's `--user uid:gid` on the way.
+_MKDIRS_THEN_EXEC = ('umask 077; n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; '
+                     'u="$(id -u):$(id -g)"; p=; for a do shift; [ "$p" = --user ] && [ "$a" = @harness-user@ ] && a=$u; p=$a; set -- "$@" "$a"; done; '
+                     'exec "$@"')
 
 # Compilers' caches the stages write and later load code from: in the workdir (0700), not in a
 # shared /tmp where another uid could make them first (torch's default /tmp/torchinductor_USER),

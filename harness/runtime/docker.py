@@ -2,10 +2,12 @@
 
 Every container harness starts (jobs, `harness exec`, `harness shell`, inspect, the version
 probe) gets the same options from `run_options`, so a shell sees exactly what a stage sees: the
-GPUs, `--ipc=host`, shared memory and ulimits, the workdir mounted at the SAME path as the
-working directory, data_dir, the Hugging Face cache and the configured mounts, env passed BY NAME
-(a secret never appears on a command line), labels naming the run and the stage, `--init`, and
-`--pull=never` (the image is the one `harness build` made on the host).
+box user's uid and gid (what a container writes is the user's, never root's), a private IPC
+namespace and its own shared memory, the GPUs and ulimits, the workdir mounted at the SAME path
+as the working directory, data_dir, the Hugging Face cache (at its host path too) and the
+configured mounts, env passed BY NAME (a secret never appears on a command line), labels naming
+the run and the stage, `--init`, and `--pull=never` (the image is the one `harness build` made on
+the host). What runs inside starts under umask 077: what it writes is the user's alone.
 
 Each option and why: docs/ARCHITECTURE.md, runtime/.
 """
@@ -21,8 +23,11 @@ from harness.runtime.base import Runtime, WrapOptions
 if TYPE_CHECKING:
     from harness.transport.base import Transport
 
-# Where the Hugging Face cache lives inside the container (HF_HOME points there).
-CONTAINER_HF_HOME = "/root/.cache/huggingface"
+# The container's user: the box user's "uid:gid", put in on the host where the argv runs (the
+# foreground wrapper, runtime/base.py; the supervisor's launch), as the home directory is.
+USER_TOKEN = "@harness-user@"
+# What runs inside starts with umask 077 (docker has no option for it)
+PRIVATE = ["sh", "-c", 'umask 077; exec "$@"', "sh"]
 LABEL_PREFIX = "harness"
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864}
 
@@ -91,7 +96,7 @@ class DockerRuntime(Runtime):
     def host_dirs(self) -> list[str]:
         """Host directories that must exist before a container starts (docker would create
         missing ones owned by root)."""
-        dirs = [self.workdir, self.hf_cache]
+        dirs = [self.workdir, self.hf_cache, self.container_home]
         if self.host.data_dir:
             dirs.append(self._expand(self.host.data_dir))
         return dirs
@@ -107,17 +112,19 @@ class DockerRuntime(Runtime):
         c = self.host.container
         # --pull=never: a missing image is an error, never a registry pull (harness build makes it)
         opts: list[str] = ["--network=host"] if options.host_network else []
-        opts += ["--pull=never", "--init", *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
+        opts += ["--pull=never", "--init", "--user", USER_TOKEN, *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
         for name, value in self.ulimits().items():
             opts += ["--ulimit", f"{name}={value}"]
         opts += ["-v", f"{self.workdir}:{self.workdir}", "-w", self.workdir]
         if self.host.data_dir:
             data = self._expand(self.host.data_dir)
             opts += ["-v", f"{data}:{data}"]
-        opts += ["-v", f"{self.hf_cache}:{CONTAINER_HF_HOME}", "-e", f"HF_HOME={CONTAINER_HF_HOME}"]
+        # the cache at its host path: the box user's own files, readable by their tools outside too
+        opts += ["-v", f"{self.hf_cache}:{self.hf_cache}", "-e", f"HF_HOME={self.hf_cache}"]
         for mount in c.mounts:
             opts += ["-v", self._expand(mount)]
-        opts += ["-e", "PYTHONUNBUFFERED=1"]
+        # the uid has no home in the image (its HOME would be `/`): one of its own in the workdir
+        opts += ["-e", f"HOME={self.container_home}", "-e", "PYTHONUNBUFFERED=1"]
         passed = dict.fromkeys((*self.host.env, *options.env_names))
         opts += [a for name, value in self.cache_env().items() if name not in passed for a in ("-e", f"{name}={value}")]
         for name in passed:
@@ -128,10 +135,16 @@ class DockerRuntime(Runtime):
             opts += ["--name", options.name]
         return opts
 
+    @property
+    def container_home(self) -> str:
+        """HOME inside the containers: the tools' dot-files (~/.config, ~/.cache) in the workdir."""
+        return f"{self.workdir}/.harness/home"
+
     def wrap(self, argv: Sequence[str], options: WrapOptions = WrapOptions()) -> list[str]:
-        """`docker run --rm` in the foreground: exec, shell, inspect, probes."""
+        """`docker run --rm` in the foreground: exec, shell, inspect, probes (run through
+        foreground(), which puts in the user)."""
         tty = ["-i", "-t"] if options.interactive else ["-i"]
-        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *argv]
+        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *PRIVATE, *argv]
 
     def exec_in(self, container: str, argv: Sequence[str]) -> list[str]:
         return ["docker", "exec", "-i", container, *argv]

@@ -140,14 +140,15 @@ def gather_inputs(config: Config, host: HostConfig, extra_ca: bytes | None = Non
 
 
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"://[^/@\s:]+:[^/@\s]+@")
+# a URL's credentials: `user:password@`, a bare token `TOKEN@` (git+https), or a token in its query
+_URL_CREDENTIALS = re.compile(r"://(?!git@)[^/@\s]+@|[?&](?:[a-z_]*token|key|api_key|password|secret|sig|signature|auth)=", re.IGNORECASE)
 
 
 def refuse_secret_build_args(config: Config, host: HostConfig) -> None:
     """A build-arg value stays in the image's history (`docker history` shows each RUN step's
     build args) for anyone who has the image: one that looks like a secret is refused."""
     for name, value in sorted(host.container.build_args.items()):
-        if value and (_SECRET_NAME.search(name) or _URL_PASSWORD.search(value)):
+        if value and (_SECRET_NAME.search(name) or _URL_CREDENTIALS.search(value)):
             raise UsageError(
                 f"{config.path}: hosts.{host.name}.container.build_args.{name}: looks like a secret, and docker keeps build-arg "
                 "values in the image's history; give the build no secret (e.g. a package index the host reaches without "
@@ -210,7 +211,8 @@ def build(
         if found.exit_code == 0 and found.text.strip():
             return BuildResult(ref, found.text.strip(), built=False)
     # --force-rm: no intermediate containers are left behind, even by a failed step
-    argv = ["docker", "build", "--network=host", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}"]
+    # the engine's own build network unless configured: a step reaches no service on the box's loopback
+    argv = ["docker", "build", f"--network={c.build_network}", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}"]
     if force:
         argv.append("--no-cache")  # forced: every layer again (e.g. to pick up new packages)
     for key in sorted(inputs.build_args):
