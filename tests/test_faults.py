@@ -419,6 +419,22 @@ def test_a_stage_that_fills_the_box_disk_fails_in_one_line_naming_it(tmp_path, m
         assert '"state": "failed"' in status.stdout and line.search(status.stdout), status.stdout
 
 
+def test_a_stage_that_fills_the_runs_own_disk_ends_the_run_in_one_line(tmp_path):
+    """The workdir itself on the full disk: the supervisor's records need space too. Before: the
+    supervisor died writing the stage's state; the row stayed `running` with its duration counting."""
+    import json
+
+    with tmpfs(tmp_path / "box", "8m") as box:
+        config = box_project(box, box / "work" / "outputs" / "prepared")
+        r = harness(config, "run", "box", "prepare")
+        assert r.returncode == 1, r.stdout + r.stderr
+        status = harness(config, "status", "box", "last")
+        row = next(line for line in status.stdout.splitlines() if "prepare" in line)
+        assert "failed" in row and "disk full" in row and "running" not in status.stdout, status.stdout
+        run = json.loads(harness(config, "status", "box", "last", "--json").stdout)
+        assert run["state"] == "failed" and [s["state"] for s in run["stages"]] == ["failed"], run
+
+
 def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
     """A reboot, as the run's record sees it: its supervisor and its stage killed at once (SIGKILL),
     nothing recorded. The run is `lost` (not `running` forever), and `logs -f` ends."""
@@ -444,7 +460,7 @@ def test_a_box_reboot_under_a_run_shows_it_lost_never_running(tmp_path):
         f"harness: error: run {run_id} on box is lost: its supervisor ended without recording an outcome (the box rebooted or the "
         f"process was killed), and its stage may still be running: harness cancel box {run_id} stops what is provably the run's, then run it again"], follow
     status = harness(config, "status", "box", run_id)
-    assert "lost" in status.stdout and "running" not in status.stdout.split(run_id, 1)[-1].splitlines()[0], status.stdout
+    assert "lost" in status.stdout and "running" not in status.stdout, status.stdout  # the run, and its stage's row
 
 
 @pytest.mark.ssh

@@ -76,6 +76,7 @@ def test_run_status_logs_and_pull_with_the_default_workdir(home_box, ssh_host, t
     assert (tmp_path / "out" / "train" / "log").read_bytes() == (run_dir / "train" / "log").read_bytes()
     by_default = harness("pull", "box", run_id, "--include", "log")
     assert by_default.returncode == 0, by_default.stderr
-    assert sorted(p.relative_to(tmp_path / "runs" / run_id).as_posix() for p in (tmp_path / "runs" / run_id).rglob("*") if p.is_file()) == ["prepare/log", "train/log"]
+    pulled_to = config.parent / "runs" / run_id  # by default: runs/RUN_ID beside harness.toml, from any directory
+    assert sorted(p.relative_to(pulled_to).as_posix() for p in pulled_to.rglob("*") if p.is_file()) == ["prepare/log", "train/log"]
     # one SSH client path: no command above opened SFTP (paramiko's home() or put_bytes)
     assert "subsystem request for sftp" not in server.log_text()

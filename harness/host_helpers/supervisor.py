@@ -19,6 +19,8 @@ The files, stage specs and requests in detail: docs/ARCHITECTURE.md, "The superv
 from __future__ import annotations
 
 import codecs
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -55,11 +57,25 @@ def read_json(path: str, default=None):
 
 
 def write_json(path: str, data) -> None:
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not os.path.exists(path):
+            raise
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        # a full disk: over the file's own blocks (a state file fits in its first), so the run's
+        # outcome is still recorded; a reader may see it half written for that moment
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+            os.ftruncate(fd, len(text.encode()))
+        finally:
+            os.close(fd)
 
 
 def update_json(path: str, **fields) -> dict:
@@ -771,6 +787,8 @@ def run_summary(run_dir: str) -> dict | None:
         st["last_event"] = ended or last_event(events)
         if st["state"] == "failed" and st.get("error") and not ended:  # a failure the stage could not report itself
             st["last_event"] = {"t": st.get("finished"), "stage": stage, "event": "finished", "status": "failed", "error": st["error"]}
+        if state.get("state") in FINAL_RUN and st["state"] == "running":  # nobody supervises it now
+            st["state"] = "lost"
         tau = latest_tau(os.path.join(sd, "events.jsonl"))
         if tau is not None:  # the draft's estimated acceptance while it trains (status shows it beside the last event)
             st["tau"] = tau
@@ -1036,6 +1054,8 @@ def read_from(path: str, offset: int, whole_lines: bool = False, limit: int = 1 
 
 # `~` in a launch request: the home directory, put in on the host (the laptop never asks for it)
 HOME_TOKEN = "@harness-home@"
+# a container's --user (harness/runtime/docker.py): this user's "uid:gid", put in the same way
+USER_TOKEN = "@harness-user@"
 
 
 def main() -> int:
@@ -1046,6 +1066,7 @@ def main() -> int:
     home = os.path.expanduser("~")
     if HOME_TOKEN in text:
         text = text.replace(HOME_TOKEN, json.dumps(home)[1:-1])
+    text = text.replace(f'"--user", "{USER_TOKEN}"', f'"--user", "{os.getuid()}:{os.getgid()}"')
     request = json.loads(text)
     for key in ("run_dir", "runs_dir", "manifest", "space"):
         if request.get(key):

@@ -329,17 +329,23 @@ NOT_FAILURES = re.compile(r"\b(?:WARNING|INFO|DEBUG)\b")  # a level that says th
 WORKER_DIED = re.compile(r"(Worker proc \S+ died unexpectedly \(exit code: (-?\d+)\))")  # a worker killed by a signal says no exception
 
 
+VALIDATION_HEADER = re.compile(r"^\d+ validation errors? for \w+$")
+
+
 def failure_cause(lines: list[str]) -> str | None:
     """The first exception line that is a failure and not a pointer to another, in the log's
     last 300 lines (vLLM's real error comes before the wrappers that repeat it), or None."""
-    for line in lines[-300:]:
+    tail = lines[-300:]
+    for i, line in enumerate(tail):
         died = WORKER_DIED.search(line)
         if died:
             code = int(died.group(2))
             return died.group(1) + (f": killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else "")
         found = EXCEPTION_LINE.search(line)
         if found and not NOT_FAILURES.search(line[:found.start()]) and not any(p in line for p in POINTERS):
-            return f"{found.group(1)}: {found.group(2)}"[:600]
+            # pydantic's message is on two lines: "1 validation error for X", then the error, indented
+            detail = [tail[i + 1].strip()] if VALIDATION_HEADER.search(found.group(2)) and i + 1 < len(tail) else []
+            return " ".join([f"{found.group(1)}: {found.group(2)}", *detail])[:600]
     return None
 
 
