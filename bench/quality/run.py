@@ -583,17 +583,21 @@ def parse_flags(pairs: list[str]) -> dict[str, Any]:
     return flags
 
 
-def main() -> None:
-    """The bench; on SIGTERM (a caller's timeout) or an error, what it started is stopped first."""
+def stopping_what_it_started(bench_main) -> None:
+    """Run a bench; on SIGTERM (a caller's timeout) or an error, what it started (CLEANUP) is stopped first."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     try:
-        bench()
+        bench_main()
     finally:
         for stop in reversed(CLEANUP):
             try:
                 stop()
             except Exception as e:  # the rest must still be stopped
                 log(f"cleanup: {e}")
+
+
+def main() -> None:
+    stopping_what_it_started(bench)
 
 
 def bench() -> None:
