@@ -385,12 +385,19 @@ def plot_served(result: dict, path: Path) -> bool:
     ax.set_ylim(0, 1.05)
     ax.set_title(f"acceptance per position (k = {result['k']}, {result['prompts']} prompts)")
     ax.legend(loc="lower left")
+    save_figure(fig, path)
+    return True
+
+
+def save_figure(fig, path: Path) -> None:
+    """Under a temporary name, then renamed: no half-written picture at its final path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, path)
-    return True
 
 
 def plot_speedup(result: dict, path: Path) -> bool:
@@ -425,11 +432,7 @@ def plot_speedup(result: dict, path: Path) -> bool:
     ax.set_ylabel("output tokens/s over the verifier alone")
     ax.set_title(f"served speedup ({result['prompts']} prompts, up to {result['max_new_tokens']} tokens, {table['repeats']} rounds a point)")
     ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     return True
 
 

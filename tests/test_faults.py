@@ -247,6 +247,22 @@ def slow_host(ssh_host, tmp_path: Path, line_port: int, name: str) -> tuple[Path
     return config, env
 
 
+def slow_stage_project(ssh_host, tmp_path: Path, port: int, name: str, keepalive: int | None = None) -> tuple[Path, dict]:
+    """slow_host's config in a project of its own, its fake stages on the host, prepare a long one."""
+    from tests.fixtures.job_project import write_project
+
+    config, env = slow_host(ssh_host, tmp_path, port, name)
+    write_project(tmp_path / "unused", tmp_path / "host", {})  # the fake stages, on the host
+    project = tmp_path / "project"
+    project.mkdir()
+    config = config.rename(project / "harness.toml")
+    text = config.read_text()
+    if keepalive is not None:
+        text = text.replace("keepalive = 1", f"keepalive = {keepalive}")
+    config.write_text(text + "[pipeline.stages.prepare]\nlines = 100\nsleep = 100\n")
+    return config, env
+
+
 @pytest.mark.ssh
 @pytest.mark.parametrize("fault", ["stall", "cut"])
 def test_a_pull_on_a_link_that_stalls_or_drops_ends_in_one_line_and_resumes(ssh_host, tmp_path, fault):
@@ -639,16 +655,9 @@ def test_logs_follow_whose_ssh_master_is_killed_ends_in_the_link_line_and_255(ss
     import signal
 
     from bench.delayline import DelayLine
-    from tests.fixtures.job_project import write_project
 
     with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=2, rate=64 * MiB) as line:
-        config, env = slow_host(ssh_host, tmp_path, line.port, "master")
-        write_project(tmp_path / "unused", tmp_path / "host", {})  # the fake stages, on the host
-        project = tmp_path / "project"
-        project.mkdir()
-        config.rename(project / "harness.toml")
-        config = project / "harness.toml"
-        config.write_text(config.read_text() + "[pipeline.stages.prepare]\nlines = 100\nsleep = 100\n")
+        config, env = slow_stage_project(ssh_host, tmp_path, line.port, "master")
 
         def harness_cli(*args: str) -> subprocess.Popen:
             return subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, stdin=subprocess.DEVNULL,
@@ -680,16 +689,9 @@ def test_ctrl_c_while_a_run_starts_names_the_run_that_may_be_running(ssh_host, t
     import signal
 
     from bench.delayline import DelayLine
-    from tests.fixtures.job_project import write_project
 
     with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=600, rate=64 * MiB) as line:
-        config, env = slow_host(ssh_host, tmp_path, line.port, "ctrl-c")
-        write_project(tmp_path / "unused", tmp_path / "host", {})  # the fake stages, on the host
-        project = tmp_path / "project"
-        project.mkdir()
-        config.rename(project / "harness.toml")
-        config = project / "harness.toml"
-        config.write_text(config.read_text().replace("keepalive = 1", "keepalive = 5") + "[pipeline.stages.prepare]\nlines = 100\nsleep = 100\n")
+        config, env = slow_stage_project(ssh_host, tmp_path, line.port, "ctrl-c", keepalive=5)
         proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "run", "slow", "prepare"], env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120

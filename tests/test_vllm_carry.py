@@ -111,3 +111,33 @@ def test_a_requirement_no_index_has_fails_derive_naming_it(tmp_path):
     derived = carry("derive", str(tmp_path / "wheels"), "--requirement", "topvllm==1.0", "--image-packages", str(image),
                     "--pip-arg=--no-index", f"--pip-arg=--find-links={index}", cwd=tmp_path)
     assert derived.returncode == 1 and '"delta": "pip download delta>=2' in derived.stdout
+
+
+def test_pack_carries_files_in_order_and_unpack_writes_each_once_its_parts_have_come(tmp_path):
+    """The files as one stream in parts: what comes first (the pipeline's wheels, the model) is
+    whole, and checked, before the rest has travelled; a damaged part is refused, never used."""
+    first, model, last = tmp_path / "first.whl", tmp_path / "model.gguf", tmp_path / "last.whl"
+    for path, size in ((first, 3_000), (model, 9_000), (last, 11_000)):
+        path.write_bytes(os.urandom(size))
+    r = carry("pack", str(tmp_path / ".carry"), str(first), str(model), str(last), "--part-mib", str(5_000 / 2**20), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    parts = sorted(tmp_path.glob(".carry*"))
+    assert len(parts) == 5  # 23,000 bytes in parts of 5,000
+    stage, into = tmp_path / "stage", tmp_path / "files"
+    stage.mkdir()
+    for part in parts[:3]:  # 15,000 bytes: first and model are whole (12,000), last is not
+        subprocess.run(["cp", "-r", str(part), str(stage)], check=True)
+    r = carry("unpack", str(stage), "--into", str(into), cwd=tmp_path)
+    assert r.returncode == 0 and "still travelling: last.whl" in r.stdout, r.stdout + r.stderr
+    assert (into / "first.whl").read_bytes() == first.read_bytes() and (into / "model.gguf").read_bytes() == model.read_bytes()
+    assert not (into / "last.whl").exists()
+    for part in parts[3:]:
+        subprocess.run(["cp", "-r", str(part), str(stage)], check=True)
+    damaged = next(stage.glob(".carry5/stream.*"))
+    data = damaged.read_bytes()
+    damaged.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    r = carry("unpack", str(stage), "--into", str(into), cwd=tmp_path)
+    assert r.returncode != 0 and "last.whl: sha256 differs" in r.stderr and not (into / "last.whl").exists()
+    subprocess.run(["cp", str(parts[4] / damaged.name), str(damaged)], check=True)
+    r = carry("unpack", str(stage), "--into", str(into), cwd=tmp_path)
+    assert r.returncode == 0 and "every file is here" in r.stdout and (into / "last.whl").read_bytes() == last.read_bytes()
