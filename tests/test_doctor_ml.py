@@ -550,3 +550,14 @@ def test_doctor_end_to_end_over_ssh_with_docker(tmp_path, ssh_host, docker_base_
     subprocess.run(["docker", "rmi", "harness-doctor-test:latest"], capture_output=True, check=True)
     code, checks = doctor()
     assert checks["image"]["status"] == "warn" and checks["image"]["fix"] == "harness build box (re-tags, nothing rebuilds)"
+    # a script edit since the build: the image is still the one runs need (they use the synced scripts);
+    # before, the row failed "not built" after every script edit
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "build", "box"], capture_output=True, text=True, timeout=600, env=ssh_host.env())
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "remote_scripts" / "train_draft.py").write_text((tmp_path / "remote_scripts" / "train_draft.py").read_text() + "# edited\n")
+    code, checks = doctor()
+    assert checks["image"]["status"] == "ok" and "remote_scripts/ changed since, and runs use the synced copy" in checks["image"]["message"], checks["image"]
+    # an edit of container/ is a rebuild's to bring in
+    (tmp_path / "container" / "requirements.txt").write_text((tmp_path / "container" / "requirements.txt").read_text() + "# edited\n")
+    code, checks = doctor()
+    assert checks["image"]["status"] == "fail" and checks["image"]["fix"] == "harness build box", checks["image"]

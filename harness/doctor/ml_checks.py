@@ -227,6 +227,14 @@ class MLDoctor:
             self._space = free_space(runner, self.host.workdir, paths)
         return self._space
 
+    def container_hash(self, runner: CommandRunner) -> str | None:
+        """BuildInputs.container_hash of the current container/ (None with injected refs)."""
+        if self._image_ref_factory is not None:
+            return None
+        from harness.runtime.image import current_inputs
+
+        return current_inputs(runner, self.config, self.host).container_hash
+
     def image_refs(self, runner: CommandRunner) -> tuple[str, str]:
         """(the tag of the image for the current container/, the tag stages run)."""
         if self._image_ref_factory is not None:
@@ -261,10 +269,15 @@ class MLDoctor:
                 current, latest = self.image_refs(runner)
             except Exception as e:  # no container/ next to harness.toml, unreadable files
                 return CheckResult("image", "warn", f"cannot compute the image tag here: {e}", "run doctor from the project (next to container/)")
-            from harness.runtime.image import image_id
+            from harness.runtime.image import built_container_hash, image_id
 
             # strict=False: no engine reads as no image here (the docker check says which)
-            return verdict_image(current, image_id(runner, current, strict=False), latest, image_id(runner, latest, strict=False), host)
+            current_id, latest_id = image_id(runner, current, strict=False), image_id(runner, latest, strict=False)
+            scripts_only = None
+            if current_id is None and latest_id is not None:
+                built = built_container_hash(runner, latest)
+                scripts_only = built is not None and built == self.container_hash(runner)
+            return verdict_image(current, current_id, latest, latest_id, host, scripts_only)
 
         @describe("container", "a container starts with the configured options")
         def check_container_starts(runner, host):
@@ -386,7 +399,12 @@ def verdict_container(runtime, runner) -> CheckResult:
     return CheckResult(name, "ok", f"{facts.ref} starts with the configured options (ulimits {limits}); image holds {held}")
 
 
-def verdict_image(current_ref: str, current_id: str | None, latest_ref: str, latest_id: str | None, host: HostConfig) -> CheckResult:
+def verdict_image(current_ref: str, current_id: str | None, latest_ref: str, latest_id: str | None, host: HostConfig,
+                  scripts_only: bool | None = None) -> CheckResult:
+    """scripts_only: the last build differs from the current files in remote_scripts/ alone."""
+    if current_id is None and scripts_only:
+        return CheckResult("image", "ok", f"{latest_ref} built from the current container/; remote_scripts/ changed since, "
+                           "and runs use the synced copy (a rebuild only refreshes the image's own)")
     if current_id is None:
         return CheckResult("image", "fail", f"{not_built(current_ref, host.name)} (the image for the current container/ and remote_scripts/)", f"harness build {host.name}")
     if latest_id != current_id:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 CONTEXT_DIRS = ("container", "remote_scripts")
 EXTRA_CA_NAME = "container/extra-ca.crt"  # the Dockerfile installs this file when present
 TAG_LENGTH = 16
+CONTAINER_HASH_LABEL = "harness.container-hash"  # BuildInputs.container_hash of the build
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
 _INSPECT_AND_TAG = 'docker image inspect --format "{{.Id}}" "$1" 2>/dev/null && docker tag "$1" "$2"'
 
@@ -50,6 +51,18 @@ class BuildInputs:
         for key in sorted(self.build_args):
             h.update(b"arg\0" + key.encode() + b"\0" + self.build_args[key].encode() + b"\0")
         for path in sorted(self.files):
+            h.update(b"file\0" + path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
+        return h.hexdigest()[:TAG_LENGTH]
+
+    @property
+    def container_hash(self) -> str:
+        """The same over what the stages' environment is made of, remote_scripts/ left out: runs
+        use the scripts synced to the workdir, so a script edit alone leaves the image fit to run."""
+        h = hashlib.sha256()
+        h.update(b"dockerfile\0" + self.dockerfile.encode() + b"\0")
+        for key in sorted(self.build_args):
+            h.update(b"arg\0" + key.encode() + b"\0" + self.build_args[key].encode() + b"\0")
+        for path in sorted(p for p in self.files if not p.startswith("remote_scripts/")):
             h.update(b"file\0" + path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
         return h.hexdigest()[:TAG_LENGTH]
 
@@ -161,6 +174,13 @@ def inspect_argv(ref: str) -> list[str]:
     return ["docker", "image", "inspect", "--format", "{{.Id}}", ref]
 
 
+def built_container_hash(transport: "Transport", ref: str) -> str | None:
+    """The container/ hash `ref` was built from (its label), or None (no such image, or built
+    before the label)."""
+    result = transport.run(["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{CONTAINER_HASH_LABEL}"}}}}', ref])
+    return (result.text.strip() or None) if result.exit_code == 0 else None
+
+
 def image_id(transport: "Transport", ref: str, *, strict: bool = True) -> str | None:
     """The ID of `ref` on the host's engine, or None when there is no such image (strict=False:
     None for any failure, e.g. no engine, where another check says why)."""
@@ -212,7 +232,8 @@ def build(
             return BuildResult(ref, found.text.strip(), built=False)
     # --force-rm: no intermediate containers are left behind, even by a failed step
     # the engine's own build network unless configured: a step reaches no service on the box's loopback
-    argv = ["docker", "build", f"--network={c.build_network}", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}"]
+    argv = ["docker", "build", f"--network={c.build_network}", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}",
+            "--label", f"{CONTAINER_HASH_LABEL}={inputs.container_hash}"]
     if force:
         argv.append("--no-cache")  # forced: every layer again (e.g. to pick up new packages)
     for key in sorted(inputs.build_args):
