@@ -89,6 +89,22 @@ def test_docker_stage_process_is_a_labelled_container_writing_its_log():
     assert shared["argv"][:3] == ["docker", "create", "--network=host"]
 
 
+def test_the_user_token_is_put_in_on_both_sides_of_the_seam():
+    """The supervisor (stage containers) and foreground's shell (exec, shell, servers, probes) put the
+    same token in for the box user's uid:gid, and nothing else that looks like it."""
+    import subprocess
+
+    from harness.host_helpers import supervisor
+    from harness.runtime.base import USER_TOKEN
+
+    assert supervisor.USER_TOKEN == USER_TOKEN
+    argv = DockerRuntime(DOCKER, "/home/me/w", home="/home/me", image="eagle:latest").foreground(["true"])
+    assert argv[argv.index("--user") + 1] == USER_TOKEN
+    # its shell, given no directories to make and `echo` for docker
+    out = subprocess.run(["sh", "-c", argv[2], "sh", "0", "echo", "--user", USER_TOKEN, USER_TOKEN], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["--user", f"{os.getuid()}:{os.getgid()}", USER_TOKEN]
+
+
 def test_a_runtime_asks_the_host_only_when_it_needs_to():
     """`harness exec` on a host runtime is one command: no round trip for the home directory
     (the warm path), the workdir expanded by the host's shell."""

@@ -36,8 +36,9 @@ class WrapOptions:
 # Create directories, then run the command: one round trip. The directories are data ($2..),
 # never part of the script; they and what the command writes are the user's alone (umask 077).
 # `--user USER_TOKEN` (runtime/docker.py) becomes the user's `--user uid:gid` on the way.
+USER_TOKEN = "@harness-user@"  # the supervisor's too (host_helpers/supervisor.py): it puts it in for stage containers
 _MKDIRS_THEN_EXEC = ('umask 077; n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; '
-                     'u="$(id -u):$(id -g)"; p=; for a do shift; [ "$p" = --user ] && [ "$a" = @harness-user@ ] && a=$u; p=$a; set -- "$@" "$a"; done; '
+                     f'u="$(id -u):$(id -g)"; p=; for a do shift; [ "$p" = --user ] && [ "$a" = {USER_TOKEN} ] && a=$u; p=$a; set -- "$@" "$a"; done; '
                      'exec "$@"')
 
 # Compilers' caches the stages write and later load code from: in the workdir (0700), not in a

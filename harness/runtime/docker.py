@@ -18,14 +18,11 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
-from harness.runtime.base import Runtime, WrapOptions
+from harness.runtime.base import USER_TOKEN, Runtime, WrapOptions
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
 
-# The container's user: the box user's "uid:gid", put in on the host where the argv runs (the
-# foreground wrapper, runtime/base.py; the supervisor's launch), as the home directory is.
-USER_TOKEN = "@harness-user@"
 # What runs inside starts with umask 077 (docker has no option for it)
 PRIVATE = ["sh", "-c", 'umask 077; exec "$@"', "sh"]
 LABEL_PREFIX = "harness"
@@ -112,6 +109,8 @@ class DockerRuntime(Runtime):
         c = self.host.container
         # --pull=never: a missing image is an error, never a registry pull (harness build makes it)
         opts: list[str] = ["--network=host"] if options.host_network else []
+        # --user: the box user's "uid:gid", put in on the host where the argv runs (foreground's
+        # shell, runtime/base.py; the supervisor's launch), as the home directory is
         opts += ["--pull=never", "--init", "--user", USER_TOKEN, *(gpus_flag(c.gpus) if options.gpus else []), f"--ipc={c.ipc}", f"--shm-size={c.shm_size}"]
         for name, value in self.ulimits().items():
             opts += ["--ulimit", f"{name}={value}"]

@@ -46,23 +46,20 @@ class BuildInputs:
 
     @property
     def content_hash(self) -> str:
-        h = hashlib.sha256()
-        h.update(b"dockerfile\0" + self.dockerfile.encode() + b"\0")
-        for key in sorted(self.build_args):
-            h.update(b"arg\0" + key.encode() + b"\0" + self.build_args[key].encode() + b"\0")
-        for path in sorted(self.files):
-            h.update(b"file\0" + path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
-        return h.hexdigest()[:TAG_LENGTH]
+        return self._digest(self.files)
 
     @property
     def container_hash(self) -> str:
         """The same over what the stages' environment is made of, remote_scripts/ left out: runs
         use the scripts synced to the workdir, so a script edit alone leaves the image fit to run."""
+        return self._digest([p for p in self.files if not p.startswith("remote_scripts/")])
+
+    def _digest(self, paths) -> str:
         h = hashlib.sha256()
         h.update(b"dockerfile\0" + self.dockerfile.encode() + b"\0")
         for key in sorted(self.build_args):
             h.update(b"arg\0" + key.encode() + b"\0" + self.build_args[key].encode() + b"\0")
-        for path in sorted(p for p in self.files if not p.startswith("remote_scripts/")):
+        for path in sorted(paths):
             h.update(b"file\0" + path.encode() + b"\0" + hashlib.sha256(self.files[path]).digest())
         return h.hexdigest()[:TAG_LENGTH]
 
