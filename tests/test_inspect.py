@@ -298,7 +298,7 @@ def test_grep_matches_an_independent_grep(env, workdir):
     result = grep_package(transport, runtime, r"fn\(", "inspectee")
     package = workdir / "remote_scripts/inspectee"
     # grep(1) in the same environment, on the same files
-    out = transport.run(runtime.wrap(["grep", "-rn", "--include=*.py", r"fn(", str(package)])).text
+    out = transport.run(runtime.foreground(["grep", "-rn", "--include=*.py", r"fn(", str(package)])).text
     expected = sorted((f, int(n)) for f, n, _ in (line.split(":", 2) for line in out.splitlines()))
     assert sorted((h.file, h.line) for h in result.hits) == expected and len(expected) == 4
     leaf = next(h for h in result.hits if h.file.endswith("leaf.py"))
