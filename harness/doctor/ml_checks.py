@@ -197,6 +197,7 @@ class MLDoctor:
         self._probe: ProbeOutcome | None = None
         self._container: CheckResult | None = None
         self._space: dict[str, FreeSpace] | None = None
+        self._inputs = None  # the build inputs, gathered once (the CA bundle is read from the host)
 
     def container(self, runner) -> CheckResult:
         """An image runtime: the image is built and a throwaway container starts with the configured
@@ -231,18 +232,23 @@ class MLDoctor:
         """BuildInputs.container_hash of the current container/ (None with injected refs)."""
         if self._image_ref_factory is not None:
             return None
-        from harness.runtime.image import current_inputs
+        return self.build_inputs(runner).container_hash
 
-        return current_inputs(runner, self.config, self.host).container_hash
+    def build_inputs(self, runner: CommandRunner):
+        """What `harness build` would send now, as it computes it (once per doctor)."""
+        if self._inputs is None:
+            from harness.runtime.image import current_inputs
+
+            self._inputs = current_inputs(runner, self.config, self.host)
+        return self._inputs
 
     def image_refs(self, runner: CommandRunner) -> tuple[str, str]:
         """(the tag of the image for the current container/, the tag stages run)."""
         if self._image_ref_factory is not None:
             return self._image_ref_factory(self.config, self.host)
-        from harness.runtime.image import current_inputs, current_ref, image_ref
+        from harness.runtime.image import current_ref, image_ref
 
-        inputs = current_inputs(runner, self.config, self.host)  # as `harness build` computes it
-        return image_ref(self.host.container, inputs.content_hash), current_ref(self.host.container)
+        return image_ref(self.host.container, self.build_inputs(runner).content_hash), current_ref(self.host.container)
 
     # -- the checks -------------------------------------------------------------------------
 
