@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("--k", type=int, nargs="+", default=None, help="serve_check's --k (default: the size's)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="serve_check's --concurrency (default: the size's)")
     p.add_argument("--train-epochs", type=int, default=None, help="the train stage's epochs (default: its own)")
+    p.add_argument("--eager", action=argparse.BooleanOptionalAction, default=None,
+                   help="vLLM with --enforce-eager (default: on a CPU; a GPU serves with torch.compile and CUDA graphs, as a user would)")
     p.add_argument("--no-record", action="store_true", help="do not write bench/RESULTS.md")
     args = p.parse_args()
     size, train_prompts = DATA[args.size]
@@ -68,7 +70,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     t0, load_before = time.monotonic(), os.getloadavg()
     build_smollm2(spec, work, args.gguf, spec.stage_args["extract"].get("threads"))
-    serve = dict(SERVE_CHECK[args.size], enforce_eager=True)
+    if args.eager is None:
+        args.eager = args.size != "gpu"
+    serve = dict(SERVE_CHECK[args.size], enforce_eager=args.eager)
     serve.update({k: v for k, v in (("k", args.k), ("concurrency", args.concurrency)) if v})
     stage_args = {stage: dict(flags) for stage, flags in spec.stage_args.items()}
     # evaluate measures the prompts serve_check sends: its tau is the one served tau is held to
@@ -96,13 +100,14 @@ def report(served: dict, args: argparse.Namespace, run: str, work: Path, seconds
     table, rec = served["table"], served["recommendation"] or {}
     levels = table["concurrency"]
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = "python bench/served.py --size " + args.size + (f" --train-epochs {args.train_epochs}" if args.train_epochs else "") + (f" --k {' '.join(map(str, args.k))}" if args.k else "") + (
+    command = "python bench/served.py --size " + args.size + ("" if args.eager == (args.size != "gpu") else " --eager" if args.eager else " --no-eager") + (f" --train-epochs {args.train_epochs}" if args.train_epochs else "") + (f" --k {' '.join(map(str, args.k))}" if args.k else "") + (
         f" --concurrency {' '.join(map(str, args.concurrency))}" if args.concurrency else "")
     reused = [s for s, e in finished.items() if e.get("reused")]
     lines = [f"### {when}: `{command}` (workdir {work}, run {run})", "",
              f"Machine: {machine()}; load average {[round(x, 1) for x in load_before]} before, {[round(x, 1) for x in os.getloadavg()]} after; "
-             f"{seconds:.0f} s in all" + (f" (reused: {', '.join(reused)})" if reused else "") + f". {served['vllm']}, --enforce-eager; "
-             f"{served['prompts']} {served['split']} prompts of SmolLM2's held-out set, up to {served['max_new_tokens']} tokens, greedy; "
+             f"{seconds:.0f} s in all" + (f" (reused: {', '.join(reused)})" if reused else "") + f". {served['vllm']}, "
+             + ("--enforce-eager; " if args.eager else "torch.compile and CUDA graphs; ")
+             + f"{served['prompts']} {served['split']} prompts of SmolLM2's held-out set, up to {served['max_new_tokens']} tokens, greedy; "
              f"{table['repeats']} rounds a cell (each round sends every prompt once, that many in flight)."
              + (f" Dropped: {json.dumps(table['dropped'])}." if table.get("dropped") else ""), "",
              f"Served tau at the export's k = {served['k']}: {served['served']['tau']:.3f} (vLLM's counters); evaluate's on the same prompts "

@@ -2,7 +2,9 @@
 """A served figure on a GPU without the whole chain (when it cannot finish in a session's device time): vLLM serves the verifier
 alone, then with a draft checkpoint at k, each sent the held-out prompts one at a time (greedy,
 up to 64 tokens); prints tokens/s of each, the ratio and served tau from vLLM's counters.
-    python bench/gpu/served_probe.py VERIFIER DRAFT CHAT_JSONL [--k 3] [--prompts 32]"""
+    python bench/gpu/served_probe.py VERIFIER DRAFT CHAT_JSONL [--k 3] [--prompts 32] [--method eagle3|ngram] [--graphs]
+--method ngram: vLLM's prompt-lookup speculation instead of the draft (no model: a control that tells vLLM's own cost
+of a speculative step apart from the draft's); --graphs: torch.compile and CUDA graphs instead of --enforce-eager."""
 import argparse
 import json
 import os
@@ -19,6 +21,8 @@ p.add_argument("chat", help="bench/quality/prompts.py's rows: the heldout split 
 p.add_argument("--k", type=int, default=3)
 p.add_argument("--prompts", type=int, default=32)
 p.add_argument("--port", type=int, default=8123)
+p.add_argument("--method", choices=["eagle3", "ngram"], default="eagle3")
+p.add_argument("--graphs", action="store_true")
 a = p.parse_args()
 rows = [json.loads(line) for line in open(a.chat)]
 prompts = [r["messages"] for r in rows if r["split"] == "heldout"][: a.prompts]
@@ -31,7 +35,7 @@ def get(path):
 
 
 def serve(spec):
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", a.verifier, "--port", str(a.port), "--host", "127.0.0.1", "--enforce-eager",
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", a.verifier, "--port", str(a.port), "--host", "127.0.0.1", *([] if a.graphs else ["--enforce-eager"]),
             "--gpu-memory-utilization", "0.3", "--max-model-len", "2048", "--served-model-name", "m"] + (["--speculative-config", json.dumps(spec)] if spec else [])
     log = open(f"/tmp/probe-{'draft' if spec else 'alone'}.log", "w")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -65,7 +69,9 @@ def counter(text, name):
 
 
 result = {}
-for spec in (None, {"method": "eagle3", "model": a.draft, "num_speculative_tokens": a.k}):
+SPEC = {"eagle3": {"method": "eagle3", "model": a.draft, "num_speculative_tokens": a.k},
+        "ngram": {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
+for spec in (None, SPEC[a.method]):
     proc = serve(spec)
     try:
         send()  # warm-up round
