@@ -95,8 +95,10 @@ def test_the_leak_finder_sees_a_shell_quoted_secret():
     secret = f"tok-{uuid.uuid4().hex} 'with' $pecial"
     quoted = shlex.quote(secret)
     assert secret not in quoted  # the raw value never matches a quoted leak
-    with subprocess.Popen(["sh", "-c", "sleep 30", "sh", f"export HARNESS_T_TOKEN={quoted}; true"]) as holder:
+    with subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(30)", f"export HARNESS_T_TOKEN={quoted}; true"],
+                          stdout=subprocess.PIPE) as holder:
         try:
+            holder.stdout.readline()  # running
             assert [pid for pid, _ in command_lines_holding(secret)] == [holder.pid]
         finally:
             holder.kill()
