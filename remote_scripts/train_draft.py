@@ -346,11 +346,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
         replay_validations(early_stop, output / "metrics.jsonl", resumed_from)
 
     def stop_after(epoch: int, metrics: dict) -> str | None:  # every rank, after the epoch's validation
-        reason = None
-        if rank == 0 and epoch + 1 < recipe.epochs:  # after the last epoch there is nothing left to spare
-            val = {k.removesuffix("_epoch"): v for k, v in metrics.items()}
-            reason = early_stop.update(epoch, estimate_tau(val), val.get("loss"))
-        return rank0_verdict(reason)
+        return rank0_verdict(early_stop_verdict(early_stop, epoch, recipe.epochs, metrics) if rank == 0 else None)
 
     if "walk" not in without:
         speculators_compat.walk_rounds_in_validation()  # the honest tau estimate (common/acceptance.py)
@@ -434,6 +430,16 @@ def replay_validations(early_stop: EarlyStop, curves: Path, last_epoch: int) -> 
             losses[epoch] = float(m["val_loss"])
     for epoch in sorted(taus.keys() | losses.keys()):
         early_stop.update(epoch, taus.get(epoch), losses.get(epoch))
+
+
+def early_stop_verdict(early_stop: EarlyStop, epoch: int, epochs: int, metrics: dict) -> str | None:
+    """The reason to stop after epoch `epoch` (0-based) of `epochs`, given its validation metrics
+    (speculators' names, `_epoch` suffixed), else None. After the last epoch there is nothing left
+    to spare: the run ends as planned, not "stopped early"."""
+    if epoch + 1 >= epochs:
+        return None
+    val = {k.removesuffix("_epoch"): v for k, v in metrics.items()}
+    return early_stop.update(epoch, estimate_tau(val), val.get("loss"))
 
 
 def rank0_verdict(reason: str | None) -> str | None:

@@ -10,7 +10,8 @@
 # default 3: the stages are single-threaded and many tests wait on sshd, dockerd or vLLM, so a
 # third lane fills the 2 cores that two leave half idle). pytest's exit code 5 ("no tests
 # collected") is a failure. Under CI=true (.ci/run) a test bed that cannot start, or a module a
-# test needs, fails its tests; otherwise they are skipped and listed in a block at the end.
+# test needs, fails its tests; otherwise they are skipped, listed in pytest's block at the end and
+# again, loudly, after it (the file tests/conftest.py writes them to).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,10 +60,23 @@ echo "== ruff"
 python3 -m ruff check .
 
 echo "== pytest"
+under_ci=false
+case "${CI:-}" in 1|[Tt][Rr][Uu][Ee]|[Yy][Ee][Ss]) under_ci=true ;; esac  # as tests/fixtures/beds.py reads it
+$under_ci || echo "(CI is not true: a test bed that cannot start SKIPS its tests instead of failing them; they are listed at the end)"
+beds_file=$(mktemp)
 set +e
-python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+HARNESS_BEDS_NOT_STARTED="$beds_file" python3 -m pytest -q -rs -n "${HARNESS_TEST_LANES:-3}" --dist loadfile --no-loadscope-reorder --durations=30 "$@"
 rc=$?
 set -e
+if [ -s "$beds_file" ]; then
+  {
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+    echo "scripts/test.sh: TEST BEDS DID NOT START: their tests were SKIPPED, not passed (CI=true fails them):"
+    sed 's/^/  /' "$beds_file"
+    echo "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+  } >&2
+fi
+rm -f "$beds_file"
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: treating as a failure" >&2
   exit 1

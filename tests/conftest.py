@@ -55,11 +55,27 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Say loudly which real test beds did not start (their tests were skipped, not passed)."""
-    from tests.fixtures.beds import NOT_STARTED
+NOT_STARTED: list[str] = []  # "test bed ... cannot start: reason", once each (pytest_runtest_logreport)
 
-    if NOT_STARTED:
+
+def pytest_runtest_logreport(report):
+    """Gather the beds that did not start from the test reports (the controller's, under xdist)."""
+    from tests.fixtures.beds import not_started
+
+    line = not_started(report)
+    if line and line not in NOT_STARTED:
+        NOT_STARTED.append(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say loudly which real test beds did not start (their tests were skipped, not passed), and
+    leave the lines where scripts/test.sh repeats them after pytest's output."""
+    from tests.fixtures.beds import REPORT_FILE_ENV
+
+    if NOT_STARTED and not hasattr(terminalreporter.config, "workerinput"):
         terminalreporter.section("TEST BEDS THAT DID NOT START: their tests were SKIPPED", sep="!", red=True, bold=True)
         for line in NOT_STARTED:
             terminalreporter.write_line(line, red=True, bold=True)
+        if os.environ.get(REPORT_FILE_ENV):
+            with open(os.environ[REPORT_FILE_ENV], "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in NOT_STARTED))

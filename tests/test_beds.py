@@ -22,14 +22,14 @@ def test_needs_the_bed(broken_bed):
 '''
 
 
-def run_pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess:
+def run_pytest(tmp_path: Path, ci: str | None, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "test_broken.py").write_text(BROKEN_BED)
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_terminal_summary  # noqa: F401 (the summary block)\n")
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (the summary block)\n")
+    env = {**{k: v for k, v in os.environ.items() if k != "CI"}, **(env or {})}
     env["PYTHONPATH"] = str(REPO)
     if ci is not None:
         env["CI"] = ci
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(tmp_path)],
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *args, str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
 
 
@@ -44,3 +44,14 @@ def test_outside_ci_it_is_a_skip_said_loudly(tmp_path):
     assert r.returncode == 0, r.stdout
     assert "1 skipped" in r.stdout
     assert "TEST BEDS THAT DID NOT START" in r.stdout and "test bed 'sshd' cannot start" in r.stdout.split("TEST BEDS")[1]
+
+
+def test_under_xdist_the_controller_says_it_too(tmp_path):
+    """scripts/test.sh runs pytest-xdist lanes: the skip happens in a worker, the block is the
+    controller's; and the lines go to the file scripts/test.sh repeats after pytest's output."""
+    beds = tmp_path / "beds.txt"
+    r = run_pytest(tmp_path, None, "-p", "xdist", "-n", "2", env={"HARNESS_BEDS_NOT_STARTED": str(beds)})
+    assert r.returncode == 0, r.stdout
+    assert "1 skipped" in r.stdout
+    assert "TEST BEDS THAT DID NOT START" in r.stdout and "test bed 'sshd' cannot start" in r.stdout.split("TEST BEDS")[1]
+    assert beds.read_text() == "test bed 'sshd' cannot start: sshd exited with 255: no host key\n"

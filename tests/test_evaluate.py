@@ -145,6 +145,64 @@ def test_the_token_budget_stops_generation():
     assert len(r.generated) == 4
 
 
+class LineVerifier:
+    """Greedy next token = the next one along a fixed line of tokens (EOS, or past the line: EOS)."""
+
+    def __init__(self, line):
+        self.successor = {a: b for a, b in zip(line, line[1:])}
+
+    def forward(self, tokens):
+        return [self.successor.get(t, EOS) for t in tokens], None
+
+
+class ScriptedProposer:
+    """The proposals of each round, in order, as written by the test."""
+
+    def __init__(self, rounds):
+        self.rounds = list(rounds)
+
+    def propose(self, tokens, view, k):
+        return self.rounds.pop(0)
+
+
+# (line the verifier follows, proposals per round, budget, eos) -> (generated, accepted, trials).
+# Proposals past the stop (end of turn or the budget) were never needed: they count neither as
+# accepted nor as tried, even where the verifier agrees with them.
+STOP_CASES = {
+    "an accepted proposal ends the turn": (
+        [5, 6, 7, EOS], [[7, EOS, EOS]], 100, {EOS}, ([6, 7, EOS], [2], [2])),
+    "the verifier's own token ends the turn": (
+        [5, 6, 7, EOS], [[7, 9, 9]], 100, {EOS}, ([6, 7, EOS], [1], [2])),
+    "the first proposal ends the turn": (
+        [5, 6, EOS], [[EOS, EOS, EOS]], 100, {EOS}, ([6, EOS], [1], [1])),
+    "the budget ends the reply inside the proposals": (
+        [5, 6, 7, 8, 9, 10, 11], [[7, 8, 9]], 3, set(), ([6, 7, 8], [2], [2])),
+    "a full round, then a stop two proposals in": (
+        [5, 6, 7, 8, 9, 10, 11, EOS], [[7, 8, 9], [11, EOS, EOS]], 100, {EOS}, ([6, 7, 8, 9, 10, 11, EOS], [3, 2], [3, 2])),
+}
+
+
+@pytest.mark.parametrize("case", STOP_CASES)
+@pytest.mark.parametrize("method", ["chain", "fast"])
+def test_proposals_past_a_stop_count_neither_accepted_nor_tried(case, method):
+    line, proposals, budget, eos, (generated, accepted, trials) = STOP_CASES[case]
+    v, k = LineVerifier(line), 3
+    prompt = [1, line[0]]
+    if method == "chain":
+        r = ev.speculate(v, ScriptedProposer(proposals), prompt, k, budget, eos)
+    else:
+        reference = ev.greedy_decode(v, prompt, budget + k + 1, eos)
+        r = ev.replay(ScriptedProposer(proposals), prompt, reference, None, k, budget, eos)
+    assert (r.generated, r.rounds, r.accepted, r.trials) == (generated, len(proposals), accepted, trials)
+    # The report's figures, counted here by hand from the same rounds: position i is tried in the
+    # rounds with trials >= i, accepted in those with accepted >= i.
+    report = ev.summarize([r], k)
+    tried = [sum(t >= i for t in trials) for i in (1, 2, 3)]
+    hits = [sum(a >= i for a in accepted) for i in (1, 2, 3)]
+    assert report.acceptance_per_position == [round(h / n, 4) if n else 0.0 for h, n in zip(hits, tried)]
+    assert report.tau == (len(generated) - 1) / len(proposals)
+
+
 class MisdecodingVerifier(ChainVerifier):
     """A ChainVerifier whose batched cached decode breaks a tie the other way at the first token
     of `wrong` prompts (what bf16 numerics do on a GPU); its forward stays the truth."""
@@ -368,7 +426,10 @@ def test_identity_draft_on_the_real_verifier(tiny_verifier):
     results = [ev.speculate(verifier, GreedyOracleProposer(verifier), p, 3, 40, eos) for p in prompts]
     report = ev.summarize(results, 3)
     assert report.acceptance_per_position == [1.0, 1.0, 1.0]
-    assert 3.0 < report.tau <= 4.0
+    # Every round yields k+1 = 4 tokens but the last of each reply: rounds and tau exactly.
+    lengths = [len(r.generated) - 1 for r in results]  # tokens after the prefill one
+    assert report.rounds == sum(math.ceil(n / 4) for n in lengths)
+    assert report.tau == pytest.approx(sum(lengths) / report.rounds)
     for p, r in zip(prompts, results):
         assert r.generated == verifier.greedy(p, 40, eos)
 
@@ -381,9 +442,9 @@ def test_evaluate_stage_end_to_end(tiny_verifier, briefly_trained_draft, tmp_pat
         "--output", out, "--speculative-tokens", "3", "--max-prompts", "8", "--events", events_path,
     )
     report = json.loads((out / "report.json").read_text())
-    assert 1.0 <= report["tau"] <= 4.0
+    # tau from the report's own counts: the tokens after each prompt's prefill token per round
+    assert report["tau"] == pytest.approx((report["generated_tokens"] - report["prompts"]) / report["rounds"], abs=1e-4)
     assert len(report["acceptance_per_position"]) == 3
-    assert all(0.0 <= a <= 1.0 for a in report["acceptance_per_position"])
     assert report["acceptance_per_position"] == sorted(report["acceptance_per_position"], reverse=True)
     assert report["greedy_match"] == 1.0  # speculation never changes the verifier's output
     assert report["prompts"] == 8

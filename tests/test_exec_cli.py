@@ -7,6 +7,7 @@ import os
 import pty
 import shutil
 import select
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -69,6 +70,40 @@ def test_output_streams_while_the_command_runs(harness_config, env, tmp_path):
     assert proc.wait(30) == 0
 
 
+def command_lines_holding(secret: str) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of every process on this machine (harness, its ssh, sshd and the remote shell
+    alike: the sshd is local) whose command line holds the secret in ANY form: raw, shell-quoted
+    (`'tok-..'"'"'with'"'"'..'`), escaped or split across arguments. The secret's random part
+    survives every quoting shlex or a printf %q does, so it alone identifies a leak."""
+    marker = secret.split()[0].encode()  # "tok-" + 32 random hex digits
+    assert len(marker) >= 32
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append((int(pid), [a.decode(errors="replace") for a in cmdline.split(b"\0")]))
+    return found
+
+
+def test_the_leak_finder_sees_a_shell_quoted_secret():
+    """The finder above catches what a leak looks like (a quoted value on an ssh command line)."""
+    secret = f"tok-{uuid.uuid4().hex} 'with' $pecial"
+    quoted = shlex.quote(secret)
+    assert secret not in quoted  # the raw value never matches a quoted leak
+    with subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(30)", f"export HARNESS_T_TOKEN={quoted}; true"],
+                          stdout=subprocess.PIPE) as holder:
+        try:
+            holder.stdout.readline()  # running
+            assert [pid for pid, _ in command_lines_holding(secret)] == [holder.pid]
+        finally:
+            holder.kill()
+
+
 def test_env_passthrough_values_stay_off_command_lines(tmp_path, ssh_host, env):
     config = write_harness_config(tmp_path, ssh_host)
     config.write_text(config.read_text().replace("[hosts.box]\n", '[hosts.box]\nenv = ["HARNESS_T_TOKEN"]\n'))
@@ -83,14 +118,7 @@ def test_env_passthrough_values_stay_off_command_lines(tmp_path, ssh_host, env):
     deadline = time.monotonic() + 20
     while not seen.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    leaks = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != proc.pid:
-            try:
-                if secret.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    leaks.append(pid)
-            except OSError:
-                pass
+    leaks = command_lines_holding(secret)  # while the remote command still runs (its sleep)
     out = proc.stdout.read()
     assert proc.wait(30) == 0
     assert seen.read_text() == secret

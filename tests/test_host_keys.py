@@ -102,3 +102,40 @@ def test_as_openssh_s_known_hosts_command(known, tmp_path):
     assert "CHANGED" in message and host_keys.fingerprint(key(2)) in message and "remove its old line" in hint
     unknown = run("HOSTNAME", "[other]:2", ED, key(1))  # a name the plan does not list: the default files
     assert unknown.stdout == "" and "unknown host key for [other]:2" in host_keys.refusal_in(unknown.stderr)[0]
+
+
+@pytest.mark.parametrize("meanwhile, verdict", [(1, KNOWN), (2, CHANGED)])
+def test_a_key_recorded_while_the_recorder_waits_for_the_lock_is_seen(known, tmp_path, meanwhile, verdict):
+    """Two connections to a new host at once, each told to record its key: the one that gets the
+    lock second must look again (under the lock) at what the first recorded. Here the first is
+    this test, holding the lock while writing; the second, ssh's KnownHostsCommand (a process of
+    its own), is caught waiting on the lock (/proc/locks) after its check found nothing. Then:
+    the same key -> KNOWN, not written twice; another key -> CHANGED, not recorded beside it."""
+    import fcntl
+    import time
+
+    plan = tmp_path / "plan"
+    plan.write_text(host_keys.plan_text(True, known, {}))
+    with open(known.record_to, "ab") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        recorder = subprocess.Popen([sys.executable, "-S", "-I", host_keys.__file__, str(plan), "HOSTNAME", "[h]:2", ED, key(1)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while not _waits_for_a_lock(recorder.pid):
+            assert recorder.poll() is None and time.monotonic() < deadline, "the recorder did not wait for the lock"
+            time.sleep(0.01)
+        held.write(f"[h]:2 {ED} {key(meanwhile)}\n".encode())
+        held.flush()
+    out, err = recorder.communicate(timeout=30)
+    assert open(known.record_to).read() == f"[h]:2 {ED} {key(meanwhile)}\n"  # one line: the first recorder's
+    assert decide(known, "[h]:2", ED, key(1), accept_new=False).kind == verdict
+    if verdict == KNOWN:
+        assert (out, err) == (f"[h]:2 {ED} {key(1)}\n", "")  # accepted, nothing recorded
+    else:
+        assert out == f"[h]:2 {ED} {key(2)}\n" and "CHANGED" in host_keys.refusal_in(err)[0]
+
+
+def _waits_for_a_lock(pid: int) -> bool:
+    """Whether process pid is blocked on a file lock (a `->` line of /proc/locks)."""
+    with open("/proc/locks") as f:
+        return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in f if len(line.split()) > 5)

@@ -293,6 +293,7 @@ def test_cancel_after_a_reboot_signals_no_process_whose_start_time_matches_by_ch
     _wait_for_line(jobs, run_id, "line 1 of 100")
     run_dir = workdir / "runs" / run_id
     stage_state = json.loads((run_dir / "prepare" / "state.json").read_text())
+    assert stage_state["leader"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()  # the record names this boot
     os.kill(json.loads((run_dir / "state.json").read_text())["pid"], signal.SIGKILL)
     os.killpg(stage_state["pgid"], signal.SIGKILL)
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)

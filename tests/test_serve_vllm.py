@@ -320,6 +320,8 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
         assert len(namespaces) == 1 and os.readlink("/proc/self/ns/net") not in namespaces, namespaces
         assert theirs and all(a.startswith(("0100007F:", "00000000000000000000000001000000:")) for a in theirs.values()), theirs
         assert not ours, ours
+        tried = other_user.connect_to_listeners(theirs)  # what another uid can do: connect on the box's loopback
+        assert tried and set(tried.values()) == {"ECONNREFUSED"}, tried
         seen = other_user.probe(url, VLLM_ROUTES)
         assert set(seen.values()) == {401}, seen  # this machine's forward: the key
         assert command_lines_holding(key["Authorization"].split()[1]) == []

@@ -186,11 +186,14 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
     # tau: mid-epoch after step 2 (a few validation batches), then after the epoch's validation;
     # best.json names the epoch's checkpoint (the mid-epoch estimate has none).
     taus = [(e["step"], e["metrics"]["tau"]) for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
-    assert [s for s, _ in taus] == [2, 3] and all(1.0 <= t <= 4.0 for _, t in taus), taus
-    # The reported tau walks rounds (common/acceptance.py); the per-position figure rides beside it.
-    assert all(1.0 <= e["metrics"]["tau_per_position"] <= 4.0 for e in events if e["event"] == "metric" and "tau" in e["metrics"])
+    assert [s for s, _ in taus] == [2, 3], taus
+    # The reported tau walks rounds (common/acceptance.py); the per-position figure rides beside it:
+    # 1 + the sum of the TTT steps' full accuracies, both as the epoch's validation recorded them.
     val = [e["metrics"] for e in events if e["event"] == "metric" and "val_round_tau" in e["metrics"]]
     assert val and val[-1]["val_round_tau"] == pytest.approx(taus[-1][1], abs=1e-4), val
+    full_acc = [v for k, v in val[-1].items() if k.startswith("val_full_acc_")]
+    epoch_tau = [e["metrics"] for e in events if e["event"] == "metric" and "tau" in e["metrics"] and "epoch" in e["metrics"]]
+    assert len(full_acc) == 3 and epoch_tau[-1]["tau_per_position"] == pytest.approx(1 + sum(full_acc), abs=1e-4), (val, epoch_tau)
     assert json.loads((out / "best.json").read_text()) == {"checkpoint": "0", "step": 3, "tau": taus[-1][1]}
     m = steps[-1]["metrics"]
     assert {"loss_0", "full_acc_0", "loss_2", "full_acc_2", "tokens_per_s"} <= set(m), m  # per TTT step
@@ -260,7 +263,8 @@ def test_a_starved_run_is_named_before_it_starts_and_still_keeps_its_best_checkp
 
     # The epoch's validation gave a tau estimate, and best.json names the checkpoint it measured.
     taus = [e for e in events if e["event"] == "metric" and "tau" in e["metrics"]]
-    assert len(taus) == 1 and taus[0]["step"] == 1 and 1.0 <= taus[0]["metrics"]["tau"] <= 4.0
+    val = [e["metrics"] for e in events if e["event"] == "metric" and "val_round_tau" in e["metrics"]]
+    assert len(taus) == 1 and taus[0]["step"] == 1 and taus[0]["metrics"]["tau"] == pytest.approx(val[-1]["val_round_tau"], abs=1e-4), (taus, val)
     best = json.loads((out / "best.json").read_text())
     assert best == {"checkpoint": "0", "step": 1, "tau": taus[0]["metrics"]["tau"]}
     assert events[-1]["best_checkpoint"] == str((out / "0").resolve()) and events[-1]["best_tau"] == best["tau"]
@@ -315,6 +319,22 @@ def test_a_resumed_run_s_early_stop_picks_up_the_validations_it_resumes_after(tm
     train_draft.replay_validations(stop, tmp_path / "metrics.jsonl", last_epoch=2)  # epoch 3's record is past the checkpoint resumed from
     assert (stop.best, stop.best_epoch, stop.stale, stop.val_losses) == (2.5, 1, 1, [1.0, 0.5, 0.49])
     assert stop.update(3, 2.5, 0.48) is not None  # the resumed run's first validation without a rise is the second in a row
+
+
+@pytest.mark.parametrize("epochs, verdicts", [
+    (4, [False, True]),  # flat after epoch 1 of 4: stop, two epochs spared
+    (2, [False, False]),  # flat after epoch 1 of 2, the last: the run ends as planned, not "stopped early"
+    (1, [False]),
+])
+def test_the_early_stop_verdict_spares_only_epochs_still_to_come(epochs, verdicts):
+    """train's verdict after each epoch's validation (what hook_main's stop_after asks rank 0):
+    the estimate stands flat (same walked tau every epoch) with patience 1."""
+    stop = train_draft.EarlyStop(patience=1, k=3)
+    metrics = {f"{train_draft.ROUND_TAU}_epoch": 2.5, "loss_epoch": 1.0}
+    said = [train_draft.early_stop_verdict(stop, epoch, epochs, metrics) for epoch in range(len(verdicts))]
+    assert [reason is not None for reason in said] == verdicts, said
+    if any(verdicts):
+        assert "stood flat at 2.5000 (epoch 0) for 1 validations: stopped after epoch 1" in said[1]
 
 
 @pytest.mark.parametrize("estimates, chosen", [

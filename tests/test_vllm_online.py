@@ -171,7 +171,7 @@ def test_online_training_survives_a_killed_trainer_resumes_and_matches_offline_w
     assert abs(tau_online - tau_offline) <= TAU_TOLERANCE, (tau_online, tau_offline)
 
 
-def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(vllm_verifier, tmp_path):
+def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(vllm_verifier, tmp_path, other_user):
     online = _project(tmp_path, "online", vllm_verifier, _online_train())
     workdir = online / "work"
     run_id = _harness(online, "run", "--detach", "local", "train").stdout.split()[0]
@@ -182,6 +182,8 @@ def test_a_server_that_dies_while_the_draft_trains_fails_the_stage_in_one_line(v
     assert "(its workers in a network namespace of its own)" in started, started
     namespaces, theirs, ours = server_listeners(started.split()[6])
     assert os.readlink("/proc/self/ns/net") not in namespaces and theirs and not ours, (namespaces, theirs, ours)
+    tried = other_user.connect_to_listeners(theirs)  # what another uid can do: connect on the box's loopback
+    assert tried and set(tried.values()) == {"ECONNREFUSED"}, tried
     server = [line for line in _processes_mentioning(str(workdir)) if "vllm_compat.py serve" in line]
     assert len(server) == 1, server
     os.killpg(int(server[0].split(":")[0]), signal.SIGKILL)  # its own process group (ManagedServer)
