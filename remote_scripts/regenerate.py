@@ -1,7 +1,8 @@
 """The verifier writes the assistant replies of the chat data itself (EAGLE-3 trains on the verifier's own outputs).
 
     python remote_scripts/regenerate.py --verifier DIR --data chat.jsonl --output regenerated.jsonl \
-        [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE]
+        [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE] \
+        [--replies-per-prompt 0] [--sample-temperature 1.0] [--loops keep|drop|trim]
 
 Rows of `--split` that end with a user turn (every row of it with `--replace`) get the verifier's
 reply, greedy by default; every other row is copied as it is, so data that already has replies
@@ -9,7 +10,9 @@ passes through without loading the model. The output is the input in OpenAI `mes
 plus OUTPUT.meta.json (the input's SHA-256 and the settings: prepare reads OUTPUT in place of the
 data only when that hash matches). Backends: transformers (batched `generate`) or vllm (`vllm
 serve`, or a server already running: `--endpoint`). Resumable and sharded (`--rank/--world-size`).
-Which rows, the output, the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
+Several replies per prompt (the greedy one first) and replies stuck in a loop (counted per
+category; kept, dropped or trimmed): docs/pipeline.md, "The data levers". Which rows, the output,
+the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class Reply:
 # Replies per prompt when --replies-per-prompt is 0 (auto): on a GPU, enough for about
 # AUTO_TARGET_REPLIES replies in all, at most AUTO_MAX_PER_PROMPT per prompt (more only where the
 # prompts are few); on a CPU (the demo, CI) one, as its decoding is what the user waits for.
-# harness/data_cost.py holds the same rule for `harness run --dry-run` (tests/test_data_levers.py).
+# harness/data_cost.py holds the same rule for `harness run --dry-run` (held to it by tests/test_data_cost.py).
 AUTO_TARGET_REPLIES = 8000
 AUTO_MAX_PER_PROMPT = 4
 
