@@ -2,7 +2,7 @@
 
     python remote_scripts/regenerate.py --verifier DIR --data chat.jsonl --output regenerated.jsonl \
         [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE] \
-        [--replies-per-prompt 0] [--sample-temperature 1.0] [--loops keep|drop|trim]
+        [--replies-per-prompt 0] [--sample-temperature 1.0] [--loops keep|drop|trim] [--turns last|all]
 
 Rows of `--split` that end with a user turn (every row of it with `--replace`) get the verifier's
 reply, greedy by default; every other row is copied as it is, so data that already has replies
@@ -10,8 +10,9 @@ passes through without loading the model. The output is the input in OpenAI `mes
 plus OUTPUT.meta.json (the input's SHA-256 and the settings: prepare reads OUTPUT in place of the
 data only when that hash matches). Backends: transformers (batched `generate`) or vllm (`vllm
 serve`, or a server already running: `--endpoint`). Resumable and sharded (`--rank/--world-size`).
-Several replies per prompt (the greedy one first) and replies stuck in a loop (counted per
-category; kept, dropped or trimmed): docs/pipeline.md, "The data levers". Which rows, the output,
+Several replies per prompt (the greedy one first), every user turn answered after the verifier's
+own replies (--turns all) and replies stuck in a loop (counted per category; kept, dropped or
+trimmed): docs/pipeline.md, "The data levers". Which rows, the output,
 the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
 """
 
@@ -51,6 +52,12 @@ class Item:
     prompt: list[dict[str, str]]
     reply: int = 0  # which of the prompt's replies: 0 at --temperature (greedy by default), others sampled
     category: str | None = None  # the row's "category" (the loop share is reported per category)
+    chain: int = -1  # the output row it belongs to (-1: its own, index); --turns all: one per (prompt, reply)
+    turn: int | None = None  # --turns all: which user turn it answers (0 the first); None: the last, after the data's history
+
+    def __post_init__(self):
+        if self.chain < 0:
+            self.chain = self.index
 
 
 @dataclass(frozen=True)
@@ -96,12 +103,44 @@ def replies_per_prompt(given: int, prompts: int, on_gpu: bool) -> int:
     return max(1, min(AUTO_MAX_PER_PROMPT, -(-AUTO_TARGET_REPLIES // prompts)))
 
 
-def with_replies(items: list[Item], n: int) -> list[Item]:
-    """Each prompt's item repeated for its n replies (prompt by prompt), indexes renumbered."""
-    out = []
+def with_replies(items: list[Item], n: int, turns: str = "last") -> list[Item]:
+    """Each prompt's item repeated for its n replies (prompt by prompt), indexes renumbered; with
+    turns "all", each reply's chain an item per user turn (a chain's items together)."""
+    out: list[Item] = []
+    chain = 0
     for item in items:
         for r in range(n):
-            out.append(Item(len(out), item.line, item.prompt, r, item.category))
+            users = sum(m["role"] == "user" for m in item.prompt) if turns == "all" else 0
+            for t in range(users) if users else [None]:
+                out.append(Item(len(out), item.line, item.prompt, r, item.category, chain, t))
+            chain += 1
+    return out
+
+
+def reply_text(reply: Reply, loops: str) -> str:
+    """The text a reply is written with: trimmed where it loops and `loops` is trim."""
+    return reply.trimmed if reply.looping and loops == "trim" and reply.trimmed is not None else reply.text
+
+
+def conversation(item: Item, answers: list[str]) -> list[dict[str, str]]:
+    """The messages the verifier answers for `item`: with turns "last" (turn None) its prompt as the
+    data has it; with turns "all" the data's turns up to user turn `item.turn`, the data's
+    assistant turns left out and the verifier's own answers (`answers`, one per earlier user turn
+    of the chain) after their user turns. Given an answer for every user turn, the whole chain."""
+    if item.turn is None:
+        return list(item.prompt)
+    out: list[dict[str, str]] = []
+    seen = 0
+    for m in item.prompt:
+        if m["role"] == "assistant":
+            continue
+        out.append(m)
+        if m["role"] == "user":
+            if seen < len(answers):
+                out.append({"role": "assistant", "content": answers[seen]})
+            if seen == item.turn:
+                break
+            seen += 1
     return out
 
 
@@ -242,24 +281,31 @@ def merged_rows(p: Plan, replies: dict[int, Reply], loops: str = "keep") -> list
     """The output rows: an answered row gives one row per reply (its prompt + the reply, in reply
     order: the first is the greedy one), a looping reply kept, dropped or trimmed (`loops`);
     other rows are copied."""
-    by_line: dict[int, list[Item]] = {}
+    by_line: dict[int, dict[int, list[Item]]] = {}
     for item in p.items:
-        by_line.setdefault(item.line, []).append(item)
+        by_line.setdefault(item.line, {}).setdefault(item.chain, []).append(item)
     out = []
     for line, row, messages in p.rows:
         row = {k: v for k, v in row.items() if k != "conversations"}
-        items = by_line.get(line)
-        if items is None:
+        chains = by_line.get(line)
+        if chains is None:
             out.append({**row, "messages": messages})
             continue
-        for item in items:
-            reply = replies[item.index]
-            if reply.looping and loops == "drop":
+        for items in chains.values():  # a chain: one reply, or with --turns all one per user turn
+            answered = [replies[i.index] for i in items]
+            looping = any(r.looping for r in answered)
+            if looping and loops == "drop":
                 continue
-            text = reply.trimmed if reply.looping and loops == "trim" and reply.trimmed is not None else reply.text
-            out.append({**row, "messages": [*item.prompt, {"role": "assistant", "content": text}],
-                        "regenerated": {"tokens": reply.tokens, "finish": reply.finish, "reply": item.reply, "looping": reply.looping,
-                                        "trimmed": text is not reply.text}})
+            texts = [reply_text(r, loops) for r in answered]
+            if items[0].turn is None:
+                chat = [*items[0].prompt, {"role": "assistant", "content": texts[0]}]
+            else:
+                chat = conversation(Item(0, line, items[0].prompt, turn=len(items) - 1), texts)
+            regenerated = {"tokens": sum(r.tokens for r in answered), "finish": answered[-1].finish, "reply": items[0].reply, "looping": looping,
+                           "trimmed": any(t is not r.text for t, r in zip(texts, answered))}
+            if items[0].turn is not None:
+                regenerated["turns"] = len(items)
+            out.append({**row, "messages": chat, "regenerated": regenerated})
     return out
 
 
@@ -533,6 +579,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"replies written per prompt, the first at --temperature (greedy by default), the others sampled at --sample-temperature "
                         f"(0: auto, 1 on a CPU; on a GPU enough for ~{AUTO_TARGET_REPLIES} replies in all, at most {AUTO_MAX_PER_PROMPT} per prompt)")
     p.add_argument("--sample-temperature", type=float, default=1.0, help="the extra replies' temperature (reply r seeded --seed + r)")
+    p.add_argument("--turns", choices=["last", "all"], default="last",
+                   help="last: answer a row's last user turn after the data's history; all: answer every user turn in order, the verifier's own replies as the history (multi-turn data)")
     p.add_argument("--loops", choices=list(LOOPS), default="keep",
                    help="replies stuck in a repetition loop (common/loops.py): keep them, drop them, or trim them to where the loop began plus one period")
     p.add_argument("--batch-size", type=int, default=0, help=f"prompts per generate call (vllm: per progress step; 0: {CPU_BATCH_SIZE}, and for transformers on a GPU what a third of its free memory holds)")
@@ -582,8 +630,8 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         raise ValueError(f"no usable rows in {data} (malformed {p.malformed})")
     prompts = len(p.items)
     per_prompt = replies_per_prompt(args.replies_per_prompt, prompts, on_gpu(args)) if p.items else 1
-    p.items = with_replies(p.items, per_prompt)
-    settings = {k: getattr(args, k) for k in ("split", "replace", "max_new_tokens", "temperature", "top_p", "seed", "sample_temperature", "loops")}
+    p.items = with_replies(p.items, per_prompt, args.turns)
+    settings = {k: getattr(args, k) for k in ("split", "replace", "max_new_tokens", "temperature", "top_p", "seed", "sample_temperature", "loops", "turns")}
     settings["replies_per_prompt"] = per_prompt
     settings["verifier"] = os.path.abspath(args.verifier)
     fp = fingerprint(data, settings)
@@ -602,11 +650,13 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         events.artifact(str(output), kind="data")
         return {**summary, "seconds": round(time.monotonic() - started, 1)}
 
-    shard = shard_range(len(p.items), rank, world)
+    # a rank takes whole chains (a multi-turn chain's later turns need its earlier replies)
+    chains = shard_range(p.items[-1].chain + 1, rank, world)
+    shard = [i.index for i in p.items if i.chain in chains]
     part = PartFile(part_path(output, rank, world), fp)
     kept = sum(i in part.done for i in shard)
     todo = [p.items[i] for i in shard if i not in part.done]
-    events.message(f"rank {rank}: {len(shard)} replies in items {shard.start}..{shard.stop - 1}" + (f"; {kept} kept from an interrupted run" if kept else ""))
+    events.message(f"rank {rank}: {len(shard)} replies" + (f" in items {shard[0]}..{shard[-1]}" if shard else "") + (f"; {kept} kept from an interrupted run" if kept else ""))
     generated_tokens = 0
     if todo:
         from common.verifier_path import check as check_verifier
@@ -616,13 +666,21 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         try:
             events.message(f"rank {rank}: {backend.describe()}")
             tokenizer = backend.tokenizer
-            token_ids: dict[int, list[int]] = {}
-            rendered: dict[int, list[int]] = {}  # by line: a prompt's replies share its tokens
-            for item in todo:
-                if item.line not in rendered:
-                    text = tokenizer.apply_chat_template(item.prompt, tokenize=False, add_generation_prompt=True)
-                    rendered[item.line] = tokenizer(text, add_special_tokens=False)["input_ids"]
-                token_ids[item.index] = rendered[item.line]
+            rendered: dict[tuple[int, int], list[int]] = {}  # by (line, turn): a prompt's first replies share its tokens
+            earlier: dict[int, list[int]] = {}  # chain -> its items' indexes, turn by turn
+            for item in p.items:
+                earlier.setdefault(item.chain, []).append(item.index)
+
+            def tokens_of(item: Item) -> list[int]:
+                answers = [reply_text(part.done[i], args.loops) for i in earlier[item.chain][: item.turn or 0]]
+                key = (item.line, item.turn or 0)
+                if answers or key not in rendered:
+                    text = tokenizer.apply_chat_template(conversation(item, answers), tokenize=False, add_generation_prompt=True)
+                    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                    if answers:
+                        return ids
+                    rendered[key] = ids
+                return rendered[key]
 
             def on_batch(replies: dict[int, Reply]) -> None:
                 nonlocal generated_tokens
@@ -632,7 +690,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
                     events.progress(sum(i in part.done for i in shard), len(shard), unit="replies")
 
             t0 = time.monotonic()
-            backend.generate(token_ids, {item.index: sampling_of(item, args) for item in todo}, on_batch)
+            for turn in sorted({item.turn or 0 for item in todo}):  # turn by turn: a turn's prompt holds the replies before it
+                now = [item for item in todo if (item.turn or 0) == turn]
+                backend.generate({item.index: tokens_of(item) for item in now}, {item.index: sampling_of(item, args) for item in now}, on_batch)
             summary["generate_seconds"] = round(time.monotonic() - t0, 1)
             summary["tokens_per_s"] = round(generated_tokens / max(1e-9, time.monotonic() - t0), 1)
         finally:

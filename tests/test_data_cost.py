@@ -44,7 +44,8 @@ def test_each_lever_is_checked_and_changes_the_key_of_what_it_changes(project, t
     config = load_config(project / "harness.toml")
     for setting, says in [("regenerate.loops=cut", "invalid value 'cut' (choices: keep, drop, trim)"),
                           ("regenerate.replies_per_prompt=many", "invalid value 'many' for --replies-per-prompt"),
-                          ("regenerate.sample_temperature=hot", "invalid value 'hot' for --sample-temperature")]:
+                          ("regenerate.sample_temperature=hot", "invalid value 'hot' for --sample-temperature"),
+                          ("regenerate.turns=every", "invalid value 'every' (choices: last, all)")]:
         with pytest.raises(UsageError, match=f"--set {setting.split('=')[0]}: " + says.replace("(", r"\(").replace(")", r"\)")):
             with_overrides(config, [setting])
     (project / "harness.toml").write_text((project / "harness.toml").read_text() + "[pipeline]\nmax_seq_len = 1\n")
@@ -62,9 +63,10 @@ def test_each_lever_is_checked_and_changes_the_key_of_what_it_changes(project, t
         return {stage: k.key(stage) for stage in ("regenerate", "prepare", "extract")}
 
     base = recipes(config, ["regenerate"], 1, [], "r")["regenerate"]["flags"]
-    assert (base["replies_per_prompt"], base["loops"], base["sample_temperature"]) == (0, "keep", 1.0)  # the script's defaults, recorded
+    assert (base["replies_per_prompt"], base["loops"], base["sample_temperature"], base["turns"]) == (0, "keep", 1.0, "last")  # the script's defaults, recorded
     before = keys()
-    for setting in ("regenerate.replies_per_prompt=2", "regenerate.loops=drop", "regenerate.sample_temperature=0.7", "regenerate.max_new_tokens=1024"):
+    for setting in ("regenerate.replies_per_prompt=2", "regenerate.loops=drop", "regenerate.sample_temperature=0.7", "regenerate.turns=all",
+                    "regenerate.max_new_tokens=1024"):
         after = keys(setting)
         # regenerate's artifact is another (prepare's key takes it once it is made: an optional read, test_artifacts)
         assert after["regenerate"] != before["regenerate"] and after["prepare"] == before["prepare"], setting

@@ -335,3 +335,23 @@ def test_a_looping_reply_is_trimmed_to_where_its_loop_began():
     assert [r["messages"][-1]["content"] for r in regenerate.merged_rows(p, replies, "trim")] == ["greedy a", "loo", "loo", "sampled b"]
     assert regenerate.loop_report(p.items, replies) == {"replies": 4, "looping": 2, "share": 0.5, "by_category": {
         "other": {"replies": 2, "looping": 1, "share": 0.5}, "x": {"replies": 2, "looping": 1, "share": 0.5}}}
+
+
+def test_every_user_turn_answered_in_order_with_the_verifiers_own_history(tiny_verifier, tmp_path):
+    """--turns all (with --replace: the data's replies are the user's history no more): the
+    verifier answers each user turn after its own earlier replies; each reply is the greedy
+    continuation of exactly that history (one-by-one decoding), one row per conversation."""
+    users = [r["messages"][0] for r in _prompt_rows(tiny_verifier, 6)]
+    rows = [{"id": f"c{i}", "messages": [users[2 * i], {"role": "assistant", "content": "the data's reply"}, users[2 * i + 1]]} for i in range(3)]
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out, events = tmp_path / "turns.jsonl", tmp_path / "events.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--turns", "all", "--replace", "--events", events))
+    assert read_events(events)[-1]["to_answer"] == 6
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == ["c0", "c1", "c2"] and all(r["regenerated"]["turns"] == 2 for r in written)
+    assert [[m["role"] for m in r["messages"]] for r in written] == [["user", "assistant", "user", "assistant"]] * 3
+    assert [r["messages"][0] for r in written] == users[0::2] and [r["messages"][2] for r in written] == users[1::2]
+    first = _greedy_replies(tiny_verifier.verifier, [{"messages": [users[2 * i]]} for i in range(3)])
+    assert [r["messages"][1]["content"] for r in written] == first  # not "the data's reply"
+    second = _greedy_replies(tiny_verifier.verifier, [{"messages": r["messages"][:3]} for r in written])
+    assert [r["messages"][3]["content"] for r in written] == second
