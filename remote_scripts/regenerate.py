@@ -639,7 +639,7 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
     summary = {"rows": len(p.rows), "malformed": p.malformed, "prompts": prompts, "replies_per_prompt": per_prompt, "to_answer": len(p.items),
                "rank": rank, "world_size": world}
     if per_prompt > 1:
-        events.message(f"{prompts} prompts x {per_prompt} replies = {len(p.items)} replies (the first greedy"
+        events.message(f"{prompts} prompts x {per_prompt} replies = {prompts * per_prompt} replies (the first greedy"
                        + ("" if args.temperature == 0 else f" at temperature {args.temperature}") + f", the others sampled at temperature {args.sample_temperature})")
     if output.is_file() and _recorded_fingerprint(output) == fp:
         events.message(f"{output} already holds the replies for this data and these settings")
