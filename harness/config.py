@@ -148,7 +148,7 @@ class PipelineConfig:
     verifier: str = "outputs/tiny-verifier"
     data: str = "outputs/chat.jsonl"
     output_dir: str = "outputs"
-    max_seq_len: int = 256
+    max_seq_len: int = 256  # prepare's limit of a row's tokens; 0: sized to the data (the longest row, up to 4096)
     target_layer_ids: list[int] = field(default_factory=list)  # empty: [2, N//2, N-3]
     speculative_tokens: int = 3
     # Let transformers run code shipped with the verifier (config/tokenizer `auto_map`, e.g.
@@ -285,6 +285,8 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
         if os.path.isabs(p) or ".." in Path(p).parts:
             raise ConfigError(file, "sync.paths", f"expected paths inside the project, got {p!r}")
     pipeline = _build(PipelineConfig, raw.get("pipeline", {}), file, "pipeline")
+    if pipeline.max_seq_len < 0 or pipeline.max_seq_len == 1:
+        raise ConfigError(file, "pipeline.max_seq_len", f"expected 0 (sized to the data by prepare) or at least 2 tokens, got {pipeline.max_seq_len}")
     from harness.pipeline import STAGES  # harness.pipeline imports this module
     from harness.stage_options import check_stage_tables
 

@@ -22,6 +22,7 @@ from harness.units import human_bytes
 from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
 
 if TYPE_CHECKING:
+    from harness.data_cost import DataCost
     from harness.host import Group, Host, SyncProgress
     from harness.runs import Started
     from harness.sync import SyncOutcome
@@ -73,7 +74,7 @@ class DryRun:
     store: str = ""  # the artifact store, as the workdir holds it
     free_bytes: int | None = None  # on the host, where the artifacts go
     space_at: str = ""
-    hidden_states: tuple[int, str] | None = None  # (bytes extract writes at most, how that is counted)
+    cost: "DataCost | None" = None  # the replies, tokens and hidden-state bytes of the chain, at most
 
     @property
     def ok(self) -> bool:
@@ -89,11 +90,15 @@ class DryRun:
                    else f"preflight on {self.host}: FAILED: {self.preflight_error}")
         if self.free_bytes is not None:
             disk = f"disk: {human_bytes(self.free_bytes)} free at {self.space_at}"
-            if self.hidden_states:
-                need, how = self.hidden_states
-                disk += f"; extract writes up to {human_bytes(need)} of hidden states ({how})"
+            if self.cost:
+                need = self.cost.hidden_state_bytes(True)
+                disk += f"; extract writes up to {human_bytes(need)} of hidden states ({self.cost.how()})"
                 disk += "" if need < self.free_bytes else ": NOT ENOUGH (`harness gc` frees what no run needs; data_dir, output_dir)"
             out.append(disk)
+        if self.cost and "regenerate" in self.stages:
+            cpu, gpu = self.cost.per_prompt
+            out.append(f"regenerate: up to {self.cost.replies(True):,} replies ({self.cost.rows} rows x {gpu}" + (f" on a GPU, x {cpu} on a CPU" if cpu != gpu else "")
+                       + f"), up to {self.cost.replies(True) * self.cost.seq_len:,} tokens for extract")
         out.append(f"not checked here: the image, the stages' libraries and the GPUs (`harness doctor {self.host}` checks them)")
         out.append(f"in {self.workdir} on {self.host}:" if self.workdir else f"on {self.host}:")
         out += [f"  {stage}: {shlex.join(argv)}" for stage, argv in self.commands.items()]
@@ -105,7 +110,8 @@ class DryRun:
         return {"host": self.host, "ok": self.ok, "stages": self.stages, "workdir": self.workdir,
                 "sync": {"send": self.to_send, "send_bytes": self.send_bytes, "delete": self.to_delete},
                 "preflight": {"ok": self.ok, "error": self.preflight_error, "requires": self.requires, "free_bytes": self.free_bytes,
-                              "space_at": self.space_at, "hidden_states_bytes": self.hidden_states[0] if self.hidden_states else None},
+                              "space_at": self.space_at, "hidden_states_bytes": self.cost.hidden_state_bytes(True) if self.cost else None},
+                "cost": self.cost.to_json() if self.cost else None,
                 "commands": [{"stage": s, "argv": argv, "line": shlex.join(argv)} for s, argv in self.commands.items()]}
 
 
@@ -138,19 +144,18 @@ def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ())
     if facts["missing"]:
         result.preflight_error = "; ".join(facts["missing"])
     result.free_bytes, result.space_at = facts["free_bytes"], shown(facts["space_at"] or "")
-    result.hidden_states = hidden_states_estimate(place.config, result.stages, facts)
+    result.cost = chain_cost(place.config, result.stages, facts)
     return result
 
 
-def hidden_states_estimate(config, stages: list[str], facts: dict[str, Any]) -> tuple[int, str] | None:
-    """What extract writes at most, from the box's facts (the data's rows, the verifier's width):
-    rows x max_seq_len x (target layers + 1) x hidden x 2 bytes; None where it is not known."""
+def chain_cost(config, stages: list[str], facts: dict[str, Any]) -> "DataCost | None":
+    """What the chain writes at most, from the box's facts (the data's rows, the verifier's width):
+    rows x replies per prompt x the row's token bound x (target layers + 1) x hidden x 2 bytes
+    (harness/data_cost.py); None where it is not known."""
     from harness.box_values import integer
-    from harness.doctor.ml_checks import DEFAULT_TARGET_LAYERS, hidden_state_bytes
+    from harness.data_cost import data_cost
+    from harness.doctor.ml_checks import DEFAULT_TARGET_LAYERS
 
-    rows, hidden = integer(facts.get("data_rows")), integer(facts.get("hidden_size"))
-    if "extract" not in stages or not rows or not hidden:
-        return None
     p = config.pipeline
     layers = (len(p.target_layer_ids) or DEFAULT_TARGET_LAYERS) + 1
-    return hidden_state_bytes(rows, p.max_seq_len, layers, hidden), f"{rows} rows x {p.max_seq_len} tokens x {layers} layers x {hidden} x 2 B"
+    return data_cost(p, stages, integer(facts.get("data_rows")), integer(facts.get("hidden_size")), layers)

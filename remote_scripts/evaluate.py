@@ -30,6 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.checkpoints import resolve_draft  # noqa: E402
 from common.conversations import load_categorized_prompts  # noqa: E402
+from common.loops import is_looping  # noqa: E402
 from common.events import EventLog, read_events, run_stage  # noqa: E402
 
 STAGE = "evaluate"
@@ -167,28 +168,6 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
         seq += new
         generated += new
     return PromptResult(len(prompt), generated, rounds, accepted_per_round, trials_per_round)  # greedy by construction: nothing to check
-
-
-# A loop: the reply ran to the token budget without ending its turn, and over its last
-# LOOP_WINDOW tokens at least LOOP_MATCH of them equal the token one period earlier, for some
-# period of 1..LOOP_WINDOW/2 tokens (`1.1.1.1.`, a sentence said again and again; a numbered
-# list whose items of four tokens or more repeat but for the number matches 75% or more).
-LOOP_WINDOW = 32
-LOOP_MATCH = 0.75
-
-
-def is_looping(generated: list[int], eos: set[int], window: int = LOOP_WINDOW, min_match: float = LOOP_MATCH) -> bool:
-    """Whether a reply is stuck in a repetition loop (the rule above)."""
-    if not generated or generated[-1] in eos:
-        return False
-    for period in range(1, window // 2 + 1):
-        if len(generated) < window + period:
-            break
-        tail = generated[-window - period :]
-        same = sum(tail[i + period] == tail[i] for i in range(window))
-        if same >= min_match * window:
-            return True
-    return False
 
 
 def summarize(results: list[PromptResult], k: int) -> Report:

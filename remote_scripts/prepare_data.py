@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.conversations import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
 from common.events import EventLog, run_stage  # noqa: E402
+from common.recipe import AUTO_MAX_SEQ_LEN, sized_seq_len  # noqa: E402
 from common.regenerated_data import file_sha256, meta_file  # noqa: E402
 
 STAGE = "prepare"
@@ -38,10 +39,19 @@ class PrepareReport:
     malformed_lines: list[str] = field(default_factory=list)  # "line 7: ..." (the first few)
     skipped_split: int = 0
     no_supervised_tokens: int = 0  # no assistant token left (no assistant turn, or truncated away)
-    truncated: int = 0
+    truncated: int = 0  # rows cut at max_seq_len
+    truncated_share: float = 0.0  # of the rows kept
+    reply_tokens_cut: int = 0  # assistant tokens those cuts left out of training
+    replies_at_budget: int = 0  # rows whose regenerated reply ran to regenerate's --max-new-tokens (cut there)
+    longest_row: int = 0  # tokens, before any cut
+    max_seq_len: int = 0  # the limit applied (--max-seq-len, or sized to the data when 0)
     per_turn_fallback: int = 0
     assistant_tokens: int = 0
     total_tokens: int = 0
+    # what extract will write: total_tokens x (target layers + 1) x hidden x 2 B (bf16), with
+    # extract's default 3 target layers (speculators' [2, N//2, N-3])
+    hidden_size: int | None = None
+    hidden_state_bytes: int | None = None
 
 
 class TemplateEncoder:
@@ -116,6 +126,8 @@ def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
     with open(args.data, encoding="utf-8") as f:
         lines = f.readlines()
     total = len(lines)
+    encoded: list[list[tuple[list[int], list[int]]]] = []  # each conversation's rows, cut once the limit is known
+    usable = 0
     for lineno, line in enumerate(lines, start=1):
         if lineno % 500 == 0 or lineno == total:
             events.progress(lineno, total, unit="rows")
@@ -138,10 +150,21 @@ def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
             continue
         rows, fell_back = encoder.rows(messages)
         report.per_turn_fallback += fell_back
+        regenerated = json.loads(line).get("regenerated")
+        report.replies_at_budget += isinstance(regenerated, dict) and regenerated.get("finish") == "length"
+        encoded.append(rows)
+        # --max-samples counts output rows: those with a reply token within the limit
+        usable += sum(1 for _, mask in rows if any(mask[: args.max_seq_len or AUTO_MAX_SEQ_LEN]))
+        if args.max_samples and usable >= args.max_samples:
+            break
+    report.longest_row = max((len(ids) for rows in encoded for ids, _ in rows), default=0)
+    report.max_seq_len = args.max_seq_len or sized_seq_len(report.longest_row)
+    for rows in encoded:
         for ids, mask in rows:
-            if len(ids) > args.max_seq_len:
+            if len(ids) > report.max_seq_len:
                 report.truncated += 1
-                ids, mask = ids[: args.max_seq_len], mask[: args.max_seq_len]
+                report.reply_tokens_cut += sum(mask[report.max_seq_len :])
+                ids, mask = ids[: report.max_seq_len], mask[: report.max_seq_len]
             if sum(mask) == 0:
                 report.no_supervised_tokens += 1
                 continue
@@ -150,15 +173,50 @@ def prepare(args: argparse.Namespace, events: EventLog) -> PrepareReport:
             columns["seq_len"].append(len(ids))
             report.assistant_tokens += sum(mask)
             report.total_tokens += len(ids)
-        if args.max_samples and len(columns["input_ids"]) >= args.max_samples:
-            for key in columns:
-                del columns[key][args.max_samples :]
-            break
+    if args.max_samples:
+        for key in columns:
+            del columns[key][args.max_samples :]
     report.rows_kept = len(columns["input_ids"])
     if report.rows_kept == 0:
         raise ValueError(f"no usable rows in {args.data} (read {report.rows_read}, malformed {report.malformed}, split-skipped {report.skipped_split})")
+    report.truncated_share = round(report.truncated / report.rows_kept, 4)
+    report.hidden_size = hidden_size(args.verifier, args.trust_remote_code)
+    if report.hidden_size:
+        report.hidden_state_bytes = report.total_tokens * (DEFAULT_TARGET_LAYERS + 1) * report.hidden_size * 2
+    for line in cost_lines(report, args.max_seq_len == 0):
+        events.message(line)
     write_dataset(columns, report, Path(args.output))
     return report
+
+
+DEFAULT_TARGET_LAYERS = 3  # extract's default (speculators' [2, N//2, N-3]), and the last layer beside them
+
+
+def hidden_size(verifier: str, trust_remote_code: bool) -> int | None:
+    """The verifier's width from its config (a multimodal one's text part), or None."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(verifier, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "hidden_size", None)
+
+
+def cost_lines(report: PrepareReport, sized: bool) -> list[str]:
+    """What the prepared data costs downstream, and what was cut: never silently."""
+    lines = [f"{report.rows_kept} rows, {report.total_tokens:,} tokens ({report.assistant_tokens:,} in replies)"
+             + (f"; extract will write ~{report.hidden_state_bytes / 2**20:,.1f} MiB of hidden states ({report.total_tokens:,} tokens x "
+                f"{DEFAULT_TARGET_LAYERS + 1} layers x {report.hidden_size} x 2 B, with extract's default layers)" if report.hidden_state_bytes else "")]
+    if report.truncated:
+        lines.append(f"{report.truncated} of {report.rows_kept} rows ({100 * report.truncated_share:.1f}%) cut at max_seq_len {report.max_seq_len}"
+                     f"{' (sized to the data)' if sized else ''}: {report.reply_tokens_cut:,} reply tokens not trained on; the longest row has "
+                     f"{report.longest_row} tokens" + ("" if sized else f" (max_seq_len = 0 sizes the limit to the data, up to {AUTO_MAX_SEQ_LEN})"))
+    if report.replies_at_budget:
+        lines.append(f"{report.replies_at_budget} of {report.rows_kept} rows have a regenerated reply cut at regenerate's --max-new-tokens "
+                     "(raise it, or --loops drop/trim where they loop: regenerate's summary counts the loops)")
+    return lines
 
 
 def write_dataset(columns: dict[str, list], report: PrepareReport, output: Path) -> None:
@@ -196,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier", required=True, help="verifier directory (its tokenizer and chat template are used)")
     p.add_argument("--data", required=True, help="chat JSONL (messages or ShareGPT conversations)")
     p.add_argument("--output", required=True, help="prepared dataset directory to write")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="truncate rows to this many tokens")
+    p.add_argument("--max-seq-len", type=int, default=2048, help=f"truncate rows to this many tokens (0: sized to the data, the longest row up to {AUTO_MAX_SEQ_LEN}; the rows cut are reported)")
     p.add_argument("--split", default="train", help="use rows whose 'split' field is this (rows without one count as train); 'all' uses every row")
     p.add_argument("--max-samples", type=int, default=0, help="stop after this many output rows (0: all)")
     p.add_argument("--strict", action="store_true", help="a malformed row is fatal")
@@ -209,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.max_seq_len < 2:
-        p.error("--max-seq-len must be at least 2")
+    if args.max_seq_len == 1 or args.max_seq_len < 0:
+        p.error("--max-seq-len must be at least 2 (0: sized to the data)")
     return args
 
 

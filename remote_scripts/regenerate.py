@@ -1,7 +1,8 @@
 """The verifier writes the assistant replies of the chat data itself (EAGLE-3 trains on the verifier's own outputs).
 
     python remote_scripts/regenerate.py --verifier DIR --data chat.jsonl --output regenerated.jsonl \
-        [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE]
+        [--backend transformers|vllm] [--max-new-tokens 256] [--temperature 0] [--replace] [--events FILE] \
+        [--replies-per-prompt 0] [--sample-temperature 1.0] [--loops keep|drop|trim] [--turns last|all]
 
 Rows of `--split` that end with a user turn (every row of it with `--replace`) get the verifier's
 reply, greedy by default; every other row is copied as it is, so data that already has replies
@@ -9,7 +10,10 @@ passes through without loading the model. The output is the input in OpenAI `mes
 plus OUTPUT.meta.json (the input's SHA-256 and the settings: prepare reads OUTPUT in place of the
 data only when that hash matches). Backends: transformers (batched `generate`) or vllm (`vllm
 serve`, or a server already running: `--endpoint`). Resumable and sharded (`--rank/--world-size`).
-Which rows, the output, the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
+Several replies per prompt (the greedy one first), every user turn answered after the verifier's
+own replies (--turns all) and replies stuck in a loop (counted per category; kept, dropped or
+trimmed): docs/pipeline.md, "The data levers". Which rows, the output,
+the backends, resume and malformed rows: docs/pipeline.md, "Regenerate".
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.conversations import MAX_REPORTED_LINES, MalformedRow, parse_conversation  # noqa: E402
+from common.loops import loop_period, trimmed_length  # noqa: E402
 from common.events import EventLog  # noqa: E402
 from common.vllm_server import ServerFailed, StageCancelled, add_serve_arguments  # noqa: E402
 from common.regenerated_data import file_sha256, meta_file  # noqa: E402
@@ -45,6 +50,23 @@ class Item:
     index: int  # position among the items (what the shards split)
     line: int
     prompt: list[dict[str, str]]
+    reply: int = 0  # which of the prompt's replies: 0 at --temperature (greedy by default), others sampled
+    category: str | None = None  # the row's "category" (the loop share is reported per category)
+    chain: int = -1  # the output row it belongs to (-1: its own, index); --turns all: one per (prompt, reply)
+    turn: int | None = None  # --turns all: which user turn it answers (0 the first); None: the last, after the data's history
+
+    def __post_init__(self):
+        if self.chain < 0:
+            self.chain = self.index
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How one reply is decoded: temperature 0 is greedy."""
+
+    temperature: float
+    top_p: float
+    seed: int
 
 
 @dataclass
@@ -60,6 +82,84 @@ class Reply:
     text: str
     tokens: int
     finish: str  # "stop" (end of turn) or "length"
+    looping: bool = False  # ran to the budget stuck in a repetition loop (common/loops.py)
+    trimmed: str | None = None  # a looping reply's text up to its loop and one period of it (--loops trim)
+
+
+# Replies per prompt when --replies-per-prompt is 0 (auto): on a GPU, enough for about
+# AUTO_TARGET_REPLIES replies in all, at most AUTO_MAX_PER_PROMPT per prompt (more only where the
+# prompts are few); on a CPU (the demo, CI) one, as its decoding is what the user waits for.
+# harness/data_cost.py holds the same rule for `harness run --dry-run` (held to it by tests/test_data_cost.py).
+AUTO_TARGET_REPLIES = 8000
+AUTO_MAX_PER_PROMPT = 4
+
+
+def replies_per_prompt(given: int, prompts: int, on_gpu: bool) -> int:
+    """--replies-per-prompt resolved: the value given, else the auto rule above."""
+    if given > 0:
+        return given
+    if not on_gpu or prompts <= 0:
+        return 1
+    return max(1, min(AUTO_MAX_PER_PROMPT, -(-AUTO_TARGET_REPLIES // prompts)))
+
+
+def with_replies(items: list[Item], n: int, turns: str = "last") -> list[Item]:
+    """Each prompt's item repeated for its n replies (prompt by prompt), indexes renumbered; with
+    turns "all", each reply's chain an item per user turn (a chain's items together)."""
+    out: list[Item] = []
+    chain = 0
+    for item in items:
+        for r in range(n):
+            users = sum(m["role"] == "user" for m in item.prompt) if turns == "all" else 0
+            for t in range(users) if users else [None]:
+                out.append(Item(len(out), item.line, item.prompt, r, item.category, chain, t))
+            chain += 1
+    return out
+
+
+def reply_text(reply: Reply, loops: str) -> str:
+    """The text a reply is written with: trimmed where it loops and `loops` is trim."""
+    return reply.trimmed if reply.looping and loops == "trim" and reply.trimmed is not None else reply.text
+
+
+def conversation(item: Item, answers: list[str]) -> list[dict[str, str]]:
+    """The messages the verifier answers for `item`: with turns "last" (turn None) its prompt as the
+    data has it; with turns "all" the data's turns up to user turn `item.turn`, the data's
+    assistant turns left out and the verifier's own answers (`answers`, one per earlier user turn
+    of the chain) after their user turns. Given an answer for every user turn, the whole chain."""
+    if item.turn is None:
+        return list(item.prompt)
+    out: list[dict[str, str]] = []
+    seen = 0
+    for m in item.prompt:
+        if m["role"] == "assistant":
+            continue
+        out.append(m)
+        if m["role"] == "user":
+            if seen < len(answers):
+                out.append({"role": "assistant", "content": answers[seen]})
+            if seen == item.turn:
+                break
+            seen += 1
+    return out
+
+
+def sampling_of(item: Item, args: argparse.Namespace) -> Sampling:
+    """The first reply at --temperature and --seed (greedy by default); reply r >= 1 at
+    --sample-temperature with seed --seed + r."""
+    if item.reply == 0:
+        return Sampling(args.temperature, args.top_p, args.seed)
+    return Sampling(args.sample_temperature, args.top_p, args.seed + item.reply)
+
+
+def make_reply(tokenizer, kept: list[int], tokens: int, finish: str) -> Reply:
+    """A reply from its tokens (without the end of turn): its text, and where it ran to the
+    budget in a loop, that and its trimmed text."""
+    text = tokenizer.decode(kept, skip_special_tokens=True)
+    period = loop_period(kept) if finish == "length" else None
+    if period is None:
+        return Reply(text, tokens, finish)
+    return Reply(text, tokens, finish, True, tokenizer.decode(kept[: trimmed_length(kept, period)], skip_special_tokens=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +192,8 @@ def plan(data: Path, split: str, replace: bool, strict: bool, events: EventLog |
             if last_user is None:
                 continue
             if last_user == len(messages) - 1 or replace:
-                result.items.append(Item(len(result.items), lineno, messages[: last_user + 1]))
+                category = result.rows[-1][1].get("category")
+                result.items.append(Item(len(result.items), lineno, messages[: last_user + 1], category=category if isinstance(category, str) else None))
     return result
 
 
@@ -140,7 +241,7 @@ class PartFile:
                 return None
             for raw in complete[1:]:
                 rec = json.loads(raw)
-                done[int(rec["item"])] = Reply(rec["text"], int(rec["tokens"]), rec["finish"])
+                done[int(rec["item"])] = Reply(rec["text"], int(rec["tokens"]), rec["finish"], bool(rec.get("looping")), rec.get("trimmed"))
         except (IndexError, ValueError, KeyError, TypeError):
             return None
         return done, len(data) - len(lines[-1])
@@ -173,21 +274,55 @@ def collect_parts(output: Path, world: int, fp: str, total: int) -> dict[int, Re
     return replies if all(i in replies for i in range(total)) else None
 
 
-def merged_rows(p: Plan, replies: dict[int, Reply]) -> list[dict]:
-    """The output rows: answered rows get their prompt + the reply, others are copied."""
-    by_line = {item.line: item for item in p.items}
+LOOPS = ("keep", "drop", "trim")
+
+
+def merged_rows(p: Plan, replies: dict[int, Reply], loops: str = "keep") -> list[dict]:
+    """The output rows: an answered row gives one row per reply (its prompt + the reply, in reply
+    order: the first is the greedy one), a looping reply kept, dropped or trimmed (`loops`);
+    other rows are copied."""
+    by_line: dict[int, dict[int, list[Item]]] = {}
+    for item in p.items:
+        by_line.setdefault(item.line, {}).setdefault(item.chain, []).append(item)
     out = []
     for line, row, messages in p.rows:
         row = {k: v for k, v in row.items() if k != "conversations"}
-        item = by_line.get(line)
-        if item is None:
-            row["messages"] = messages
-        else:
-            reply = replies[item.index]
-            row["messages"] = [*item.prompt, {"role": "assistant", "content": reply.text}]
-            row["regenerated"] = {"tokens": reply.tokens, "finish": reply.finish}
-        out.append(row)
+        chains = by_line.get(line)
+        if chains is None:
+            out.append({**row, "messages": messages})
+            continue
+        for items in chains.values():  # a chain: one reply, or with --turns all one per user turn
+            answered = [replies[i.index] for i in items]
+            looping = any(r.looping for r in answered)
+            if looping and loops == "drop":
+                continue
+            texts = [reply_text(r, loops) for r in answered]
+            if items[0].turn is None:
+                chat = [*items[0].prompt, {"role": "assistant", "content": texts[0]}]
+            else:
+                chat = conversation(Item(0, line, items[0].prompt, turn=len(items) - 1), texts)
+            regenerated = {"tokens": sum(r.tokens for r in answered), "finish": answered[-1].finish, "reply": items[0].reply, "looping": looping,
+                           "trimmed": any(t is not r.text for t, r in zip(texts, answered))}
+            if items[0].turn is not None:
+                regenerated["turns"] = len(items)
+            out.append({**row, "messages": chat, "regenerated": regenerated})
     return out
+
+
+def loop_report(items: list[Item], replies: dict[int, Reply]) -> dict:
+    """The share of looping replies, overall and per row category (rows without one: "other";
+    no by_category when no row has one)."""
+    def share(group: list[Item]) -> dict:
+        looping = sum(replies[i.index].looping for i in group)
+        return {"replies": len(group), "looping": looping, "share": round(looping / max(1, len(group)), 4)}
+
+    report = share(items)
+    if any(i.category for i in items):
+        groups: dict[str, list[Item]] = {}
+        for i in items:
+            groups.setdefault(i.category or "other", []).append(i)
+        report["by_category"] = {c: share(g) for c, g in sorted(groups.items())}
+    return report
 
 
 def write_output(output: Path, rows: list[dict], meta: dict) -> None:
@@ -234,7 +369,15 @@ class TransformersBackend:
     def describe(self) -> str:
         return f"transformers on {self.device}"
 
-    def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
+    def generate(self, prompts: dict[int, list[int]], sampling: dict[int, Sampling], on_batch) -> None:
+        """Batches of replies decoded alike (one Sampling), each batch seeded by its first item."""
+        groups: dict[Sampling, dict[int, list[int]]] = {}
+        for i in sorted(prompts):
+            groups.setdefault(sampling[i], {})[i] = prompts[i]
+        for how, group in groups.items():
+            self._generate(group, how, on_batch)
+
+    def _generate(self, prompts: dict[int, list[int]], how: Sampling, on_batch) -> None:
         torch, args = self.torch, self.args
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else sorted(self.eos)[0]
         for batch in plan_batches({i: len(p) for i, p in prompts.items()}, self.batch_size(prompts), self.max_batch_tokens()):
@@ -244,9 +387,9 @@ class TransformersBackend:
             for r, i in enumerate(batch):  # left padding: every row's next token is at the end
                 ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
                 attention[r, width - len(prompts[i]) :] = 1
-            sampling = {"do_sample": True, "temperature": args.temperature, "top_p": args.top_p} if args.temperature > 0 else {"do_sample": False}
-            if args.temperature > 0:
-                torch.manual_seed(args.seed + batch[0])
+            sampling = {"do_sample": True, "temperature": how.temperature, "top_p": how.top_p} if how.temperature > 0 else {"do_sample": False}
+            if how.temperature > 0:
+                torch.manual_seed(how.seed + batch[0])
             with torch.inference_mode():
                 out = self.model.generate(
                     input_ids=ids.to(self.device), attention_mask=attention.to(self.device), max_new_tokens=args.max_new_tokens,
@@ -257,7 +400,7 @@ class TransformersBackend:
                 tokens = out[r, width:].tolist()
                 stop = next((n for n, t in enumerate(tokens) if t in self.eos), None)
                 kept = tokens[:stop] if stop is not None else tokens
-                replies[i] = Reply(self.tokenizer.decode(kept, skip_special_tokens=True), len(kept) + (stop is not None), "stop" if stop is not None else "length")
+                replies[i] = make_reply(self.tokenizer, kept, len(kept) + (stop is not None), "stop" if stop is not None else "length")
             on_batch(replies)
 
     def max_batch_tokens(self) -> int:
@@ -294,6 +437,7 @@ class VllmBackend:
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.verifier)
+        self.eos = eos_ids(self.tokenizer, None)
         self.server = None
         self.model_name = args.verifier  # what `vllm serve VERIFIER` serves it as
         self._cleanup = contextlib.ExitStack()
@@ -352,13 +496,13 @@ class VllmBackend:
     def where(self) -> str:
         return f"server {self.opts.where}" if self.server is None else f"log {self.log}"
 
-    def _complete(self, prompt: list[int]) -> Reply:
+    def _complete(self, prompt: list[int], how: Sampling) -> Reply:
         from common.vllm_server import ServerFailed
 
         args = self.args
         # return_token_ids: the reply is decoded here from its tokens alone, as the transformers
         # backend does (vLLM's text is decoded in the prompt's context: a leading space).
-        body = {"model": self.model_name, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p, "seed": args.seed,
+        body = {"model": self.model_name, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": how.temperature, "top_p": how.top_p, "seed": how.seed,
                 "skip_special_tokens": True, "return_token_ids": True}
         last_error = None
         for attempt in range(3):
@@ -366,12 +510,11 @@ class VllmBackend:
                 answer = self._request("POST", "/v1/completions", body, args.request_timeout)
                 choice = answer["choices"][0]
                 token_ids = choice.get("token_ids")
-                if token_ids is not None:
-                    text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
-                else:  # a server without return_token_ids
-                    text = choice["text"]
-                tokens = int((answer.get("usage") or {}).get("completion_tokens") or len(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
-                return Reply(text, tokens, "stop" if choice.get("finish_reason") == "stop" else "length")
+                if token_ids is None:  # a server without return_token_ids
+                    token_ids = self.tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
+                kept = [t for t in token_ids if t not in self.eos]
+                tokens = int((answer.get("usage") or {}).get("completion_tokens") or len(token_ids))
+                return make_reply(self.tokenizer, kept, tokens, "stop" if choice.get("finish_reason") == "stop" else "length")
             except (OSError, ValueError, KeyError, IndexError) as e:
                 last_error = e
                 if not self.alive():
@@ -379,7 +522,7 @@ class VllmBackend:
                 time.sleep(1 + attempt)
         raise ServerFailed(f"completion request failed ({type(last_error).__name__}: {last_error}); {self.where()}")
 
-    def generate(self, prompts: dict[int, list[int]], on_batch) -> None:
+    def generate(self, prompts: dict[int, list[int]], sampling: dict[int, Sampling], on_batch) -> None:
         from common.vllm_server import ServerFailed
 
         order = sorted(prompts)
@@ -389,11 +532,20 @@ class VllmBackend:
                 chunk = order[start : start + step]
                 if not self.alive():
                     raise ServerFailed(f"vllm serve died; {self.where()}")
-                on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i]), chunk))))
+                on_batch(dict(zip(chunk, pool.map(lambda i: self._complete(prompts[i], sampling[i]), chunk))))
 
     def close(self) -> None:
         """Stop our server, remove its socket's directory, restore SIGTERM (in that order)."""
         self._cleanup.close()
+
+
+def on_gpu(args: argparse.Namespace) -> bool:
+    """Whether the replies are decoded on a GPU (what the auto --replies-per-prompt goes by)."""
+    if args.device:
+        return args.device.startswith("cuda")
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -420,9 +572,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="answer rows whose 'split' is this (rows without one count as train); 'all': every row")
     p.add_argument("--replace", action="store_true", help="also answer rows that already have a reply (cut after their last user turn)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--temperature", type=float, default=0.0, help="the first reply's (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replies-per-prompt", type=int, default=0,
+                   help=f"replies written per prompt, the first at --temperature (greedy by default), the others sampled at --sample-temperature "
+                        f"(0: auto, 1 on a CPU; on a GPU enough for ~{AUTO_TARGET_REPLIES} replies in all, at most {AUTO_MAX_PER_PROMPT} per prompt)")
+    p.add_argument("--sample-temperature", type=float, default=1.0, help="the extra replies' temperature (reply r seeded --seed + r)")
+    p.add_argument("--turns", choices=["last", "all"], default="last",
+                   help="last: answer a row's last user turn after the data's history; all: answer every user turn in order, the verifier's own replies as the history (multi-turn data)")
+    p.add_argument("--loops", choices=list(LOOPS), default="keep",
+                   help="replies stuck in a repetition loop (common/loops.py): keep them, drop them, or trim them to where the loop began plus one period")
     p.add_argument("--batch-size", type=int, default=0, help=f"prompts per generate call (vllm: per progress step; 0: {CPU_BATCH_SIZE}, and for transformers on a GPU what a third of its free memory holds)")
     p.add_argument("--max-batch-tokens", type=int, default=0, help=f"padded prompt tokens per generate call (0: {CPU_MAX_BATCH_TOKENS} on CPU; on a GPU the memory-sized --batch-size alone)")
     p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic", help="transformers' KV cache in generate (static: preallocated, and on a GPU transformers compiles the decode step)")
@@ -450,6 +610,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-new-tokens and --concurrency must be at least 1, --batch-size at least 0")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.replies_per_prompt < 0 or args.sample_temperature <= 0:
+        p.error("--replies-per-prompt must be at least 0 (0: auto) and --sample-temperature above 0")
     return args
 
 
@@ -466,11 +628,19 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
     p = plan(data, args.split, args.replace, args.strict, events)
     if not p.rows:
         raise ValueError(f"no usable rows in {data} (malformed {p.malformed})")
-    settings = {k: getattr(args, k) for k in ("split", "replace", "max_new_tokens", "temperature", "top_p", "seed")}
+    prompts = len(p.items)
+    per_prompt = replies_per_prompt(args.replies_per_prompt, prompts, on_gpu(args)) if p.items else 1
+    p.items = with_replies(p.items, per_prompt, args.turns)
+    settings = {k: getattr(args, k) for k in ("split", "replace", "max_new_tokens", "temperature", "top_p", "seed", "sample_temperature", "loops", "turns")}
+    settings["replies_per_prompt"] = per_prompt
     settings["verifier"] = os.path.abspath(args.verifier)
     fp = fingerprint(data, settings)
     meta = {"source": os.path.abspath(data), "source_sha256": file_sha256(data), "fingerprint": fp, "settings": settings, "answered": len(p.items)}
-    summary = {"rows": len(p.rows), "malformed": p.malformed, "to_answer": len(p.items), "rank": rank, "world_size": world}
+    summary = {"rows": len(p.rows), "malformed": p.malformed, "prompts": prompts, "replies_per_prompt": per_prompt, "to_answer": len(p.items),
+               "rank": rank, "world_size": world}
+    if per_prompt > 1:
+        events.message(f"{prompts} prompts x {per_prompt} replies = {prompts * per_prompt} replies (the first greedy"
+                       + ("" if args.temperature == 0 else f" at temperature {args.temperature}") + f", the others sampled at temperature {args.sample_temperature})")
     if output.is_file() and _recorded_fingerprint(output) == fp:
         events.message(f"{output} already holds the replies for this data and these settings")
         return {**summary, "already_done": True, "seconds": round(time.monotonic() - started, 1)}
@@ -480,11 +650,13 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         events.artifact(str(output), kind="data")
         return {**summary, "seconds": round(time.monotonic() - started, 1)}
 
-    shard = shard_range(len(p.items), rank, world)
+    # a rank takes whole chains (a multi-turn chain's later turns need its earlier replies)
+    chains = shard_range(p.items[-1].chain + 1, rank, world)
+    shard = [i.index for i in p.items if i.chain in chains]
     part = PartFile(part_path(output, rank, world), fp)
     kept = sum(i in part.done for i in shard)
     todo = [p.items[i] for i in shard if i not in part.done]
-    events.message(f"rank {rank}: {len(shard)} replies in items {shard.start}..{shard.stop - 1}" + (f"; {kept} kept from an interrupted run" if kept else ""))
+    events.message(f"rank {rank}: {len(shard)} replies" + (f" in items {shard[0]}..{shard[-1]}" if shard else "") + (f"; {kept} kept from an interrupted run" if kept else ""))
     generated_tokens = 0
     if todo:
         from common.verifier_path import check as check_verifier
@@ -494,10 +666,21 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
         try:
             events.message(f"rank {rank}: {backend.describe()}")
             tokenizer = backend.tokenizer
-            prompts = {}
-            for item in todo:
-                text = tokenizer.apply_chat_template(item.prompt, tokenize=False, add_generation_prompt=True)
-                prompts[item.index] = tokenizer(text, add_special_tokens=False)["input_ids"]
+            rendered: dict[tuple[int, int], list[int]] = {}  # by (line, turn): a prompt's first replies share its tokens
+            earlier: dict[int, list[int]] = {}  # chain -> its items' indexes, turn by turn
+            for item in p.items:
+                earlier.setdefault(item.chain, []).append(item.index)
+
+            def tokens_of(item: Item) -> list[int]:
+                answers = [reply_text(part.done[i], args.loops) for i in earlier[item.chain][: item.turn or 0]]
+                key = (item.line, item.turn or 0)
+                if answers or key not in rendered:
+                    text = tokenizer.apply_chat_template(conversation(item, answers), tokenize=False, add_generation_prompt=True)
+                    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                    if answers:
+                        return ids
+                    rendered[key] = ids
+                return rendered[key]
 
             def on_batch(replies: dict[int, Reply]) -> None:
                 nonlocal generated_tokens
@@ -507,7 +690,9 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
                     events.progress(sum(i in part.done for i in shard), len(shard), unit="replies")
 
             t0 = time.monotonic()
-            backend.generate(prompts, on_batch)
+            for turn in sorted({item.turn or 0 for item in todo}):  # turn by turn: a turn's prompt holds the replies before it
+                now = [item for item in todo if (item.turn or 0) == turn]
+                backend.generate({item.index: tokens_of(item) for item in now}, {item.index: sampling_of(item, args) for item in now}, on_batch)
             summary["generate_seconds"] = round(time.monotonic() - t0, 1)
             summary["tokens_per_s"] = round(generated_tokens / max(1e-9, time.monotonic() - t0), 1)
         finally:
@@ -520,7 +705,15 @@ def run(args: argparse.Namespace, events: EventLog, rank: int, world: int, local
     if replies is None:
         events.message(f"rank {rank}: done; the rank that finishes last writes {output}")
         return {**summary, "seconds": round(time.monotonic() - started, 1)}
-    write_output(output, merged_rows(p, replies), meta)
+    rows = merged_rows(p, replies, args.loops)
+    loops = loop_report(p.items, replies)
+    summary["loops"] = loops
+    summary["rows_written"] = len(rows)
+    if loops["looping"]:
+        events.message(f"{loops['looping']} of {loops['replies']} replies loop (a repeated span to the token budget; --loops {args.loops}: "
+                       + {"keep": "kept as they are", "drop": "dropped", "trim": "trimmed to where the loop began"}[args.loops] + ")"
+                       + ("; by category: " + ", ".join(f"{c} {v['looping']}/{v['replies']}" for c, v in loops["by_category"].items()) if "by_category" in loops else ""))
+    write_output(output, rows, meta)
     shutil.rmtree(parts_dir(output), ignore_errors=True)
     events.artifact(str(output), kind="data")
     return {**summary, "seconds": round(time.monotonic() - started, 1)}

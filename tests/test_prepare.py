@@ -140,6 +140,32 @@ def test_truncation_and_rows_without_supervision(tiny_verifier, tmp_path):
     assert report["truncated"] == 2 and report["no_supervised_tokens"] == 2
 
 
+def test_rows_cut_are_reported_and_a_limit_sized_to_the_data_cuts_none(tiny_verifier, tmp_path):
+    """Nothing is cut silently: the rows cut at max_seq_len and the reply tokens they lose, and the
+    replies regenerate cut at its budget, are in the report and the stage's lines; max_seq_len 0
+    sizes the limit to the longest row. The line also gives what extract will write."""
+    from common.recipe import sized_seq_len
+
+    rows = [{"messages": [{"role": "user", "content": "aa"}, {"role": "assistant", "content": " ".join(["bb"] * n)}]} for n in (4, 40, 60)]
+    rows[2]["regenerated"] = {"tokens": 60, "finish": "length"}
+    data = _write_jsonl(tmp_path / "chat.jsonl", rows)
+    tokens = [len(_tokenizer(tiny_verifier).apply_chat_template(r["messages"], return_dict=True)["input_ids"]) for r in rows]
+    events = tmp_path / "events.jsonl"
+    assert _prepare("--verifier", tiny_verifier.verifier, "--data", data, "--output", tmp_path / "cut", "--max-seq-len", tokens[0], "--events", events) == 0
+    report = json.loads((tmp_path / "cut" / "prepare_report.json").read_text())
+    assert report["truncated"] == 2 and report["truncated_share"] == round(2 / 3, 4) and report["longest_row"] == max(tokens)
+    assert report["reply_tokens_cut"] == sum(tokens[1:]) - 2 * tokens[0] and report["replies_at_budget"] == 1
+    said = " ".join(e.get("text", "") for e in read_events(events))
+    assert f"2 of 3 rows (66.7%) cut at max_seq_len {tokens[0]}" in said and "1 of 3 rows have a regenerated reply cut" in said
+
+    assert _prepare("--verifier", tiny_verifier.verifier, "--data", data, "--output", tmp_path / "sized", "--max-seq-len", 0) == 0
+    report = json.loads((tmp_path / "sized" / "prepare_report.json").read_text())
+    assert report["truncated"] == 0 and report["max_seq_len"] == sized_seq_len(max(tokens)) >= max(tokens)
+    assert [len(r) for r in _load(tmp_path / "sized")["input_ids"]] == tokens
+    hidden = json.loads((tiny_verifier.verifier / "config.json").read_text())["hidden_size"]
+    assert report["total_tokens"] == sum(tokens) and report["hidden_state_bytes"] == sum(tokens) * (prepare_data.DEFAULT_TARGET_LAYERS + 1) * hidden * 2
+
+
 def test_heldout_rows_are_left_for_evaluation(tiny_verifier, prepared_data, tmp_path):
     rows = tiny_verifier.data.read_text().splitlines()
     n_heldout = sum(json.loads(r)["split"] == "heldout" for r in rows)

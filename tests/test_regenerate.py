@@ -249,3 +249,109 @@ def test_the_prompt_token_cap_of_a_batch_applies_on_cpu_or_when_given(device, gi
     cap = backend.max_batch_tokens()
     assert cap == expected if expected is not None else cap >= 1 << 30
     assert regenerate.parse_args(["--verifier", "v", "--data", "d", "--output", "o"]).max_batch_tokens == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The data levers: several replies per prompt, loops kept, dropped or trimmed
+
+
+@pytest.mark.parametrize(("given", "prompts", "on_gpu", "expected"), [
+    (0, 50, False, 1), (0, 50, True, regenerate.AUTO_MAX_PER_PROMPT),
+    (0, regenerate.AUTO_TARGET_REPLIES // 3 + 1, True, 3), (0, regenerate.AUTO_TARGET_REPLIES, True, 1), (0, 10 * regenerate.AUTO_TARGET_REPLIES, True, 1),
+    (2, 10 * regenerate.AUTO_TARGET_REPLIES, True, 2), (5, 3, False, 5),
+])
+def test_replies_per_prompt_auto_adds_replies_only_on_a_gpu_where_the_prompts_are_few(given, prompts, on_gpu, expected):
+    assert regenerate.replies_per_prompt(given, prompts, on_gpu) == expected
+
+
+def test_several_replies_per_prompt_the_greedy_one_first_and_seeded(tiny_verifier, tmp_path):
+    """--replies-per-prompt 3: each prompt's rows together, the first its greedy reply (what
+    one-by-one greedy decoding gives), the two others sampled; the same seed writes the same file."""
+    rows = _prompt_rows(tiny_verifier, 5)
+    data = _write(tmp_path / "chat.jsonl", rows)
+
+    def written(name: str, *flags) -> tuple[list[dict], dict]:
+        out, events = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.events.jsonl"
+        run_script("regenerate.py", *_args(tiny_verifier, data, out, "--batch-size", 4, "--replies-per-prompt", 3, "--sample-temperature", 2.0,
+                                           "--events", events, *flags))
+        return [json.loads(line) for line in out.read_text().splitlines()], read_events(events)[-1]
+
+    first, summary = written("seed1", "--seed", 1)
+    assert summary["prompts"] == 5 and summary["replies_per_prompt"] == 3 and summary["to_answer"] == 15 and summary["loops"]["replies"] == 15
+    assert [r["id"] for r in first] == [r["id"] for r in rows for _ in range(3)]
+    assert [r["regenerated"]["reply"] for r in first] == [0, 1, 2] * 5
+    assert all(r["messages"][:-1] == rows[i // 3]["messages"] for i, r in enumerate(first))
+    greedy = [r["messages"][-1]["content"] for r in first[::3]]
+    assert greedy == _greedy_replies(tiny_verifier.verifier, rows)
+    sampled = [r["messages"][-1]["content"] for i, r in enumerate(first) if i % 3]
+    assert sampled != [g for g in greedy for _ in range(2)]  # it sampled
+
+    again, _ = written("seed1-again", "--seed", 1)
+    assert again == first
+    # (the default, auto, is one reply per prompt on this CPU: every other test here)
+
+
+def test_loops_are_counted_per_category_and_trimmed(tiny_verifier, tmp_path):
+    """Whatever the tiny verifier loops on: the report counts every reply, per category, and
+    trim writes every reply with the looping ones cut short (drop: the merge's test below)."""
+    rows = [{**r, "category": "odd" if i % 2 else "even"} for i, r in enumerate(_prompt_rows(tiny_verifier, 6))]
+    data = _write(tmp_path / "chat.jsonl", rows)
+    found = {}
+    for loops in ("keep", "trim"):
+        out, events = tmp_path / f"{loops}.jsonl", tmp_path / f"{loops}.events.jsonl"
+        run_script("regenerate.py", *_args(tiny_verifier, data, out, "--max-new-tokens", 48, "--loops", loops, "--events", events))
+        found[loops] = ([json.loads(line) for line in out.read_text().splitlines()], read_events(events)[-1])
+    kept, report = found["keep"][0], found["keep"][1]["loops"]
+    looping = [r["regenerated"]["looping"] for r in kept]
+    assert report["replies"] == 6 and report["looping"] == sum(looping)
+    assert report["by_category"] == {c: {"replies": 3, "looping": n, "share": round(n / 3, 4)}
+                                     for c, n in (("even", sum(looping[0::2])), ("odd", sum(looping[1::2])))}
+    trimmed = found["trim"][0]
+    assert len(trimmed) == 6 and [r["regenerated"]["trimmed"] for r in trimmed] == looping
+    for a, b, loop in zip(kept, trimmed, looping):
+        assert (len(b["messages"][-1]["content"]) < len(a["messages"][-1]["content"])) if loop else b == a
+
+
+def test_a_looping_reply_is_trimmed_to_where_its_loop_began():
+    from common.loops import LOOP_WINDOW, is_looping, loop_period, trimmed_length
+
+    prose = list(range(100, 160))
+    sentence = list(range(30, 45))
+    reply = prose[:20] + sentence * 3
+    assert is_looping(reply, {2}) and loop_period(reply) == len(sentence)
+    assert trimmed_length(reply, len(sentence)) == 20 + len(sentence)  # up to the loop, and the sentence once
+    ones = prose[:20] + [7, 8] * 20
+    assert trimmed_length(ones, loop_period(ones)) == 22
+    assert loop_period(prose[:LOOP_WINDOW + 8]) is None
+
+    def reply_of(text, looping):
+        return regenerate.Reply(text, 10, "length" if looping else "stop", looping, text[:3] if looping else None)
+
+    p = regenerate.Plan(rows=[(1, {"id": "a", "category": "x"}, [{"role": "user", "content": "q"}]), (2, {"id": "b"}, [{"role": "user", "content": "r"}])], items=[])
+    p.items = regenerate.with_replies([regenerate.Item(0, 1, [{"role": "user", "content": "q"}], category="x"), regenerate.Item(1, 2, [{"role": "user", "content": "r"}])], 2)
+    replies = {0: reply_of("greedy a", False), 1: reply_of("looping a", True), 2: reply_of("looping b", True), 3: reply_of("sampled b", False)}
+    assert [r["messages"][-1]["content"] for r in regenerate.merged_rows(p, replies, "keep")] == ["greedy a", "looping a", "looping b", "sampled b"]
+    assert [r["messages"][-1]["content"] for r in regenerate.merged_rows(p, replies, "drop")] == ["greedy a", "sampled b"]
+    assert [r["messages"][-1]["content"] for r in regenerate.merged_rows(p, replies, "trim")] == ["greedy a", "loo", "loo", "sampled b"]
+    assert regenerate.loop_report(p.items, replies) == {"replies": 4, "looping": 2, "share": 0.5, "by_category": {
+        "other": {"replies": 2, "looping": 1, "share": 0.5}, "x": {"replies": 2, "looping": 1, "share": 0.5}}}
+
+
+def test_every_user_turn_answered_in_order_with_the_verifiers_own_history(tiny_verifier, tmp_path):
+    """--turns all (with --replace: the data's replies are the user's history no more): the
+    verifier answers each user turn after its own earlier replies; each reply is the greedy
+    continuation of exactly that history (one-by-one decoding), one row per conversation."""
+    users = [r["messages"][0] for r in _prompt_rows(tiny_verifier, 6)]
+    rows = [{"id": f"c{i}", "messages": [users[2 * i], {"role": "assistant", "content": "the data's reply"}, users[2 * i + 1]]} for i in range(3)]
+    data = _write(tmp_path / "chat.jsonl", rows)
+    out, events = tmp_path / "turns.jsonl", tmp_path / "events.jsonl"
+    run_script("regenerate.py", *_args(tiny_verifier, data, out, "--turns", "all", "--replace", "--events", events))
+    assert read_events(events)[-1]["to_answer"] == 6
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in written] == ["c0", "c1", "c2"] and all(r["regenerated"]["turns"] == 2 for r in written)
+    assert [[m["role"] for m in r["messages"]] for r in written] == [["user", "assistant", "user", "assistant"]] * 3
+    assert [r["messages"][0] for r in written] == users[0::2] and [r["messages"][2] for r in written] == users[1::2]
+    first = _greedy_replies(tiny_verifier.verifier, [{"messages": [users[2 * i]]} for i in range(3)])
+    assert [r["messages"][1]["content"] for r in written] == first  # not "the data's reply"
+    second = _greedy_replies(tiny_verifier.verifier, [{"messages": r["messages"][:3]} for r in written])
+    assert [r["messages"][3]["content"] for r in written] == second

@@ -193,6 +193,10 @@ def test_regenerate_greedy_and_sampled_against_one_real_server(vllm_verifier, tm
         assert first == again  # same seed, same replies
         assert first != other and first != greedy_reference  # another seed, and sampling at all
         assert regenerate("nucleus", "--temperature", 1.0, "--top-p", 1e-6, "--seed", 3) == greedy_reference  # top-p keeps only the top token
+        # several replies per prompt: the greedy one first, the others sampled (seeded as above: reply r at --seed + r)
+        several = regenerate("three", "--replies-per-prompt", 3, "--sample-temperature", 1.0, "--seed", 5)
+        assert len(several) == 3 * len(greedy_reference) and several[::3] == greedy_reference
+        assert [r for i, r in enumerate(several) if i % 3] != [g for g in greedy_reference for _ in range(2)]
 
         # Ours alone: another local user gets 401 on every route that serves the model, data or
         # metrics (vllm_compat's key-on-every-route), and the key is on no command line.

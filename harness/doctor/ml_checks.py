@@ -555,10 +555,13 @@ def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[st
     if samples.get("count") is None or not hidden:
         why = samples.get("source") if samples.get("count") is None else "no hidden_size in the verifier config"
         return CheckResult(name, "warn", f"{free}; cannot size the hidden states yet: {why}", "run the prepare stage (and make the verifier available), then re-run doctor")
-    need = hidden_state_bytes(samples["count"], plan.max_seq_len, plan.saved_layers, hidden)
-    formula = f"{samples['count']} samples x {plan.max_seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {_size(need)} at most"
+    from harness.data_cost import seq_len_bound
+
+    seq_len = seq_len_bound(plan.max_seq_len)  # max_seq_len = 0 (sized to the data): its ceiling
+    need = hidden_state_bytes(samples["count"], seq_len, plan.saved_layers, hidden)
+    formula = f"{samples['count']} samples x {seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {_size(need)} at most"
     if plan.online:
-        per_row = hidden_state_bytes(1, plan.max_seq_len, plan.saved_layers, hidden)
+        per_row = hidden_state_bytes(1, seq_len, plan.saved_layers, hidden)
         return CheckResult(name, "ok", f"training online: no hidden states stored (offline they would need {formula}); at most one row's, "
                                        f"{_size(per_row)}, per dataloader process at once (train's summary reports the peak); {free}")
     message = f"hidden states need {formula}; {free}"

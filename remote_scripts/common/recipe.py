@@ -32,6 +32,18 @@ LONG_EPOCH_STEPS = 2000
 TAU_EVERY_STEPS = 1000
 
 
+# max_seq_len = 0: the longest row, rounded up to a multiple of SEQ_LEN_STEP, at most
+# AUTO_MAX_SEQ_LEN (a longer row is cut, and prepare says how many were): every reply whole where
+# the data allows, and no padding-sized limit where the rows are short.
+AUTO_MAX_SEQ_LEN = 4096
+SEQ_LEN_STEP = 64
+
+
+def sized_seq_len(longest_row: int) -> int:
+    """The sequence-length limit sized to the data (max_seq_len = 0)."""
+    return max(SEQ_LEN_STEP, min(AUTO_MAX_SEQ_LEN, -(-longest_row // SEQ_LEN_STEP) * SEQ_LEN_STEP))
+
+
 @dataclass(frozen=True)
 class DataSize:
     train_tokens: int  # tokens in the rows the trainer trains on (not the validation rows)
