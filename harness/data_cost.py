@@ -66,7 +66,7 @@ def data_cost(pipeline, stages: list[str], rows: int | None, hidden: int | None,
         return None
     given = 1
     if "regenerate" in stages:
-        value = pipeline.stages.get("regenerate", {}).get("replies_per_prompt", 0)
+        value = pipeline.stages.get("regenerate", {}).get("replies_per_prompt", 1)
         given = int(value) if isinstance(value, (int, str)) and str(value).isdigit() else 0
     per_prompt = (replies_per_prompt(given, rows, False), replies_per_prompt(given, rows, True))
     max_seq_len = pipeline.stages.get("prepare", {}).get("max_seq_len", pipeline.max_seq_len)  # a stage table's value wins, as on its command line

@@ -575,7 +575,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="the first reply's (0: greedy)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--replies-per-prompt", type=int, default=0,
+    # 1 by default until the data levers' study (bench/quality) shows more replies pay for their GPU time
+    p.add_argument("--replies-per-prompt", type=int, default=1,
                    help=f"replies written per prompt, the first at --temperature (greedy by default), the others sampled at --sample-temperature "
                         f"(0: auto, 1 on a CPU; on a GPU enough for ~{AUTO_TARGET_REPLIES} replies in all, at most {AUTO_MAX_PER_PROMPT} per prompt)")
     p.add_argument("--sample-temperature", type=float, default=1.0, help="the extra replies' temperature (reply r seeded --seed + r)")

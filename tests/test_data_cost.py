@@ -63,7 +63,7 @@ def test_each_lever_is_checked_and_changes_the_key_of_what_it_changes(project, t
         return {stage: k.key(stage) for stage in ("regenerate", "prepare", "extract")}
 
     base = recipes(config, ["regenerate"], 1, [], "r")["regenerate"]["flags"]
-    assert (base["replies_per_prompt"], base["loops"], base["sample_temperature"], base["turns"]) == (0, "keep", 1.0, "last")  # the script's defaults, recorded
+    assert (base["replies_per_prompt"], base["loops"], base["sample_temperature"], base["turns"]) == (1, "keep", 1.0, "last")  # the script's defaults, recorded
     before = keys()
     for setting in ("regenerate.replies_per_prompt=2", "regenerate.loops=drop", "regenerate.sample_temperature=0.7", "regenerate.turns=all",
                     "regenerate.max_new_tokens=1024"):
@@ -77,9 +77,11 @@ def test_each_lever_is_checked_and_changes_the_key_of_what_it_changes(project, t
 def test_the_dry_run_says_the_replies_tokens_and_hidden_state_bytes(project):
     from harness.run_start import DryRun, chain_cost
 
-    config = load_config(project / "harness.toml")
     facts = {"data_rows": 1000, "hidden_size": 64}
     chain = ["regenerate", "prepare", "extract", "train"]
+    default = chain_cost(load_config(project / "harness.toml"), chain, facts)
+    assert default.per_prompt == (1, 1)  # one reply a prompt unless asked
+    config = with_overrides(load_config(project / "harness.toml"), ["regenerate.replies_per_prompt=0"])
     cost = chain_cost(config, chain, facts)
     layers = cost.layers
     assert cost.per_prompt == (1, data_cost.AUTO_MAX_PER_PROMPT)  # auto: more replies on a GPU, the prompts being few

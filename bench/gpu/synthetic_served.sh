@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# bench/gpu/synthetic_served.py on one GPU: vLLM 0.26.0 carried as bench/gpu/served.sh carries it (the same .carry1-6),
+# then an 8B-shaped verifier with random weights served alone and with a draft at the acceptance serve_check measured.
+#   1-6. carry [".carryN"] (and ".carry-tok": tokenizer.json of SmolLM2)  bash bench/gpu/synthetic_served.sh
+# The last call (vLLM whole) runs the bench inside SYNTH_DEADLINE_S; its JSON comes back in $OUT.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
+OUT=${OUT:-/tmp/synthetic-out}
+stage=/tmp/carry-stage files=/tmp/carry-files
+mkdir -p "$stage" "$OUT" /tmp/tok
+for d in .carry*/; do [ -d "$d" ] && cp -r "$d" "$stage/"; done
+[ -d .carry-tok ] && cp .carry-tok/* /tmp/tok/
+python3 bench/gpu/vllm_carry.py unpack "$stage" --into "$files" | tail -1
+[ -f "$files/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl" ] || exit 0
+if [ ! -d /tmp/site-vllm/vllm ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target /tmp/site-vllm "$files"/*.whl
+fi
+export PYTHONPATH=/tmp/site-vllm
+nvidia-smi -L
+python3 bench/gpu/synthetic_served.py --tokenizer /tmp/tok --rates ${SYNTH_RATES:-0.549 0.343 0.221} \
+  --deadline-s "${SYNTH_DEADLINE_S:-400}" --out "$OUT/synthetic-served.json" ${SYNTH_ARGS:-} || rc=$?
+cp /tmp/synthetic-served/vllm-*.log "$OUT/" 2>/dev/null || true
+exit "${rc:-0}"
