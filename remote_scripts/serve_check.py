@@ -2,11 +2,12 @@
 
     python remote_scripts/serve_check.py --export EXPORT_DIR --data chat.jsonl --output OUT_DIR \
         [--evaluation EVAL_DIR] [--k K...] [--concurrency C...] [--repeats N] [--target-concurrency C] \
-        [--no-baseline] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
+        [--no-baseline] [--no-baseline-again] [--events FILE] [vllm serve flags: --max-model-len, --vllm-arg ...]
 
 evaluate measures tau with our own speculation loop; what a user gets is the draft as vLLM serves
-it, and a speedup that depends on both k and the load. This stage serves the verifier alone once
-(the baseline), then the export at each k (one server each; common/vllm_server.py, on a private
+it, and a speedup that depends on both k and the load. This stage serves the verifier alone (the
+baseline), then the export at each k, then the verifier alone again (two starts of one server differed by a third once
+on an H200: the speedup's spread must hold that, not only the rounds of one start) (one server each; common/vllm_server.py, on a private
 unix socket), and at each concurrency sends evaluate's held-out prompts in rounds (every prompt
 once, that many in flight), each cell repeated: output tokens/s, and vLLM's spec-decode counters
 before and after each round (common/spec_metrics.py). common/served_table.py reads the table: the
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None, help=f"default: evaluate's, else {DEFAULT_NEW_TOKENS}")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="also serve the verifier alone: tokens/s without the draft "
                    "(no speedup, no recommendation without it), replies compared")
+    p.add_argument("--baseline-again", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the verifier alone once more after the drafts: the speedup's spread holds the difference between two starts")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile or CUDA graphs: a faster start, slower tokens (tests, quick checks)")
     p.add_argument("--trust-remote-code", action="store_true", help="the tokenizer's and vLLM's (auto_map)")
@@ -207,11 +210,16 @@ def settled_counters(server: ServeOptions, before: SpecCounters, completion_toke
         time.sleep(0.2)
 
 
+def again_words(first: Served, again: Served, level: int) -> str:
+    mean = lambda served: statistics.mean(r.tokens_per_s for r in served.rounds[level])  # noqa: E731
+    return f"{mean(again):.1f} tokens/s at {level} ({mean(again) / mean(first) - 1:+.0%} against its first start)"
+
+
 def fill(table: Table, k: int | None, served: Served) -> None:
-    """The server's rounds into the table: the baseline's (k None) or k's cells."""
+    """The server's rounds into the table: the baseline's (k None: each start's rounds added) or k's cells."""
     for level, rounds in served.rounds.items():
         if k is None:
-            table.baseline[level] = [r.tokens_per_s for r in rounds]
+            table.baseline.setdefault(level, []).extend(r.tokens_per_s for r in rounds)
         else:
             cell = table.cell(k, level)
             cell.tokens_per_s = [r.tokens_per_s for r in rounds]
@@ -270,7 +278,8 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
     events.message(f"serving {export.directory} as the eagle3 draft of {export.verifier}: k {', '.join(map(str, ks))} at concurrency "
                    f"{', '.join(map(str, levels))}" + (f" ({', '.join(f'{c} dropped: {w}' for c, w in dropped.items())})" if dropped else "")
                    + f"; {len(prompts)} {split} prompts, up to {max_tokens} tokens each, {args.repeats} rounds a cell")
-    servers = len(ks) + (1 if args.baseline else 0)
+    starts = (2 if args.baseline_again else 1) if args.baseline else 0  # the verifier alone's
+    servers = len(ks) + starts
     events.message(cost_line(servers, levels, args.repeats, len(prompts), None) + " (and one more for a schedule of k, where one is recommended)")
 
     logs = Path(args.events).resolve().parent if args.events else out
@@ -286,6 +295,10 @@ def run(args: argparse.Namespace, events: EventLog) -> dict[str, Any]:
             if k == head_k:
                 headline_figures(served, levels[0], len(prompts))  # no draft round: the line says why, before the other k
             events.message(f"k={k}: " + ", ".join(cell_words(table, k, c) for c in levels))
+        if baseline and args.baseline_again:
+            again = serve_rounds(args, events, export, None, prompts, max_tokens, levels, logs / "vllm-verifier-again.log")
+            events.message("the verifier alone again: " + ", ".join(again_words(baseline, again, c) for c in levels))
+            fill(table, None, again)
         recommendation = None
         if baseline:
             data_parallel = int(vllm_arg_value(args.vllm_arg, "--data-parallel-size") or 1)

@@ -1,7 +1,7 @@
 """The k to deploy: a draft's served speedup at each k and concurrency, and what it recommends.
 
 serve_check.py fills a Table: output tokens/s of the verifier served alone at each concurrency
-(the baseline, one server), and with the draft at each k (one server per k), each cell repeated;
+(the baseline: the rounds of its one or two starts), and with the draft at each k (one server per k), each cell repeated;
 served tau from vLLM's counters in every draft cell. `recommend` reads it: at each concurrency the
 fastest k whose speedup stands above 1 by more than its spread (else none: the verifier alone
 is faster there, and that is a result), the `--speculative-config` for the concurrency the user
@@ -46,7 +46,7 @@ class Table:
     levels: list[int]  # concurrency levels, ascending
     repeats: int
     dropped: dict[str, str] = field(default_factory=dict)  # a level asked for and not measured -> why
-    baseline: dict[int, list[float]] = field(default_factory=dict)  # level -> tokens/s of each repeat, the verifier alone
+    baseline: dict[int, list[float]] = field(default_factory=dict)  # level -> tokens/s of each round of each start, the verifier alone
     cells: dict[tuple[int, int], Cell] = field(default_factory=dict)  # (k, level) -> Cell
 
     def cell(self, k: int, level: int) -> Cell:
