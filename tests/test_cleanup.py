@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.config import load_config
 from harness.host import Host
 from harness.transport import connect
@@ -122,3 +124,83 @@ def test_a_removal_cut_short_leaves_no_artifact_that_claims_to_be_complete(tmp_p
     assert removed[0] == f"{artifact}.json" and not Path(f"{artifact}.json").exists()
     again = harness(config, "run", "box", "prepare")
     assert again.returncode == 0 and "reused" not in again.stdout
+
+
+PRUNE_DOCKERFILE = """ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+COPY container/requirements.txt /opt/harness/
+COPY remote_scripts/ /opt/harness/remote_scripts/
+"""
+
+
+def image_ids(*refs: str) -> dict[str, str | None]:
+    out = {}
+    for ref in refs:
+        r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, timeout=60)
+        out[ref] = r.stdout.strip() if r.returncode == 0 else None
+    return out
+
+
+def layer_bytes(image: str) -> int:
+    """The bytes of `image`'s last layer, from the engine: its size less its nearest ancestor's
+    with fewer layers (the classic builder keeps an image per step)."""
+    def inspect(ref: str) -> tuple[int, int, str]:
+        r = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}} {{len .RootFS.Layers}} {{.Parent}}", ref], capture_output=True, text=True, timeout=60)
+        size, count, parent = (r.stdout.split() + [""])[:3]
+        return int(size), int(count), parent
+    size, count, parent = inspect(image)
+    while parent:
+        psize, pcount, parent_of_parent = inspect(parent)
+        if pcount < count:
+            return size - psize
+        parent = parent_of_parent
+    return size
+
+
+@pytest.mark.docker
+def test_gc_removes_the_old_image_tags_harness_built_and_nothing_else(tmp_path, docker_base_image):
+    """`harness gc` on a docker host: the project's image tags that no config, :latest or container
+    uses go (--dry-run: which, and the bytes the engine would free); an image of the same repository
+    that harness did not build, the current tag and one a container was made from stay."""
+    from harness.runtime.image import build
+    from harness.transport.local import LocalTransport
+    from tests.fixtures.docker_engine import container_table
+    from tests.fixtures.job_project import FAKE_STAGE, write_build_context
+
+    repo = f"harness-prune-{os.urandom(4).hex()}"
+    root = tmp_path / "project"
+    write_build_context(root)
+    (root / "container" / "Dockerfile.prune").write_text(PRUNE_DOCKERFILE)
+    (root / "container" / "requirements.txt").write_text(f"# {repo}\n")
+    config = write_project(root, tmp_path / "work", {}, host_table={"python": sys.executable, "runtime": "docker"},
+                           container=container_table(docker_base_image, image=repo, dockerfile="container/Dockerfile.prune"))
+    cfg = load_config(config)
+    transport = LocalTransport()
+    script = root / "remote_scripts" / "evaluate.py"
+    built = []
+    container = f"{repo}-user"
+    try:
+        for n in range(3):  # three script edits, three tags; the last is current and :latest
+            script.write_text(FAKE_STAGE + f"# {n} {os.urandom(64 * 1024).hex()}\n")  # 128 KiB: a layer with bytes to free
+            built.append(build(transport, load_config(config), cfg.host("box"), output=lambda _: None))
+        in_use, old, current = built
+        subprocess.run(["docker", "create", "--name", container, in_use.image_id, "true"], check=True, capture_output=True, timeout=60)
+        subprocess.run(["docker", "tag", docker_base_image, f"{repo}:not-ours"], check=True, timeout=60)  # no harness label
+
+        dry = harness(config, "gc", "box", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        plan = json.loads(dry.stdout)
+        assert [(i["ref"], i["image_id"]) for i in plan["images"]] == [(old.ref, old.image_id)]
+        assert plan["images"][0]["bytes"] == plan["image_bytes"] == layer_bytes(old.image_id) > 128 * 1024
+        assert image_ids(old.ref)[old.ref] == old.image_id  # a dry run removes nothing
+
+        r = harness(config, "gc", "box")
+        assert r.returncode == 0, r.stderr
+        assert f"removed image {old.ref} (" in r.stdout, r.stdout
+        left = image_ids(old.ref, in_use.ref, current.ref, f"{repo}:latest", f"{repo}:not-ours")
+        assert left[old.ref] is None
+        assert left[in_use.ref] == in_use.image_id and left[current.ref] == left[f"{repo}:latest"] == current.image_id
+        assert left[f"{repo}:not-ours"] is not None
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rmi", f"{repo}:not-ours", *[b.image_id for b in built]], capture_output=True, timeout=120)  # this test's own
