@@ -550,6 +550,8 @@ class Supervisor:
         code = int(out) if out.lstrip("-").isdigit() else 125
         if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, restarted)
             engine_went_away(state_path, "docker wait", said, certain=True)
+        elif code != 0 and not cancelled:
+            out_of_memory(name, code, state_path, log_file)  # read before the container (and its state) is removed
         # The stage's output is already in its log file; the container itself is not needed.
         subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return code, cancelled
@@ -566,6 +568,18 @@ def engine_went_away(state_path: str, step: str, said: bytes, certain: bool = Fa
     if lost or certain:
         why = (lost or lines or ["no answer"])[-1]
         update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is gone: run it again")
+
+
+def out_of_memory(name: str, code: int, state_path: str, log_file) -> None:
+    """A stage the kernel killed for memory: say so, not a bare exit 137 (a `docker kill` reads the
+    same code). Only the engine knows which: the container's State.OOMKilled."""
+    seen = subprocess.run(["docker", "inspect", "--format", "{{.State.OOMKilled}}", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL)
+    if seen.stdout.strip() == b"true":
+        said = (f"out of memory: the kernel killed the stage's container (exit {code}); "
+                "give the container more memory or the stage a smaller batch")
+        log_file.write(f"harness: {said}\n".encode())
+        update_json(state_path, error=said)
 
 
 def terminate_group(pgid: int, grace: float, exited) -> None:
