@@ -7,8 +7,8 @@ complete), never through a link, never outside the store and runs/; an artifact 
 every artifact of a stage a queued or running run names (its keys are known only when its stage
 starts), stay. `--dry-run` says what would go and the bytes it would free. Its answer is the
 box's: every value is checked here (harness.box_values). On a host whose stages run in the image,
-`gc` also removes the image tags harness built there that nothing uses any more
-(harness.runtime.prune).
+`gc` also removes the containers a crash left and the image tags harness built there that nothing
+uses any more (harness.runtime.prune).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from harness import box_values
 if TYPE_CHECKING:
     from harness.host import Host
     from harness.jobs import Jobs
-    from harness.runtime.prune import OldTag
+    from harness.runtime.prune import LeftContainer, OldTag
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Cleanup:
     kept_for_live_runs: int = 0  # of stages a queued or running run may read
     kept_busy: int = 0  # being made
     images: list["OldTag"] = field(default_factory=list)  # old image tags (gc on a docker host)
+    containers: list["LeftContainer"] = field(default_factory=list)  # containers a crash left (gc on a docker host)
 
     @classmethod
     def from_json(cls, host: str, data: Any) -> "Cleanup":
@@ -60,7 +61,8 @@ class Cleanup:
         return {"host": self.host, "dry_run": self.dry_run, "runs": self.runs, "bytes": self.bytes,
                 "artifacts": [{"stage": a.stage, "key": a.key, "bytes": a.bytes, "complete": a.complete} for a in self.artifacts],
                 "kept": self.kept, "kept_for_live_runs": self.kept_for_live_runs, "kept_busy": self.kept_busy,
-                "images": [{"ref": t.ref, "image_id": t.image_id, "bytes": t.bytes} for t in self.images], "image_bytes": self.image_bytes}
+                "images": [{"ref": t.ref, "image_id": t.image_id, "bytes": t.bytes} for t in self.images], "image_bytes": self.image_bytes,
+                "containers": [{"id": c.container_id, "name": c.name, "why": c.why} for c in self.containers]}
 
     @property
     def image_bytes(self) -> int:
@@ -74,11 +76,15 @@ def collect(jobs: "Jobs", remove: list[str], dry_run: bool) -> Cleanup:
 
 
 def collect_all(host: "Host", dry_run: bool) -> Cleanup:
-    """`harness gc`: the artifacts no run needs, and on a docker host the old image tags."""
+    """`harness gc`: the artifacts no run needs, and on a docker host the containers a crash left
+    and the old image tags."""
     outcome = collect(host.runs, [], dry_run)
     if host.uses_image:
         from harness.runtime import prune
 
-        tags = prune.old_tags(host.transport, host.config, host.cfg)
+        live = {r.run_id for rs in host.runs.listing().runs.values() for r in rs if r.state in ("queued", "running")}
+        left = prune.left_containers(host.transport, host.runtime.workdir, live)
+        outcome.containers = left if dry_run else prune.remove_containers(host.transport, left)
+        tags = prune.old_tags(host.transport, host.config, host.cfg)  # after the containers: an image one held is free now
         outcome.images = tags if dry_run else prune.remove(host.transport, tags)
     return outcome

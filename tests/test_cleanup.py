@@ -204,3 +204,62 @@ def test_gc_removes_the_old_image_tags_harness_built_and_nothing_else(tmp_path, 
     finally:
         subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
         subprocess.run(["docker", "rmi", f"{repo}:not-ours", *[b.image_id for b in built]], capture_output=True, timeout=120)  # this test's own
+
+
+@pytest.mark.docker
+def test_gc_removes_the_containers_a_crash_left_and_no_live_one(tmp_path, harness_test_image, docker_base_image):
+    """A crash of everything on the box's side under `harness exec` (kill -9 of its client, the
+    watcher beside it and harness) leaves the container running; `harness gc` finds it by its
+    labels (the workdir, its client's pid, now gone), lists it on a dry run and removes it. A
+    running run's stage container stays."""
+    import signal
+
+    from tests.fixtures.docker_engine import container_table
+
+    from tests.fixtures.job_project import write_build_context
+
+    workdir = tmp_path / "work"
+    repo = f"harness-left-{os.urandom(4).hex()}"  # gc prunes its tags: an image of this test's own
+    write_build_context(tmp_path / "project")
+    config = write_project(tmp_path / "project", workdir, {"prepare": {"lines": 1, "until_file": str(workdir / "go")}},
+                           host_table={"python": sys.executable, "runtime": "docker"}, container=container_table(docker_base_image, image=repo))
+    built = harness(config, "build", "box")
+    assert built.returncode == 0, built.stderr
+    started = harness(config, "run", "box", "prepare", "--detach")  # runs until the test is done
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    deadline = time.monotonic() + DEADLINE_S
+    while not subprocess.run(["docker", "ps", "-q", "--filter", f"label=harness.run={run_id}"], capture_output=True, text=True, timeout=60).stdout.strip():
+        assert time.monotonic() < deadline, "the run's stage container never ran"
+        time.sleep(0.2)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "sh", "-c", "echo started; exec sleep 300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == b"started\n", proc.stderr.read1()
+        os.killpg(proc.pid, signal.SIGKILL)  # harness, the shell, the watcher and the docker client at once
+        proc.wait(timeout=30)
+        listed = subprocess.run(["docker", "ps", "--filter", f"label=harness.workdir={workdir}", "--format", '{{.Names}} {{.Label "harness.client"}} {{.Label "harness.run"}}'],
+                                capture_output=True, text=True, timeout=60).stdout.splitlines()
+        left = [line.split()[0] for line in listed if not line.split()[-1].startswith(run_id[:4]) and len(line.split()) == 2]
+        assert len(left) == 1 and len(listed) == 2, listed  # the exec's, running on; and the run's stage
+        dry = harness(config, "gc", "box", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        plan = json.loads(dry.stdout)["containers"]
+        assert [c["name"] for c in plan] == left and "client" in plan[0]["why"] and "is gone" in plan[0]["why"]
+        r = harness(config, "gc", "box")
+        assert r.returncode == 0 and f"removed container {left[0]}: its command's client" in r.stdout, r.stdout + r.stderr
+        after = subprocess.run(["docker", "ps", "-a", "--filter", f"label=harness.workdir={workdir}", "--format", "{{.Names}}"],
+                               capture_output=True, text=True, timeout=60).stdout.split()
+        assert after == [f"harness-{run_id}-prepare"]  # the live run's container stays
+    finally:
+        (workdir / "go").touch()
+        ids = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=harness.workdir={workdir}", "--filter", "label=harness.client"],
+                             capture_output=True, text=True, timeout=60).stdout.split()
+        if ids:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["docker", "ps", "-aq", "--filter", f"label=harness.workdir={workdir}"], capture_output=True, text=True, timeout=60).stdout.strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.3)  # the run ends (its go file), its container goes
+        subprocess.run(["docker", "rmi", "-f", built.stdout.strip()], capture_output=True, timeout=60)  # this test's own image

@@ -369,6 +369,8 @@ def print_cleanup(outcome) -> None:
         kept.append(f"{outcome.kept_for_live_runs} of stages a queued or running run may read")
     if outcome.kept_busy:
         kept.append(f"{outcome.kept_busy} being made")
+    for c in outcome.containers:
+        click.echo(f"{verb} container {c.name}: {c.why}")
     for t in outcome.images:
         click.echo(f"{verb} image {t.ref} ({human_bytes(t.bytes)}): harness built it and nothing uses it")
     click.echo(f"kept {', '.join(kept)}")

@@ -1,5 +1,10 @@
-"""What harness built on a host's engine that nothing uses any more: `harness gc HOST`'s part on the
-engine (harness.cleanup is its part in the workdir).
+"""What harness left on a host's engine that nothing uses any more: `harness gc HOST`'s part on the
+engine (harness.cleanup is its part in the workdir): containers a crash left, and old image tags.
+
+A container a crash left: one labelled with this host's workdir (every container harness starts
+is) whose command is gone: a foreground one (exec, shell, a server: label harness.client, the pid
+of its client's shell on the host) whose client no longer runs, or a stage's (label harness.run)
+whose run is neither queued nor running (its supervisor removes it otherwise).
 
 An old tag is one of the configured image's repository that harness built (it carries the
 `harness.content-hash` label every build puts on), other than the tag the configuration builds
@@ -93,6 +98,49 @@ def remove(transport: "Transport", tags: list[OldTag]) -> list[OldTag]:
     transport.run(["docker", "rmi", *refs])  # one refused leaves the others going
     still = set(transport.run(["sh", "-c", _STILL_THERE, "sh", *refs]).text.split())
     return [t for t in tags if t.ref not in still]
+
+
+@dataclass(frozen=True)
+class LeftContainer:
+    container_id: str
+    name: str
+    why: str  # what shows its command is gone
+
+
+# Every container labelled with the workdir ($1): id, name, client pid, run, and whether that
+# client pid still runs on the host
+_CONTAINERS = ('docker ps -a --no-trunc --filter "label=harness.workdir=$1" '
+               '--format "{{.ID}} {{.Names}} {{.Label \\"harness.client\\"}}- {{.Label \\"harness.run\\"}}-" | '
+               'while read -r id name client run; do c=${client%-}; a=-; '
+               'case $c in ""|*[!0-9]*) ;; *) ps -p "$c" >/dev/null 2>&1 && a=alive || a=gone;; esac; echo "$id $name $c- $run $a"; done')
+
+
+def left_containers(transport: "Transport", workdir: str, live_runs: set[str]) -> list[LeftContainer]:
+    """The containers labelled with `workdir` whose command is gone (`live_runs`: the runs
+    queued or running there, whose stage containers stay)."""
+    result = transport.run(["sh", "-c", _CONTAINERS, "sh", workdir])
+    if result.exit_code != 0:
+        raise RemoteCommandError("docker ps", result.exit_code, result.stderr.decode("utf-8", "replace").strip())
+    left = []
+    for line in result.text.splitlines():
+        words = line.split()
+        if len(words) != 5 or not re.fullmatch(r"[0-9a-f]{64}", words[0]):
+            continue
+        cid, name, client, run, alive = words[0], words[1], words[2].removesuffix("-"), words[3].removesuffix("-"), words[4]
+        if client and alive == "gone":
+            left.append(LeftContainer(cid, name, f"its command's client (pid {client} on the host) is gone"))
+        elif run and not client and run not in live_runs:
+            left.append(LeftContainer(cid, name, f"its run {run} is neither queued nor running"))
+    return left
+
+
+def remove_containers(transport: "Transport", containers: list[LeftContainer]) -> list[LeftContainer]:
+    """`docker rm -f` each (a running one is killed: its command is gone); returns the ones removed."""
+    if not containers:
+        return []
+    transport.run(["docker", "rm", "-f", *[c.container_id for c in containers]])
+    still = set(transport.run(["docker", "ps", "-aq", "--no-trunc", *[a for c in containers for a in ("--filter", f"id={c.container_id}")]]).text.split())
+    return [c for c in containers if c.container_id not in still]
 
 
 def _freed_bytes(images: dict[str, dict[str, Any]], removed_refs: set[str], ids: list[str]) -> list[int]:
