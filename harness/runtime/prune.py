@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harness.config import Config, HostConfig
-from harness.errors import RemoteCommandError
+from harness.errors import RemoteCommandError, UsageError
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -61,7 +61,10 @@ def old_tags(transport: "Transport", config: Config, host: HostConfig) -> list[O
     from harness.runtime.image import current_inputs, current_ref, image_ref
 
     repo = host.container.image
-    keep = {image_ref(host.container, current_inputs(transport, config, host).content_hash)}
+    try:
+        keep = {image_ref(host.container, current_inputs(transport, config, host).content_hash)}
+    except UsageError:  # no build context here (no container/): the current tag is unknown, so none is old
+        return []
     for other in config.hosts.values():  # another host of the config with the same image: its current tag too
         if other.name != host.name and other.uses_image and other.container.image == repo:
             try:
