@@ -196,6 +196,52 @@ def test_ctrl_c_stops_the_build_on_the_box(tmp_path, ssh_host, box_user, docker_
     assert f"harness-stop-{token}" not in ps.stdout  # no docker build client left on the box
 
 
+@pytest.mark.docker
+@pytest.mark.ssh
+def test_ctrl_c_stops_a_groups_builds_on_each_host(tmp_path, ssh_host, docker_base_image):
+    """`harness build GROUP`: one build per host, each in a thread; Ctrl-C in the main thread ends
+    each host's docker build, not only the command."""
+    import signal
+
+    from tests.fixtures.job_project import toml_value
+
+    token = os.urandom(6).hex()
+    root = tmp_path / "project"
+    write_build_context(root)
+    (root / "container" / "Dockerfile.slow").write_text(f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nRUN echo slow-{token} && sleep 300\n")
+    lines = []
+    for name in ("a", "b"):
+        lines += [f"[hosts.{name}]", f"ssh = {toml_value(ssh_host.alias)}", f"workdir = {toml_value(str(tmp_path / 'work' / name))}", 'runtime = "docker"',
+                  "connect_timeout = 5", f"[hosts.{name}.container]"]
+        table = container_table(docker_base_image, image=f"harness-stop-{token}-{name}", dockerfile="container/Dockerfile.slow")
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    lines += ["[groups.pair]", 'hosts = ["a", "b"]', "rdzv_port = 0"]
+    config = root / "harness.toml"
+    config.write_text("\n".join(lines) + "\n")
+
+    def step_containers() -> list[str]:
+        r = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}"], capture_output=True, text=True, timeout=60)
+        return [line for line in r.stdout.splitlines() if f"slow-{token}" in line]
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "build", "pair"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ssh_host.env())
+    try:
+        deadline = time.monotonic() + 120
+        while len(step_containers()) < 2:  # both hosts' slow steps run on the engine
+            assert time.monotonic() < deadline and proc.poll() is None, "the slow steps never ran"
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.decode()
+    assert proc.returncode == 130 and text.strip().splitlines()[-1] == "harness: the build on pair stopped: its docker build ended there", text
+    deadline = time.monotonic() + 30
+    while step_containers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert step_containers() == []
+
+
 class Recording(LocalTransport):
     """This machine, with every command line the build starts written down."""
 

@@ -230,9 +230,12 @@ def build(
     output: Callable[[bytes], None],
     force: bool = False,
     dry_run: bool = False,
+    running: dict[str, str] | None = None,
 ) -> BuildResult:
     """Build the image on the host unless an image with the same content hash exists (dry_run:
-    only say whether it would be built; nothing is tagged or built)."""
+    only say whether it would be built; nothing is tagged or built). `running`: the build's
+    docker client pid on the host goes in under the host's name while it runs (a group's build
+    stops each by it: stop_build)."""
     c = host.container
     refuse_secret_build_args(config, host)
     inputs = current_inputs(transport, config, host)
@@ -263,13 +266,14 @@ def build(
     # the values travel over stdin ahead of the context (transport/remote_shell.py), never on a
     # command line (`ps` on either side)
     env = {**inputs.build_args, "DOCKER_BUILDKIT": "0"}
-    pid = _PidLine(output)
+    pid = _PidLine(output, lambda p: running.__setitem__(host.name, p) if running is not None else None)
     try:
         result = transport.run(["sh", "-c", _SAY_PID_AND_EXEC, "sh", *argv], env=env, stdin=inputs.context_tar(), stdout=pid.feed, stderr=output)
     except KeyboardInterrupt:
-        if pid.pid:
-            transport.run(["sh", "-c", _STOP_BUILD, "sh", pid.pid])
-        raise BuildStopped(host.name, bool(pid.pid)) from None
+        raise BuildStopped(host.name, bool(pid.pid) and stop_build(transport, pid.pid)) from None
+    finally:
+        if running is not None:
+            running.pop(host.name, None)
     pid.flush()
     if result.exit_code != 0:
         raise RemoteCommandError("docker build", result.exit_code, "see the build output above")
@@ -277,6 +281,12 @@ def build(
     if not built_id:
         raise RemoteCommandError("docker build", 1, f"{ref} missing after a successful build")
     return BuildResult(ref, built_id, built=True)
+
+
+def stop_build(transport: "Transport", pid: str) -> bool:
+    """End the build whose docker client has `pid` on the host (Ctrl-C): the engine cancels it."""
+    transport.run(["sh", "-c", _STOP_BUILD, "sh", pid])
+    return True
 
 
 class BuildStopped(KeyboardInterrupt):
@@ -292,8 +302,9 @@ class BuildStopped(KeyboardInterrupt):
 class _PidLine:
     """The build's stdout, its first line (the docker client's pid on the host) taken off."""
 
-    def __init__(self, output: Callable[[bytes], None]):
+    def __init__(self, output: Callable[[bytes], None], said: Callable[[str], None] = lambda _pid: None):
         self.output = output
+        self.said = said
         self.pid = ""
         self._head: bytes | None = b""  # None once the first line is read
 
@@ -309,6 +320,7 @@ class _PidLine:
         text = line.decode("ascii", "replace")
         if text.startswith(BUILD_PID) and text[len(BUILD_PID):].isdigit():
             self.pid = text[len(BUILD_PID):]
+            self.said(self.pid)
         else:
             rest = line + nl + rest
         if rest:
