@@ -86,5 +86,5 @@ def collect_all(host: "Host", dry_run: bool) -> Cleanup:
         left = prune.left_containers(host.transport, host.runtime.workdir, live)
         outcome.containers = left if dry_run else prune.remove_containers(host.transport, left)
         tags = prune.old_tags(host.transport, host.config, host.cfg)  # after the containers: an image one held is free now
-        outcome.images = tags if dry_run else prune.remove(host.transport, tags)
+        outcome.images = tags if dry_run else prune.remove_tags(host.transport, tags)
     return outcome

@@ -216,6 +216,7 @@ def test_gc_removes_the_containers_a_crash_left_and_no_live_one(tmp_path, harnes
 
     from tests.fixtures.docker_engine import container_table
 
+    from harness.runtime import prune
     from tests.fixtures.job_project import write_build_context
 
     workdir = tmp_path / "work"
@@ -241,11 +242,11 @@ def test_gc_removes_the_containers_a_crash_left_and_no_live_one(tmp_path, harnes
         listed = subprocess.run(["docker", "ps", "--filter", f"label=harness.workdir={workdir}", "--format", '{{.Names}} {{.Label "harness.client"}} {{.Label "harness.run"}}'],
                                 capture_output=True, text=True, timeout=60).stdout.splitlines()
         left = [line.split()[0] for line in listed if not line.split()[-1].startswith(run_id[:4]) and len(line.split()) == 2]
-        assert len(left) == 1 and len(listed) == 2, listed  # the exec's, running on; and the run's stage
+        assert len(left) == 1 and len(listed) == 2, (listed, subprocess.run(["docker", "ps", "-a", "--filter", f"label=harness.workdir={workdir}", "--format", "{{.Names}} {{.Status}}"], capture_output=True, text=True).stdout, proc.stderr.read())  # the exec's, running on; and the run's stage
         dry = harness(config, "gc", "box", "--dry-run", "--json")
         assert dry.returncode == 0, dry.stderr
         plan = json.loads(dry.stdout)["containers"]
-        assert [c["name"] for c in plan] == left and "client" in plan[0]["why"] and "is gone" in plan[0]["why"]
+        assert [c["name"] for c in plan] == left and "client" in plan[0]["why"] and "is gone" in plan[0]["why"], (dry.stdout, subprocess.run(["sh", "-c", prune._CONTAINERS, "sh", str(workdir)], capture_output=True, text=True).stdout)
         r = harness(config, "gc", "box")
         assert r.returncode == 0 and f"removed container {left[0]}: its command's client" in r.stdout, r.stdout + r.stderr
         after = subprocess.run(["docker", "ps", "-a", "--filter", f"label=harness.workdir={workdir}", "--format", "{{.Names}}"],

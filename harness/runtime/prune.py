@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")  # docker's tag grammar: the box's answer is checked
 _ID = re.compile(r"sha256:[0-9a-f]{64}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}")  # a container's name, a run id
 BUILT_LABEL = "harness.content-hash"  # every build of harness.runtime.image carries it
 
 # One round trip: the repository's tags harness built, the image :latest names, the images
@@ -69,7 +70,7 @@ def old_tags(transport: "Transport", config: Config, host: HostConfig) -> list[O
         if other.name != host.name and other.uses_image and other.container.image == repo:
             try:
                 keep.add(image_ref(other.container, current_inputs(transport, config, other).content_hash))
-            except Exception:  # e.g. its CA bundle is not on this box: not this box's image
+            except (UsageError, OSError):  # e.g. its CA bundle is not on this box: not this box's image
                 pass
     result = transport.run(["sh", "-c", _SURVEY, "sh", repo, current_ref(host.container), BUILT_LABEL])
     if result.exit_code != 0:
@@ -92,7 +93,7 @@ def old_tags(transport: "Transport", config: Config, host: HostConfig) -> list[O
     return [OldTag(ref, iid, freed) for (ref, iid), freed in zip(stale, _freed_bytes(images, {r for r, _ in stale}, [i for _, i in stale]))]
 
 
-def remove(transport: "Transport", tags: list[OldTag]) -> list[OldTag]:
+def remove_tags(transport: "Transport", tags: list[OldTag]) -> list[OldTag]:
     """`docker rmi` each tag (no force: the engine keeps an image a container was made from since);
     returns the ones removed."""
     if not tags:
@@ -111,11 +112,11 @@ class LeftContainer:
 
 
 # Every container labelled with the workdir ($1): id, name, client pid, run, and whether that
-# client pid still runs on the host
+# client pid still runs on the host (a zombie no parent reaped yet does not)
 _CONTAINERS = ('docker ps -a --no-trunc --filter "label=harness.workdir=$1" '
                '--format "{{.ID}} {{.Names}} {{.Label \\"harness.client\\"}}- {{.Label \\"harness.run\\"}}-" | '
                'while read -r id name client run; do c=${client%-}; a=-; '
-               'case $c in ""|*[!0-9]*) ;; *) ps -p "$c" >/dev/null 2>&1 && a=alive || a=gone;; esac; echo "$id $name $c- $run $a"; done')
+               'case $c in ""|*[!0-9]*) ;; *) case $(ps -o stat= -p "$c" 2>/dev/null) in ""|Z*) a=gone;; *) a=alive;; esac;; esac; echo "$id $name $c- $run $a"; done')
 
 
 def left_containers(transport: "Transport", workdir: str, live_runs: set[str]) -> list[LeftContainer]:
@@ -130,6 +131,8 @@ def left_containers(transport: "Transport", workdir: str, live_runs: set[str]) -
         if len(words) != 5 or not re.fullmatch(r"[0-9a-f]{64}", words[0]):
             continue
         cid, name, client, run, alive = words[0], words[1], words[2].removesuffix("-"), words[3].removesuffix("-"), words[4]
+        if not _NAME.fullmatch(name) or not (run == "" or _NAME.fullmatch(run)):
+            continue  # not what harness names (the box's answer is checked)
         if client and alive == "gone":
             left.append(LeftContainer(cid, name, f"its command's client (pid {client} on the host) is gone"))
         elif run and not client and run not in live_runs:
