@@ -203,7 +203,8 @@ def test_gc_removes_the_old_image_tags_harness_built_and_nothing_else(tmp_path, 
         assert left[f"{repo}:not-ours"] is not None
     finally:
         subprocess.run(["docker", "rm", "-f", container], capture_output=True, timeout=60)
-        subprocess.run(["docker", "rmi", f"{repo}:not-ours", *[b.image_id for b in built]], capture_output=True, timeout=120)  # this test's own
+        subprocess.run(["docker", "rmi", f"{repo}:not-ours"], capture_output=True, timeout=60)  # a tag of the base: only the tag goes
+        subprocess.run(["docker", "rmi", "-f", *[b.image_id for b in built]], capture_output=True, timeout=120)  # this test's own images, each under two tags
 
 
 @pytest.mark.docker
