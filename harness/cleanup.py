@@ -6,7 +6,9 @@ made, reused or read, record first (a removal cut short leaves nothing that clai
 complete), never through a link, never outside the store and runs/; an artifact being made, and
 every artifact of a stage a queued or running run names (its keys are known only when its stage
 starts), stay. `--dry-run` says what would go and the bytes it would free. Its answer is the
-box's: every value is checked here (harness.box_values).
+box's: every value is checked here (harness.box_values). On a host whose stages run in the image,
+`gc` also removes the containers a crash left and the image tags harness built there that nothing
+uses any more (harness.runtime.prune).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from harness import box_values
 
 if TYPE_CHECKING:
+    from harness.host import Host
     from harness.jobs import Jobs
+    from harness.runtime.prune import LeftContainer, OldTag
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,8 @@ class Cleanup:
     kept: int = 0  # artifacts a kept run names
     kept_for_live_runs: int = 0  # of stages a queued or running run may read
     kept_busy: int = 0  # being made
+    images: list["OldTag"] = field(default_factory=list)  # old image tags (gc on a docker host)
+    containers: list["LeftContainer"] = field(default_factory=list)  # containers a crash left (gc on a docker host)
 
     @classmethod
     def from_json(cls, host: str, data: Any) -> "Cleanup":
@@ -54,10 +60,31 @@ class Cleanup:
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "dry_run": self.dry_run, "runs": self.runs, "bytes": self.bytes,
                 "artifacts": [{"stage": a.stage, "key": a.key, "bytes": a.bytes, "complete": a.complete} for a in self.artifacts],
-                "kept": self.kept, "kept_for_live_runs": self.kept_for_live_runs, "kept_busy": self.kept_busy}
+                "kept": self.kept, "kept_for_live_runs": self.kept_for_live_runs, "kept_busy": self.kept_busy,
+                "images": [{"ref": t.ref, "image_id": t.image_id, "bytes": t.bytes} for t in self.images], "image_bytes": self.image_bytes,
+                "containers": [{"id": c.container_id, "name": c.name, "why": c.why} for c in self.containers]}
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(t.bytes for t in self.images)
 
 
 def collect(jobs: "Jobs", remove: list[str], dry_run: bool) -> Cleanup:
     """Remove `remove` (run names as the user gives them: harness.runs.pick_run) and every
     artifact no kept run needs; `dry_run`: only say what would go."""
     return Cleanup.from_json(jobs.name, jobs.collect(remove, dry_run))
+
+
+def collect_all(host: "Host", dry_run: bool) -> Cleanup:
+    """`harness gc`: the artifacts no run needs, and on a docker host the containers a crash left
+    and the old image tags."""
+    outcome = collect(host.runs, [], dry_run)
+    if host.uses_image:
+        from harness.runtime import prune
+
+        live = {r.run_id for rs in host.runs.listing().runs.values() for r in rs if r.state in ("queued", "running")}
+        left = prune.left_containers(host.transport, host.runtime.workdir, live)
+        outcome.containers = left if dry_run else prune.remove_containers(host.transport, left)
+        tags = prune.old_tags(host.transport, host.config, host.cfg)  # after the containers: an image one held is free now
+        outcome.images = tags if dry_run else prune.remove_tags(host.transport, tags)
+    return outcome

@@ -171,15 +171,22 @@ class Group:
         names = [h.name for h in self.hosts]
         transports = open_all(self.transport_for, names)
         write = prefixed_sink(output)
+        running: dict[str, str] = {}  # host -> its build's docker client pid there
 
         def one(h: str):
             out = LinePrefixer(h, write)
             try:
-                return build_image(transports[h], self.config, self.config.host(h), output=out.feed, force=force, dry_run=dry_run)
+                return build_image(transports[h], self.config, self.config.host(h), output=out.feed, force=force, dry_run=dry_run, running=running)
             finally:
                 out.flush()
 
-        outcome = parallel(names, one)
+        try:
+            outcome = parallel(names, one)
+        except KeyboardInterrupt:  # Ctrl-C: each host's build ends there too
+            from harness.runtime.image import BuildStopped, stop_build
+
+            stopped = [h for h, pid in list(running.items()) if stop_build(transports[h], pid)]
+            raise BuildStopped(self.name, bool(stopped)) from None
         return BuildOutcome(self.name, names, {h: r for h, r, e in outcome if e is None}, {h: str(e) for h, _, e in outcome if e is not None}, group=True)
 
     def doctor(self) -> "GroupDiagnosis":

@@ -92,6 +92,156 @@ def test_unchanged_image_is_not_rebuilt_and_a_change_is(tmp_path, docker_base_im
     subprocess.run(["docker", "rmi", "-f", second], capture_output=True, timeout=60)  # one-off image
 
 
+CACHE_TEST_DOCKERFILE = """ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+ARG VARIANT=a
+COPY container/requirements.txt /opt/harness/
+RUN echo "$VARIANT $(cat /proc/sys/kernel/random/uuid)" > /opt/harness/expensive
+COPY remote_scripts/ /opt/harness/remote_scripts/
+"""
+
+
+def layers(ref: str) -> list[str]:
+    r = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", ref], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.mark.docker
+def test_a_script_edit_reuses_the_expensive_layer_after_another_build_of_the_dockerfile(tmp_path, docker_base_image):
+    """The classic builder takes the NEWEST image with an identical step: after a --no-cache build
+    of the same Dockerfile with other args (the suite's INSTALL_ML=0 next to the ML image), a
+    script edit re-ran the expensive step (the pip layer). Each build now names its cache
+    (--cache-from the last image built from the same container/): only the layers after the
+    scripts' COPY are made again. The expensive step writes a fresh uuid, so a re-run shows."""
+    unique = os.urandom(8).hex()  # a COPY layer of this test's own: images persist across sessions
+    configs = {}
+    for variant in ("a", "b"):
+        root = tmp_path / variant
+        write_build_context(root)
+        (root / "container" / "requirements.txt").write_text(f"# {unique}\n")
+        (root / "container" / "Dockerfile.cache").write_text(CACHE_TEST_DOCKERFILE)
+        path = write_project(root, root / "work", {}, host_table={"runtime": "docker"},
+                             container=container_table(docker_base_image, image="harness-cache-test", dockerfile="container/Dockerfile.cache", build_args={"VARIANT": variant}))
+        configs[variant] = load_config(path)
+    transport = LocalTransport()
+    made: list[str] = []
+    try:
+        first = build(transport, configs["a"], configs["a"].host("box"), output=lambda _: None)
+        made.append(first.image_id)
+        # another build of the same Dockerfile in between, from scratch: a newer twin of every step before the args differ
+        other = build(transport, configs["b"], configs["b"].host("box"), output=lambda _: None, force=True)
+        made.append(other.image_id)
+        (tmp_path / "a" / "remote_scripts" / "evaluate.py").write_text(FAKE_STAGE + "# edited\n")
+        out: list[bytes] = []
+        again = build(transport, configs["a"], configs["a"].host("box"), output=out.append)
+        made.append(again.image_id)
+        assert again.built and again.image_id != first.image_id
+        before, after = layers(first.image_id), layers(again.image_id)
+        assert len(after) == len(before) and after[:-1] == before[:-1], b"".join(out).decode()[-2000:]  # the expensive layer reused
+        assert after[-1] != before[-1]  # the scripts' layer made again
+        assert layers(other.image_id)[-2] != before[-2]  # the other build's expensive layer is its own
+    finally:
+        subprocess.run(["docker", "rmi", "-f", *made], capture_output=True, timeout=120)  # this test's images only
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+def test_ctrl_c_stops_the_build_on_the_box(tmp_path, ssh_host, box_user, docker_base_image):
+    """Before: Ctrl-C hung up the ssh session and said "aborted", while `docker build` went on on
+    the box (nothing signals a command without a terminal; it would see its closed pipe only when
+    it next printed). Now the build's docker client on the box is ended, which cancels the build
+    on the engine, its step's container included, and the command says so in one line."""
+    import pwd
+    import queue
+    import signal
+    import threading
+
+    token = os.urandom(6).hex()
+    root = tmp_path / "project"
+    write_build_context(root)
+    (root / "container" / "Dockerfile.slow").write_text(f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nRUN echo slow-{token} && sleep 300\n")
+    workdir = Path(pwd.getpwnam(box_user.name).pw_dir) / f"harness-{tmp_path.name}"
+    config = write_project(root, workdir, {}, host_table={"local": False, "ssh": f"{box_user.name}@{ssh_host.alias}", "connect_timeout": 5, "runtime": "docker"},
+                           container=container_table(docker_base_image, image=f"harness-stop-{token}", dockerfile="container/Dockerfile.slow"))
+
+    def step_containers() -> list[str]:  # the slow step's container on the engine, running or not
+        r = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}"], capture_output=True, text=True, timeout=60)
+        return [line for line in r.stdout.splitlines() if f"slow-{token}" in line]
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "build", "box"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ssh_host.env())
+    lines: queue.Queue[bytes] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in iter(proc.stderr.readline, b"")], daemon=True).start()
+    said = []
+    try:
+        deadline = time.monotonic() + 120
+        while f"slow-{token}\n".encode() not in said:  # the step's own output: it runs on the engine
+            said.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+        assert step_containers(), "the slow step runs in no container"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    while not lines.empty():
+        said.append(lines.get())
+    text = b"".join(said).decode()
+    assert proc.returncode == 130, text
+    assert text.strip().splitlines()[-1] == "harness: the build on box stopped: its docker build ended there", text
+    deadline = time.monotonic() + 30
+    while step_containers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert step_containers() == []  # the engine cancelled the build and removed its step's container
+    ps = subprocess.run(["ps", "-u", box_user.name, "-o", "args="], capture_output=True, text=True, timeout=30)
+    assert f"harness-stop-{token}" not in ps.stdout  # no docker build client left on the box
+
+
+@pytest.mark.docker
+@pytest.mark.ssh
+def test_ctrl_c_stops_a_groups_builds_on_each_host(tmp_path, ssh_host, docker_base_image):
+    """`harness build GROUP`: one build per host, each in a thread; Ctrl-C in the main thread ends
+    each host's docker build, not only the command."""
+    import signal
+
+    from tests.fixtures.job_project import toml_value
+
+    token = os.urandom(6).hex()
+    root = tmp_path / "project"
+    write_build_context(root)
+    (root / "container" / "Dockerfile.slow").write_text(f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}}\nRUN echo slow-{token} && sleep 300\n")
+    lines = []
+    for name in ("a", "b"):
+        lines += [f"[hosts.{name}]", f"ssh = {toml_value(ssh_host.alias)}", f"workdir = {toml_value(str(tmp_path / 'work' / name))}", 'runtime = "docker"',
+                  "connect_timeout = 5", f"[hosts.{name}.container]"]
+        table = container_table(docker_base_image, image=f"harness-stop-{token}-{name}", dockerfile="container/Dockerfile.slow")
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    lines += ["[groups.pair]", 'hosts = ["a", "b"]', "rdzv_port = 0"]
+    config = root / "harness.toml"
+    config.write_text("\n".join(lines) + "\n")
+
+    def step_containers() -> list[str]:
+        r = subprocess.run(["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}"], capture_output=True, text=True, timeout=60)
+        return [line for line in r.stdout.splitlines() if f"slow-{token}" in line]
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "build", "pair"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ssh_host.env())
+    try:
+        deadline = time.monotonic() + 120
+        while len(step_containers()) < 2:  # both hosts' slow steps run on the engine
+            assert time.monotonic() < deadline and proc.poll() is None, "the slow steps never ran"
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.decode()
+    assert proc.returncode == 130 and text.strip().splitlines()[-1] == "harness: the build on pair stopped: its docker build ended there", text
+    deadline = time.monotonic() + 30
+    while step_containers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert step_containers() == []
+
+
 class Recording(LocalTransport):
     """This machine, with every command line the build starts written down."""
 

@@ -642,9 +642,107 @@ def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_p
         stage = json.loads(status.stdout)["stages"][0]
         assert state == "failed" and stage["state"] == "failed", status.stdout
         # Which docker command loses the engine depends on when it dies: as the container starts or after.
-        assert re.match(r"the Docker engine went away under the stage \(docker (start|wait): .+\); its container is gone: run it again$",
+        # After docker wait lost it, the supervisor waited for the engine: back, the container had ended (or its
+        # processes were gone before it answered)
+        assert re.match(r"the Docker engine went away under the stage \((docker start: .+\); its container is gone: run it again"
+                        r"|docker wait: .+\)( and came back; its container had ended \(exit \d+\): run it again"
+                        r"|; its container ended while the engine was down \(its exit code is unknown: the stage's log says how it ended\)))$",
                         stage["last_event"]["error"]), status.stdout
     finally:
+        engine.remove()
+
+
+def cgroup_pids(container_id: str) -> list[int]:
+    """The processes of a container, from their cgroups (the engine may be away)."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if container_id in Path(f"/proc/{entry}/cgroup").read_text():
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.docker
+def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(tmp_path):
+    """dockerd SIGKILLed under a stage (its containerd and the container live on): the run used to
+    read `failed 125 ... its container is gone` within a second while the stage ran on to its end,
+    its queue slot given away and cancel powerless. Now the stage stays running with a line that
+    says its container may still run, `harness cancel` stops the container's processes, and once
+    the engine is back `harness gc` removes the container left. A private dockerd of the test's
+    own (its own data and exec roots, socket and containerd): the shared engine is never touched."""
+    import json
+    import shutil
+    import signal
+    import tempfile
+
+    from tests.fixtures.docker_engine import container_table
+    from tests.fixtures.job_project import write_project
+
+    if not shutil.which("dockerd"):
+        bed_unavailable("private dockerd", "dockerd is not installed")
+    root = Path(tempfile.mkdtemp(prefix="hfk-"))
+    engine = PrivateEngine(root)
+    container_id = "not yet"
+    try:
+        engine.start()
+        tar = subprocess.run(["tar", "-C", str(tiny_rootfs(tmp_path / "rootfs")), "-c", "."], capture_output=True, check=True).stdout
+        subprocess.run(["docker", "-H", engine.sock, "import", "-", "harness-fault-test:latest"], input=tar, capture_output=True, check=True, timeout=60)
+        config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
+                               container=container_table("unused", image="harness-fault-test"))
+        env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
+
+        def harness(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, capture_output=True, text=True, timeout=120)
+
+        r = harness("run", "box", "prepare", "--detach")
+        assert r.returncode == 0, r.stderr
+        run_id = r.stdout.strip()
+        stage_dir = tmp_path / "work" / "runs" / run_id / "prepare"
+        deadline = time.monotonic() + 30
+        while "stage started" not in ((stage_dir / "log").read_text() if (stage_dir / "log").exists() else ""):
+            assert time.monotonic() < deadline, list(stage_dir.iterdir())
+            time.sleep(0.1)
+        container_id = json.loads((stage_dir / "state.json").read_text())["container_id"]
+        assert cgroup_pids(container_id)
+        os.kill(engine.proc.pid, signal.SIGKILL)  # dockerd alone: its containerd and the container's shim live on
+        engine.proc.wait(60)
+        deadline = time.monotonic() + 30
+        while "may still be running" not in (json.loads((stage_dir / "state.json").read_text()).get("error") or ""):
+            assert time.monotonic() < deadline, (stage_dir / "state.json").read_text()
+            time.sleep(0.2)
+        stage = json.loads(harness("status", "box", run_id, "--json").stdout)["stages"][0]
+        assert stage["state"] == "running", stage  # not failed while its container runs: its GPUs stay held
+        assert stage["last_event"]["event"] == "warning", stage
+        assert re.match(r"the Docker engine went away under the stage \(docker wait: .+\); its container may still be running: waiting for the engine "
+                        r"\(harness cancel stops it\)$", stage["last_event"]["text"]), stage
+        assert cgroup_pids(container_id)  # it does run on
+        r = harness("cancel", "box", run_id)
+        assert r.returncode == 0, r.stderr
+        deadline = time.monotonic() + 60
+        while json.loads((stage_dir / "state.json").read_text()).get("state") == "running":
+            assert time.monotonic() < deadline, "the cancel did not end the stage"
+            time.sleep(0.2)
+        assert json.loads((stage_dir / "state.json").read_text())["state"] == "cancelled"
+        assert cgroup_pids(container_id) == []  # cancel stopped the container's processes without the engine
+        (root / "x" / "containerd" / "containerd.pid").unlink(missing_ok=True)  # its containerd died with it (dockerd's child)
+        engine.start()  # the engine is back: the container it had is left, exited
+        dry = harness("gc", "box", "--dry-run", "--json")
+        assert dry.returncode == 0, dry.stderr
+        assert [c["name"] for c in json.loads(dry.stdout)["containers"]] == [f"harness-{run_id}-prepare"]
+        assert harness("gc", "box").returncode == 0
+        assert subprocess.run(["docker", "-H", engine.sock, "ps", "-aq"], capture_output=True, text=True, timeout=60).stdout.strip() == ""
+    finally:
+        for pid in cgroup_pids(container_id):  # the stage's own, should the cancel have failed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        with contextlib.suppress(ProcessLookupError):
+            engine.crash()  # every process of this engine (its containerd too), then its files
+        for pid in subprocess.run(["pgrep", "-f", str(root)], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), 9)
+        for line in Path("/proc/mounts").read_text().splitlines():  # what the killed engine left mounted (network namespaces)
+            if line.split()[1].startswith(str(root) + "/x/"):
+                subprocess.run(["umount", "-l", line.split()[1]], capture_output=True)
         engine.remove()
 
 

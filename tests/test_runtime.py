@@ -74,7 +74,7 @@ def test_docker_stage_process_is_a_labelled_container_writing_its_log():
     assert (spec["kind"], spec["container"]) == ("docker", "harness-R1-train")
     assert argv[:2] == ["docker", "create"] and "--network=host" not in argv
     assert argv[argv.index("--name") + 1] == "harness-R1-train"
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--label"] == ["harness.run=R1", "harness.stage=train"]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--label"] == ["harness.workdir=/home/me/w", "harness.run=R1", "harness.stage=train"]
     # the box user's uid and gid (put in on the host), a private IPC namespace, HOME of its own
     assert argv[argv.index("--user") + 1] == "@harness-user@" and "--ipc=private" in argv
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-v"] == ["/home/me/w:/home/me/w", "/home/me/.cache/huggingface:/home/me/.cache/huggingface"]

@@ -217,3 +217,49 @@ def test_ssh_shell_in_the_container(tmp_path, ssh_host, harness_test_image, dock
     code, out = run_in_pty([*env_argv, sys.executable, "-m", "harness", "--config", str(config), "shell", "box"], keys, rows=40, cols=90)
     assert code == 6, out
     assert f"cwd={tmp_path / 'work'} tty=yes size=40 90 img=/opt/harness/remote_scripts" in out
+
+
+MEMORY_HOG = """import os, sys, time
+go = sys.argv[sys.argv.index("--until-file") + 1]
+print("waiting", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.1)
+hog = bytearray(512 * 2**20)  # touched page by page: more than the container's limit
+for i in range(0, len(hog), 4096):
+    hog[i] = 1
+print("survived", flush=True)
+"""
+
+
+def test_out_of_memory_is_told_apart_from_a_kill(tmp_path, harness_test_image, docker_base_image):
+    """Both read exit 137; only the engine knows the kernel's OOM kill (State.OOMKilled), and the
+    supervisor used to remove the container before anyone read it. The limit is put on the
+    running stage's container from outside (`docker update`: the config has no memory key)."""
+    runs = {}
+    for case in ("oom", "killed"):
+        go = tmp_path / case / "work" / "go"
+        jobs, workdir = docker_jobs(tmp_path / case, docker_base_image, {"prepare": {"until_file": str(go)}})
+        (workdir / "remote_scripts" / "prepare_data.py").write_text(MEMORY_HOG)
+        runs[case] = (jobs, jobs.launch(["prepare"]).run_id, go)
+    for case, (jobs, run_id, go) in runs.items():
+        deadline = time.monotonic() + 60
+        while "waiting" not in collect(jobs, run_id):
+            assert time.monotonic() < deadline, collect(jobs, run_id)
+            time.sleep(0.2)
+        name = f"harness-{run_id}-prepare"
+        if case == "oom":
+            docker("update", "--memory", "64m", "--memory-swap", "64m", name)
+            go.touch()
+        else:
+            docker("kill", name)
+    for case, (jobs, run_id, _) in runs.items():
+        status = jobs.wait(run_id, timeout=60)
+        stage = status.stages[0]
+        assert (stage.state, stage.exit_code) == ("failed", 137), collect(jobs, run_id)
+        error = (stage.last_event or {}).get("error") or ""
+        if case == "oom":
+            assert error.startswith("out of memory: the kernel killed the stage's container (exit 137)"), stage.last_event
+            assert "harness: out of memory" in collect(jobs, run_id)
+        else:
+            assert "out of memory" not in error and "out of memory" not in collect(jobs, run_id)
+        assert docker("ps", "-a", "--filter", f"label=harness.run={run_id}", "-q").stdout.strip() == ""

@@ -82,3 +82,46 @@ def test_what_a_box_user_runs_in_the_container_is_theirs_and_private(tmp_path, s
     finally:
         shm.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(workdir), str(hf_cache / "by-exec")], check=False)
+
+
+def containers_of(workdir: Path) -> list[str]:
+    r = subprocess.run(["docker", "ps", "-a", "--filter", f"label=harness.workdir={workdir}", "--format", '{{.ID}} {{.Status}} {{.Label "harness.client"}}'],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def test_an_interrupted_exec_leaves_no_container(tmp_path, ssh_host, box_user, harness_test_image, docker_base_image):
+    """Ctrl-C under `harness exec` without --pty ends the laptop's ssh; nothing signals the box's
+    side, so `docker run` lived on until its next write and its container after it, unlabelled.
+    Now every container harness starts carries the workdir (and a foreground one its client's pid),
+    and a watcher beside the docker client removes the container once the session is gone."""
+    import signal
+    import time
+
+    home = Path(pwd.getpwnam(box_user.name).pw_dir)
+    workdir = home / f"harness-{tmp_path.name}"
+    config = write_project(tmp_path / "project", workdir, {},
+                           host_table={"local": False, "ssh": f"{box_user.name}@{ssh_host.alias}", "connect_timeout": 5, "runtime": "docker"},
+                           container=container_table(docker_base_image))
+    for path in [workdir, *workdir.rglob("*")]:
+        shutil.chown(path, box_user.uid, box_user.gid)
+    env = ssh_host.env()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "--config", str(config), "exec", "box", "--", "sh", "-c", "echo started; exec sleep 300"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            assert proc.stdout.readline() == b"started\n", proc.stderr.read1()
+            running = containers_of(workdir)
+            assert len(running) == 1 and " Up " in f" {running[0]} " and running[0].split()[-1].isdigit(), running  # labelled: its workdir, its client's pid
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal's whole process group, ssh included
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while containers_of(workdir) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert containers_of(workdir) == []
+    finally:
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)

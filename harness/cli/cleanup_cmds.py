@@ -7,7 +7,7 @@ import click
 from harness.cli.params import complete_runs, host_argument
 
 DRY_RUN_HELP = "Say what would go and the bytes it would free; remove nothing."
-JSON_HELP = "JSON on stdout: host, dry_run, runs, artifacts [{stage, key, bytes, complete}], bytes, kept, kept_for_live_runs, kept_busy (docs/json.md)."
+JSON_HELP = "JSON on stdout: host, dry_run, runs, artifacts [{stage, key, bytes, complete}], bytes, kept, kept_for_live_runs, kept_busy, images [{ref, image_id, bytes}], image_bytes, containers [{id, name, why}] (docs/json.md)."
 
 
 def _report(ctx: click.Context, outcome, as_json: bool) -> None:
@@ -45,7 +45,13 @@ def gc(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
     """Remove from HOST's artifact store every artifact that no run there made, reused or read
     (what `harness rm` of its runs left, what a cut or failed run left), never anything outside
     the store, never through a link, never an artifact being made, and none of a stage that a
-    queued or running run may read."""
-    from harness.cleanup import collect
+    queued or running run may read.
 
-    _report(ctx, collect(ctx.obj.host(host).runs, [], dry_run), as_json)
+    On a host with runtime = "docker", also the containers a crash left there (labelled with its
+    workdir, their command gone: an exec's or shell's whose client no longer runs, a stage's whose
+    run is neither queued nor running), then the image tags harness built there that nothing uses
+    any more: never the tag the config builds now, the one :latest names, one a container was
+    made from, or an image harness did not build."""
+    from harness.cleanup import collect_all
+
+    _report(ctx, collect_all(ctx.obj.host(host), dry_run), as_json)

@@ -22,7 +22,9 @@ def build(ctx: click.Context, host: str, force: bool, dry_run: bool, as_json: bo
     """Build the ML image on HOST (a group: on each of its hosts) from container/, tagged with a
     hash of its inputs.
 
-    An unchanged image is not rebuilt. Prints the image ID.
+    An unchanged image is not rebuilt; a changed one reuses the layers of the last image built
+    from the same container/ (a script edit re-runs only the steps after the scripts' COPY).
+    Ctrl-C stops the build on HOST too. Prints the image ID.
     """
     from harness.cli.render import print_build_outcome, print_json
 
@@ -31,7 +33,15 @@ def build(ctx: click.Context, host: str, force: bool, dry_run: bool, as_json: bo
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()
 
-    outcome = ctx.obj.place(host).build(force, out, dry_run=dry_run)
+    from harness.errors import EXIT_INTERRUPTED
+    from harness.runtime.image import BuildStopped
+
+    try:
+        outcome = ctx.obj.place(host).build(force, out, dry_run=dry_run)
+    except BuildStopped as e:
+        said = "stopped: its docker build ended there" if e.stopped else "interrupted before its docker build started"
+        click.echo(f"\nharness: the build on {e.host} {said}", err=True)
+        ctx.exit(EXIT_INTERRUPTED)
     if as_json:
         print_json(outcome.to_json(dry_run))
     else:

@@ -369,8 +369,12 @@ def print_cleanup(outcome) -> None:
         kept.append(f"{outcome.kept_for_live_runs} of stages a queued or running run may read")
     if outcome.kept_busy:
         kept.append(f"{outcome.kept_busy} being made")
+    for c in outcome.containers:
+        click.echo(f"{verb} container {c.name}: {c.why}")
+    for t in outcome.images:
+        click.echo(f"{verb} image {t.ref} ({human_bytes(t.bytes)}): harness built it and nothing uses it")
     click.echo(f"kept {', '.join(kept)}")
-    click.echo(f"{'would free' if outcome.dry_run else 'freed'} {human_bytes(outcome.bytes)} on {outcome.host}")
+    click.echo(f"{'would free' if outcome.dry_run else 'freed'} {human_bytes(outcome.bytes + outcome.image_bytes)} on {outcome.host}")
 
 
 def reattach_hint(where: str, run_id: str) -> str:

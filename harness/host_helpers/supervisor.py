@@ -548,24 +548,103 @@ class Supervisor:
         said = waiter.stderr.read()
         log_file.write(said)
         code = int(out) if out.lstrip("-").isdigit() else 125
-        if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, restarted)
-            engine_went_away(state_path, "docker wait", said, certain=True)
+        if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, killed, restarted)
+            code, cancelled = self._engine_lost(name, created.stdout.decode().strip(), said, state_path, log_file, cancelled)
+        elif code != 0 and not cancelled:
+            out_of_memory(name, code, state_path, log_file)  # read before the container (and its state) is removed
         # The stage's output is already in its log file; the container itself is not needed.
         subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return code, cancelled
+
+
+    def _engine_lost(self, name: str, container_id: str, said: bytes, state_path: str, log_file, cancelled: bool) -> tuple[int, bool]:
+        """The engine went away under a running stage. Its container may live on (a killed dockerd
+        leaves containerd and the container running): the stage stays running, its GPUs held,
+        until the engine answers for the container again or the container's processes are gone;
+        a cancel meanwhile signals those processes directly (they are the box user's: --user)."""
+        lines = said.decode(errors="replace").strip().splitlines()
+        why = next((line for line in reversed(lines) if any(m in line for m in ENGINE_LOST)), lines[-1] if lines else "no answer")
+        lost = f"the Docker engine went away under the stage (docker wait: {why})"
+        update_json(state_path, error=f"{lost}; its container may still be running: waiting for the engine (harness cancel stops it)")
+        log_file.write(f"harness: {lost}; its container may still be running: waiting for the engine\n".encode())
+        while True:
+            seen = subprocess.run(["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            answer = seen.stdout.decode().split()
+            if seen.returncode == 0 and len(answer) == 2 and answer[0] == "false" and answer[1].lstrip("-").isdigit():
+                code = int(answer[1])  # the engine is back and the container ended (or the engine's restart ended it)
+                update_json(state_path, error=f"{lost} and came back; its container had ended (exit {code})" + ("" if cancelled else ": run it again"))
+                return code, cancelled
+            if seen.returncode == 0 and answer[:1] == ["true"]:
+                waited = subprocess.run(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                if waited.returncode == 0 and waited.stdout.strip().lstrip(b"-").isdigit():
+                    update_json(state_path, error=None)  # the engine is back and the stage ran on to its end
+                    return int(waited.stdout.strip()), cancelled
+                continue  # lost again: look again
+            pids = container_pids(container_id)
+            if not pids:
+                update_json(state_path, error=f"{lost}; its container ended while the engine was down (its exit code is unknown: the stage's log says how it ended)")
+                return 125, cancelled
+            if self._cancel_pending() and not cancelled:
+                cancelled = True
+                log_file.write(b"harness: cancelled while the engine is away: stopping the container's processes\n")
+                stop_pids(pids, self.grace)
+                continue
+            time.sleep(QUEUE_POLL_S)
+
+
+def container_pids(container_id: str) -> list[int]:
+    """The processes of a container on this host, from their cgroups (which name the container's
+    id under cgroupfs and systemd alike): what is known of a container while its engine is away."""
+    if len(container_id) < 12:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cgroup") as f:
+                if container_id in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def stop_pids(pids: list[int], grace: float) -> None:
+    """SIGTERM, up to `grace` seconds, then SIGKILL (the container's init passes SIGTERM on)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 0)
+        while time.monotonic() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in pids):
+            time.sleep(POLL_S)
 
 
 # What docker's CLI says when it loses its engine (a broken or refused socket), not a refusal by it.
 ENGINE_LOST = ("error during connect", "Cannot connect to the Docker daemon")
 
 
-def engine_went_away(state_path: str, step: str, said: bytes, certain: bool = False) -> None:
+def engine_went_away(state_path: str, step: str, said: bytes) -> None:
     """Record on the stage that its Docker engine went away during `step`, when it did."""
     lines = said.decode(errors="replace").strip().splitlines()
     lost = [line for line in lines if any(marker in line for marker in ENGINE_LOST)]
-    if lost or certain:
+    if lost:
         why = (lost or lines or ["no answer"])[-1]
         update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is gone: run it again")
+
+
+def out_of_memory(name: str, code: int, state_path: str, log_file) -> None:
+    """A stage the kernel killed for memory: say so, not a bare exit 137 (a `docker kill` reads the
+    same code). Only the engine knows which: the container's State.OOMKilled."""
+    seen = subprocess.run(["docker", "inspect", "--format", "{{.State.OOMKilled}}", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL)
+    if seen.stdout.strip() == b"true":
+        said = (f"out of memory: the kernel killed the stage's container (exit {code}); "
+                "give the container more memory or the stage a smaller batch")
+        log_file.write(f"harness: {said}\n".encode())
+        update_json(state_path, error=said)
 
 
 def terminate_group(pgid: int, grace: float, exited) -> None:
@@ -787,6 +866,8 @@ def run_summary(run_dir: str) -> dict | None:
         st["last_event"] = ended or last_event(events)
         if st["state"] == "failed" and st.get("error") and not ended:  # a failure the stage could not report itself
             st["last_event"] = {"t": st.get("finished"), "stage": stage, "event": "finished", "status": "failed", "error": st["error"]}
+        elif st["state"] == "running" and st.get("error"):  # what the supervisor knows of it now (its engine is away)
+            st["last_event"] = {"t": time.time(), "stage": stage, "event": "warning", "text": st["error"]}
         if state.get("state") in FINAL_RUN and st["state"] == "running":  # nobody supervises it now
             st["state"] = "lost"
         tau = latest_tau(os.path.join(sd, "events.jsonl"))

@@ -37,8 +37,13 @@ class WrapOptions:
 # never part of the script; they and what the command writes are the user's alone (umask 077).
 # `--user USER_TOKEN` (runtime/docker.py) becomes the user's `--user uid:gid` on the way.
 USER_TOKEN = "@harness-user@"  # the supervisor's too (host_helpers/supervisor.py): it puts it in for stage containers
+# `--label CLIENT_LABEL=CLIENT_TOKEN` becomes the pid of the command's client on the host (this
+# shell's, which the client keeps): a container whose client is gone is found by it
+CLIENT_LABEL = "harness.client"
+CLIENT_TOKEN = "@harness-client@"
 _MKDIRS_THEN_EXEC = ('umask 077; n=$1; shift; while [ "$n" -gt 0 ]; do [ -d "$1" ] || mkdir -p -m 700 -- "$1" || exit 125; shift; n=$((n-1)); done; '
-                     f'u="$(id -u):$(id -g)"; p=; for a do shift; [ "$p" = --user ] && [ "$a" = {USER_TOKEN} ] && a=$u; p=$a; set -- "$@" "$a"; done; '
+                     f'u="$(id -u):$(id -g)"; p=; for a do shift; [ "$p" = --user ] && [ "$a" = {USER_TOKEN} ] && a=$u; '
+                     f'[ "$p" = --label ] && [ "$a" = {CLIENT_LABEL}={CLIENT_TOKEN} ] && a={CLIENT_LABEL}=$$; p=$a; set -- "$@" "$a"; done; '
                      'exec "$@"')
 
 # Compilers' caches the stages write and later load code from: in the workdir (0700), not in a
@@ -113,7 +118,9 @@ class Runtime(abc.ABC):
         sync, yet exec, shell, inspect and doctor are the first things run on a new box (and
         docker would create a missing mount source itself, owned by root)."""
         dirs = self.host_dirs()
-        return ["sh", "-c", _MKDIRS_THEN_EXEC, "sh", str(len(dirs)), *dirs, *self.wrap(argv, options)]
+        return ["sh", "-c", self._foreground_script, "sh", str(len(dirs)), *dirs, *self.wrap(argv, options)]
+
+    _foreground_script = _MKDIRS_THEN_EXEC  # DockerRuntime's: the container goes with its client
 
     def exec_in(self, container: str, argv: Sequence[str]) -> list[str]:
         """Host argv that runs `argv`, its stdin kept, in `container`: one this runtime started

@@ -18,7 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
-from harness.runtime.base import USER_TOKEN, Runtime, WrapOptions
+from harness.runtime.base import _MKDIRS_THEN_EXEC, CLIENT_LABEL, CLIENT_TOKEN, USER_TOKEN, Runtime, WrapOptions
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -26,6 +26,21 @@ if TYPE_CHECKING:
 # What runs inside starts with umask 077 (docker has no option for it)
 PRIVATE = ["sh", "-c", 'umask 077; exec "$@"', "sh"]
 LABEL_PREFIX = "harness"
+WORKDIR_LABEL = "harness.workdir"  # on every container harness starts: whose it is (harness gc)
+
+# A foreground container (exec, shell, inspect, a server) must not outlive its command: ssh
+# signals nothing to a command without a terminal when the link drops or the laptop's ssh ends
+# (Ctrl-C), and `docker run` would die only at its next write while the container went on. A
+# watcher beside the docker client waits (poll) for the session's end of our stdout to close and
+# then removes the container it labelled; when the command ends first, the watcher is ended
+# (it must not hold the session's stdout open). $2 is the workdir (host_dirs()[0]).
+_WATCH = ('import select, subprocess, sys; p = select.poll(); p.register(1, 0); p.poll(); '
+          'f = ["--filter", "label=harness.client=" + sys.argv[1], "--filter", "label=harness.workdir=" + sys.argv[2]]; '
+          'ids = subprocess.run(["docker", "ps", "-aq", *f], capture_output=True).stdout.split(); '
+          'ids and subprocess.run(["docker", "rm", "-f", *[i.decode() for i in ids]], capture_output=True)')
+_MKDIRS_THEN_RUN_WATCHED = ('wd=$2; ' + _MKDIRS_THEN_EXEC.removesuffix('exec "$@"')
+                            + 'w=; if command -v python3 >/dev/null 2>&1; then python3 -c \'' + _WATCH + '\' "$$" "$wd" </dev/null 2>/dev/null & w=$!; fi; '
+                            + '"$@"; rc=$?; [ -z "$w" ] || kill "$w" 2>/dev/null; exit $rc')
 DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864}
 
 
@@ -128,11 +143,14 @@ class DockerRuntime(Runtime):
         opts += [a for name, value in self.cache_env().items() if name not in passed for a in ("-e", f"{name}={value}")]
         for name in passed:
             opts += ["-e", name]  # by name: the value comes from docker's environment
+        opts += ["--label", f"{WORKDIR_LABEL}={self.workdir}"]
         for key, value in options.labels:
             opts += ["--label", f"{LABEL_PREFIX}.{key}={value}"]
         if options.name:
             opts += ["--name", options.name]
         return opts
+
+    _foreground_script = _MKDIRS_THEN_RUN_WATCHED
 
     @property
     def container_home(self) -> str:
@@ -143,7 +161,8 @@ class DockerRuntime(Runtime):
         """`docker run --rm` in the foreground: exec, shell, inspect, probes (run through
         foreground(), which puts in the user)."""
         tty = ["-i", "-t"] if options.interactive else ["-i"]
-        return ["docker", "run", "--rm", *tty, *self.run_options(options), self.image, *PRIVATE, *argv]
+        client = ["--label", f"{CLIENT_LABEL}={CLIENT_TOKEN}"]  # the pid of its docker client, put in on the host
+        return ["docker", "run", "--rm", *tty, *self.run_options(options), *client, self.image, *PRIVATE, *argv]
 
     def exec_in(self, container: str, argv: Sequence[str]) -> list[str]:
         return ["docker", "exec", "-i", container, *argv]

@@ -5,6 +5,13 @@ the Dockerfile path, the build arguments, the extra CA bundle). Same inputs, sam
 unchanged image is found by `docker image inspect` and not rebuilt. `<image>:latest` names the
 last build on that host; jobs, shells and exec use it, and each run records its image ID.
 
+The cache: the classic builder (DOCKER_BUILDKIT=0, the one whose cache rules harness relies on)
+takes, for each step, the newest image on the engine with an identical step, so after another
+build of the same Dockerfile (other build args, a --no-cache build) a script edit would re-run
+the pip layer. Each build names its cache: `--cache-from` the newest image harness built from the
+same container/ (label harness.container-hash), else the image :latest names; the builder then
+reuses only that image's own layers, whatever else was built on the engine.
+
 The engine is reached by the docker CLI ON THE HOST, through harness's one transport (`docker
 build -`, the build context as a tar stream on stdin), not by the docker SDK over ssh://: one
 connection, one host-key policy, the build output streamed unchanged. Why: docs/ARCHITECTURE.md,
@@ -33,7 +40,20 @@ EXTRA_CA_NAME = "container/extra-ca.crt"  # the Dockerfile installs this file wh
 TAG_LENGTH = 16
 CONTAINER_HASH_LABEL = "harness.container-hash"  # BuildInputs.container_hash of the build
 _SKIP_NAMES = {"__pycache__", ".pytest_cache", ".mypy_cache", ".git"}
-_INSPECT_AND_TAG = 'docker image inspect --format "{{.Id}}" "$1" 2>/dev/null && docker tag "$1" "$2"'
+# One round trip before a build: the image's ID when it exists (and :latest pointed at it), else
+# `cache ID`: the newest image of the repository built from the same container/ ($4: its label),
+# else the one :latest names, else none (a first build: the engine's own cache)
+_FIND_OR_CACHE = (
+    'if id=$(docker image inspect --format "{{.Id}}" "$1" 2>/dev/null) && docker tag "$1" "$2"; then echo "found $id"; exit 0; fi; '
+    'src=$(docker images --filter "label=$4" --format "{{.CreatedAt}}\t{{.ID}}" "$3" 2>/dev/null | sort -r | head -n 1 | cut -f 2); '
+    '[ -n "$src" ] || src=$(docker image inspect --format "{{.Id}}" "$2" 2>/dev/null); echo "cache $src"'
+)
+# The build's docker client says its pid first: Ctrl-C on the laptop ends it on the host
+# (a docker client that goes away cancels its build on the engine, its step's container too)
+BUILD_PID = "harness-build-pid "
+_SAY_PID_AND_EXEC = f'echo "{BUILD_PID}$$"; exec "$@"'
+# ...and only that client: the pid is still a docker process (never another one that reused it)
+_STOP_BUILD = '[ "$(ps -o comm= -p "$1" 2>/dev/null)" = docker ] && kill -TERM "$1"'
 
 
 @dataclass(frozen=True)
@@ -210,9 +230,12 @@ def build(
     output: Callable[[bytes], None],
     force: bool = False,
     dry_run: bool = False,
+    running: dict[str, str] | None = None,
 ) -> BuildResult:
     """Build the image on the host unless an image with the same content hash exists (dry_run:
-    only say whether it would be built; nothing is tagged or built)."""
+    only say whether it would be built; nothing is tagged or built). `running`: the build's
+    docker client pid on the host goes in under the host's name while it runs (a group's build
+    stops each by it: stop_build)."""
     c = host.container
     refuse_secret_build_args(config, host)
     inputs = current_inputs(transport, config, host)
@@ -222,26 +245,88 @@ def build(
     if dry_run:
         found_id = image_id(transport, ref)
         return BuildResult(ref, found_id or "", built=False, would_build=force or not found_id)
+    cache_from = None
     if not force:
-        # one round trip: the image's ID if it exists, and :latest pointed at it
-        found = transport.run(["sh", "-c", _INSPECT_AND_TAG, "sh", ref, latest])
-        if found.exit_code == 0 and found.text.strip():
-            return BuildResult(ref, found.text.strip(), built=False)
+        found = transport.run(["sh", "-c", _FIND_OR_CACHE, "sh", ref, latest, c.image, f"{CONTAINER_HASH_LABEL}={inputs.container_hash}"])
+        word, _, value = found.text.strip().partition(" ")
+        if found.exit_code == 0 and word == "found" and value:
+            return BuildResult(ref, value, built=False)
+        cache_from = value if word == "cache" and value else None
     # --force-rm: no intermediate containers are left behind, even by a failed step
     # the engine's own build network unless configured: a step reaches no service on the box's loopback
     argv = ["docker", "build", f"--network={c.build_network}", "--force-rm", "-f", inputs.dockerfile, "-t", ref, "-t", latest, "--label", f"harness.content-hash={tag}",
             "--label", f"{CONTAINER_HASH_LABEL}={inputs.container_hash}"]
     if force:
         argv.append("--no-cache")  # forced: every layer again (e.g. to pick up new packages)
+    elif cache_from:
+        argv += ["--cache-from", cache_from]
     for key in sorted(inputs.build_args):
         argv += ["--build-arg", key]  # by name: docker reads the value from its environment
     argv.append("-")  # the context is the tar on stdin
     # the values travel over stdin ahead of the context (transport/remote_shell.py), never on a
     # command line (`ps` on either side)
-    result = transport.run(argv, env=dict(inputs.build_args), stdin=inputs.context_tar(), stdout=output, stderr=output)
+    env = {**inputs.build_args, "DOCKER_BUILDKIT": "0"}
+    pid = _PidLine(output, lambda p: running.__setitem__(host.name, p) if running is not None else None)
+    try:
+        result = transport.run(["sh", "-c", _SAY_PID_AND_EXEC, "sh", *argv], env=env, stdin=inputs.context_tar(), stdout=pid.feed, stderr=output)
+    except KeyboardInterrupt:
+        raise BuildStopped(host.name, bool(pid.pid) and stop_build(transport, pid.pid)) from None
+    finally:
+        if running is not None:
+            running.pop(host.name, None)
+    pid.flush()
     if result.exit_code != 0:
         raise RemoteCommandError("docker build", result.exit_code, "see the build output above")
     built_id = image_id(transport, ref)
     if not built_id:
         raise RemoteCommandError("docker build", 1, f"{ref} missing after a successful build")
     return BuildResult(ref, built_id, built=True)
+
+
+def stop_build(transport: "Transport", pid: str) -> bool:
+    """End the build whose docker client has `pid` on the host (Ctrl-C): the engine cancels it."""
+    transport.run(["sh", "-c", _STOP_BUILD, "sh", pid])
+    return True
+
+
+class BuildStopped(KeyboardInterrupt):
+    """Ctrl-C during a build: `stopped` when its docker client on the host was ended (which
+    cancels the build on the engine)."""
+
+    def __init__(self, host: str, stopped: bool):
+        super().__init__(host)
+        self.host = host
+        self.stopped = stopped
+
+
+class _PidLine:
+    """The build's stdout, its first line (the docker client's pid on the host) taken off."""
+
+    def __init__(self, output: Callable[[bytes], None], said: Callable[[str], None] = lambda _pid: None):
+        self.output = output
+        self.said = said
+        self.pid = ""
+        self._head: bytes | None = b""  # None once the first line is read
+
+    def feed(self, chunk: bytes) -> None:
+        if self._head is None:
+            self.output(chunk)
+            return
+        self._head += chunk
+        line, nl, rest = self._head.partition(b"\n")
+        if not nl:
+            return
+        self._head = None
+        text = line.decode("ascii", "replace")
+        if text.startswith(BUILD_PID) and text[len(BUILD_PID):].isdigit():
+            self.pid = text[len(BUILD_PID):]
+            self.said(self.pid)
+        else:
+            rest = line + nl + rest
+        if rest:
+            self.output(rest)
+
+    def flush(self) -> None:
+        if self._head:
+            self.output(self._head)
+        self._head = None
