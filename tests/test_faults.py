@@ -600,14 +600,34 @@ class PrivateEngine:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
+def detached_prepare_on(engine: "PrivateEngine", tmp_path: Path) -> tuple[Path, dict, str, Path]:
+    """`harness run box prepare --detach` in a container of the private engine, once its stage has
+    started: (config, env, run id, stage directory)."""
+    from tests.fixtures.docker_engine import container_table
+    from tests.fixtures.job_project import write_project
+
+    tar = subprocess.run(["tar", "-C", str(tiny_rootfs(tmp_path / "rootfs")), "-c", "."], capture_output=True, check=True).stdout
+    subprocess.run(["docker", "-H", engine.sock, "import", "-", "harness-fault-test:latest"], input=tar, capture_output=True, check=True, timeout=60)
+    config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
+                           container=container_table("unused", image="harness-fault-test"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "--detach"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    run_id = r.stdout.strip()
+    stage_dir = tmp_path / "work" / "runs" / run_id / "prepare"
+    deadline = time.monotonic() + 30
+    while "stage started" not in ((stage_dir / "log").read_text() if (stage_dir / "log").exists() else ""):
+        assert time.monotonic() < deadline, list(stage_dir.iterdir())
+        time.sleep(0.1)
+    return config, env, run_id, stage_dir
+
+
 @pytest.mark.docker
 def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_path):
     import json
     import shutil
     import tempfile
-
-    from tests.fixtures.docker_engine import container_table
-    from tests.fixtures.job_project import write_project
 
     if not shutil.which("dockerd"):
         bed_unavailable("private dockerd", "dockerd is not installed")
@@ -615,21 +635,7 @@ def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_p
     engine = PrivateEngine(root)
     try:
         engine.start()
-        rootfs = tiny_rootfs(tmp_path / "rootfs")
-        tar = subprocess.run(["tar", "-C", str(rootfs), "-c", "."], capture_output=True, check=True).stdout
-        subprocess.run(["docker", "-H", engine.sock, "import", "-", "harness-fault-test:latest"], input=tar, capture_output=True, check=True, timeout=60)
-        config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
-                               container=container_table("unused", image="harness-fault-test"))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
-        r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "--detach"], env=env,
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        run_id = r.stdout.strip()
-        stage_dir = tmp_path / "work" / "runs" / run_id / "prepare"
-        deadline = time.monotonic() + 30
-        while "stage started" not in ((stage_dir / "log").read_text() if (stage_dir / "log").exists() else ""):
-            assert time.monotonic() < deadline, list(stage_dir.iterdir())
-            time.sleep(0.1)
+        config, env, run_id, stage_dir = detached_prepare_on(engine, tmp_path)
         engine.crash()  # the engine dies under the stage ...
         engine.start()  # ... and comes back (a restart)
         deadline = time.monotonic() + 60
@@ -675,9 +681,6 @@ def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(t
     import signal
     import tempfile
 
-    from tests.fixtures.docker_engine import container_table
-    from tests.fixtures.job_project import write_project
-
     if not shutil.which("dockerd"):
         bed_unavailable("private dockerd", "dockerd is not installed")
     root = Path(tempfile.mkdtemp(prefix="hfk-"))
@@ -685,23 +688,11 @@ def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(t
     container_id = "not yet"
     try:
         engine.start()
-        tar = subprocess.run(["tar", "-C", str(tiny_rootfs(tmp_path / "rootfs")), "-c", "."], capture_output=True, check=True).stdout
-        subprocess.run(["docker", "-H", engine.sock, "import", "-", "harness-fault-test:latest"], input=tar, capture_output=True, check=True, timeout=60)
-        config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
-                               container=container_table("unused", image="harness-fault-test"))
-        env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
+        config, env, run_id, stage_dir = detached_prepare_on(engine, tmp_path)
 
         def harness(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, capture_output=True, text=True, timeout=120)
 
-        r = harness("run", "box", "prepare", "--detach")
-        assert r.returncode == 0, r.stderr
-        run_id = r.stdout.strip()
-        stage_dir = tmp_path / "work" / "runs" / run_id / "prepare"
-        deadline = time.monotonic() + 30
-        while "stage started" not in ((stage_dir / "log").read_text() if (stage_dir / "log").exists() else ""):
-            assert time.monotonic() < deadline, list(stage_dir.iterdir())
-            time.sleep(0.1)
         container_id = json.loads((stage_dir / "state.json").read_text())["container_id"]
         assert cgroup_pids(container_id)
         os.kill(engine.proc.pid, signal.SIGKILL)  # dockerd alone: its containerd and the container's shim live on
