@@ -1,5 +1,5 @@
 """The container path as a shared GPU box lives with it: the box user is not root but a member of
-the docker group, and another uid (the neighbour) uses the same machine. What a stage, `exec` or
+the docker group, and another uid (the neighbour) uses the same machine. What a stage, `exec`, `shell` or
 the start check writes is the box user's and private to them; nothing of the neighbour's shared
 memory is in a container's reach, and the container's own /dev/shm has the configured size."""
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.docker_engine import container_table
-from tests.fixtures.job_project import write_project
+from tests.fixtures.job_project import run_in_pty, write_project
 
 pytestmark = [pytest.mark.docker, pytest.mark.ssh]
 
@@ -68,6 +68,11 @@ def test_what_a_box_user_runs_in_the_container_is_theirs_and_private(tmp_path, s
         assert shm.name not in r.stdout  # a private IPC namespace: the neighbour's shared memory is not there
         shm_kib = int(lines[-1].split()[1])
         assert 0.9 * 2**20 <= shm_kib <= 1.1 * 2**20, lines[-1]  # container.shm_size = "1g" took effect
+        # `harness shell`, typed into a terminal as a person would, writes as the box user too
+        code, out = run_in_pty([sys.executable, "-m", "harness", "--config", str(config), "shell", "box"],
+                               b'mkdir -p outputs/by-shell && echo x > outputs/by-shell/file && echo "uid=$(id -u)"; exit\n', env=env)
+        assert code == 0 and f"uid={box_user.uid}" in out, out
+        assert (workdir / "outputs" / "by-shell" / "file").is_file()
         made = list((workdir / "outputs").rglob("made.json"))
         assert made, "the stage wrote no output"
         synced = frozenset(json.loads((workdir / ".harness" / "sync-manifest.json").read_text())["files"])
