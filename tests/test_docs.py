@@ -75,3 +75,13 @@ def test_a_wrong_command_is_caught(args):
 
     with pytest.raises((click.UsageError, UsageError)):
         check_harness_command(args)
+
+
+def test_the_glossary_names_every_stage_and_no_other():
+    """docs/ARCHITECTURE.md's "stage" entry lists the stages by name: the list is pipeline.STAGES."""
+    from harness.pipeline import STAGES
+
+    words = (REPO / "docs" / "ARCHITECTURE.md").read_text().split("## Words", 1)[1].split("\n## ", 1)[0]
+    entry = re.search(r"- \*\*stage\*\*: one script of remote_scripts/ \(([^)]*)\)", words)
+    assert entry, "the glossary has no stage entry"
+    assert [name.strip() for name in entry.group(1).split(",")] == list(STAGES)
