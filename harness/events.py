@@ -140,10 +140,6 @@ def evaluation(raw: Any) -> Evaluation | None:
     return Evaluation(float(event.summary["tau"]), split if isinstance(split, str) else None, by_category)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def describe(raw: Any) -> str:
     """One short line for a status table's "last event" cell."""
     event = parse(raw)

@@ -207,11 +207,6 @@ class RemoteServer(HostServer):
                 return
         raise RemoteCommandError(f"{self.name} (not ready after {timeout:.0f} s)", -1, "\n".join(self._tail))
 
-    def hand_on(self, on_event) -> None:
-        """What the script said so far, to `on_event`."""
-        while not self.events.empty():
-            on_event(self.events.get())
-
 
 def start(on: "Host", request: ServeRequest, on_event=None) -> tuple[RemoteServer, str]:
     """The draft of request.run_id served on the host and reached from request.local_port here;

@@ -362,12 +362,6 @@ CHECKS: dict[str, Callable[[], Any]] = {
 }
 
 
-def check_all() -> None:
-    """Run every check (raises ShimOutdated for the first shim that no longer fits)."""
-    for check in CHECKS.values():
-        check()
-
-
 # --- the patches ---------------------------------------------------------------------------------
 
 
