@@ -6,16 +6,18 @@ forward and one draft forward per prompt), so the ratio says what evaluate costs
     python bench/evaluate_speed.py [--verifier DIR --draft CKPT --data chat.jsonl] \
         [--prompts 64] [--max-new-tokens 96] [--repeats 2] [--chain] [--record]
 
-Each side runs --repeats times, interleaved (evaluate, decoding, evaluate, decoding: load from
-other processes falls on both), after one warm-up batch of each. Evaluate is `measure_fast` as
-the stage calls it (its batch size, the verifier's dtype by the stages' rule, the stage's
-default torch threads, the draft in bf16 with sdpa); the decoding is plain transformers
-`generate` of the same prompts in the same batches, left-padded, to --max-new-tokens or the
-verifier's end of turn (the replies evaluate measures). Printed: every run's seconds, the ratio
-evaluate / decoding (of the means, and its spread: the slowest evaluate over the fastest
-decoding, the fastest over the slowest), evaluate's time split into the verifier's decodes, its
-forwards (one per prompt, `settle`), the draft's passes and the rest, tau of every evaluate run
-(they must agree), and on how many prompts the decoding's reply equals evaluate's.
+Each side runs --repeats times over all the prompts, after one warm-up batch of each, the two
+interleaved batch by batch (which goes first alternates): load from other processes that comes
+and goes over minutes falls on both. Wall and process CPU seconds are both kept: on a shared CPU
+the latter move less with the load. Evaluate is `measure_fast` as the stage calls it (its batch
+size, the verifier's dtype by the stages' rule, the stage's default torch threads, the draft in
+bf16 with sdpa); the decoding is plain transformers `generate` of the same prompts in the same
+batches, left-padded, to --max-new-tokens or the verifier's end of turn (the replies evaluate
+measures). Printed: every run's seconds and the load average around it, the ratio evaluate /
+decoding (of the means, and its spread: the slowest evaluate over the fastest decoding, the
+fastest over the slowest), evaluate's time split into the verifier's decodes, its forwards (one
+per prompt, `settle`), the draft's passes and the rest, tau of every evaluate run (they must
+agree), and on how many prompts the decoding's reply equals evaluate's.
 `--chain` also times the round-by-round reference (`--method chain`) once and checks that every
 prompt's rounds and acceptances equal the fast method's (slow: minutes for 8 SmolLM2 prompts).
 
@@ -168,37 +170,50 @@ def main() -> int:
         split.wrap(verifier, method, "verifier forward")
     split.wrap(proposer, "run", "draft")
 
-    def evaluate():
-        split.seconds.clear()
-        started = time.perf_counter()
-        results = ev.measure_fast(verifier, proposer, prompts, k, max_new, eos, batch)
-        seconds = time.perf_counter() - started
-        return seconds, results, dict(split.seconds)
-
-    def decoding():
-        started = time.perf_counter()
-        replies = decode(model, prompts, max_new, eos, pad, batch)
-        return time.perf_counter() - started, replies
+    def timed(fn, *a):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn(*a)
+        return out, time.perf_counter() - wall, time.process_time() - cpu
 
     # Warm-up: the first calls allocate and pick kernels.
     ev.measure_fast(verifier, proposer, prompts[:batch], k, max_new, eos, batch)
     decode(model, prompts[:batch], max_new, eos, pad, batch)
     parts = ["verifier decode", "verifier forward", "draft"]
-    runs_ev, runs_dec, run_lines = [], [], []
+    runs, run_lines = [], []
     for i in range(1, max(1, args.repeats) + 1):
-        runs_ev.append((*evaluate(), os.getloadavg()[0]))
-        runs_dec.append((*decoding(), os.getloadavg()[0]))
-        (e, _, sp, le), (d, _, ld) = runs_ev[-1], runs_dec[-1]
+        # Batch by batch, the two sides alternate (and which goes first): a load that comes and
+        # goes over minutes falls on both. measure_fast treats its batches independently, so its
+        # results are those of one call over all the prompts.
+        split.seconds.clear()
+        run = {"evaluate": [0.0, 0.0], "decoding": [0.0, 0.0], "results": [], "replies": [], "load": []}
+        for b, first in enumerate(range(0, len(prompts), batch)):
+            chunk = prompts[first : first + batch]
+            for side in (("evaluate", "decoding") if (b + i) % 2 else ("decoding", "evaluate")):
+                if side == "evaluate":
+                    out, wall, cpu = timed(ev.measure_fast, verifier, proposer, chunk, k, max_new, eos, batch)
+                    run["results"] += out
+                else:
+                    out, wall, cpu = timed(decode, model, chunk, max_new, eos, pad, batch)
+                    run["replies"] += out
+                run[side][0] += wall
+                run[side][1] += cpu
+            run["load"].append(os.getloadavg()[0])
+        run["split"] = dict(split.seconds)
+        runs.append(run)
+        (e, e_cpu), (d, d_cpu), sp = run["evaluate"], run["decoding"], run["split"]
         rest = e - sum(sp.get(x, 0.0) for x in parts)
         split_text = ", ".join(f"{x} {sp.get(x, 0.0):.2f}" for x in parts) + f", rest {rest:.2f}"
-        run_lines.append(f"run {i}: evaluate {e:8.2f} s (load {le:.1f}; {split_text})   decoding {d:8.2f} s (load {ld:.1f})")
+        run_lines.append(f"run {i} (load {min(run['load']):.1f}-{max(run['load']):.1f}): evaluate {e:7.2f} s (cpu {e_cpu:7.2f} s; {split_text})   "
+                         f"decoding {d:7.2f} s (cpu {d_cpu:7.2f} s)   ratio {e / d:.3f}x (cpu {e_cpu / d_cpu:.3f}x)")
         print(run_lines[-1], file=sys.stderr, flush=True)  # as it comes: a run takes minutes on a CPU
 
-    ev_s = [r[0] for r in runs_ev]
-    dec_s = [r[0] for r in runs_dec]
-    taus = [ev.summarize(r[1], k).tau for r in runs_ev]
-    fast = runs_ev[0][1]
-    same_reply = sum(r.generated == d for r, d in zip(fast, runs_dec[0][1]))
+    ev_s = [r["evaluate"][0] for r in runs]
+    dec_s = [r["decoding"][0] for r in runs]
+    ev_cpu = [r["evaluate"][1] for r in runs]
+    dec_cpu = [r["decoding"][1] for r in runs]
+    taus = [ev.summarize(r["results"], k).tau for r in runs]
+    fast = runs[0]["results"]
+    same_reply = sum(r.generated == d for r, d in zip(fast, runs[0]["replies"]))
     tokens = sum(len(r.generated) for r in fast)
     ratio = statistics.mean(ev_s) / statistics.mean(dec_s)
     lo, hi = min(ev_s) / max(dec_s), max(ev_s) / min(dec_s)
@@ -207,7 +222,9 @@ def main() -> int:
         f"{len(prompts)} prompts, k={k}, max_new_tokens={max_new}, batch {batch}, torch threads {torch.get_num_threads()}, {tokens} tokens measured",
     ]
     lines += run_lines
-    lines.append(f"evaluate / decoding: {ratio:.3f}x (spread {lo:.3f}-{hi:.3f}x); tau {', '.join(f'{t:.4f}' for t in taus)}; "
+    lines.append(f"evaluate / decoding: {ratio:.3f}x of the mean wall times (spread {lo:.3f}-{hi:.3f}x), "
+                 f"{statistics.mean(ev_cpu) / statistics.mean(dec_cpu):.3f}x of the process CPU times (spread {min(ev_cpu) / max(dec_cpu):.3f}-{max(ev_cpu) / min(dec_cpu):.3f}x)")
+    lines.append(f"tau {', '.join(f'{t:.4f}' for t in taus)}; "
                  f"decoding's reply equals evaluate's on {same_reply}/{len(prompts)} prompts; greedy checks {sum(bool(r.greedy_match) for r in fast)}/{len(fast)}")
     ok = len(set(taus)) == 1
     if args.chain:
