@@ -144,10 +144,11 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
 
     Under greedy verification the output is the verifier's greedy continuation whatever the
     draft proposes, and the verifier's choice after context + d_1..d_i, with d_1..d_i accepted,
-    is the continuation's next token. So one greedy decode (`reference`: at least max_new_tokens
-    + k + 1 tokens, or up to its eos) and one forward over prompt + reference (`view`: the draft's
-    inputs at every position, as causal attention gives them to any prefix) replace a verifier
-    forward per round. The rounds, acceptances and trials equal `speculate`'s (tests check it).
+    is the continuation's next token. So one greedy decode (`reference`: max_new_tokens tokens, or
+    up to its eos: a round's tokens and verdicts past max_new_tokens are cut by `_cut_at_stop`)
+    and one forward over prompt + reference (`view`: the draft's inputs at every position, as
+    causal attention gives them to any prefix) replace a verifier forward per round. The rounds,
+    acceptances and trials equal `speculate`'s (tests check it).
     """
     seq = prompt + reference[:1]
     generated = reference[:1]
@@ -297,8 +298,9 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     instead of two per round (the round-by-round algorithm stays as `--method chain`; tests hold
     the two to identical results):
 
-    1. greedy continuations (max_new_tokens + k + 1 tokens, or to eos) for `batch_size` prompts
-       at once, with a KV cache (`HFVerifier.greedy_batch`);
+    1. greedy continuations (max_new_tokens tokens, or to eos) for `batch_size` prompts at once,
+       with a KV cache (`HFVerifier.greedy_batch`): the rounds never look past max_new_tokens
+       (`_cut_at_stop`), so tokens beyond it would be decoded for nothing;
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
        `speculate`'s (batched on a GPU: `HFVerifier.forward_many`): it gives the draft's view of
        every position and the verifier's own greedy choices. Where they disagree with the
@@ -310,7 +312,7 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
        acceptances are a function of the continuation and the proposals alone.
     """
     results: list[PromptResult] = []
-    budget = max_new_tokens + k + 1
+    budget = max_new_tokens
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
         references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
@@ -345,8 +347,12 @@ def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[li
     for round_ in range(SETTLE_ROUNDS + 1):
         fixed: dict[int, list[int]] = {}
         sequences = [prompts[i] + reference for i, reference in pending.items()]
-        # HFVerifier batches these on a GPU; a test's verifier has `forward` alone.
-        forwards = verifier.forward_many(sequences) if hasattr(verifier, "forward_many") else [verifier.forward(seq) for seq in sequences]
+        # HFVerifier batches these on a GPU, with logits only where a choice is read (from the
+        # prompt's last position on); a test's verifier has `forward` alone.
+        if hasattr(verifier, "forward_many"):
+            forwards = verifier.forward_many(sequences, keep_from=[len(prompts[i]) - 1 for i in pending])
+        else:
+            forwards = [verifier.forward(seq) for seq in sequences]
         for (i, reference), (greedy, view) in zip(pending.items(), forwards):
             first = _first_disagreement(greedy, prompts[i], reference)
             if first is None or round_ == SETTLE_ROUNDS:
@@ -401,6 +407,8 @@ class HFVerifier:
     extract stage's capture, common/hidden_state_capture.py) in the dtype the draft was trained on."""
 
     def __init__(self, model, layers: list[int], hidden_dtype):
+        import inspect
+
         from common.hidden_state_capture import HiddenStateCapture
         from common.verifier import locate_decoder
 
@@ -409,22 +417,43 @@ class HFVerifier:
         self.hidden_dtype = hidden_dtype
         self.decodes = 0  # generate calls (bench/gpu/speed.py reports them)
         self.capture = HiddenStateCapture(self.parts, layers)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
-    def forward(self, tokens: list[int]):
+    def forward(self, tokens: list[int], keep_from: int = 0):
+        """(greedy choice after each position, the draft's view of every position). With
+        `keep_from`, positions before it get no logits and None for a choice: evaluate reads
+        no choice inside a prompt, and the vocabulary projection is a fifth of a small model's
+        multiply-adds (SmolLM2-135M: 28M of 135M weights; bench/evaluate_speed.py)."""
         import torch
 
         with torch.no_grad(), self.capture.capturing():
-            logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False).logits
+            logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False, **self._logits_from(len(tokens), keep_from)).logits
         aux = self.capture.draft_input().to(self.hidden_dtype)  # [1, T, n*H]
-        return logits[0].argmax(-1).tolist(), aux
+        return self._choices(logits[0].argmax(-1).tolist(), len(tokens)), aux
 
-    def forward_many(self, sequences: list[list[int]], batched: bool | None = None) -> list[tuple[list[int], Any]]:
-        """`forward` of each sequence. On a GPU batched, longest first, right-padded (causal
-        attention: a row's first T positions are its own), at most FORWARD_LOGITS_BYTES of logits
-        a batch: a forward there is launch-bound, so 64 rows cost about what one does. On a CPU one
-        at a time: there padding costs compute (`batched` overrides the choice)."""
+    def _logits_from(self, width: int, keep_from: int) -> dict[str, int]:
+        """The forward's argument that keeps the logits of positions keep_from..width-1 (two at
+        least: a one-row projection takes another kernel, whose sums differ in the last bits),
+        where the model takes `logits_to_keep` (transformers' own models do); else none: all."""
+        keep = width - keep_from
+        if keep_from <= 0 or keep < 2 or not self.keeps_logits:
+            return {}
+        return {"logits_to_keep": keep}
+
+    @staticmethod
+    def _choices(kept: list[int], width: int) -> list[int | None]:
+        """The kept rows' choices as a list over all `width` positions (None where no logits)."""
+        return [None] * (width - len(kept)) + kept
+
+    def forward_many(self, sequences: list[list[int]], batched: bool | None = None, keep_from: list[int] | None = None) -> list[tuple[list[int | None], Any]]:
+        """`forward` of each sequence (`keep_from`: each one's). On a GPU batched, longest first,
+        right-padded (causal attention: a row's first T positions are its own), at most
+        FORWARD_LOGITS_BYTES of logits a batch: a forward there is launch-bound, so 64 rows cost
+        about what one does. On a CPU one at a time: there padding costs compute (`batched`
+        overrides the choice)."""
+        keep_from = keep_from or [0] * len(sequences)
         if not (self.device.type == "cuda" if batched is None else batched) or len(sequences) < 2:
-            return [self.forward(seq) for seq in sequences]
+            return [self.forward(seq, keep) for seq, keep in zip(sequences, keep_from)]
         import torch
 
         vocab = int(self.model.get_output_embeddings().weight.shape[0])
@@ -439,12 +468,13 @@ class HFVerifier:
             for r, j in enumerate(batch):
                 ids[r, : len(sequences[j])] = torch.tensor(sequences[j])
                 mask[r, : len(sequences[j])] = 1
+            keep = self._logits_from(width, min(keep_from[j] for j in batch))
             with torch.no_grad(), self.capture.capturing():
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False).logits
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False, **keep).logits
             greedy = logits.argmax(-1).tolist()
             view = self.capture.draft_input().to(self.hidden_dtype)  # [B, width, n*H]
             for r, j in enumerate(batch):
-                results[j] = (greedy[r][: len(sequences[j])], view[r : r + 1, : len(sequences[j])])
+                results[j] = (self._choices(greedy[r], width)[: len(sequences[j])], view[r : r + 1, : len(sequences[j])])
             start += len(batch)
         return results
 

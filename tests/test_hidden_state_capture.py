@@ -78,3 +78,28 @@ def test_batched_forwards_equal_one_at_a_time(tiny_verifier, prepared_data):
         alone_greedy, alone_view = verifier.forward(seq)
         assert greedy == alone_greedy and view.shape == alone_view.shape == (1, len(seq), alone_view.shape[-1])
         torch.testing.assert_close(view.float(), alone_view.float(), rtol=2 ** -7, atol=1e-3)
+
+
+def test_a_forward_keeping_the_reply_logits_gives_the_same_choices_and_view(tiny_verifier, prepared_data):
+    """evaluate's forwards keep the logits from the prompt's last position on (`keep_from`): those
+    choices equal the full forward's, bit for bit (tau depends on them), earlier ones are None,
+    and the draft's view is the whole sequence's; alone and batched (the GPU path, forced)."""
+    import torch
+    from datasets import load_from_disk
+
+    import evaluate
+    from common.verifier import load_verifier
+
+    verifier = evaluate.HFVerifier(load_verifier(str(tiny_verifier.verifier), device="cpu"), [0, 1, 2], torch.bfloat16)
+    rows = load_from_disk(str(prepared_data))
+    sequences = [list(rows[i]["input_ids"]) for i in range(min(5, len(rows)))]
+    keep_from = [len(s) // 2 + i for i, s in enumerate(sequences)]
+    full = [verifier.forward(seq) for seq in sequences]
+    for batched in (False, True):
+        kept = verifier.forward_many(sequences, batched=batched, keep_from=keep_from)
+        for (greedy, view), (all_greedy, all_view), start, seq in zip(kept, full, keep_from, sequences):
+            first = min(keep_from) if batched else start  # a batch keeps from its earliest
+            assert greedy[first:] == all_greedy[first:] and greedy[:first] == [None] * first
+            assert view.shape == (1, len(seq), all_view.shape[-1])
+            if not batched:
+                assert torch.equal(view, all_view)
