@@ -58,7 +58,7 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
             assert a[f"{label}_tau"] == {k: taus[split]["taus"][a["arm"]][k]["tau"] for k in ("3", "5")}
         record = json.loads((work / "runs" / a["run"] / "run.json").read_text())
         paths = RunArtifacts(record, str(work))
-        draft = work / f"levers-speculators-{a['data_prompts']}" if a["lever"] == "speculators" else Path(paths.path("train"))
+        draft = work / "levers" / f"speculators-{a['data_prompts']}-{Path(paths.path('extract')).name}" if a["lever"] == "speculators" else Path(paths.path("train"))
         assert measured["heldout"][a["arm"]] == measured["selection"][a["arm"]] == str(draft)
         # The run's own data: its prompt file, its lever's flags in its record, its costs.
         assert record["recipes"]["regenerate"]["paths"]["data"] == f"outputs/levers/train-{a['data_prompts']}.jsonl"

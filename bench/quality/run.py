@@ -84,7 +84,7 @@ CLEANUP: list = []  # callables that stop what the bench started (harness runs, 
 # What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
 # (the harness runs' artifacts are keyed by the verifier's and data's content: a rebuilt one makes
 # new ones; the old are removed here only to bound the disk)
-DERIVED = ["outputs/artifacts", "outputs/recipes", "speculators-defaults", "taus", "taus.json", "phases.json"]
+DERIVED = ["outputs/artifacts", "outputs/recipes", "speculators-defaults", "taus", "taus.json", "phases.json", "levers", "outputs/levers"]
 
 
 @dataclass(frozen=True)
@@ -904,7 +904,9 @@ def levers_study(args) -> None:
                          "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}})
             if name == next(iter(levers)) and not args.skip_speculators:
                 # `speculators train`'s own defaults on the same data: one greedy reply per prompt.
-                t = speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers-speculators-{n}")
+                # (its output named by the data's key: other data is another training)
+                (work / "levers").mkdir(exist_ok=True)
+                t = speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}")
                 if t.done:
                     log(f"speculators@{n}: already trained ({t.output})")
                 else:
@@ -936,7 +938,7 @@ def levers_study(args) -> None:
     for arm in arms:
         for split, label in (("selection", "selection"), ("heldout", "test")):
             arm[f"{label}_tau"] = {k: (taus[split].get(arm["arm"], {}).get(k) or {}).get("tau") for k in ("3", "5")}
-        arm["test_by_category"] = {c: v["tau"] for c, v in ((taus["heldout"].get(arm["arm"], {}).get("3") or {}).get("by_category") or {}).items()}
+        arm["test_by_category"] = (taus["heldout"].get(arm["arm"], {}).get("3") or {}).get("by_category") or {}  # {category: {tau, prompts, ...}}
     ngram = {split: {k: taus[split].get("ngram", {}).get(k, {}).get("tau") for k in ("3", "5")} for split in taus}
     chosen = {}
     for n in size.data_sizes:
@@ -945,7 +947,7 @@ def levers_study(args) -> None:
     result = {
         "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(size.data_sizes), "levers": levers,
         "arms": arms, "chosen_by_selection": chosen, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
-        "ngram_test_by_category": {c: v["tau"] for c, v in ((taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {}).items()},
+        "ngram_test_by_category": (taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {},
         "prompts": {"selection": by_split["selection"].get("prompts"), "test": by_split["heldout"].get("prompts")},
         "stage_args": spec.stage_args, "max_seq_len": spec.max_seq_len, "verifier_args": spec.verifier_args,
         **({"prompt_sources": summary["prompts"]} if "prompts" in summary else {}),
@@ -963,7 +965,7 @@ def levers_table(r: dict) -> str:
     """One row per arm and data size: the test split's tau at k = 3 and 5, the selection split's at
     k = 3 (the arm it chooses per data size marked), the time of regenerate + extract + train and
     the disk of regenerate + prepare + extract; then the test split's tau per category at k = 3."""
-    lines = [f"| arm (prompts) | replies | looping | rows cut | test tau, k = 3 | k = 5 | selection tau, k = 3 | regenerate + extract + train, s | disk, MiB |",
+    lines = ["| arm (prompts) | training rows | looping | rows cut | test tau, k = 3 | k = 5 | selection tau, k = 3 | regenerate + extract + train, s | disk, MiB |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for a in r["arms"]:
         seconds = a["seconds"]
@@ -973,9 +975,9 @@ def levers_table(r: dict) -> str:
         lines.append(f"| {flags} ({a['data_prompts']}) | {a['rows']} | {_share(a['loops'])} | {_share(a['truncated_share'])} | {_fmt(a['test_tau']['3'])} | {_fmt(a['test_tau']['5'])} | "
                      f"{_fmt(a['selection_tau']['3'])}{note} | {total:.0f} ({' + '.join(f'{seconds[st]:.0f}' if seconds[st] is not None else '?' for st in COST_STAGES)}) | {sum(a['disk_bytes'].values()) / 2**20:.1f} |")
     lines.append(f"| n-gram prompt lookup (vLLM ngram, n = 4..1) | | | | {_fmt(r['ngram']['test']['3'])} | {_fmt(r['ngram']['test']['5'])} | {_fmt(r['ngram']['selection']['3'])} | | |")
-    by_arm = {a["arm"]: {c: {"tau": t} for c, t in a["test_by_category"].items()} for a in r["arms"]}
+    by_arm = {a["arm"]: a["test_by_category"] for a in r["arms"]}
     if r.get("ngram_test_by_category"):
-        by_arm["ngram"] = {c: {"tau": t} for c, t in r["ngram_test_by_category"].items()}
+        by_arm["ngram"] = r["ngram_test_by_category"]
     return "\n".join(lines) + category_table(by_arm).replace("tau per category, k = 3", "test tau per category, k = 3")
 
 
