@@ -1,5 +1,6 @@
 """Scripts the harness ships to a host and runs there with the host's python3 (standard library
-only). The laptop side never imports them: it reads their source and sends it."""
+only). The laptop side never imports them: it reads their source and sends it. The one module it
+imports is wire.py, the contract both sides read, which travels ahead of every helper."""
 
 from __future__ import annotations
 
