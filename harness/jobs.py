@@ -26,6 +26,7 @@ from harness import box_values, helpers
 from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig, PipelineConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
+from harness.host_helpers import wire
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, RunListing, Started, names_a_run, pick_run
 from harness.runtime.base import WrapOptions
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 RUNS_DIR = "runs"
 SUPERVISOR = "supervisor.py"  # harness/host_helpers/
-HOME_TOKEN = "@harness-home@"  # the supervisor's: ~ in a launch request (put in on the host)
+HOME_TOKEN = wire.HOME_TOKEN  # ~ in a launch request (put in on the host)
 DEFAULT_GRACE_S = 10.0
 FINAL_RUN_STATES = {"ok", "failed", "cancelled", "lost"}
 
@@ -181,7 +182,7 @@ def requirements(config: Config, host: HostConfig, workdir: str, stages: list[st
     needs = [{"path": f"{workdir}/{SCRIPTS_DIR}/{STAGES[s].script}", "message": script_missing(s)} for s in dict.fromkeys(stages)]
     verifier, data = config.pipeline.verifier, config.pipeline.data
     visible = host.runtime == "host"  # a container sees absolute paths through its mounts only: not checked from the host
-    if "verifier" not in stages and verifier_is_host_path(verifier) and (visible or not verifier.startswith("/")):
+    if "verifier" not in stages and not wire.is_hub_id(verifier) and (visible or not verifier.startswith("/")):
         path = verifier if verifier.startswith(("/", "~")) else f"{workdir}/{verifier}"
         needs.append({"path": path, "message": f"{host.name}: the verifier {verifier} ([pipeline] verifier) does not exist on the host "
                       f"(relative paths are under the workdir {host.workdir}): put it there, or name a Hugging Face model id"})
@@ -194,17 +195,12 @@ def requirements(config: Config, host: HostConfig, workdir: str, stages: list[st
     return needs
 
 
-def verifier_is_host_path(verifier: str) -> bool:
-    """A path, not a hub id: absolute, ~, ./, or not of the hub's "org/name" form."""
-    return verifier.startswith(("/", "~", "./", "../")) or verifier.count("/") != 1
-
-
 DATA_FILES = (".jsonl", ".json", ".parquet", ".csv", ".txt")
 
 
 def data_is_host_path(data: str) -> bool:
-    """The chat data names a file on the host (a data file's suffix, or a path as for the verifier)."""
-    return bool(data) and (data.endswith(DATA_FILES) or verifier_is_host_path(data))
+    """The chat data names a file on the host (a data file's suffix, or not a hub id: wire.is_hub_id)."""
+    return bool(data) and (data.endswith(DATA_FILES) or not wire.is_hub_id(data))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import stat
-import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from harness import helpers
+from harness.host_helpers import wire
 from harness.transport.remote_shell import sh_expand_home
 from harness.errors import HarnessError, UsageError
 from harness.transport.base import Transport
@@ -35,7 +35,7 @@ from harness.transport.process import RemoteProcess
 if TYPE_CHECKING:
     from harness.config import Config
 
-MANIFEST_PATH = ".harness/sync-manifest.json"  # relative to the host's workdir
+MANIFEST_PATH = wire.MANIFEST_PATH  # relative to the host's workdir
 LOCAL_CACHE_PATH = ".harness/sync-cache.json"  # relative to the project root (laptop)
 IGNORE_FILES = (".gitignore", ".harnessignore")  # later files win within one directory
 NEVER_SYNCED = {".git", ".harness"}
@@ -226,13 +226,9 @@ class IgnoreRules:
 
 
 def _clean_rel(path: str) -> str | None:
-    """A normalized relative POSIX path without `..`, or None."""
-    if not path or "\0" in path or "\\" in path or path.startswith("/"):
-        return None
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return None
-    return path
+    """A normalized relative POSIX path without `..` (wire.clean_rel), and no `\\` (a Windows
+    separator, never a name of ours: the host's apply refuses it too), or None."""
+    return None if "\\" in path else wire.clean_rel(path)
 
 
 def _under(path: str, roots: Iterable[str]) -> bool:
@@ -456,8 +452,8 @@ ProgressCallback = Callable[[int, int], None]  # (files sent so far, bytes sent 
 # to send, in the header's order: size and permission bits, the content, its raw SHA-256 (hashed
 # as it was read: what the host holds, whatever happened to the file meanwhile). Then one JSON
 # line, {"digest": ...} of the resulting manifest. Links travel in the header alone.
-RECORD = struct.Struct(">QI")
-GONE = (1 << 64) - 1  # record size of a file that vanished (or became unreadable) since the scan
+RECORD = wire.SYNC_RECORD
+GONE = wire.SYNC_GONE  # record size of a file that vanished (or became unreadable) since the scan
 _FLUSH = 1 << 20
 _PROGRESS_EVERY_S = 0.05
 

@@ -131,7 +131,8 @@ def _module_text(path) -> str:
 
 def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
     """The one way stays the one way: only harness/helpers.py reads a helper's source or knows how
-    the host's python starts one (host_helpers is imported nowhere else), no other module builds a
+    the host's python starts one (host_helpers is imported nowhere else, but for its wire
+    contract, host_helpers/wire.py, which is no helper), no other module builds a
     `python -S -c` command line or any `-c` line but a shell's (a Python program sent inline is a
     host helper's job), and every module that names a helper imports harness.helpers."""
     import ast
@@ -151,9 +152,12 @@ def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module == "harness" and any(a.name == "host_helpers" for a in node.names):
                 offences.append(f"{rel}:{node.lineno}: imports harness.host_helpers")
+            if isinstance(node, ast.ImportFrom) and node.module == "harness.host_helpers" and any(a.name != "wire" for a in node.names):
+                offences.append(f"{rel}:{node.lineno}: imports harness.host_helpers")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                if any(m.startswith("harness.host_helpers") for m in modules):
+                wire_only = isinstance(node, ast.ImportFrom) and node.module == "harness.host_helpers"  # judged above
+                if not wire_only and any(m.startswith("harness.host_helpers") and m != "harness.host_helpers.wire" for m in modules):
                     offences.append(f"{rel}:{node.lineno}: imports harness.host_helpers")
                 if any(m == "harness.helpers" for m in modules) or (isinstance(node, ast.ImportFrom) and node.module == "harness"
                                                                    and any(a.name == "helpers" for a in node.names)):
@@ -173,4 +177,4 @@ def test_every_module_ships_and_starts_host_helpers_through_harness_helpers():
             offences.append(f"{rel}: names {sorted(named[rel])} but does not go through harness.helpers")
     assert offences == []
     companions = {c for shipped in host_helpers.COMPANIONS.values() for c in shipped}  # they travel inside the helper that imports them
-    assert set().union(*named.values()) == names - {"commands.py"} - companions  # commands.py: named in helpers.py itself (Prefetched)
+    assert set().union(*named.values()) == names - {"commands.py", host_helpers.WIRE} - companions  # commands.py: named in helpers.py itself (Prefetched)

@@ -97,7 +97,7 @@ def test_the_user_token_is_put_in_on_both_sides_of_the_seam():
     from harness.host_helpers import supervisor
     from harness.runtime.base import USER_TOKEN
 
-    assert supervisor.USER_TOKEN == USER_TOKEN
+    assert supervisor.wire.USER_TOKEN is USER_TOKEN  # one constant, written once (host_helpers/wire.py)
     argv = DockerRuntime(DOCKER, "/home/me/w", home="/home/me", image="eagle:latest").foreground(["true"])
     assert argv[argv.index("--user") + 1] == USER_TOKEN
     # its shell, given no directories to make and `echo` for docker

@@ -22,6 +22,7 @@ from harness.transport.remote_shell import sh_expand_home
 from harness.config import Config, HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner, describe
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
+from harness.host_helpers.wire import default_target_layers
 from harness.inspect_remote import stage_env
 from harness.pipeline import SCRIPTS_DIR, online_training, store_root
 from harness.runtime.base import Runtime
@@ -515,10 +516,6 @@ def verdict_verifier_dtype(probe: ProbeOutcome) -> CheckResult:
     if dtype == "float16":
         return CheckResult(name, "warn", "float16 verifier; hidden states are stored as bfloat16, which keeps fewer mantissa bits", "extract in bfloat16 if the model was trained in it, or check the draft's acceptance")
     return CheckResult(name, "warn", f"{dtype} verifier; hidden states are stored as bfloat16 (2 bytes): extraction casts them", "load the verifier in bfloat16 to halve its memory")
-
-
-def default_target_layers(num_layers: int) -> list[int]:
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def verdict_target_layers(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:

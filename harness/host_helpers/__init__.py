@@ -1,5 +1,6 @@
 """Scripts the harness ships to a host and runs there with the host's python3 (standard library
-only). The laptop side never imports them: it reads their source and sends it."""
+only). The laptop side never imports them: it reads their source and sends it. The one module it
+imports is wire.py, the contract both sides read, which travels ahead of every helper."""
 
 from __future__ import annotations
 
@@ -18,18 +19,18 @@ def path(name: str) -> Path:
     return DIR / name
 
 
-# Modules a helper imports from this directory, shipped with it (source()): name -> companions.
+# The wire contract (wire.py): shipped with every helper, ahead of its own companions.
+WIRE = "wire.py"
+# Other modules a helper imports from this directory, shipped with it (source()): name -> companions.
 COMPANIONS = {"supervisor.py": ("artifact_store.py",)}
 
 
 def source(name: str) -> str:
-    """The text of one helper, as it travels to the host. A helper with companions travels as a
-    loader: each companion registered as a module (sys.modules), then the helper run as
-    __main__, every file compiled under its own name (tracebacks name the right file and line)."""
+    """The text of one helper, as it travels to the host: a loader that registers each companion
+    as a module (sys.modules; the wire contract first), then runs the helper as __main__, every
+    file compiled under its own name (tracebacks name the right file and line)."""
     text = path(name).read_text(encoding="utf-8")
-    companions = COMPANIONS.get(name, ())
-    if not companions:
-        return text
+    companions = (WIRE, *COMPANIONS.get(name, ()))
     lines = ["import sys, types", "def _companion(name, text):",
              "    module = sys.modules[name] = types.ModuleType(name)",
              "    module.__file__ = name + '.py'",

@@ -25,6 +25,11 @@ import re
 import shutil
 import stat
 
+if globals().get("__package__"):  # imported as harness.host_helpers.artifact_store (tests)
+    from harness.host_helpers import wire
+else:  # on the host: registered ahead of this companion (harness/host_helpers/__init__.py)
+    import wire
+
 FORMAT = 1  # of the key's parts: a change here is a change of every key
 KEY_CHARS = 20  # of the SHA-256 in hex, as the artifact's name (80 bits)
 KEY_RE = re.compile(r"^[0-9a-f]{%d}$" % KEY_CHARS)
@@ -155,10 +160,6 @@ def hub_revision(repo_id: str) -> str | None:
     return revision if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision) else None
 
 
-def looks_like_hub_id(text: str) -> bool:
-    return text.count("/") == 1 and not text.startswith(("/", "~", ".")) and all(text.split("/"))
-
-
 def identify(path: str, workdir: str, digests: Digests) -> dict:
     """What an input from outside the store is: a file by its content, a directory by its files
     (tree_entry), a hub id by the revision the box's hub cache holds for it (none yet: the first
@@ -175,7 +176,7 @@ def identify(path: str, workdir: str, digests: Digests) -> dict:
                     p = os.path.join(root, name)
                     entries[os.path.relpath(p, full)] = tree_entry(p, digests)
         return {"tree": digest(entries), "files": len(entries)}
-    if looks_like_hub_id(path):  # a hub id, or a path that no run made yet: either is told apart once it is there
+    if wire.is_hub_id(path):  # a hub id, or a path that no run made yet: either is told apart once it is there
         return {"missing": path, "hub_revision": hub_revision(path)}
     return {"missing": path}
 

@@ -21,6 +21,11 @@ import subprocess
 import sys
 import time
 
+try:  # on the host: shipped ahead of this helper (harness/host_helpers/__init__.py); beside it when run by path
+    import wire
+except ImportError:  # loaded on the laptop (tests)
+    from harness.host_helpers import wire
+
 MARKER = "@@harness-ml-probe@@ "
 DISTRIBUTIONS = ("torch", "transformers", "speculators", "vllm", "triton", "datasets", "safetensors")
 # The smaller flex tiles to retry with when the default ones need more shared memory than the
@@ -156,8 +161,9 @@ def read_json(path):
 
 def verifier_facts(path):
     facts = {"path": path, "found": False}
-    config_path = os.path.join(path, "config.json") if os.path.isdir(path) else None
-    if config_path is None and not path.startswith((".", "/")) and path.count("/") == 1:
+    local = os.path.expanduser(path)  # `~/x` is a directory here, never a hub id
+    config_path = os.path.join(local, "config.json") if os.path.isdir(local) else None
+    if config_path is None and wire.is_hub_id(path):
         try:  # a hub id: its config.json in the Hugging Face cache, if downloaded
             from huggingface_hub import try_to_load_from_cache
 

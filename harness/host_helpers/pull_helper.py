@@ -16,9 +16,13 @@ import hashlib
 import json
 import os
 import stat
-import struct
 import sys
 import zlib
+
+try:  # on the host: shipped ahead of this helper (harness/host_helpers/__init__.py); beside it when run by path
+    import wire
+except ImportError:  # exec'd on the laptop (tests)
+    from harness.host_helpers import wire
 
 FRAME = 1 << 20
 TOKEN_BYTES = 32
@@ -135,7 +139,7 @@ def do_hash(root, rels, out):
 
 
 def do_send(root, segments, out):
-    header = struct.Struct(">BQ")
+    header = wire.FRAME_HEADER
     write_all = out.write
 
     for line in segments:
@@ -143,11 +147,11 @@ def do_send(root, segments, out):
         try:
             fd, st = open_regular(root, rel)
         except OSError:
-            write_all(header.pack(1, 0))
+            write_all(header.pack(wire.FRAME_CHANGED, 0))
             continue
         try:
             if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-                write_all(header.pack(1, 0))
+                write_all(header.pack(wire.FRAME_CHANGED, 0))
                 continue
             crc = 0  # CRC-32, not SHA-256: SSH authenticates the bytes in flight; this catches a bad piece (see partfile.py)
             position, short = piece_start, False
@@ -160,21 +164,21 @@ def do_send(root, segments, out):
                 if position + len(data) > offset:
                     skip = max(0, offset - position)
                     sent = memoryview(data)[skip:]
-                    write_all(header.pack(0, len(sent)))
+                    write_all(header.pack(wire.FRAME_PIECE, len(sent)))
                     out.write_from_file(sent, fd, position + skip)
                 position += len(data)
             after = os.fstat(fd)
             if short or (after.st_size, after.st_mtime_ns) != (size, mtime_ns):
-                write_all(header.pack(1, 0))
+                write_all(header.pack(wire.FRAME_CHANGED, 0))
             else:
-                write_all(header.pack(2, 4) + struct.pack(">I", crc))
+                write_all(header.pack(wire.FRAME_CRC, wire.PIECE_CRC.size) + wire.PIECE_CRC.pack(crc))
         finally:
             os.close(fd)
 
 
 def start_listener():
     """A loopback listener behind a random token, served by a forked process that ends with
-    this one; returns the status-6 frame's document ({} where it cannot listen)."""
+    this one; returns the FRAME_LISTENER frame's document ({} where it cannot listen)."""
     import socket  # here, not at the top: most helpers never listen (start-up time)
 
     try:
@@ -261,8 +265,8 @@ READ_MAX = 16 << 20  # a `read` answer: a run record, not a checkpoint
 
 
 def answer(request, listen):
-    """One question before ROOT -> (status, data): 4 an answer (JSON, or a file's bytes), 5 an
-    error ({"error": why, "missing": bool}), 6 the listener."""
+    """One question before ROOT -> (status, data): wire.FRAME_ANSWER (JSON, or a file's bytes),
+    FRAME_ERROR ({"error": why, "missing": bool}), or FRAME_LISTENER."""
     try:
         if "list" in request:  # [PATH, ...]: each PATH's entries, or why not
             docs = []
@@ -271,47 +275,32 @@ def answer(request, listen):
                     docs.append(do_list(path))
                 except OSError as e:
                     docs.append({"error": e.strerror or str(e)})
-            return 4, json.dumps(docs).encode()
+            return wire.FRAME_ANSWER, json.dumps(docs).encode()
         if "read" in request:
             with open(os.path.expanduser(request["read"]), "rb") as f:
                 data = f.read(READ_MAX + 1)
             if len(data) > READ_MAX:
                 raise OSError("larger than %d bytes" % READ_MAX)
-            return 4, data
+            return wire.FRAME_ANSWER, data
         if "exists" in request:  # [PATH, ...] -> those that exist (links followed, as `test -e`)
-            return 4, json.dumps([p for p in request["exists"] if os.path.exists(os.path.expanduser(p))]).encode()
+            return wire.FRAME_ANSWER, json.dumps([p for p in request["exists"] if os.path.exists(os.path.expanduser(p))]).encode()
         if "newest_run" in request:
-            return 4, json.dumps(newest_run(os.path.expanduser(request["newest_run"]))).encode()
-        return 6, json.dumps(start_listener() if listen and request.get("listen") else {}).encode()
+            return wire.FRAME_ANSWER, json.dumps(wire.newest_run(os.path.expanduser(request["newest_run"]))).encode()
+        return wire.FRAME_LISTENER, json.dumps(start_listener() if listen and request.get("listen") else {}).encode()
     except OSError as e:
-        return 5, json.dumps({"error": e.strerror or str(e), "missing": isinstance(e, FileNotFoundError)}).encode()
-
-
-def newest_run(runs_dir):
-    """`harness pull HOST last`: the run id of the last name, sorted, whose run.json holds a
-    record (as the supervisor's status orders runs), or None."""
-    names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
-    for name in reversed(names):
-        try:
-            with open(os.path.join(runs_dir, name, "run.json")) as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and record:
-            return record.get("run_id") or name
-    return None
+        return wire.FRAME_ERROR, json.dumps({"error": e.strerror or str(e), "missing": isinstance(e, FileNotFoundError)}).encode()
 
 
 def serve_send(stdin, out, listen):
     """The `send` protocol over stdin/out: the ready frame, questions and pings, ROOT, segments."""
-    out.write(struct.pack(">BQ", 3, 0))  # ready: the laptop times its first request from here
+    out.write(wire.FRAME_HEADER.pack(wire.FRAME_READY, 0))  # ready: the laptop times its first request from here
     first = stdin.readline()
     while first.strip() == b"null" or first.startswith(b"{"):
         if first.startswith(b"{"):
             status, data = answer(json.loads(first), listen)
-            out.write(struct.pack(">BQ", status, len(data)) + data)
+            out.write(wire.FRAME_HEADER.pack(status, len(data)) + data)
         else:  # a ping: answer at once
-            out.write(struct.pack(">BQ", 3, 0))
+            out.write(wire.FRAME_HEADER.pack(wire.FRAME_READY, 0))
         first = stdin.readline()
     if first:
         do_send(os.path.realpath(os.path.expanduser(json.loads(first))), stdin, out)

@@ -30,9 +30,10 @@ import sys
 import time
 
 if globals().get("__package__"):  # imported as harness.host_helpers.supervisor (tests)
-    from harness.host_helpers import artifact_store
-else:  # on the host: shipped with this helper (harness/host_helpers/__init__.py, COMPANIONS)
+    from harness.host_helpers import artifact_store, wire
+else:  # on the host: shipped with this helper (harness/host_helpers/__init__.py, WIRE and COMPANIONS)
     import artifact_store
+    import wire
 
 FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
 FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
@@ -919,7 +920,7 @@ def cmd_gc(runs_dir: str, stores: list, remove: list, dry_run: bool) -> int:
     would go, with `dry_run`) as one JSON document."""
     workdir = os.path.dirname(os.path.abspath(runs_dir))
     runs = {}
-    for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+    for name in wire.run_names(runs_dir):
         record = read_json(os.path.join(runs_dir, name, "run.json"))
         if isinstance(record, dict) and not os.path.islink(os.path.join(runs_dir, name)):
             runs[name] = record
@@ -1010,8 +1011,7 @@ def cmd_status(runs_dir: str, run_id: str | None) -> int:
             return 2
         out = [summary]
     else:
-        names = sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []
-        out = [s for s in (run_summary(os.path.join(runs_dir, n)) for n in names) if s]
+        out = [s for s in (run_summary(os.path.join(runs_dir, n)) for n in wire.run_names(runs_dir)) if s]
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")
     return 0
@@ -1133,21 +1133,15 @@ def read_from(path: str, offset: int, whole_lines: bool = False, limit: int = 1 
     return offset + len(data), data
 
 
-# `~` in a launch request: the home directory, put in on the host (the laptop never asks for it)
-HOME_TOKEN = "@harness-home@"
-# a container's --user (harness/runtime/docker.py): this user's "uid:gid", put in the same way
-USER_TOKEN = "@harness-user@"
-
-
 def main() -> int:
     """One request, a JSON document on stdin (harness/helpers.py): {"cmd": ..., ...}. Paths may
     start with ~ (the workdir as configured)."""
     os.umask(0o077)  # what the supervisor and the stages it starts create is the user's alone
     text = sys.stdin.read()
     home = os.path.expanduser("~")
-    if HOME_TOKEN in text:
-        text = text.replace(HOME_TOKEN, json.dumps(home)[1:-1])
-    text = text.replace(f'"--user", "{USER_TOKEN}"', f'"--user", "{os.getuid()}:{os.getgid()}"')
+    if wire.HOME_TOKEN in text:  # `~` in a launch request
+        text = text.replace(wire.HOME_TOKEN, json.dumps(home)[1:-1])
+    text = text.replace(f'"--user", "{wire.USER_TOKEN}"', f'"--user", "{os.getuid()}:{os.getgid()}"')
     request = json.loads(text)
     for key in ("run_dir", "runs_dir", "manifest", "space"):
         if request.get(key):

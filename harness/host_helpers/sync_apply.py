@@ -14,24 +14,24 @@ The stream's format and the order of writes: docs/ARCHITECTURE.md, "harness sync
 import json
 import os
 import stat
-import struct
 import sys
 
-MANIFEST = ".harness/sync-manifest.json"
-RECORD = struct.Struct(">QI")  # harness.sync.RECORD
-GONE = (1 << 64) - 1
+try:  # on the host: shipped ahead of this helper (harness/host_helpers/__init__.py); beside it when run by path
+    import wire
+except ImportError:  # exec'd on the laptop (tests)
+    from harness.host_helpers import wire
+
+MANIFEST = wire.MANIFEST_PATH
+RECORD = wire.SYNC_RECORD
+GONE = wire.SYNC_GONE
 BLOCK = 1 << 20
 OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def safe_rel(path, roots):
-    """A normalized relative path under one of the synced roots, or None."""
-    if not isinstance(path, str) or not path or "\0" in path or "\\" in path:
-        return None
-    if path.startswith("/") or path != os.path.normpath(path):
-        return None
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts) or parts[0] == ".harness":
+    """A normalized relative path (wire.clean_rel, no `\\` as sync's scan) under one of the
+    synced roots, outside .harness/, or None."""
+    if wire.clean_rel(path) is None or "\\" in path or path.split("/")[0] == ".harness":
         return None
     if not any(path == r or path.startswith(r + "/") for r in roots):
         return None

@@ -17,13 +17,14 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from harness.host_helpers import wire
 from harness.pull.local_disk import LocalWriteFailed
 from harness.pull.options import MiB
 from harness.pull.selection import RemoteEntry
 
 PART_SUFFIX = ".harness-part"
 COUNTERS = struct.Struct("<Q")
-CHECK = struct.Struct(">I")  # a piece's CRC-32 as the host sends it (pull_helper.py, status 2)
+CHECK = wire.PIECE_CRC  # a piece's CRC-32 as the host sends it (pull_helper.py, a FRAME_CRC frame)
 
 
 def part_paths(target: Path) -> tuple[Path, Path, Path]:

@@ -6,19 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from harness.host_helpers import wire
+
 
 def clean_rel(name: str) -> str | None:
-    """name when it is a plain relative path (no `..`, not absolute, valid UTF-8), else None."""
-    if not name or "\0" in name or name.startswith("/"):
-        return None
+    """name when it is a plain relative path (wire.clean_rel) and valid UTF-8, else None."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return None
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return None
-    return name
+    return wire.clean_rel(name)
 
 
 def inside(path: str, root: str) -> bool:

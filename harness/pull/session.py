@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError, UsageError
+from harness.host_helpers import wire
 from harness.pull.host import HostHashes, parse_listing, start_send
 from harness.pull.local_disk import LocalDiskError, LocalWriteFailed, check_room, local_failure
 from harness.pull.options import MiB, PullOptions, PullProgress, PullReport
@@ -101,7 +102,7 @@ class PullConnection:
     def read(self, path: str) -> bytes:
         """A small file of the host's (at most 16 MiB). FileNotFoundError where there is none."""
         status, data = self._ask({"read": path})
-        if status != 4:
+        if status != wire.FRAME_ANSWER:
             error = json.loads(data)
             raise (FileNotFoundError if error["missing"] else OSError)(f"{self.transport.name}:{path}: {error['error']}")
         return data
@@ -113,7 +114,7 @@ class PullConnection:
     def newest_run(self, runs_dir: str) -> str | None:
         """The run `last` names in runs_dir (the supervisor's order), or None."""
         status, data = self._ask({"newest_run": runs_dir})
-        return json.loads(data) if status == 4 else None
+        return json.loads(data) if status == wire.FRAME_ANSWER else None
 
     def pull(self, sources: list[Source], local_dir: str | os.PathLike[str], progress: PullProgress | None = None) -> PullReport:
         """Fetch every source into local_dir (each to its `local`); names in the report are

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import json
-import struct
 import subprocess
 import threading
 import time
@@ -13,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from harness.errors import HarnessError
+from harness.host_helpers import wire
 from harness.pull.local_disk import LocalWriteFailed
 from harness.pull.options import MiB, PullOptions
 from harness.pull.partfile import CHECK, PartFile
 from harness.transport.process import RemoteProcess
 
-FRAME_HEADER = struct.Struct(">BQ")
+FRAME_HEADER = wire.FRAME_HEADER
 StartStream = Callable[[], RemoteProcess]  # starts one stream's process on the host (Transport.stream)
 
 
@@ -114,9 +114,9 @@ def _widen_pipe(fd: int) -> None:
 
 
 def _ready(proc: RemoteProcess) -> bool:
-    """The helper's first frame (status 3): it runs and reads requests."""
+    """The helper's first frame (FRAME_READY): it runs and reads requests."""
     header = _read_exact(proc.stdout, FRAME_HEADER.size)
-    return len(header) == FRAME_HEADER.size and FRAME_HEADER.unpack(header)[0] == 3
+    return len(header) == FRAME_HEADER.size and FRAME_HEADER.unpack(header)[0] == wire.FRAME_READY
 
 
 def _read_frame(proc: RemoteProcess) -> tuple[int, bytes] | None:
@@ -192,7 +192,7 @@ class FirstStream:
         self._ready = True
         if self._listen:
             frame = _read_frame(self.proc)
-            if frame is None or frame[0] != 6:
+            if frame is None or frame[0] != wire.FRAME_LISTENER:
                 raise self._failed()
             doc = json.loads(frame[1])
             if "port" in doc:  # else the host could not listen: more streams start helpers of their own
@@ -334,11 +334,11 @@ class Stream(threading.Thread):
                 if self.round_trip_s is None and self.listener is None:  # (a forwarded one asked before its ready)
                     self.round_trip_s = time.monotonic() - asked  # one request, one answer
                 seg = in_flight[0]
-                if status == 0:
+                if status == wire.FRAME_PIECE:
                     if seg.part.receive(seg.piece, proc.stdout.fileno(), length, self.on_bytes) < length:
                         return False
                     continue
-                if status == 2:
+                if status == wire.FRAME_CRC:
                     crc = _read_exact(proc.stdout, length)
                     if length != CHECK.size or len(crc) < length:
                         return False

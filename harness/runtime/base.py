@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
+from harness.host_helpers import wire
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -36,7 +37,7 @@ class WrapOptions:
 # Create directories, then run the command: one round trip. The directories are data ($2..),
 # never part of the script; they and what the command writes are the user's alone (umask 077).
 # `--user USER_TOKEN` (runtime/docker.py) becomes the user's `--user uid:gid` on the way.
-USER_TOKEN = "@harness-user@"  # the supervisor's too (host_helpers/supervisor.py): it puts it in for stage containers
+USER_TOKEN = wire.USER_TOKEN  # the supervisor puts it in for stage containers (host_helpers/supervisor.py)
 # `--label CLIENT_LABEL=CLIENT_TOKEN` becomes the pid of the command's client on the host (this
 # shell's, which the client keeps): a container whose client is gone is found by it
 CLIENT_LABEL = "harness.client"
