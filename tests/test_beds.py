@@ -25,7 +25,8 @@ def test_needs_the_bed(broken_bed):
 def run_pytest(tmp_path: Path, ci: str | None, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     (tmp_path / "test_broken.py").write_text(BROKEN_BED)
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_runtest_logreport, pytest_terminal_summary  # noqa: F401 (the summary block)\n")
-    env = {**{k: v for k, v in os.environ.items() if k != "CI"}, **(env or {})}
+    # not the outer run's CI, nor its beds file: the inner run's broken bed is not the outer run's
+    env = {**{k: v for k, v in os.environ.items() if k not in ("CI", "HARNESS_BEDS_NOT_STARTED")}, **(env or {})}
     env["PYTHONPATH"] = str(REPO)
     if ci is not None:
         env["CI"] = ci
