@@ -39,7 +39,7 @@ def build(ctx: click.Context, host: str, force: bool, dry_run: bool, as_json: bo
     try:
         outcome = ctx.obj.place(host).build(force, out, dry_run=dry_run)
     except BuildStopped as e:
-        said = "stopped: its docker build ended there" if e.stopped else "interrupted before its docker build started"
+        said = "stopped: its docker build ended there" if e.stopped else "interrupted: no docker build of it was running there"
         click.echo(f"\nharness: the build on {e.host} {said}", err=True)
         ctx.exit(EXIT_INTERRUPTED)
     if as_json:

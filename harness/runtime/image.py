@@ -284,9 +284,9 @@ def build(
 
 
 def stop_build(transport: "Transport", pid: str) -> bool:
-    """End the build whose docker client has `pid` on the host (Ctrl-C): the engine cancels it."""
-    transport.run(["sh", "-c", _STOP_BUILD, "sh", pid])
-    return True
+    """End the build whose docker client has `pid` on the host (Ctrl-C): the engine cancels it.
+    Whether it was signalled (not when that client had already ended)."""
+    return transport.run(["sh", "-c", _STOP_BUILD, "sh", pid]).exit_code == 0
 
 
 class BuildStopped(KeyboardInterrupt):
