@@ -564,7 +564,7 @@ class Supervisor:
         until the engine answers for the container again or the container's processes are gone;
         a cancel meanwhile signals those processes directly (they are the box user's: --user)."""
         lines = said.decode(errors="replace").strip().splitlines()
-        why = next((line for line in reversed(lines) if any(m in line for m in ENGINE_LOST)), lines[-1] if lines else "no answer")
+        why = engine_lost_line(lines) or (lines[-1] if lines else "no answer")
         lost = f"the Docker engine went away under the stage (docker wait: {why})"
         update_json(state_path, error=f"{lost}; its container may still be running: waiting for the engine (harness cancel stops it)")
         log_file.write(f"harness: {lost}; its container may still be running: waiting for the engine\n".encode())
@@ -627,12 +627,15 @@ def stop_pids(pids: list[int], grace: float) -> None:
 ENGINE_LOST = ("error during connect", "Cannot connect to the Docker daemon")
 
 
+def engine_lost_line(lines: list[str]) -> str | None:
+    """The last of docker's lines that says it lost its engine, if one does."""
+    return next((line for line in reversed(lines) if any(marker in line for marker in ENGINE_LOST)), None)
+
+
 def engine_went_away(state_path: str, step: str, said: bytes) -> None:
     """Record on the stage that its Docker engine went away during `step`, when it did."""
-    lines = said.decode(errors="replace").strip().splitlines()
-    lost = [line for line in lines if any(marker in line for marker in ENGINE_LOST)]
-    if lost:
-        why = (lost or lines or ["no answer"])[-1]
+    why = engine_lost_line(said.decode(errors="replace").strip().splitlines())
+    if why:
         update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is gone: run it again")
 
 
