@@ -336,7 +336,10 @@ def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[li
     greedy_match).
 
     A batched cached decode and a single forward without a cache break a near tie differently
-    now and then (bf16 on a GPU: often). Where the forward disagrees first, at position i, its
+    now and then (bf16 on a GPU: often). A choice the forward calls tied with the decode's
+    (Choice.ties: within the verifier's precision) is no disagreement: both are greedy, and on
+    an H100 re-decoding them cost 5.5x the decode itself (bench/RESULTS.md, 2026-12-06). Where the
+    forward disagrees first beyond that, at position i, its
     own choice replaces reference[i] and the rest is decoded again from there, batched over the
     prompts that need it; at most SETTLE_ROUNDS times, then greedy_match is False (as the chain's
     check would say). Before, each disagreeing prompt was decoded again alone, a whole decode
@@ -390,9 +393,9 @@ def measure_chain(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: l
 
 def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[int]) -> int | None:
     """The first i where the verifier's own choice after prompt + reference[:i] is not
-    reference[i] (None: it is, for every i)."""
+    reference[i] nor tied with it (Choice; None: it is, for every i)."""
     own = greedy[len(prompt) - 1 : len(prompt) - 1 + len(reference)]
-    return next((i for i, (a, b) in enumerate(zip(own, reference)) if a != b), None)
+    return next((i for i, (a, b) in enumerate(zip(own, reference)) if a != b and b not in getattr(a, "ties", ())), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,6 +403,43 @@ def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[in
 
 
 FORWARD_LOGITS_BYTES = 1 << 31  # HFVerifier.forward_many's batches: 2 GiB of fp32 logits at most
+# A runner-up within this many units of the verifier's precision (its dtype's eps, scaled by the top
+# logit) ties with the top choice: a cached, batched decode and an uncached forward round their sums
+# differently, and in bf16 on SmolLM2 they parted at gaps of 0 to 2 ulps (bench/evaluate_speed.py).
+TIE_EPS = 2.0
+
+
+class Choice(int):
+    """A greedy choice whose runner-up ties with it within the verifier's precision (`ties`): a
+    decode that took the runner-up is as greedy as the forward (settle accepts it). Plain ints
+    elsewhere: the chain compares choices as ints."""
+
+    ties: frozenset[int] = frozenset()
+
+    @classmethod
+    def tied(cls, top: int, runner_up: int) -> "Choice":
+        choice = cls(top)
+        choice.ties = frozenset((runner_up,))
+        return choice
+
+
+def greedy_choices(logits) -> list:
+    """Each row's argmax over the last dimension as a list (nested like `logits`' leading
+    dimensions), a Choice where the runner-up is within TIE_EPS of the verifier's precision."""
+    import torch
+
+    values, ids = logits.topk(2, dim=-1)
+    top, second = values.float().unbind(-1)
+    near = (top - second) <= TIE_EPS * torch.finfo(logits.dtype).eps * top.abs()
+
+    def rows(first, runner_up, tie):
+        if isinstance(first, list):
+            return [rows(a, b, c) for a, b, c in zip(first, runner_up, tie)]
+        return Choice.tied(first, runner_up) if tie else first
+
+    return rows(ids[..., 0].tolist(), ids[..., 1].tolist(), near.tolist())
+
+
 
 
 class HFVerifier:
@@ -429,7 +469,7 @@ class HFVerifier:
         with torch.no_grad(), self.capture.capturing():
             logits = self.model(input_ids=torch.tensor([tokens], device=self.device), use_cache=False, **self._logits_from(len(tokens), keep_from)).logits
         aux = self.capture.draft_input().to(self.hidden_dtype)  # [1, T, n*H]
-        return self._choices(logits[0].argmax(-1).tolist(), len(tokens)), aux
+        return self._choices(greedy_choices(logits[0]), len(tokens)), aux
 
     def _logits_from(self, width: int, keep_from: int) -> dict[str, int]:
         """The forward's argument that keeps the logits of positions keep_from..width-1 (two at
@@ -471,7 +511,7 @@ class HFVerifier:
             keep = self._logits_from(width, min(keep_from[j] for j in batch))
             with torch.no_grad(), self.capture.capturing():
                 logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False, **keep).logits
-            greedy = logits.argmax(-1).tolist()
+            greedy = greedy_choices(logits)
             view = self.capture.draft_input().to(self.hidden_dtype)  # [B, width, n*H]
             for r, j in enumerate(batch):
                 results[j] = (self._choices(greedy[r], width)[: len(sequences[j])], view[r : r + 1, : len(sequences[j])])

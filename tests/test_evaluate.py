@@ -244,6 +244,40 @@ def test_settle_fixes_a_disagreeing_decode_in_one_batched_decode():
         assert reference == v._decode(prompt, budget, {EOS}, False)
 
 
+def test_settle_keeps_a_decode_that_took_a_tied_runner_up():
+    """Where the forward's choice ties with the decode's (Choice.ties: within the verifier's
+    precision), the decode stands: no second decode, the reply unchanged, greedy_match True."""
+    v0 = ChainVerifier()
+    prompts = _prompts(v0, 6)
+
+    class TiedVerifier(MisdecodingVerifier):
+        def forward(self, tokens):
+            greedy, view = super().forward(tokens)
+            # the runner-up at each position is what the misdecode takes there
+            return [ev.Choice.tied(g, (self.successor[t] % 49) + 1) for g, t in zip(greedy, tokens)], view
+
+    v = TiedVerifier({tuple(p) for p in prompts[:3]})
+    references = v.greedy_batch(prompts, 30, {EOS})
+    settled = ev.settle(v, prompts, references, 30, {EOS})
+    assert v.decodes == 1
+    assert [s[0] for s in settled] == references and all(s[2] is True for s in settled)
+    assert references[0] != v._decode(prompts[0], 30, {EOS}, False)  # the tie did change that reply
+
+
+def test_greedy_choices_mark_a_runner_up_within_the_dtype_precision():
+    """bf16: a runner-up one ulp below the top ties with it; one well below does not. fp32: the
+    same gap of one bf16 ulp is 65,536 of its own: no tie."""
+    import torch
+
+    logits = torch.tensor([[[16.0, 15.875, 0.0], [16.0, 10.0, 0.0]]])  # 15.875: one bf16 ulp below 16
+    choices = ev.greedy_choices(logits.to(torch.bfloat16))
+    assert choices == [[0, 0]]
+    assert choices[0][0].ties == {1} and getattr(choices[0][1], "ties", frozenset()) == frozenset()
+    assert all(not getattr(c, "ties", None) for c in ev.greedy_choices(logits)[0])
+    assert ev._first_disagreement(choices[0], [7], [1, 0]) is None  # the tied runner-up is no disagreement
+    assert ev._first_disagreement(choices[0], [7], [0, 1]) == 1
+
+
 @pytest.mark.parametrize("method", ["fast", "chain"])
 def test_the_measurements_run_without_cudnn_attention(method):
     """cuDNN's SDPA plans a graph per new shape (every decode step): the measurements turn it off,

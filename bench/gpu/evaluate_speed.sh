@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# bench/evaluate_speed.py on one GPU: evaluate on the real SmolLM2-135M-Instruct (imported from its GGUF) beside the
+# verifier's own batched greedy decoding of the same 64 prompts to 256 tokens, each side twice, with a draft trained
+# elsewhere and carried (bench/gpu/stage_speed.sh trains one on the GPU instead, at the cost of ~5 minutes).
+# The pipeline's wheels and the GGUF are the first ~123 MB of the vLLM carry (.carry1-3: bench/gpu/served.sh); the
+# draft and the prompts travel as .carry-ev1, .carry-ev2, made here:
+#   python bench/quality/prompts.py --train 64 --selection 64 --heldout 64 --output /tmp/ev/chat.jsonl
+#   python bench/gpu/vllm_carry.py pack .carry-ev CHECKPOINT/config.json /tmp/ev/chat.jsonl CHECKPOINT/model.safetensors
+# Back to back on a warm machine (device tool, repo root), one part a call, the bench in the call that completes them:
+#   carry [".carry1"], [".carry2"], [".carry3"], [".carry-ev1"], [".carry-ev2"]:  bash bench/gpu/evaluate_speed.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+OUT=${OUT:-/tmp/evaluate-speed-out}
+mkdir -p "$OUT" /tmp/cs /tmp/es
+for d in .carry[0-9]*/; do [ -d "$d" ] && cp -r "$d" /tmp/cs/; done
+for d in .carry-ev*/; do [ -d "$d" ] && cp -r "$d" /tmp/es/; done
+python3 bench/gpu/vllm_carry.py unpack /tmp/cs --into /tmp/cf | tail -1
+python3 bench/gpu/vllm_carry.py unpack /tmp/es --into /tmp/ef | tail -1
+gguf=/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf
+{ [ -f "$gguf" ] && [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; } || exit 0
+if [ ! -d /tmp/site/speculators ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target /tmp/site \
+    $(ls /tmp/cf/*.whl | grep -v -e '/vllm-' -e '/xgrammar-' -e '/llguidance-')
+fi
+export PYTHONPATH=/tmp/site:$PWD
+mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/
+nvidia-smi -L
+[ -f /tmp/verifier/config.json ] || python3 remote_scripts/import_verifier.py --source "$gguf" --output /tmp/verifier --dtype bfloat16 > "$OUT/import_verifier.log" 2>&1
+python3 bench/evaluate_speed.py --verifier /tmp/verifier --draft /tmp/ef/draft --data /tmp/ef/chat.jsonl --prompts 64 --max-new-tokens 256 \
+  --repeats 2 ${EVAL_ARGS:-} 2>&1 | grep -v -e 'Loading weights' -e 'speculators.utils.loading' | tee "$OUT/evaluate_speed.log"
