@@ -29,8 +29,8 @@ COMPANIONS = {
         "artifact_store.py",  # the artifact store: keys, records, locks
         "run_files.py",  # a run's files: layout, atomic state files, the run's lock
         "stage_events.py",  # a stage's events.jsonl read from its tail
-        "process_groups.py",  # a stage's process group: is it still ours, stopping it
-        "stage_container.py",  # a stage's container: a lost engine, an OOM kill, its processes
+        "process_groups.py",  # a stage run as a process group: started, proven ours, stopped
+        "stage_container.py",  # a stage run as a container, its engine lost, its OOM kill
         "run_queue.py",  # one run at a time per GPU set
         "supervise.py",  # the detached supervisor: a run's chain of stages
         "status.py",  # request `status`

@@ -1,9 +1,9 @@
 """The supervisor proper: the detached process that runs one run's chain of stages. It waits its
-turn in the queue (run_queue.py), runs each stage as a process or a container with its output to
-the stage's log, reuses or makes a keyed stage's artifact under the artifact's lock
-(artifact_store.py), records every state (run_files.py), and acts on a cancel (SIGTERM, or the
-run's `cancel` file) between its polls. A companion of supervisor.py (harness/host_helpers/
-__init__.py, COMPANIONS); standard library only.
+turn in the queue (run_queue.py), runs each stage as a process group (process_groups.py) or a
+container (stage_container.py) with its output to the stage's log, reuses or makes a keyed stage's
+artifact under the artifact's lock (artifact_store.py), records every state (run_files.py), and
+acts on a cancel (SIGTERM, or the run's `cancel` file) between its polls. A companion of
+supervisor.py (harness/host_helpers/__init__.py, COMPANIONS); standard library only.
 """
 
 from __future__ import annotations
@@ -146,11 +146,12 @@ class Supervisor:
                     lock_fd = self.lock_fd
                     spec = {**spec, "argv": self._with_artifacts(stage, spec["argv"])}
                 if spec["kind"] == "docker":
-                    code, cancelled = self._run_container(spec, log_file, state_path, lock_fd)
+                    code, cancelled = stage_container.run_stage(spec, log_file, state_path, lock_fd, self.grace, self._cancel_pending)
                 else:
-                    code, cancelled = self._run_process(spec, log_file, state_path, lock_fd)
+                    code, cancelled = process_groups.run_stage(spec, self.record.get("workdir"), log_file, state_path, lock_fd, self.grace,
+                                                               self._cancel_pending)
             # A node of a group whose peers were cancelled first dies of their cancel (its collectives
-            # break) before its own arrives: the group's cancel marked every node first (cmd_cancelling).
+            # break) before its own arrives: the group's cancel marked every node first (cancel.py, cmd_cancelling).
             if code != 0 and os.path.exists(os.path.join(self.run_dir, "cancelling")):
                 cancelled = self.cancel_requested = True  # and the stages after it
             state = "cancelled" if cancelled else ("ok" if code == 0 else "failed")
@@ -291,99 +292,6 @@ class Supervisor:
     def _stage_ended(state_path: str, state: str, **fields) -> str:
         run_files.update_json(state_path, state=state, exit_code=0 if state == "ok" else None, finished=run_files.now(), **fields)
         return state
-
-    def _run_process(self, spec: dict, log_file, state_path: str, lock_fd: int | None = None) -> tuple[int, bool]:
-        env = {**spec.get("env_defaults", {}), **os.environ, "PYTHONUNBUFFERED": "1", **spec.get("env_extra", {})}
-        try:
-            # The stage holds its artifact's lock too: should the supervisor die, the orphan still does.
-            proc = subprocess.Popen(
-                spec["argv"], cwd=self.record.get("workdir"), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,)
-            )
-        except OSError as e:
-            log_file.write(f"harness: cannot start {spec['argv'][0]}: {e}\n".encode())
-            return 127, False
-        run_files.update_json(state_path, pid=proc.pid, pgid=proc.pid, leader=process_groups.process_identity(proc.pid))
-        cancelled = False
-        while proc.poll() is None:
-            if self._cancel_pending() and not cancelled:
-                cancelled = True
-                process_groups.terminate_group(proc.pid, self.grace, proc.poll)
-            time.sleep(run_files.POLL_S)
-        return proc.returncode, cancelled
-
-    def _run_container(self, spec: dict, log_file, state_path: str, lock_fd: int | None = None) -> tuple[int, bool]:
-        name = spec["container"]
-        created = subprocess.run(spec["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file)
-        if created.returncode != 0:
-            return created.returncode, False
-        run_files.update_json(state_path, container=name, container_id=created.stdout.decode().strip())
-        started = subprocess.run(["docker", "start", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        log_file.write(started.stderr)
-        if started.returncode != 0:  # e.g. no GPU runtime: the reason is in the log
-            # The engine can die after the container started but before `docker start` returns.
-            stage_container.engine_went_away(state_path, "docker start", started.stderr)
-            subprocess.run(["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return started.returncode, False
-        # `docker wait` AFTER start: on a created container it returns 0 at once ("not running");
-        # on one that already exited it returns that exit code, so no exit is missed.
-        # The waiter holds the artifact's lock too: should the supervisor die, it lasts as long as the container.
-        waiter = subprocess.Popen(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  pass_fds=() if lock_fd is None else (lock_fd,))
-        cancelled = False
-        while waiter.poll() is None:
-            if self._cancel_pending() and not cancelled:
-                cancelled = True
-                # docker stop: SIGTERM, then SIGKILL after the grace period
-                subprocess.run(["docker", "stop", "-t", str(int(self.grace)), name], stdout=subprocess.DEVNULL, stderr=log_file)
-            time.sleep(run_files.POLL_S)
-        out = waiter.stdout.read().decode().strip()
-        said = waiter.stderr.read()
-        log_file.write(said)
-        code = int(out) if out.lstrip("-").isdigit() else 125
-        if not out.lstrip("-").isdigit():  # no exit code: the engine went away under the stage (stopped, killed, restarted)
-            code, cancelled = self._engine_lost(name, created.stdout.decode().strip(), said, state_path, log_file, cancelled)
-        elif code != 0 and not cancelled:
-            stage_container.out_of_memory(name, code, state_path, log_file)  # read before the container (and its state) is removed
-        # The stage's output is already in its log file; the container itself is not needed.
-        subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return code, cancelled
-
-
-    def _engine_lost(self, name: str, container_id: str, said: bytes, state_path: str, log_file, cancelled: bool) -> tuple[int, bool]:
-        """The engine went away under a running stage. Its container may live on (a killed dockerd
-        leaves containerd and the container running): the stage stays running, its GPUs held,
-        until the engine answers for the container again or the container's processes are gone;
-        a cancel meanwhile signals those processes directly (they are the box user's: --user)."""
-        lines = said.decode(errors="replace").strip().splitlines()
-        why = stage_container.engine_lost_line(lines) or (lines[-1] if lines else "no answer")
-        lost = f"the Docker engine went away under the stage (docker wait: {why})"
-        run_files.update_json(state_path, error=f"{lost}; its container may still be running: waiting for the engine (harness cancel stops it)")
-        log_file.write(f"harness: {lost}; its container may still be running: waiting for the engine\n".encode())
-        while True:
-            seen = subprocess.run(["docker", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}", name], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            answer = seen.stdout.decode().split()
-            if seen.returncode == 0 and len(answer) == 2 and answer[0] == "false" and answer[1].lstrip("-").isdigit():
-                code = int(answer[1])  # the engine is back and the container ended (or the engine's restart ended it)
-                run_files.update_json(state_path, error=f"{lost} and came back; its container had ended (exit {code})" + ("" if cancelled else ": run it again"))
-                return code, cancelled
-            if seen.returncode == 0 and answer[:1] == ["true"]:
-                waited = subprocess.run(["docker", "wait", name], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                if waited.returncode == 0 and waited.stdout.strip().lstrip(b"-").isdigit():
-                    run_files.update_json(state_path, error=None)  # the engine is back and the stage ran on to its end
-                    return int(waited.stdout.strip()), cancelled
-                continue  # lost again: look again
-            pids = stage_container.container_pids(container_id)
-            if not pids:
-                run_files.update_json(state_path, error=f"{lost}; its container ended while the engine was down (its exit code is unknown: the stage's log says how it ended)")
-                return 125, cancelled
-            if self._cancel_pending() and not cancelled:
-                cancelled = True
-                log_file.write(b"harness: cancelled while the engine is away: stopping the container's processes\n")
-                stage_container.stop_pids(pids, self.grace)
-                continue
-            time.sleep(QUEUE_POLL_S)
 
 
 def log(message: str) -> None:
