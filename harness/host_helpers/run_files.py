@@ -2,11 +2,12 @@
 A companion of supervisor.py (harness/host_helpers/__init__.py, COMPANIONS); standard library only.
 
     <workdir>/runs/<run_id>/run.json         the run's record (the plan; versions and artifacts added)
-                            state.json       the run's state (RUN states below), its pid
+                            state.json       the run's state (LIVE_RUN, then FINAL_RUN), its pid
                             supervisor.lock  flock, held by the run's supervisor while it lives
                             supervisor.log   the supervisor's own lines
-                            cancel           asked to cancel; cancelling: a group's cancel is under way
-                            <stage>/         spec.json, log, events.jsonl, state.json
+                            cancel           made by a cancel: the supervisor stops the run
+                            cancelling       made by a group's cancel, before any node is stopped
+                            <stage>/         spec.json, log, events.jsonl, state.json (FINAL_STAGE)
 
 Every state file is written atomically (temporary name, then rename), so a reader never sees half
 a JSON document. A pid in a state file is no proof that the process is the run's: the lock is
@@ -21,7 +22,6 @@ import fcntl
 import json
 import os
 import time
-
 
 FINAL_STAGE = {"ok", "failed", "cancelled", "skipped"}
 FINAL_RUN = {"ok", "failed", "cancelled", "lost"}
