@@ -1,6 +1,6 @@
 """`harness rm HOST RUN...` and `harness gc HOST`: removing runs, and the artifacts no kept run needs.
 
-The work is the supervisor's on the host (host_helpers/supervisor.py, `gc`): it removes the runs
+The work is the supervisor's on the host (its `gc` request, host_helpers/cleanup.py): it removes the runs
 named (never one that is queued or running), then every artifact of the store that no kept run
 made, reused or read, record first (a removal cut short leaves nothing that claims to be
 complete), never through a link, never outside the store and runs/; an artifact being made, and

@@ -183,19 +183,16 @@ def test_help_lists_the_real_checks_and_stages_and_tables_fold_at_80_columns(mon
 
 
 def test_tail_reads_back_over_the_stages_in_order(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parents[1] / "harness" / "host_helpers"))
-    try:
-        import supervisor
-    finally:
-        sys.path.pop(0)
+    from harness.host_helpers import follow, run_files
+
     logs = {"a": b"a1\na2\na3\n", "b": b"b1\nb2", "c": b""}
     for stage, text in logs.items():
-        d = Path(supervisor.stage_dir(str(tmp_path), stage))
+        d = Path(run_files.stage_dir(str(tmp_path), stage))
         d.mkdir(parents=True)
         (d / "log").write_bytes(text)
     every = b"".join(logs.values()).decode().splitlines()
     for n in range(1, len(every) + 3):
-        first, offset = supervisor.tail_start(str(tmp_path), list(logs), n)
+        first, offset = follow.tail_start(str(tmp_path), list(logs), n)
         shown = b"".join(text[offset if i == 0 else 0:] for i, text in enumerate(list(logs.values())[first:]))
         assert shown.decode().splitlines() == every[-n:], n
 

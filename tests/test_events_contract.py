@@ -171,7 +171,7 @@ def test_the_reader_reads_what_the_writer_wrote(tmp_path):
 def test_the_supervisor_reads_the_latest_tau_the_writer_wrote(tmp_path):
     """The supervisor (shipped to the host, standard library only) picks status's tau out of the
     events itself: a metric event's metrics.tau, at its step."""
-    from harness.host_helpers.supervisor import latest_tau
+    from harness.host_helpers.stage_events import latest_tau
 
     path = tmp_path / "events.jsonl"
     log = writer.EventLog("train", str(path), echo=False)

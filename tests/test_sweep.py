@@ -17,7 +17,7 @@ import pytest
 from harness.config import load_config, parse_config
 from harness.errors import ConfigError, UsageError
 from harness.events import Evaluation
-from harness.host_helpers.supervisor import competes
+from harness.host_helpers.run_queue import competes
 from harness.sweep import Sweep, TrialView, choose_winner, grid, parse_sets, placement, sweep_id, winner_lines
 from harness.transport import connect
 from tests.fixtures.job_project import toml_value

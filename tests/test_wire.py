@@ -39,20 +39,31 @@ def _imports(tree: ast.AST) -> list[tuple[int, str, list[str]]]:
     return found
 
 
+def registered_ahead(name: str, companions: dict[str, tuple[str, ...]]) -> set[str]:
+    """What file `name` may import from its directory besides the wire module: a helper, its
+    companions; a companion, those listed ahead of it (registered before it) wherever it travels."""
+    if name in companions:
+        return set(companions[name])
+    ahead = [set(listed[: listed.index(name)]) for listed in companions.values() if name in listed]
+    return set.intersection(*ahead) if ahead else set()
+
+
 def helper_offences(directory: Path, companions: dict[str, tuple[str, ...]]) -> list[str]:
     """Each import of a helper in directory that reaches harness or a sibling module other than
-    the wire module and the helper's own companions (what the loader ships with it)."""
+    the wire module and the helper's own companions (what the loader ships with it); of a
+    companion, a sibling not registered ahead of it (the loader runs each companion as it
+    registers it: what it imports must be there already)."""
     siblings = {p.stem for p in directory.glob("*.py")}
     found = []
     for path in sorted(directory.glob("*.py")):
         if path.name in ("__init__.py", "wire.py"):
             continue
-        shipped = {"wire", *(c.removesuffix(".py") for c in companions.get(path.name, ()))}
+        shipped = {"wire", *(c.removesuffix(".py") for c in registered_ahead(path.name, companions))}
         for line, module, names in sorted(_imports(ast.parse(path.read_text(encoding="utf-8")))):
             if module == "harness.host_helpers" and set(names) <= shipped:
                 continue
             if module.split(".")[0] == "harness" or module == "." or (module in siblings and module not in shipped):
-                found.append(f"{path.name}:{line}: imports {module} {names or ''}".rstrip() + " (a helper ships with wire.py and its COMPANIONS only)")
+                found.append(f"{path.name}:{line}: imports {module} {names or ''}".rstrip() + " (a helper ships with wire.py and its COMPANIONS only, each after what it imports)")
     return found
 
 
@@ -122,7 +133,8 @@ def test_the_checks_find_each_kind_of_offence(tmp_path):
     helpers_dir = tmp_path / "host_helpers"
     helpers_dir.mkdir()
     (helpers_dir / "wire.py").write_text('import os\nimport requests\nX = "@tok@"\nF = struct.Struct(">HH")\n')  # 2
-    (helpers_dir / "buddy.py").write_text("import wire\n")
+    (helpers_dir / "buddy.py").write_text("import wire\nimport pal\n")  # 2: registered after it
+    (helpers_dir / "pal.py").write_text("import buddy\nfrom harness.host_helpers import buddy\n")  # registered before it: fine
     (helpers_dir / "good.py").write_text("import json\nimport wire\nimport buddy\nfrom harness.host_helpers import wire, buddy\n")
     (helpers_dir / "bad.py").write_text(
         "import wire\n"
@@ -132,11 +144,12 @@ def test_the_checks_find_each_kind_of_offence(tmp_path):
         "    from harness.host_helpers import buddy\n"  # 5
         "from . import wire\n"  # 6
     )
-    assert helper_offences(helpers_dir, {"good.py": ("buddy.py",)}) == [
-        "bad.py:2: imports buddy (a helper ships with wire.py and its COMPANIONS only)",
-        "bad.py:3: imports harness.config ['load'] (a helper ships with wire.py and its COMPANIONS only)",
-        "bad.py:5: imports harness.host_helpers ['buddy'] (a helper ships with wire.py and its COMPANIONS only)",
-        "bad.py:6: imports . ['wire'] (a helper ships with wire.py and its COMPANIONS only)",
+    assert helper_offences(helpers_dir, {"good.py": ("buddy.py", "pal.py")}) == [
+        "bad.py:2: imports buddy (a helper ships with wire.py and its COMPANIONS only, each after what it imports)",
+        "bad.py:3: imports harness.config ['load'] (a helper ships with wire.py and its COMPANIONS only, each after what it imports)",
+        "bad.py:5: imports harness.host_helpers ['buddy'] (a helper ships with wire.py and its COMPANIONS only, each after what it imports)",
+        "bad.py:6: imports . ['wire'] (a helper ships with wire.py and its COMPANIONS only, each after what it imports)",
+        "buddy.py:2: imports pal (a helper ships with wire.py and its COMPANIONS only, each after what it imports)",
     ]
     assert stdlib_offences(helpers_dir / "wire.py") == ["wire.py:2: imports requests (not the standard library)"]
     code = tmp_path / "pkg"
@@ -159,7 +172,8 @@ def test_the_checks_find_each_kind_of_offence(tmp_path):
 @pytest.mark.parametrize("text, hub", [
     ("org/name", True), ("Qwen/Qwen3-8B", True), ("a.b/c-d_e", True),
     ("~/models/x", False), ("~/x", False), ("./x", False), ("../x", False), (".cache/x", False), ("/abs/x", False),
-    ("org/", False), ("/org", False), ("name", False), ("a/b/c", False), ("", False), ("models/x/", False),
+    ("org/", False), ("/org", False), ("name", False), ("a/b/c", False), ("x/y/z", False), ("", False), ("models/x/", False),
+    ("~", False), (".", False), ("C:\\models\\x", False), ("models\\x", False),  # no `/`: a path (a Windows-style name is one on the box too)
 ])
 def test_hub_id_or_path_one_rule_on_every_side(text, hub):
     spec = importlib.util.spec_from_file_location("stage_verifier_path", REMOTE_SCRIPTS / "common" / "verifier_path.py")
@@ -204,3 +218,28 @@ def test_every_helper_travels_with_the_wire_module_first():
     check = "\n".join([*loader, "import wire; print(wire.__file__, wire.MANIFEST_PATH)"])
     done = subprocess.run([sys.executable, "-S", "-I", "-c", check], capture_output=True, text=True, cwd="/")
     assert done.returncode == 0 and done.stdout.split() == ["wire.py", wire.MANIFEST_PATH], done.stderr[-2000:]
+
+
+def test_the_supervisor_travels_with_its_companions_and_answers_as_on_the_host(tmp_path):
+    """supervisor.py is split by concept into companions (COMPANIONS): run as the host runs it
+    (python -S -I, nothing of harness importable), each is registered before what imports it and
+    a request reaches its module: `status` of a run whose supervisor is gone reads `lost`, with its
+    stage's latest tau (status.py, run_files.py, stage_events.py)."""
+    import subprocess
+
+    shipped = host_helpers.COMPANIONS["supervisor.py"]
+    assert len(shipped) == len(set(shipped)) and all((host_helpers.DIR / c).is_file() for c in shipped)
+    run = tmp_path / "runs" / "R1"
+    (run / "train").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": "R1", "stages": ["train"]}))
+    (run / "state.json").write_text(json.dumps({"state": "running", "pid": 1}))  # a pid, but no lock held: no supervisor
+    (run / "train" / "events.jsonl").write_text(json.dumps({"t": 1.0, "stage": "train", "event": "metric", "step": 3, "metrics": {"tau": 1.5}}) + "\n")
+    request = json.dumps({"cmd": "status", "runs_dir": str(tmp_path / "runs")})
+    done = subprocess.run([sys.executable, "-S", "-I", "-c", host_helpers.source("supervisor.py")], input=request, capture_output=True,
+                          text=True, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (summary,) = json.loads(done.stdout)
+    assert summary["state"]["state"] == "lost" and summary["stages"][0]["tau"] == {"step": 3, "tau": 1.5}
+    unknown = subprocess.run([sys.executable, "-S", "-I", "-c", host_helpers.source("supervisor.py")], input='{"cmd": "nonesuch"}',
+                             capture_output=True, text=True, cwd="/")
+    assert unknown.returncode == 64 and "unknown command 'nonesuch'" in unknown.stderr

@@ -21,8 +21,26 @@ def path(name: str) -> Path:
 
 # The wire contract (wire.py): shipped with every helper, ahead of its own companions.
 WIRE = "wire.py"
-# Other modules a helper imports from this directory, shipped with it (source()): name -> companions.
-COMPANIONS = {"supervisor.py": ("artifact_store.py",)}
+# Other modules a helper imports from this directory, shipped with it (source()): name -> its
+# companions, in the order they are registered. A companion imports only the wire contract and
+# companions listed before it (tests/test_wire.py).
+COMPANIONS = {
+    "supervisor.py": (
+        "artifact_store.py",  # the artifact store: keys, records, locks
+        "run_files.py",  # a run's files: layout, atomic state files, the run's lock
+        "stage_events.py",  # a stage's events.jsonl read from its tail
+        "process_groups.py",  # a stage run as a process group: started, proven ours, stopped
+        "stage_container.py",  # a stage run as a container, its engine lost, its OOM kill
+        "run_queue.py",  # one run at a time per GPU set
+        "supervise.py",  # the detached supervisor: a run's chain of stages
+        "status.py",  # request `status`
+        "launch.py",  # request `launch`: the plan written, the supervisor detached
+        "cancel.py",  # requests `cancel`, `cancelling`
+        "follow.py",  # request `follow` (harness logs)
+        "cleanup.py",  # request `gc` (harness rm, harness gc)
+        "preflight.py",  # request `preflight` (harness run --dry-run)
+    ),
+}
 
 
 def source(name: str) -> str:
