@@ -42,7 +42,8 @@ def main() -> None:
 
     from harness.config import load_config
     from harness.fanout import open_all
-    from harness.sync import prepare_sync, sync_hosts
+    from harness.sync import scan_local, sync_hosts
+    from harness.sync.hashing import LOCAL_CACHE_PATH
     from harness.transport import connect
 
     work = Path(tempfile.mkdtemp(prefix="harness-bench-psync-"))
@@ -58,7 +59,7 @@ def main() -> None:
         config = load_config(write_cluster_config(work, cluster, extra='[sync]\npaths = ["data"]\n'))
         hosts = list(config.groups["cluster"].hosts)
         transports = open_all(lambda h: connect(config.host(h)), hosts)
-        prepare_sync(transports[hosts[0]], config.root, ["data"], str(work / "warmup"), python=config.host(hosts[0]).python)  # hash once (cached)
+        scan_local(config.root, ["data"], cache_file=config.root / LOCAL_CACHE_PATH)  # hash once: every sync's scan reads the cache
 
         def timed(group: list[str], tag: str) -> float:
             started = time.monotonic()

@@ -22,7 +22,7 @@ import posixpath
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from harness.config import Config
 from harness.errors import UsageError
@@ -40,6 +40,7 @@ OWN_FLAGS = {"verifier", "prepared", "hidden_states", "output", "events"}
 FLAG_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 TRIAL_STAGES = ["train", "evaluate"]
 TEST_SPLIT = "heldout"  # the rows only reported on (evaluate's default split)
+POLL_S = 3.0  # how often a follower looks at the host
 RELAUNCHED = {"cancelled", "lost"}  # a re-run of the command starts these trials again; failed stays failed
 
 
@@ -389,14 +390,46 @@ class Sweep:
             test = trial_view(t.name, t.flags, t.gpu, state.test_run, statuses.get(state.test_run))
         return SweepView(state, trials, dict(self.config.pipeline.stages.get("train", {})), self.config.pipeline.speculative_tokens, test)
 
-    def start(self, axes: dict[str, list[Any]], split: str, gpus: list[int], per_gpu: int = 1) -> tuple[SweepState, list[str]]:
-        """Find (or plan) the sweep and start what it still needs. A sweep found keeps its
-        placement (no GPU probe)."""
+    def axes(self, sets: list[str]) -> dict[str, list[Any]]:
+        """The grid a sweep command asks for: [sweep.grid] of the config, each `--set` over it."""
+        axes = config_axes(self.config)
+        check_axes(axes, f"{self.config.path.name} [sweep.grid]")
+        axes.update(parse_sets(sets, self.config))
+        return axes
+
+    def start(self, axes: dict[str, list[Any]], split: str | None = None, gpus: list[int] | None = None, per_gpu: int | None = None) -> tuple[SweepState, list[str]]:
+        """Find (or plan) the sweep and start what it still needs (split, gpus, per_gpu: the
+        config's [sweep] where not given). A sweep found keeps its placement (no GPU probe)."""
+        configured = self.config.sweep
+        split, gpus, per_gpu = split or configured.split, gpus or configured.gpus, per_gpu or configured.per_gpu
         try:
             state = self.load(sweep_id(self.host.name, axes, split, self.config))
         except UsageError:
             state = self.plan(axes, split, self.gpus(gpus), per_gpu)
         return state, self.advance(state, self.statuses(), relaunch=True)
+
+    def step(self, sid: str, advance: bool = True) -> tuple[SweepView, list[str]]:
+        """One look at a sweep being followed: its state read again (a cancel elsewhere is seen),
+        with `advance` what is due started (the winner's test run once every trial ended), and
+        its view then. Returns the view and the lines that say what started."""
+        state = self.load(sid)
+        statuses = self.statuses()
+        lines = self.advance(state, statuses) if advance else []
+        if lines:
+            statuses = self.statuses()
+        return self.view(state, statuses), lines
+
+    def follow(self, sid: str, on_line: Callable[[str], None], poll_s: float = POLL_S) -> Iterator[SweepView]:
+        """Step the sweep every `poll_s` until every trial and the winner's test run ended: each
+        view as it is seen, the last one done; `on_line` hears what started."""
+        while True:
+            view, lines = self.step(sid)
+            for line in lines:
+                on_line(line)
+            yield view
+            if view.done:
+                return
+            time.sleep(poll_s)
 
     def cancel(self, sid: str, grace_s: float | None = None, dry_run: bool = False) -> dict[str, str]:
         """Cancel every trial run (and the test run) not ended yet: trial -> its final state

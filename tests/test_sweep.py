@@ -160,6 +160,11 @@ def test_a_sweep_is_queued_runs_that_cancel_together_and_a_rerun_picks_it_up(tmp
         assert cancel.stdout.splitlines() == [f"sweep {planned.sweep_id} t{i}: cancelled" for i in range(3)]
         after = json.loads(harness(config_path, ssh_host, "sweep", "box", "--status", "--json").stdout)
         assert [t["state"] for t in after["trials"]] == ["cancelled"] * 3 and after["done"] and after["winner"] is None
+        # Followed now (as `harness sweep` without --detach follows): a cancelled sweep starts
+        # nothing and its first view is done, so the follower ends at once.
+        heard: list[str] = []
+        views = list(sweep.follow(planned.sweep_id, heard.append, poll_s=0))
+        assert len(views) == 1 and views[0].done and views[0].winner is None and heard == []
 
         # The same command again: the cancelled trials start again, as new runs of the same sweep.
         again = harness(config_path, ssh_host, "sweep", "box", "--set", "train.lr=1e-3,3e-4,1e-4", "--detach", "--json")

@@ -375,32 +375,34 @@ class HarnessRun:
 
 
 class HarnessSweep:
-    """`harness sweep` (harness.sweep, as the command drives it) on the bench's local host, on the
-    data it prepared: trials measured on the selection split, the winner on the test split."""
+    """`harness sweep` (harness.sweep, stepped as the command follows it) on the bench's local
+    host, on the data it prepared: trials measured on the selection split, the winner on the test
+    split."""
 
     def __init__(self, harness: HarnessRun, sets: list[str], per_gpu: int):
-        from harness.sweep import Sweep, parse_sets
+        from harness.sweep import Sweep
 
         self.sweep = Sweep(harness.host)
-        self.state, lines = self.sweep.start(parse_sets(sets), "selection", [], per_gpu)
+        state, lines = self.sweep.start(self.sweep.axes(sets), per_gpu=per_gpu)
+        self.sweep_id = state.sweep_id
         for line in lines:
-            log(f"sweep {self.state.sweep_id}: {line}")
-        CLEANUP.append(lambda: self.running(advance=False) and self.sweep.cancel(self.state.sweep_id, grace_s=5))
+            log(f"sweep {self.sweep_id}: {line}")
+        CLEANUP.append(lambda: self.running(advance=False) and self.sweep.cancel(self.sweep_id, grace_s=5))
 
     def running(self, advance: bool = True) -> bool:
         """With `advance`, first starts what the sweep needs next (the winner's test run once
         every trial ended)."""
-        statuses = self.sweep.statuses()
-        for line in self.sweep.advance(self.state, statuses) if advance else []:
-            log(f"sweep {self.state.sweep_id}: {line}")
-        return not self.sweep.view(self.state, statuses).done
+        view, lines = self.sweep.step(self.sweep_id, advance)
+        for line in lines:
+            log(f"sweep {self.sweep_id}: {line}")
+        return not view.done
 
     def stop(self) -> None:
-        log(f"sweep {self.state.sweep_id}: cancelled at the train deadline")
-        self.sweep.cancel(self.state.sweep_id, grace_s=15)
+        log(f"sweep {self.sweep_id}: cancelled at the train deadline")
+        self.sweep.cancel(self.sweep_id, grace_s=15)
 
     def result(self) -> dict:
-        return self.sweep.view(self.state).to_json()
+        return self.sweep.step(self.sweep_id, advance=False)[0].to_json()
 
 
 class Training:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 import click
 
-POLL_S = 3.0
 JSON_HELP = "Print the sweep as JSON on stdout (with --status or --detach at once, else when it is done)."
 
 
@@ -44,19 +41,14 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
     detaches; `harness cancel HOST SWEEP` stops every trial.
     """
     from harness.cli.render import print_json
-    from harness.sweep import Sweep, check_axes, config_axes, parse_sets
+    from harness.sweep import Sweep
 
-    h = ctx.obj.host(host)
-    config = h.config
-    sw = Sweep(h)
+    sw = Sweep(ctx.obj.host(host))
     if show:
         view = sw.view(sw.load(sid))
         _print(view, as_json)
         ctx.exit(view.exit_code())
-    axes = config_axes(config)
-    check_axes(axes, f"{config.path.name} [sweep.grid]")
-    axes.update(parse_sets(list(sets), config))
-    state, lines = sw.start(axes, split or config.sweep.split, _gpu_list(gpus) or config.sweep.gpus, per_gpu or config.sweep.per_gpu)
+    state, lines = sw.start(sw.axes(list(sets)), split, _gpu_list(gpus), per_gpu)
     click.echo(f"sweep {state.sweep_id} on {host}: {len(state.trials)} trials", err=True)
     for line in lines:
         click.echo(line, err=True)
@@ -68,7 +60,7 @@ def sweep(ctx: click.Context, host: str, sets: tuple[str, ...], split: str | Non
         click.echo(f"see it: harness sweep {host} --status --id {state.sweep_id}", err=True)
         ctx.exit(0)
     try:
-        view = _follow(sw, state, live=not as_json)
+        view = _follow(sw, state.sweep_id, live=not as_json)
     except KeyboardInterrupt:
         click.echo(f"\ndetached from sweep {state.sweep_id}; its runs go on on {host}. Pick it up: the same command again.", err=True)
         ctx.exit(130)
@@ -85,31 +77,21 @@ def _print(view, as_json: bool) -> None:
         print_sweep(view)
 
 
-def _follow(sw, state, live: bool):
-    """Poll the host until every trial and the winner's test run ended, starting what is due (the
-    test run); a live table meanwhile."""
+def _follow(sw, sid: str, live: bool):
+    """Follow the sweep to its end (harness.sweep.Sweep.follow: it starts what is due, the test
+    run); a live table meanwhile."""
     from rich.console import Console
     from rich.live import Live
 
     from harness.cli.render import sweep_table
 
-    def step():
-        current = sw.load(state.sweep_id)  # a cancel elsewhere is seen
-        statuses = sw.statuses()
-        for line in sw.advance(current, statuses):
-            click.echo(line, err=True)
-            statuses = sw.statuses()
-        return sw.view(current, statuses)
-
-    view = step()
+    views = sw.follow(sid, on_line=lambda line: click.echo(line, err=True))
+    view = next(views)
     if not live:
-        while not view.done:
-            time.sleep(POLL_S)
-            view = step()
+        for view in views:
+            pass
         return view
     with Live(sweep_table(view), console=Console(stderr=True), refresh_per_second=2, transient=True) as screen:
-        while not view.done:
-            time.sleep(POLL_S)
-            view = step()
+        for view in views:
             screen.update(sweep_table(view))
     return view

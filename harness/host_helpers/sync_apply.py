@@ -231,7 +231,7 @@ def private_workdir(workdir):
 
 
 def manifest_doc(files, digest):
-    # digest: of the canonical file table, computed by the laptop (harness.sync.manifest_digest)
+    # digest: of the canonical file table, computed by the laptop (harness.sync.manifest.manifest_digest)
     return {"version": 1, "digest": digest, "files": files}
 
 

@@ -25,7 +25,7 @@ from harness.pull.partfile import PART_SUFFIX, PartFile
 from harness.pull.paths import Unsafe, clean_rel, link_target_ok, resolves_inside, safe_parent
 from harness.pull.selection import RemoteEntry, select
 from harness.pull.streams import FirstStream, Listener, Segment, StartStream, Stream, StreamFailed, WorkQueue
-from harness.sync import sha256_file
+from harness.sync.hashing import sha256_file
 from harness.transport.base import OWN, Transport
 from harness.transport.process import RemoteProcess
 
