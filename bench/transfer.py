@@ -139,10 +139,10 @@ class Bench:
 
     # -- pull -------------------------------------------------------------------------------------
 
-    def pull_commands(self, host: str, src: Path, dest: Path, jobs: int) -> dict[str, list[str]]:
+    def pull_commands(self, host: str, src: Path, dest: Path, streams: int) -> dict[str, list[str]]:
         ssh = ["ssh", "-F", str(self.ssh_config)]
         stock = {"scp, stock sshd": ["scp", "-q", "-F", str(self.ssh_config), f"stock:{src}", str(dest / src.name)]} if self.stock and host == "box" else {}
-        pull = self.harness("pull", host, str(src), str(dest), "--jobs", str(jobs))
+        pull = self.harness("pull", host, str(src), str(dest), "-j", str(streams))  # -j: --streams here, --jobs in a base tree from before the rename
         base = {BASE_PULL: pull} if self.base_tree else {}
         return {
             "harness pull": pull,
@@ -161,11 +161,11 @@ class Bench:
             if sock.is_socket():
                 subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "x"], capture_output=True, timeout=10)
 
-    def pull_row(self, host: str, src: Path, digest: str, jobs: int, repeat: int) -> dict[str, list[float]]:
+    def pull_row(self, host: str, src: Path, digest: str, streams: int, repeat: int) -> dict[str, list[float]]:
         """Every tool `repeat` times, taking turns (a different one first each round), each from a
         cold connection into an empty directory, the previous copy's write-back done."""
         dest = self.work / "dest"
-        commands = self.pull_commands(host, src, dest, jobs)
+        commands = self.pull_commands(host, src, dest, streams)
         tools = list(commands)
         seconds: dict[str, list[float]] = {name: [] for name in tools}
         for k in range(repeat):
@@ -211,7 +211,7 @@ class Bench:
         shutil.rmtree(dest, ignore_errors=True)
         return rows
 
-    def resume_row(self, src: Path, digest: str, jobs: int) -> dict[str, float]:
+    def resume_row(self, src: Path, digest: str, streams: int) -> dict[str, float]:
         """Kill a pull through the delay line at 50%, resume it; compare host->client bytes."""
         size = src.stat().st_size
         dest = self.work / "dest"
@@ -219,7 +219,7 @@ class Bench:
         def run_pull(kill_at: float | None) -> int:
             before = self.line.bytes_to_client
             self.fresh_control()
-            argv = self.harness("pull", "slow", str(src), str(dest), "--jobs", str(jobs))
+            argv = self.harness("pull", "slow", str(src), str(dest), "-j", str(streams))
             proc = subprocess.Popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             if kill_at is not None:
                 while proc.poll() is None:
@@ -305,7 +305,7 @@ def tree_label(tree: Path) -> str:
     return f"{tree} at {head.stdout.strip()}" if head.returncode == 0 else str(tree)
 
 
-def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3,
+def render(size_mib: int, rtt_ms: float, files: int, streams: int, pulls: dict, syncs: dict, resume: dict | None, skipped: list[str], sync_load: list[float] = (), repeat: int = 3,
            runs: dict | None = None, base_tree: Path | None = None) -> str:
     """The dated section for RESULTS.md; parts that were skipped are named, not shown as zeros."""
     command = (f"python bench/transfer.py --size-mib {size_mib} --files {files}" + (f" --repeat {repeat}" if repeat != 3 else "") + "".join(f" --skip {s}" for s in skipped)
@@ -313,7 +313,7 @@ def render(size_mib: int, rtt_ms: float, files: int, jobs: int, pulls: dict, syn
     lines = [
         f"### {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC: `{command}`",
         "",
-        f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --jobs {jobs}."
+        f"Machine: {os.cpu_count()} cores shared with other work, OpenSSH test sshd on loopback; delay line {rtt_ms:.0f} ms round trip. harness pull --streams {streams}."
         + (f" This tree: {tree_label(ROOT)}; --base-tree: {tree_label(base_tree)}." if base_tree else ""),
     ]
     if pulls:
@@ -354,7 +354,7 @@ def main() -> None:
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--rtt-ms", type=float, default=50.0)
-    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip", action="append", default=[], choices=["pull", "slow", "run", "sync", "resume"])
     parser.add_argument("--base-tree", type=Path, help="another harness checkout (e.g. `git worktree add /tmp/base HEAD~1`) pulled beside this one")
@@ -379,13 +379,13 @@ def main() -> None:
         os.sync()  # no write-back of the fresh file competing with the first measurement
         pulls: dict[str, dict[str, float]] = {}
         if "pull" not in args.skip:
-            pulls["loopback"] = bench.pull_row("box", src, digest, args.jobs, args.repeat)
+            pulls["loopback"] = bench.pull_row("box", src, digest, args.streams, args.repeat)
         if "slow" not in args.skip:
-            pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.jobs, args.repeat)
+            pulls[f"{args.rtt_ms:.0f} ms RTT"] = bench.pull_row("slow", src, digest, args.streams, args.repeat)
         runs = bench.run_rows(args.repeat) if "run" not in args.skip else {}
         syncs = bench.sync_rows(args.files, args.repeat) if "sync" not in args.skip else {}
-        resume = bench.resume_row(src, digest, args.jobs) if "resume" not in args.skip else None
-        table = render(args.size_mib, args.rtt_ms, args.files, args.jobs, pulls, syncs, resume, args.skip, bench.load, args.repeat, runs, args.base_tree)
+        resume = bench.resume_row(src, digest, args.streams) if "resume" not in args.skip else None
+        table = render(args.size_mib, args.rtt_ms, args.files, args.streams, pulls, syncs, resume, args.skip, bench.load, args.repeat, runs, args.base_tree)
         print()
         print(table)
         if args.record:

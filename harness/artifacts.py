@@ -25,7 +25,7 @@ from typing import Any, Collection
 from harness import box_values
 from harness.config import Config
 from harness.errors import UsageError
-from harness.pipeline import INPUT_FLAGS, OPTIONAL_READS, PLACE_FLAGS, SCRIPTS_DIR, STAGES, keeps_artifact, stage_args
+from harness.pipeline import INPUT_FLAGS, OPTIONAL_READS, OUTPUT_FLAGS, SCRIPTS_DIR, STAGES, keeps_artifact, stage_args
 
 TOKEN_RE = re.compile(r"@artifact:([a-z_]+)@")
 
@@ -34,8 +34,8 @@ def resolved_flags(stage: str, args: dict[str, Any], options: dict[str, dict[str
     """What decides the stage's result besides its inputs: every option of its parser at the
     script's default, the harness's and the config's values over them, each as argparse converts
     it (1 and 1.0 are one value of a float option). Without the parser (no remote_scripts/ beside
-    the config): the values given. Inputs and places (INPUT_FLAGS, PLACE_FLAGS) are not flags."""
-    skip = set(INPUT_FLAGS) | set(PLACE_FLAGS)
+    the config): the values given. Inputs and outputs (INPUT_FLAGS, OUTPUT_FLAGS) are not flags."""
+    skip = set(INPUT_FLAGS) | set(OUTPUT_FLAGS)
     flags: dict[str, Any] = {}
     if options is not None:
         for key, option in options.items():

@@ -78,11 +78,11 @@ def collect(jobs: "Jobs", remove: list[str], dry_run: bool) -> Cleanup:
 def collect_all(host: "Host", dry_run: bool) -> Cleanup:
     """`harness gc`: the artifacts no run needs, and on a docker host the containers a crash left
     and the old image tags."""
-    outcome = collect(host.runs, [], dry_run)
+    outcome = collect(host.jobs, [], dry_run)
     if host.uses_image:
         from harness.runtime import prune
 
-        live = {r.run_id for rs in host.runs.listing().runs.values() for r in rs if r.state in ("queued", "running")}
+        live = {r.run_id for rs in host.jobs.listing().runs.values() for r in rs if r.state in ("queued", "running")}
         left = prune.left_containers(host.transport, host.runtime.workdir, live)
         outcome.containers = left if dry_run else prune.remove_containers(host.transport, left)
         tags = prune.old_tags(host.transport, host.config, host.cfg)  # after the containers: an image one held is free now

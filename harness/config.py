@@ -29,6 +29,8 @@ DEFAULT_CONFIG_NAME = "harness.toml"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SIZE_RE = re.compile(r"^\d+[bkmgBKMG]?$")
+# Other spellings a [hosts.NAME] table accepts, each for the documented key it stands for.
+HOST_KEY_ALIASES = {"keepalive_s": "keepalive"}
 
 
 @dataclass(frozen=True)
@@ -258,7 +260,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
         if not HOST_NAME_RE.match(name):
             raise ConfigError(file, key, "host names are letters, digits, '.', '_' and '-'")
         _expect(file, key, table, dict, "a table")
-        host = dataclasses.replace(_build(HostConfig, table, file, key), name=name)
+        host = dataclasses.replace(_build(HostConfig, _unalias(file, key, table, HOST_KEY_ALIASES), file, key), name=name)
         _validate_host(file, key, host)
         hosts[name] = host
 
@@ -354,6 +356,17 @@ def _validate_host(file: str, key: str, host: HostConfig) -> None:
         parts = m.split(":")
         if len(parts) not in (2, 3) or not parts[0] or not parts[1].startswith("/") or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
             raise ConfigError(file, f"{key}.container.mounts", f'expected "host_path:/container/path[:ro]", got {m!r}')
+
+
+def _unalias(file: str, prefix: str, table: dict[str, Any], aliases: dict[str, str]) -> dict[str, Any]:
+    """`table` with each alias spelled as the key it stands for; both spellings at once is an error."""
+    out = dict(table)
+    for alias, key in aliases.items():
+        if alias in out:
+            if key in out:
+                raise ConfigError(file, f"{prefix}.{alias}", f"the same setting as {key}: keep one of them")
+            out[key] = out.pop(alias)
+    return out
 
 
 def _reject_unknown(file: str, prefix: str, table: dict[str, Any], allowed: set[str]) -> None:

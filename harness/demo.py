@@ -126,7 +126,7 @@ def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSu
     host = config.hosts["local"]
     transport = LocalTransport("local")
     sync(transport, config.root, config.sync_paths(), host.workdir, python=host.python)
-    jobs = Host(config, host, lambda _name: transport).runs
+    jobs = Host(config, host, lambda _name: transport).jobs
     run_id = jobs.launch(list(DEMO_CHAIN)).run_id
     jobs.stream_logs(run_id, on_output, follow=True, as_json=True)
     status = jobs.status(run_id)

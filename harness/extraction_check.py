@@ -151,7 +151,7 @@ def check_extraction(hosts: Sequence["Host"], run_id: str) -> ExtractionReport:
 
     def one(host: "Host") -> HostInventory:
         runtime = host.runtime
-        result = host.transport.run(runtime.foreground(inventory_argv(host, host.runs.resolve_run_id(run_id))))
+        result = host.transport.run(runtime.foreground(inventory_argv(host, host.jobs.resolve_run_id(run_id))))
         if not result.ok:
             raise RemoteCommandError(f"{CHECK_SCRIPT} on {host.name}", result.exit_code, result.stderr.decode("utf-8", "replace"))
         return HostInventory.from_json(host.name, json.loads(result.text.strip().splitlines()[-1]))

@@ -9,7 +9,7 @@ helper's bytes follow it on the same stdin (`start`). The reply is its stdout an
 (0 done, 2 no such thing, else failed). Every call is one process the transport starts and owns.
 Nothing else builds a helper's command line (tests/test_helpers.py).
 
-The bootstrap, the pythons and the wire in detail: docs/ARCHITECTURE.md, helpers.py.
+The bootstrap, the pythons and the wire in detail: docs/architecture/host-helpers.md, helpers.py.
 """
 
 from __future__ import annotations
@@ -91,17 +91,17 @@ def _source(name: str) -> bytes:
 
 
 def start(transport: "Transport", name: str, request: dict[str, Any], *, python: str = "python3", where: "Runtime | None" = None,
-          options: "WrapOptions | None" = None, env: dict[str, str] | None = None, channel: str = SHARED,
+          options: "WrapOptions | None" = None, env: dict[str, str] | None = None, connection: str = SHARED,
           before: Sequence[str] = (), inside: str | None = None) -> "RemoteProcess":
     """Start helper `name` with `request` (its payload already written) and leave its stdin open:
     what the caller writes next is the helper's stream, after the request line; closing stdin
     ends it. The caller reads stdout and takes the exit (RemoteProcess.error types a failure).
-    `channel`: Transport.stream's (OWN: a connection of its own, for parallel bulk streams).
+    `connection`: Transport.stream's (OWN: a connection of its own, for parallel bulk streams).
     `before`: an argv run first on the host that ends by exec'ing the arguments after its own
     (`exec "$@"`), which are the helper's command line: e.g. sync's `cat` of the manifest, so the
     laptop plans while the interpreter starts. `env`: as for `call`. `inside`: as for `argv`
     (a relay into a server's container)."""
-    proc, data = _launch(transport, name, request, python, where, options, env, channel, before, inside)
+    proc, data = _launch(transport, name, request, python, where, options, env, connection, before, inside)
     try:
         proc.stdin.write(data)
     except OSError:
@@ -110,7 +110,7 @@ def start(transport: "Transport", name: str, request: dict[str, Any], *, python:
 
 
 def _launch(transport: "Transport", name: str, request: dict[str, Any], python: str, where: "Runtime | None", options: "WrapOptions | None",
-            env: dict[str, str] | None, channel: str = SHARED, before: Sequence[str] = (),
+            env: dict[str, str] | None, connection: str = SHARED, before: Sequence[str] = (),
             inside: str | None = None) -> tuple["RemoteProcess", bytes]:
     """The started process and what its stdin must get first (a runtime's env values, then the payload)."""
     host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options, inside=inside)], b""
@@ -118,7 +118,7 @@ def _launch(transport: "Transport", name: str, request: dict[str, Any], python: 
         from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
 
         host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
-    proc = transport.stream(host_argv, channel=channel)  # the transport owns the client process and types its failures
+    proc = transport.stream(host_argv, connection=connection)  # the transport owns the client process and types its failures
     return proc, prefix + payload(name, request)
 
 

@@ -2,10 +2,10 @@
 
 The CLI context (harness/cli/context.py) hands each command one of these. A Host makes its
 transport, runtime, workdir and run interface once, on first use, so no command assembles them
-itself: Host.runtime and Host.jobs are the one place a runtime and a Jobs are made, and whoever
+itself: Host.runtime and Host.jobs_with are the one place a runtime and a Jobs are made, and whoever
 needs one takes the Host it was given. Everything it opened ends with the context (one close per
-command). A Group holds one Host per member. Both answer `runs`, the run interface
-(harness.runs.RunPlace: launch, attach, locate, status, listing, stream_logs, cancel_run), and
+command). A Group holds one Host per member. Both answer `jobs`, the run interface
+(harness.runs.RunInterface: launch, attach, locate, status, listing, stream_logs, cancel_run), and
 `sync`, `build` and `doctor`, each returning one result type for both (harness.sync.SyncOutcome,
 harness.runtime.image.BuildOutcome, a doctor diagnosis with `sections()`), so a command that
 takes HOST or GROUP has one code path. A host's failure raises; a group goes on with its other
@@ -68,12 +68,12 @@ class Host:
         return self.runtime.workdir
 
     @cached_property
-    def runs(self) -> "Jobs":
-        """The run interface of this host as configured (harness.jobs.Jobs, a RunPlace)."""
-        return self.jobs()
+    def jobs(self) -> "Jobs":
+        """The run interface of this host as configured (harness.jobs.Jobs, a RunInterface)."""
+        return self.jobs_with()
 
-    def jobs(self, config: Config | None = None, queue_slot: int | None = None, node: "GroupNode | None" = None) -> "Jobs":
-        """A run interface on this host (the one place a Jobs is made); `runs` is the one as
+    def jobs_with(self, config: Config | None = None, queue_slot: int | None = None, node: "GroupNode | None" = None) -> "Jobs":
+        """A run interface on this host (the one place a Jobs is made); `jobs` is the one as
         configured. A sweep's trial gives its own `config` (its pipeline) and `queue_slot`, on
         the host `pinned` to its GPU; a group run's node gives its `node`
         (harness.multinode.GroupNode)."""
@@ -135,8 +135,8 @@ class Group:
         return [Host(self.config, self.config.host(h), self.transport_for) for h in self.config.groups[self.name].hosts]
 
     @cached_property
-    def runs(self) -> "GroupRun":
-        """The run interface of the group (harness.multinode.GroupRun, a RunPlace)."""
+    def jobs(self) -> "GroupRun":
+        """The run interface of the group (harness.multinode.GroupRun, a RunInterface)."""
         from harness.multinode import GroupRun
 
         return GroupRun(self)

@@ -37,7 +37,7 @@ class HostServer:
         self._tail: list[str] = []
         # a connection of its own: the server outlives the other commands of this CLI call
         wrapped = runtime.foreground(until_stdin_closes(argv, given=len(payload)), *([options] if options else []))
-        self._proc = transport.stream(wrapped, channel=OWN, stdout=stdout, on_stderr_line=self._keep)
+        self._proc = transport.stream(wrapped, connection=OWN, stdout=stdout, on_stderr_line=self._keep)
         if payload:
             try:
                 self._proc.stdin.write(payload)

@@ -9,7 +9,7 @@ supervisor, reading those files, so any laptop can re-attach. Runs queue per GPU
 (queue_gpus, queue_slot; `now=True` starts at once). Secret values travel to the supervisor on
 stdin and are never written; the record keeps names only.
 
-The launch, the queue and the run's files: docs/ARCHITECTURE.md (jobs.py, "The supervisor").
+The launch, the queue and the run's files: docs/architecture/jobs-and-runs.md (jobs.py, "The supervisor").
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from harness.config import Config, HostConfig, PipelineConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
 from harness.host_helpers import wire
 from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
-from harness.runs import AttachView, CancelOutcome, RunListing, Started, names_a_run, pick_run
+from harness.runs import AttachView, CancelOutcome, Launched, RunListing, names_a_run, pick_run
 from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class RunPlan:
 
 
 class Jobs:
-    """Runs on one host, through its transport and runtime (made by harness.host.Host.jobs, so
+    """Runs on one host, through its transport and runtime (made by harness.host.Host.jobs_with, so
     the workdir is expanded once per command)."""
 
     detach_note = ""
@@ -311,7 +311,7 @@ class Jobs:
         return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
 
     def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None,
-               fresh: Sequence[str] = ()) -> Started:
+               fresh: Sequence[str] = ()) -> Launched:
         """Write the run's plan and start its supervisor, in one supervisor call (which first
         checks that the files the stages need are on the host: RunPlan.requires). The run is
         `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
@@ -337,8 +337,8 @@ class Jobs:
         started = RunStatus.from_json(reply["status"], self.name)
         run_id = started.run_id
         if started.state == "queued":
-            return Started(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
-        return Started(run_id, f"run {run_id} started on {self.name}")
+            return Launched(run_id, f"run {run_id} queued on {self.name}{started.queue_note}: it starts by itself when the runs ahead are done")
+        return Launched(run_id, f"run {run_id} started on {self.name}")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "RunStatus":
         self.stream_logs(run_id, view.events, follow=True, as_json=True)

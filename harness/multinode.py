@@ -9,7 +9,7 @@ on node 0 only. When one node fails, the others are stopped: by this process whi
 the nodes' watchdogs when no laptop watches. The NCCL/Gloo environment of this process reaches
 every node the way secrets do (values on stdin, names only in the run record).
 
-Which stage runs where, and the bounds on stopping: docs/ARCHITECTURE.md, "A group run".
+Which stage runs where, and the bounds on stopping: docs/architecture/group-runs.md, "A group run".
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from harness.events import Finished, finished_failure
 from harness.fanout import LinePrefixer, host_json_sink, open_all, parallel, prefixed_sink
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain
-from harness.runs import AttachView, CancelOutcome, RunListing, Started
+from harness.runs import AttachView, CancelOutcome, Launched, RunListing
 
 if TYPE_CHECKING:
     from harness.host import Group
@@ -52,7 +52,7 @@ def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def stages_for_node(stages: Sequence[str], rank: int) -> list[str]:
-    """Which of a group run's stages node `rank` runs (docs/ARCHITECTURE.md, "A group run")."""
+    """Which of a group run's stages node `rank` runs (docs/architecture/group-runs.md, "A group run")."""
     dist = [i for i, s in enumerate(stages) if STAGES[s].distributed]
     if rank == 0 or not dist:  # no distributed stage: every node runs them all
         return list(stages)
@@ -238,8 +238,8 @@ class GroupRun:
     def jobs(self, host: str, launch: GroupLaunch | None = None) -> Jobs:
         """One host's runs; with `launch`, that host as a node of the group run."""
         if launch is None:
-            return self._places[host].runs
-        return self._places[host].jobs(node=GroupNode(launch, self.hosts.index(host)))
+            return self._places[host].jobs
+        return self._places[host].jobs_with(node=GroupNode(launch, self.hosts.index(host)))
 
     # -- start --------------------------------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class GroupRun:
         result = helpers.call(self.transports[host0.name], FREE_PORT, {"port": self.group.rdzv_port}, python=host0.python)
         return int(result.checked(f"port probe on {host0.name}").json()["port"])
 
-    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, fresh: Sequence[str] = ()) -> Started:
+    def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, fresh: Sequence[str] = ()) -> Launched:
         """The same run id on every host at once, all or nothing (`now` changes nothing: nodes
         never queue; `fresh` neither: a node makes every artifact of its run anew, Jobs.plan)."""
         chain = resolve_chain(list(stages))
@@ -265,7 +265,7 @@ class GroupRun:
             watchdog_timeout=self.group.watchdog_timeout, grace_s=grace_s,
         )
 
-        def start_node(host: str) -> Started:
+        def start_node(host: str) -> Launched:
             rank = self.hosts.index(host)
             return self.jobs(host, launch).launch(stages_for_node(chain, rank), grace_s=grace_s, run_id=launch.run_id)
 
@@ -277,7 +277,7 @@ class GroupRun:
             parallel(started, lambda h: self.jobs(h).cancel_run(launch.run_id, grace_s))
             host, error = failed[0]
             raise HarnessError(f"{host}: could not start run {launch.run_id}: {error}; stopped it on {', '.join(started) or 'no other host'}")
-        return Started(launch.run_id, f"run {launch.run_id} started on {self.name} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})")
+        return Launched(launch.run_id, f"run {launch.run_id} started on {self.name} ({', '.join(launch.hosts)}; rendezvous {launch.endpoint})")
 
     def attach(self, run_id: str, view: AttachView, grace_s: float | None = None) -> "GroupStatus":
         """Every node's log into view.node_line while watch() stops the others when one fails."""

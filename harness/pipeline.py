@@ -71,8 +71,8 @@ OPTIONAL_READS = {("prepare", "regenerated")}
 # Flags that name what a stage reads: another stage's artifact (its token), or a file or directory
 # from outside the store (identified on the host by its content: artifact_store.identify).
 INPUT_FLAGS = ("verifier", "data", "regenerated", "prepared", "hidden_states", "draft", "export", "evaluation", "train_metrics")
-# Flags that say where, not what: never part of a key.
-PLACE_FLAGS = ("output", "data_out", "events", "server_log", "staging_dir")
+# Flags that say where a stage writes, not what: never part of a key.
+OUTPUT_FLAGS = ("output", "data_out", "events", "server_log", "staging_dir")
 ARTIFACTS_DIR = "artifacts"  # the store, under the pipeline's output_dir
 
 

@@ -3,7 +3,7 @@
 The command runs in the stage environment, as the host's runtime says (Runtime.foreground: the
 workdir, created first on a fresh host; the container when the stages run in one). How it
 reaches the host is the transport's choice (Transport.exec_foreground: its fastest way,
-docs/ARCHITECTURE.md "Choices made by measurement"). On a host runtime nothing is asked of the host before the command.
+docs/architecture/measurements.md "Choices made by measurement"). On a host runtime nothing is asked of the host before the command.
 """
 
 from __future__ import annotations

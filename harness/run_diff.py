@@ -20,7 +20,7 @@ from harness.pipeline import STAGES
 
 if TYPE_CHECKING:
     from harness.jobs import RunStatus
-    from harness.runs import RunPlace
+    from harness.runs import RunInterface
 
 ALWAYS_SHOWN = ("artifact", "tau")  # sections shown whether the runs agree or not
 
@@ -131,11 +131,11 @@ def _evaluation(status: "RunStatus"):
     return evaluation(summary) if summary else None
 
 
-def diff(place: "RunPlace", run_a: str, run_b: str) -> RunDiff:
+def diff(jobs: "RunInterface", run_a: str, run_b: str) -> RunDiff:
     """The two runs of one host, side by side."""
-    a, b = place.status(run_a), place.status(run_b)
+    a, b = jobs.status(run_a), jobs.status(run_b)
     ra, rb = a.record, b.record
-    out = RunDiff(place.name, a.run_id, b.run_id)
+    out = RunDiff(jobs.name, a.run_id, b.run_id)
     out.rows += _pairs("setting", {f"--set {k}": v for k, v in (ra.get("set") or {}).items()}, {f"--set {k}": v for k, v in (rb.get("set") or {}).items()})
     out.rows += _pairs("setting", flatten((ra.get("config") or {}).get("pipeline") or {}), flatten((rb.get("config") or {}).get("pipeline") or {}))
     out.rows += artifact_rows(ra.get("artifacts") or {}, rb.get("artifacts") or {})

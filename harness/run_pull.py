@@ -182,7 +182,7 @@ class PullRequest:
     exclude: tuple[str, ...] = ()
     latest_checkpoint: bool = False
     best_checkpoint: bool = False
-    jobs: int = 8
+    streams: int = 8  # most parallel byte streams (`--streams`)
     dry_run: bool = False
 
 
@@ -201,11 +201,11 @@ def pull(host: "Host", request: PullRequest, progress: Callable[[], PullProgress
     from the host, over one PullConnection. `progress()` is asked once the plan stands (the CLI
     builds its bar then); `on_missing(name)` hears of each output the run has not made,
     `on_note(text)` of what the user should know of the rest (a run made before the store)."""
-    options = PullOptions(include=request.include, exclude=request.exclude, jobs=request.jobs, python=host.cfg.python, dry_run=request.dry_run)
+    options = PullOptions(include=request.include, exclude=request.exclude, streams=request.streams, python=host.cfg.python, dry_run=request.dry_run)
     # one connection answers every question (the newest run, its record, what exists) and then
     # carries the bytes: one remote start in all. It starts first; the rest runs while it connects.
     with PullConnection(host.transport, options) as connection:
-        target = host.runs.locate(request.remote, newest_run=connection.newest_run)
+        target = host.jobs.locate(request.remote, newest_run=connection.newest_run)
         if target.run_id:
             what = plan(connection, host.name, target.path, RunPullRequest(request.latest_checkpoint, request.best_checkpoint))
             for name in what.missing:

@@ -24,7 +24,7 @@ from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
 if TYPE_CHECKING:
     from harness.data_cost import DataCost
     from harness.host import Group, Host, SyncProgress
-    from harness.runs import Started
+    from harness.runs import Launched
     from harness.sync import SyncOutcome
 
 
@@ -45,7 +45,7 @@ def sync_code(place: "Host | Group", progress: "SyncProgress | None" = None) -> 
 
 
 def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: bool, progress: "SyncProgress | None" = None,
-              fresh: Sequence[str] = ()) -> tuple["SyncOutcome", "Started"]:
+              fresh: Sequence[str] = ()) -> tuple["SyncOutcome", "Launched"]:
     """Sync what changed, then launch `stages` on `place` (a host or a group)."""
     from harness.artifacts import check_fresh
 
@@ -54,7 +54,7 @@ def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: 
     chain = resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
     check_fresh(fresh, chain, place.name)
     outcome = sync_code(place, progress)
-    return outcome, place.runs.launch(stages, grace_s=grace_s, now=now, fresh=fresh)
+    return outcome, place.jobs.launch(stages, grace_s=grace_s, now=now, fresh=fresh)
 
 
 @dataclass
@@ -125,7 +125,7 @@ def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ())
     planned = place.sync(place.config.sync_paths(), dry_run=True).results[place.name]
     result.to_send, result.to_delete, result.send_bytes = planned.plan.upload, planned.plan.delete, planned.plan.upload_bytes
     try:
-        plan = place.runs.plan(stages, fresh=fresh)
+        plan = place.jobs.plan(stages, fresh=fresh)
     except UsageError:
         raise
     except HarnessError as e:  # the image is not built, the container does not start, ...
@@ -140,7 +140,7 @@ def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ())
     result.commands = {stage: [shown(a) for a in argv] for stage, argv in plan.commands().items()}
     result.requires = [shown(r["path"].removeprefix(plan.workdir + "/")) for r in plan.requires]
     result.store = plan.record["store"]
-    facts = place.runs.preflight(plan, synced=set(planned.plan.upload))  # what the sync sends counts as there
+    facts = place.jobs.preflight(plan, synced=set(planned.plan.upload))  # what the sync sends counts as there
     if facts["missing"]:
         result.preflight_error = "; ".join(facts["missing"])
     result.free_bytes, result.space_at = facts["free_bytes"], shown(facts["space_at"] or "")

@@ -1,7 +1,7 @@
 """The run interface: what `run`, `status`, `logs`, `cancel`, `runs` and `pull` need from the place
 a run lives.
 
-A host (harness.jobs.Jobs) and a group (harness.multinode.GroupRun) both implement `RunPlace`, so
+A host (harness.jobs.Jobs) and a group (harness.multinode.GroupRun) both implement `RunInterface`, so
 the CLI has one code path for both and one renderer (harness/cli/render.py) that shows what they
 return. Each answer also knows its JSON form (`--json`; the keys are listed in docs/json.md).
 """
@@ -136,17 +136,17 @@ class CancelOutcome:
         return out
 
 
-def cancel_preview(place: "RunPlace", run_id: str) -> CancelOutcome:
+def cancel_preview(jobs: "RunInterface", run_id: str) -> CancelOutcome:
     """What `harness cancel --dry-run` says: the run a cancel would stop and its state on each
     host now; nothing is stopped."""
-    view = place.status(run_id)
+    view = jobs.status(run_id)
     nodes = getattr(view, "nodes", None)
-    states = {n.host: n.state for n in nodes} if nodes is not None else {place.name: view.state}
-    return CancelOutcome(view.run_id, states, group=nodes is not None, where=place.name, dry_run=True)
+    states = {n.host: n.state for n in nodes} if nodes is not None else {jobs.name: view.state}
+    return CancelOutcome(view.run_id, states, group=nodes is not None, where=jobs.name, dry_run=True)
 
 
 @dataclass(frozen=True)
-class Started:
+class Launched:
     """A run just started (`launch`): its id and the line that says where and how it started."""
 
     run_id: str
@@ -169,14 +169,14 @@ class AttachView(Protocol):
         ...
 
 
-class RunPlace(Protocol):
+class RunInterface(Protocol):
     """Where runs live: one host, or every host of a group."""
 
     name: str
     #: said after "it keeps running on NAME" when the user detaches (Ctrl-C)
     detach_note: str
 
-    def launch(self, stages: list[str], grace_s: float, now: bool = False, fresh: Sequence[str] = ()) -> Started:
+    def launch(self, stages: list[str], grace_s: float, now: bool = False, fresh: Sequence[str] = ()) -> Launched:
         """Start a run of these stages (names, `all` or `demo`); `now`: skip the host's queue;
         `fresh`: stages whose artifacts are made anew whatever the store holds ("all": every one)."""
         ...

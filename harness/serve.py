@@ -9,7 +9,7 @@ directory, never on a TCP port of the box; this machine reaches it through a rel
 (harness.relay_forward). Its API key is made here per serve and never put on a command line
 (ServedKey).
 
-The socket, the shutdown and the key in detail: docs/ARCHITECTURE.md (serve.py), docs/security.md.
+The socket, the shutdown and the key in detail: docs/architecture/wings.md (serve.py), docs/security.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ onto the mounted workdir; pull them (harness.pull, .py/.pyi/py.typed only: uncha
 nothing); prune mirrored files the package no longer has. Layout: DEST/<name>/... for a package,
 DEST/<name>.py for a single-module one; DEST itself is the `extraPaths` entry.
 
-Each step in detail: docs/ARCHITECTURE.md, sources.py.
+Each step in detail: docs/architecture/wings.md, sources.py.
 """
 
 from __future__ import annotations

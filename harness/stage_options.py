@@ -9,7 +9,7 @@ choices). A wrong table or key is one ConfigError with the nearest name, at conf
 Loading leaves the laptop process as it was, and what each parser takes is cached in the
 project's .harness/stage-options.json, so while the code is unchanged no script is loaded.
 
-How a script is loaded and the cache stamped: docs/ARCHITECTURE.md, stage_options.py.
+How a script is loaded and the cache stamped: docs/architecture/config.md, stage_options.py.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def table_problem(stages: dict[str, dict[str, Any]], config_path: Path, known: d
         _LOADING.release()
 
 
-# Options harness sets itself, which a table may not: where a stage writes is its artifact's place.
+# Options harness sets itself, which a table may not: where a stage writes is its artifact's path in the store.
 RESERVED = {"output": "a stage's --output is its artifact in the store, kept under a key of what made it (`harness pull` brings it): remove it"}
 
 

@@ -9,7 +9,7 @@ them with no laptop attached. The winner is measured once more on the test split
 reported and never used to choose. The sweep's state is on the host (sweep.json); its id is a
 digest of what the sweep is, so running the same command again picks it up.
 
-How trials are laid out, chosen and picked up: docs/ARCHITECTURE.md (sweep.py), docs/sweep.md.
+How trials are laid out, chosen and picked up: docs/architecture/wings.md (sweep.py), docs/sweep.md.
 """
 
 from __future__ import annotations
@@ -336,12 +336,12 @@ class Sweep:
 
     def trial_jobs(self, state: SweepState, trial: TrialState) -> "Jobs":
         """The Jobs that runs this trial, on the host pinned to its GPU, in its queue slot."""
-        return self.place.pinned(trial.gpu).jobs(self.trial_config(trial, state.split), queue_slot=trial.slot)
+        return self.place.pinned(trial.gpu).jobs_with(self.trial_config(trial, state.split), queue_slot=trial.slot)
 
     def test_jobs(self, state: SweepState, winner: TrialState) -> "Jobs":
         """The winner's draft measured on the test split (evaluate alone: the draft is the
         winner's train artifact, found by the same key)."""
-        return self.place.pinned(winner.gpu).jobs(self.trial_config(winner, TEST_SPLIT))
+        return self.place.pinned(winner.gpu).jobs_with(self.trial_config(winner, TEST_SPLIT))
 
     def advance(self, state: SweepState, statuses: dict[str, "RunStatus"], relaunch: bool = False) -> list[str]:
         """Start what the sweep still needs: trials with no run on the host (a lost link before
@@ -379,7 +379,7 @@ class Sweep:
 
     def statuses(self) -> dict[str, "RunStatus"]:
         """Every run on the host by id (one supervisor call)."""
-        return {r.run_id: r for rs in self.place.runs.listing().runs.values() for r in rs}
+        return {r.run_id: r for rs in self.place.jobs.listing().runs.values() for r in rs}
 
     def view(self, state: SweepState, statuses: dict[str, "RunStatus"] | None = None) -> SweepView:
         statuses = self.statuses() if statuses is None else statuses
@@ -443,7 +443,7 @@ class Sweep:
         statuses = self.statuses()
         outcome = {}
         runs = [(t.name, t.run_id) for t in state.trials] + ([("test", state.test_run)] if state.test_run else [])
-        jobs = self.place.runs
+        jobs = self.place.jobs
         for name, run_id in runs:
             status = statuses.get(run_id or "")
             if status is None:

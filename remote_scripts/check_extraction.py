@@ -5,7 +5,7 @@ the prepared dataset in one host's output directory and reports, as one JSON obj
 which samples have a valid file here, which files are invalid and which name no sample. The
 harness runs it on every host of a group and merges the answers (harness/extraction_check.py):
 every sample must have exactly one valid file somewhere. Validity and `storage_id`:
-docs/ARCHITECTURE.md, "The stage scripts".
+docs/architecture/stage-scripts.md, "The stage scripts".
 
     python remote_scripts/check_extraction.py --prepared outputs/prepared --output outputs/hidden_states
 """

@@ -4,7 +4,7 @@ Launched by torchrun on every node (`harness run GROUP dist_check`); it runs any
 Gloo on CPU (the CI namespace hosts), NCCL on GPUs. speculators' trainer refuses CPU distributed,
 so this is what proves a multi-host launch end to end without GPUs; on GPUs the same launch path
 runs the real train stage. It checks an all_reduce and DDP training steps against exact
-references; any mismatch fails the stage (exit 1). What it checks: docs/ARCHITECTURE.md, "A
+references; any mismatch fails the stage (exit 1). What it checks: docs/architecture/group-runs.md, "A
 group run on the GPU side".
 
 Run by hand on one machine:

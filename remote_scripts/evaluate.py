@@ -10,7 +10,7 @@ output must equal plain greedy decoding. `--method fast` (the default) gets ever
 from a few batched forwards per prompt; `--method chain` runs the rounds one by one, the
 reference it is tested against. The draft is the checkpoint best.json names, else the latest.
 Writes report.json (tau overall and per category, looping replies counted), acceptance.png and
-training.png. The round, the methods and why: docs/ARCHITECTURE.md (evaluate.py); the held-out
+training.png. The round, the methods and why: docs/architecture/stage-scripts.md (evaluate.py); the held-out
 prompts, loops, categories and outputs: docs/pipeline.md, "Evaluate".
 """
 
@@ -91,7 +91,7 @@ class Report:
 
 
 def speculate(verifier: Verifier, proposer: Proposer, prompt: list[int], k: int, max_new_tokens: int, eos: set[int]) -> PromptResult:
-    """Greedy chain speculation on one prompt, round by round (docs/ARCHITECTURE.md, evaluate.py)."""
+    """Greedy chain speculation on one prompt, round by round (docs/architecture/stage-scripts.md, evaluate.py)."""
     greedy, view = verifier.forward(prompt)
     seq = prompt + [greedy[-1]]  # prefill token
     generated = [greedy[-1]]

@@ -9,7 +9,7 @@ hidden-state extraction, then speculators' `generate-offline-data`; common/vllm_
 Sharded by `--rank/--world-size` (or torchrun's environment); every rank ends by verifying that
 each of its samples has exactly one valid file (`--verify-only`: just that check).
 The file format and the backends for users: docs/pipeline.md, "Extract"; how the transformers
-backend overlaps its work: docs/ARCHITECTURE.md, "The stage scripts".
+backend overlaps its work: docs/architecture/stage-scripts.md, "The stage scripts".
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ node 0 (common/watch_store.py), so that one failed, cancelled or vanished node s
 run within a bounded time even when no laptop is attached. When torchrun fails, the node's
 verdict names the cause it printed (common/torchrun_output.py) and whose failure it was, so
 `harness status` points at the node where it went wrong. The watchdog's rules, its bounds and why
-the rendezvous is static: docs/ARCHITECTURE.md, "A group run on the GPU side".
+the rendezvous is static: docs/architecture/group-runs.md, "A group run on the GPU side".
 
 Run by hand on each node (what the harness writes into the stage's spec.json):
     python remote_scripts/node_launcher.py --node-rank 0 --nnodes 2 --endpoint 10.0.0.1:29500 \

@@ -8,7 +8,7 @@ through torchrun (this script re-executes itself), with what harness adds around
 choices where a default breaks on some platform (attention, loss, flex tiles, the mask token),
 preflight guards before the first step, a recipe sized to the data, tau estimated while it trains
 (best.json, the early stop), loggers, resume, events, and --online (the states from a vLLM server
-instead of the extract stage). docs/ARCHITECTURE.md ("The GPU side") says what each does and why.
+instead of the extract stage). docs/architecture/gpu-side.md ("The GPU side") says what each does and why.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def make_host(tmp_path: Path, stages: dict) -> tuple[Host, Path, Path]:
 
 
 def run(host: Host, stages: list[str], timeout: float = 60, **kw):
-    status = host.runs.wait(host.runs.launch(stages, **kw).run_id, timeout=timeout)
+    status = host.jobs.wait(host.jobs.launch(stages, **kw).run_id, timeout=timeout)
     assert status.state in ("ok", "failed"), status
     return status
 
@@ -61,7 +61,7 @@ def test_an_unchanged_stage_is_reused_and_says_so_a_changed_flag_makes_a_new_art
     r = harness_cli(config, "run", "box", "prepare", "extract", "train", "--set", "train.lines=4")
     assert r.returncode == 0, r.stderr
     second_id = r.stdout.splitlines()[0]  # stdout: the run id, then the attached logs
-    second = host.runs.status(second_id)
+    second = host.jobs.status(second_id)
     assert states(second) == [("prepare", "reused"), ("extract", "reused"), ("train", "ok")]
     assert f"extract: reused from run {first.run_id} (same inputs; --fresh extract to redo it)" in r.stdout
     by_stage = {s.stage: s for s in second.stages}
@@ -89,7 +89,7 @@ def test_fresh_makes_the_stage_anew_and_keeps_the_old_artifact(tmp_path):
     everything = run(host, ["prepare", "extract"], fresh=["all"])
     assert states(everything) == [("prepare", "ok"), ("extract", "ok")]
     with pytest.raises(UsageError, match=r"--fresh train: train is not a stage of this run \(prepare\)"):
-        host.runs.launch(["prepare"], fresh=["train"])
+        host.jobs.launch(["prepare"], fresh=["train"])
 
 
 def test_a_stage_whose_input_no_run_made_fails_with_the_line_that_says_how_to_make_it(tmp_path):
@@ -111,18 +111,18 @@ def test_two_runs_that_would_make_the_same_artifact_make_it_once(tmp_path):
     """The second waits on the artifact's lock, then reuses what the first made."""
     gate = tmp_path / "may-end"
     host, workdir, _ = make_host(tmp_path, {"extract": {"until_file": str(gate)}})
-    first = host.runs.launch(["prepare", "extract"]).run_id
+    first = host.jobs.launch(["prepare", "extract"]).run_id
     deadline = time.monotonic() + 30
-    while host.runs.status(first).stages[1].state != "running":
+    while host.jobs.status(first).stages[1].state != "running":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    second = host.runs.launch(["prepare", "extract"], now=True).run_id  # --now: no queue between them
+    second = host.jobs.launch(["prepare", "extract"], now=True).run_id  # --now: no queue between them
     log = workdir / "runs" / second / "extract" / "log"
     while f"waiting for {first}" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
         time.sleep(0.1)
     gate.touch()
-    a, b = host.runs.wait(first, 30), host.runs.wait(second, 30)
+    a, b = host.jobs.wait(first, 30), host.jobs.wait(second, 30)
     assert states(a) == [("prepare", "ok"), ("extract", "ok")]
     assert states(b) == [("prepare", "reused"), ("extract", "reused")] and b.stages[1].reused_from == first
     runs_made = list((workdir / "outputs" / "artifacts" / "extract").glob("*/made.json"))
@@ -136,7 +136,7 @@ def test_a_lost_runs_orphan_keeps_its_artifact_from_a_second_writer(tmp_path):
     gate = tmp_path / "may-end"
     host, workdir, _ = make_host(tmp_path, {"extract": {"until_file": str(gate)}})
     run(host, ["prepare"])
-    first = host.runs.launch(["extract"]).run_id
+    first = host.jobs.launch(["extract"]).run_id
     state = workdir / "runs" / first / "extract" / "state.json"
     deadline = time.monotonic() + 30
     while "pid" not in (json.loads(state.read_text()) if state.exists() else {}):
@@ -145,17 +145,17 @@ def test_a_lost_runs_orphan_keeps_its_artifact_from_a_second_writer(tmp_path):
     supervisor = json.loads((workdir / "runs" / first / "state.json").read_text())["pid"]
     orphan = json.loads(state.read_text())["pid"]
     os.kill(supervisor, signal.SIGKILL)
-    while host.runs.status(first).state != "lost":
+    while host.jobs.status(first).state != "lost":
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    second = host.runs.launch(["extract"], now=True).run_id
+    second = host.jobs.launch(["extract"], now=True).run_id
     log = workdir / "runs" / second / "extract" / "log"
     while f"waiting for {first}" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
         time.sleep(0.1)
-    assert host.runs.status(second).stages[0].state == "running"
+    assert host.jobs.status(second).stages[0].state == "running"
     gate.touch()  # the orphan ends; the second run may take the lock now
-    status = host.runs.wait(second, 30)
+    status = host.jobs.wait(second, 30)
     assert states(status) == [("extract", "ok")]
     try:  # the orphan has ended (a zombie where nothing reaps the supervisor's children)
         assert Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

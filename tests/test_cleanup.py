@@ -80,7 +80,7 @@ def test_a_live_run_keeps_every_artifact_of_a_stage_it_may_read(tmp_path):
     assert live.returncode == 0, live.stderr
     live = live.stdout.splitlines()[0]
     deadline = time.monotonic() + DEADLINE_S
-    while host.runs.status(live).stages[0].state != "running":
+    while host.jobs.status(live).stages[0].state != "running":
         assert time.monotonic() < deadline
         time.sleep(0.1)
     refused = harness(config, "rm", "box", live)
@@ -90,7 +90,7 @@ def test_a_live_run_keeps_every_artifact_of_a_stage_it_may_read(tmp_path):
     assert removed["runs"] == [other] and removed["artifacts"] == [] and removed["kept_for_live_runs"] >= 1, removed
     assert other_extract.is_dir()
     gate.touch()
-    assert host.runs.wait(live, DEADLINE_S).state == "ok"
+    assert host.jobs.wait(live, DEADLINE_S).state == "ok"
     after = json.loads(harness(config, "gc", "box", "--json").stdout)  # the live run ended: now it goes
     assert {(a["stage"], a["key"]) for a in after["artifacts"]} == {("extract", other_extract.name)}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,8 @@ def write(tmp_path: Path, text: str) -> Path:
         ('[hosts.gpu]\nssh = "u@h"\ngpus = [0, 0]\n', "hosts.gpu.gpus", "distinct GPU indices"),
         ('[hosts.gpu]\nssh = "u@h"\ngpus = [-1]\n', "hosts.gpu.gpus", "distinct GPU indices"),
         ('[hosts.gpu]\nssh = "u@h"\nruntime = "docker"\ngpus = [1]\n', "hosts.gpu.gpus", "container.gpus"),
+        ('[hosts.gpu]\nssh = "u@h"\nkeepalive = 5\nkeepalive_s = 5\n', "hosts.gpu.keepalive_s", "keep one of them"),
+        ('[hosts.gpu]\nssh = "u@h"\nkeepalive_s = 0\n', "hosts.gpu.keepalive", "seconds >= 1"),
     ],
 )
 def test_invalid_config_is_one_line_naming_file_and_key(tmp_path, text, key, expected):
@@ -50,6 +53,20 @@ def test_invalid_config_is_one_line_naming_file_and_key(tmp_path, text, key, exp
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith(f"harness: error: {path}")
     assert f": {key}: " in lines[0] and expected in lines[0]
+
+
+@pytest.mark.parametrize("key", ["keepalive", "keepalive_s"])
+def test_both_spellings_of_keepalive_are_one_setting(tmp_path, key):
+    """`keepalive` is the documented key; `keepalive_s` (the transport's old name) reads the same,
+    down to the ssh option and `harness hosts --json`."""
+    from harness.transport.connection import ConnectionSpec
+
+    write(tmp_path, f'[hosts.gpu]\nssh = "u@h"\n{key} = 7\n')
+    host = load_config(tmp_path / "harness.toml").host("gpu")
+    assert host.keepalive == ConnectionSpec.of(host).keepalive == 7
+    r = cli("hosts", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["hosts"]["gpu"]["keepalive"] == 7
 
 
 def test_unknown_host_suggests_the_near_match(tmp_path):

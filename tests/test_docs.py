@@ -1,6 +1,8 @@
 """The docs say what the commands do: docs/cli.md is what the Click commands say now, and every
-`harness ...` line in a ```bash block of the README (and of docs/*.md) is a real command with real
-options and the arguments it needs (parsed by the commands' own Click parser, nothing run)."""
+`harness ...` line in a ```bash block of the README (and of docs/*.md, docs/architecture/*.md) is a
+real command with real options and the arguments it needs (parsed by the commands' own Click
+parser, nothing run). docs/ARCHITECTURE.md opens with the map, links every reference file, and its
+glossary's stage list is the stage table."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def shown_commands(page: Path) -> list[list[str]]:
     return [argv for argv in map(harness_argv, shell_commands(page.read_text())) if argv is not None]
 
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "docs" / "architecture").glob("*.md"))]
 SHOWN = [(page.relative_to(REPO).as_posix(), args) for page in PAGES for args in shown_commands(page)]
 
 
@@ -85,3 +87,29 @@ def test_the_glossary_names_every_stage_and_no_other():
     entry = re.search(r"- \*\*stage\*\*: one script of remote_scripts/ \(([^)]*)\)", words)
     assert entry, "the glossary has no stage entry"
     assert [name.strip() for name in entry.group(1).split(",")] == list(STAGES)
+
+
+MAP_WORDS = 1500  # issue 57: a one-page map, not a manual
+
+
+def test_the_architecture_page_opens_with_a_map_that_links_every_reference_file():
+    """docs/ARCHITECTURE.md is a map (what comes before its glossary, at most MAP_WORDS words)
+    that links each file of docs/architecture/, and every file it links is there."""
+    page = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    map_part = page.split("\n## Words", 1)[0]
+    assert len(map_part.split()) <= MAP_WORDS, f"the map has {len(map_part.split())} words"
+    linked = set(re.findall(r"\]\(architecture/([\w.-]+\.md)\)", map_part))
+    present = {p.name for p in (REPO / "docs" / "architecture").glob("*.md")}
+    assert present and linked == present, f"not linked: {sorted(present - linked)}; missing: {sorted(linked - present)}"
+
+
+def test_every_pointer_into_the_architecture_reference_names_a_file_there():
+    """Code comments and docs say `docs/architecture/NAME.md`: each NAME is a file (a split or a
+    rename of a reference file updates its pointers)."""
+    named: dict[str, list[str]] = {}
+    for path in [*REPO.glob("harness/**/*.py"), *REPO.glob("remote_scripts/**/*.py"), *REPO.glob("docs/**/*.md"), REPO / "README.md"]:
+        for name in re.findall(r"docs/architecture/([\w.-]+\.md)", path.read_text(encoding="utf-8")):
+            named.setdefault(name, []).append(path.relative_to(REPO).as_posix())
+    assert named, "no pointer found: the pattern no longer matches the docs' form"
+    missing = {name: where for name, where in named.items() if not (REPO / "docs" / "architecture" / name).is_file()}
+    assert not missing, missing

@@ -114,7 +114,7 @@ class FillsTheDisk(PullProgress):
 def test_a_disk_filled_during_a_pull_stops_it_at_once_and_the_same_pull_resumes(tmp_path, checkpoint):
     dest = tmp_path / "disk"
     with tmpfs(dest, "20m"):
-        options = PullOptions(jobs=1, piece_size=MiB, adaptive=False)
+        options = PullOptions(streams=1, piece_size=MiB, adaptive=False)
         filler = dest / "someone-else.bin"
         with pytest.raises(LocalDiskError) as failed:
             pull(LocalTransport(), str(checkpoint), dest, options, FillsTheDisk(filler))

@@ -43,7 +43,7 @@ def test_the_probe_sees_the_gpus_the_stages_see(tmp_path, monkeypatch):
     config = load_config(toml)
 
     def ranks(host: str) -> int:
-        return Host(config, config.host(host), LocalTransport).runs._preflight(gpu_count=True)[1]
+        return Host(config, config.host(host), LocalTransport).jobs._preflight(gpu_count=True)[1]
 
     assert ranks("pair") == 2
     assert ranks("box") == 4

@@ -6,7 +6,7 @@ that function itself (test_the_one_decision_gives_each_verdict), and end to end 
 sshd (tests/fixtures/sshd.py) through each way harness connects, which must give the same verdict
 in the function's own words (the presented key's fingerprint): paramiko (Transport.run), and
 OpenSSH as a channel of the master (Transport.stream), a connection of its own (stream
-channel=OWN), a TCP channel of the master (stream_to: pull's further streams), the exec path
+connection=OWN), a TCP channel of the master (stream_to: pull's further streams), the exec path
 (exec_foreground: its own `ssh -f -N` master), the port forward's own `ssh -L`, and `harness
 exec` itself, whose warm form runs from a recipe an earlier exec left (transport/warm_exec.py):
 where a case opens a master first, this path leaves a recipe too, which must then be refused.
@@ -48,7 +48,7 @@ def _master_channel(t, target: SSHD) -> None:
 
 
 def _own_connection(t, target: SSHD) -> None:
-    output_of(t.stream(["true"], channel=OWN, stdin=False), "true")
+    output_of(t.stream(["true"], connection=OWN, stdin=False), "true")
 
 
 def _tcp_channel(t, target: SSHD) -> None:

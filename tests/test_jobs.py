@@ -33,7 +33,7 @@ def make_jobs(tmp_path: Path, stages: dict, **kw) -> tuple[Jobs, Path]:
     config = load_config(config_path)
     host = config.host("box")
     transport = connect(host)
-    return Host(config, host, lambda _name: transport).runs, workdir
+    return Host(config, host, lambda _name: transport).jobs, workdir
 
 
 def harness_cli(config: Path, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -453,7 +453,7 @@ def test_ssh_cancel_exit_codes_and_secrets(tmp_path, ssh_host, monkeypatch):
     config = load_config(config_path)
     host = config.host("box")
     with connect(host, ssh_host.connect_options()) as transport:
-        jobs = Host(config, host, lambda _name: transport).runs
+        jobs = Host(config, host, lambda _name: transport).jobs
         failed = jobs.launch(["prepare", "export"]).run_id
         long = jobs.launch(["train"], grace_s=1).run_id
         st = jobs.wait(failed, timeout=60)

@@ -76,7 +76,7 @@ def group_run(config):
     from harness.host import Group
     from harness.transport import connect
 
-    return Group(config, "cluster", lambda h: connect(config.host(h))).runs
+    return Group(config, "cluster", lambda h: connect(config.host(h))).jobs
 
 
 def rank_processes(node) -> list[str]:
@@ -335,7 +335,7 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     config = load_config(tmp_path / "harness.toml")
     transports = open_all(lambda h: connect(config.host(h)), ["l0", "l1"])
     assert all(error is None for _, _, error in sync_hosts(config, transports, ["remote_scripts"]))
-    return Group(config, "pair", lambda h: transports[h]).runs
+    return Group(config, "pair", lambda h: transports[h]).jobs
 
 
 @pytest.mark.slow
@@ -451,7 +451,7 @@ def test_node_command_runs_torchrun_through_the_launcher(tmp_path):
     config = parse_config({"hosts": {"a": {"local": True, "workdir": str(tmp_path / "a")}, "b": {"local": True, "workdir": str(tmp_path / "b")}},
                            "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 2, 30.0, 10.0)
-    jobs = Host(config, config.host("b"), LocalTransport).jobs(node=GroupNode(launch, 1))
+    jobs = Host(config, config.host("b"), LocalTransport).jobs_with(node=GroupNode(launch, 1))
     argv = jobs.stage_command("train", "/x/events.jsonl", nproc=8)
     assert argv[1] == "remote_scripts/node_launcher.py"
     joined = " ".join(argv)
@@ -473,7 +473,7 @@ def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
     hosts = {h: {"local": True, "workdir": str(tmp_path / h), "runtime": "docker"} for h in ("a", "b")}
     config = parse_config({"hosts": hosts, "groups": {"g": {"hosts": ["a", "b"]}}}, tmp_path / "harness.toml")
     launch = GroupLaunch("g", ("a", "b"), "20260101-000000-abcdef", "10.0.0.1", 29555, 1, 30.0, 10.0)
-    jobs = Host(config, config.host("a"), LocalTransport).jobs(node=GroupNode(launch, 0))
+    jobs = Host(config, config.host("a"), LocalTransport).jobs_with(node=GroupNode(launch, 0))
     run_dir = str(tmp_path / "a" / "runs" / launch.run_id)
     train = jobs._stage_spec(launch.run_id, "train", f"{run_dir}/train", jobs.stage_command("train", f"{run_dir}/train/events.jsonl", nproc=1))
     assert train["kind"] == "docker" and train["argv"][:3] == ["docker", "create", "--network=host"]

@@ -54,7 +54,7 @@ def remote_tree(tmp_path) -> Path:
 
 def test_pull_fetches_verifies_and_keeps_modes_and_links(remote_tree, tmp_path):
     dest = tmp_path / "dest"
-    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=3, piece_size=MiB, adaptive=False))
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(streams=3, piece_size=MiB, adaptive=False))
     assert report.ok, report
     assert sorted(report.fetched) == ["big.bin", "empty", "sub dir/naïve ☃.txt", "tool.sh"]
     for rel in report.fetched:
@@ -62,7 +62,7 @@ def test_pull_fetches_verifies_and_keeps_modes_and_links(remote_tree, tmp_path):
     assert os.stat(dest / "tool.sh").st_mode & 0o777 == 0o755
     assert os.readlink(dest / "link") == "sub dir/naïve ☃.txt"
     assert leftovers(dest) == []
-    again = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=3, piece_size=MiB, adaptive=False))
+    again = pull(LocalTransport(), str(remote_tree), dest, PullOptions(streams=3, piece_size=MiB, adaptive=False))
     assert again.bytes_received == 0 and sorted(again.identical) == sorted(report.fetched)
 
 
@@ -181,14 +181,14 @@ class ChangeOnHost(PullProgress):
 
 def test_a_file_changed_during_the_pull_is_caught_and_fetched_again(remote_tree, tmp_path):
     dest = tmp_path / "dest"
-    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, adaptive=False, piece_size=MiB), ChangeOnHost(remote_tree / "big.bin", 1))
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(streams=2, adaptive=False, piece_size=MiB), ChangeOnHost(remote_tree / "big.bin", 1))
     assert report.ok and "big.bin" in report.fetched
     assert sha(dest / "big.bin") == sha(remote_tree / "big.bin")  # the new version, whole
 
 
 def test_a_file_that_keeps_changing_is_reported_and_never_kept(remote_tree, tmp_path):
     dest = tmp_path / "dest"
-    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, adaptive=False, piece_size=MiB, retries=1), ChangeOnHost(remote_tree / "big.bin", 10**6))
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(streams=2, adaptive=False, piece_size=MiB, retries=1), ChangeOnHost(remote_tree / "big.bin", 10**6))
     assert [n for n, _ in report.failed] == ["big.bin"], report
     assert not (dest / "big.bin").exists() and leftovers(dest) == []
     assert (dest / "tool.sh").exists()
@@ -211,7 +211,7 @@ def test_bytes_left_by_an_earlier_pull_count_only_once_checked_against_the_host(
         part.done[i] = part.pieces[i][1] - part.pieces[i][0]
         part._record(i)
     part.close()
-    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(jobs=2, adaptive=False, piece_size=MiB))
+    report = pull(LocalTransport(), str(remote_tree), dest, PullOptions(streams=2, adaptive=False, piece_size=MiB))
     assert report.ok, report
     assert sha(dest / "big.bin") == sha(remote_tree / "big.bin")
     others = sum((remote_tree / rel).stat().st_size for rel in report.fetched if rel != "big.bin")
@@ -298,7 +298,7 @@ from harness.transport import ConnectOptions, connect
 from harness.pull import PullOptions, pull
 config, known_hosts, src, dest = sys.argv[1:5]
 with connect(HostConfig(name="slow", ssh="slow"), ConnectOptions(known_hosts=known_hosts, ssh_config=config)) as t:
-    r = pull(t, src, dest, PullOptions(jobs=4, piece_size=4 << 20))
+    r = pull(t, src, dest, PullOptions(streams=4, piece_size=4 << 20))
 print(json.dumps({"ok": r.ok, "received": r.bytes_received, "resumed": r.bytes_resumed, "failed": r.failed}))
 """
 
@@ -372,6 +372,36 @@ def test_streams_for_a_round_trip():
     assert streams_for(ONE_STREAM_BYTES - 1, 0.5, 8) == 1  # too little to pay for a second
 
 
+@pytest.mark.parametrize("flags, streams", [([], 8), (["--streams", "3"], 3), (["-j", "3"], 3), (["--jobs", "3"], 3), (["--jobs", "3", "--streams", "3"], 3)])
+def test_pull_streams_flag_and_its_former_name(tmp_path, monkeypatch, flags, streams):
+    """--streams N is the most parallel streams; --jobs N (its former name) still means the same.
+    The pull itself is stopped at its start: what reaches it is the request."""
+    from click.testing import CliRunner
+
+    import harness.run_pull
+    from harness.cli.app import cli
+
+    asked = []
+
+    def stop(host, request, **_):
+        asked.append(request.streams)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(harness.run_pull, "pull", stop)
+    (tmp_path / "harness.toml").write_text('[hosts.here]\nlocal = true\n')
+    r = CliRunner().invoke(cli, ["--config", str(tmp_path / "harness.toml"), "pull", "here", "x", str(tmp_path / "d"), *flags])
+    assert (r.exit_code, asked) == (130, [streams]), r.output
+
+
+def test_pull_refuses_both_names_with_two_values(tmp_path):
+    (tmp_path / "harness.toml").write_text('[hosts.here]\nlocal = true\n')
+    r = subprocess.run([sys.executable, "-m", "harness", "--config", str(tmp_path / "harness.toml"), "pull", "here", "x", "--jobs", "2", "--streams", "3"],
+                       capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("harness: error: --jobs is the former name of --streams: give --streams 3 alone"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["harness.toml"]
+
+
 @pytest.mark.ssh
 @pytest.mark.parametrize("rtt_ms, jobs", [(10, 2), (30, 4)], ids=["short-link", "forwarded-streams"])
 def test_ctrl_c_during_a_cli_pull_leaves_parts_the_next_pull_resumes_from(ssh_host, tmp_path, rtt_ms, jobs):
@@ -430,7 +460,7 @@ def test_pull_over_ssh_verifies_and_refuses(ssh_host, tmp_path, monkeypatch, rem
     os.symlink("/etc", remote_tree / "etc_link")
     with ssh_transport(ssh_host, monkeypatch) as t:
         dest = tmp_path / "dest"
-        report = pull(t, str(remote_tree), dest, PullOptions(jobs=4, piece_size=MiB, adaptive=False))
+        report = pull(t, str(remote_tree), dest, PullOptions(streams=4, piece_size=MiB, adaptive=False))
         assert dict(report.refused).keys() == {"etc_link"}
         for rel in report.fetched:
             assert sha(dest / rel) == sha(remote_tree / rel)

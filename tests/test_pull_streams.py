@@ -83,7 +83,7 @@ def test_a_long_link_pull_runs_its_further_streams_through_the_listener(ssh_host
     before = direct_tcpip_channels(ssh_host.box.log_text())
     with DelayLine(("127.0.0.1", ssh_host.port), rtt_ms=LONG_RTT_MS) as line:
         with slow_transport(tmp_path, line.port, ssh_host.box.host_pub_line, ssh_host, monkeypatch) as t:
-            report = pull(t, str(src), dest, PullOptions(jobs=4, piece_size=4 * MiB))
+            report = pull(t, str(src), dest, PullOptions(streams=4, piece_size=4 * MiB))
     check_pulled(report, src, dest)
     assert report.streams > 1
     # every further stream was a forwarded connection (the first is the exec channel with the listing)
@@ -171,7 +171,7 @@ def test_where_the_sshd_forbids_forwarding_the_streams_are_exec_channels(ssh_hos
         dest = tmp_path / "dest"
         with DelayLine(("127.0.0.1", server.port), rtt_ms=LONG_RTT_MS) as line:
             with slow_transport(tmp_path, line.port, server.host_pub_line, ssh_host, monkeypatch) as t:
-                report = pull(t, str(src), dest, PullOptions(jobs=4, piece_size=4 * MiB))
+                report = pull(t, str(src), dest, PullOptions(streams=4, piece_size=4 * MiB))
                 check_pulled(report, src, dest)
                 assert report.streams > 1
                 log = server.log_text()
@@ -180,6 +180,6 @@ def test_where_the_sshd_forbids_forwarding_the_streams_are_exec_channels(ssh_hos
                 with open(src, "r+b") as f:
                     f.write(os.urandom(MiB))
                 shutil.rmtree(dest)
-                check_pulled(pull(t, str(src), dest, PullOptions(jobs=4, piece_size=4 * MiB)), src, dest)
+                check_pulled(pull(t, str(src), dest, PullOptions(streams=4, piece_size=4 * MiB)), src, dest)
     finally:
         server.stop()

@@ -55,7 +55,7 @@ def box(tmp_path, ssh_host):
         host = config.host("box")
         transport = connect(host, ssh_host.connect_options())
         opened.append(transport)
-        return config_path, Host(config, host, lambda _name: transport).runs
+        return config_path, Host(config, host, lambda _name: transport).jobs
 
     opened: list = []
     yield make
@@ -125,7 +125,7 @@ def test_cancel_while_queued(box, ssh_host):
 
 def test_disjoint_gpu_sets_run_at_once_overlapping_wait(box):
     _, jobs = box(LONG, gpus=[0])
-    on = {gpus: Host(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), lambda _name: jobs.transport).runs for gpus in ((0,), (1,), (1, 2))}
+    on = {gpus: Host(jobs.config, dataclasses.replace(jobs.host, gpus=list(gpus)), lambda _name: jobs.transport).jobs for gpus in ((0,), (1,), (1, 2))}
     assert queue_gpus(on[(1, 2)].host) == [1, 2]
     zero = on[(0,)].launch(["prepare"], fresh=["all"], grace_s=1).run_id
     one = on[(1,)].launch(["prepare"], fresh=["all"], grace_s=1).run_id

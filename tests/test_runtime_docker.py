@@ -44,7 +44,7 @@ def docker_jobs(tmp_path: Path, base_image: str, stages: dict, host_table: dict 
     config = load_config(config_path)
     host = config.host("box")
     transport = connect(host)
-    return Host(config, host, lambda _name: transport).runs, workdir
+    return Host(config, host, lambda _name: transport).jobs, workdir
 
 
 @pytest.mark.parametrize(

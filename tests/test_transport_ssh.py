@@ -314,21 +314,21 @@ def test_a_stream_types_the_remote_exit_and_keeps_stderr_inside(box):
     # a remote command that exits 255 itself (ssh's own failure code) is still the command's exit
     with pytest.raises(RemoteCommandError, match="exit code 255"):
         output_of(box.stream(["sh", "-c", "echo 'Connection refused' >&2; exit 255"], stdin=False), "exits 255")
-    assert output_of(box.stream(["printf", "%s|", "a b", "$x"], channel=OWN), "printf") == b"a b|$x|"
+    assert output_of(box.stream(["printf", "%s|", "a b", "$x"], connection=OWN), "printf") == b"a b|$x|"
 
 
 def test_a_stream_types_the_clients_own_failures(ssh_host, tmp_path):
     cfg = tmp_path / "ssh_config"
     cfg.write_text(f"Host b\n  HostName 127.0.0.1\n  Port {ssh_host.port}\n  User {ssh_host.user}\n"
                    f"  IdentityFile {ssh_host.wrong_key_path}\n  IdentitiesOnly yes\n")
-    for channel in (SHARED, OWN):
+    for connection in (SHARED, OWN):
         with connect(HostConfig(name="b", ssh="b"), ssh_host.connect_options(ssh_config=str(cfg))) as t:
             with pytest.raises(AuthError, match="authentication failed"):
-                output_of(t.stream(["true"], channel=channel, stdin=False), "true")
+                output_of(t.stream(["true"], connection=connection, stdin=False), "true")
         closed = HostConfig(name="c", ssh=f"root@127.0.0.1:{free_port()}", connect_timeout=5)
         with connect(closed, ssh_host.connect_options()) as t:
             with pytest.raises(ConnectError, match="Connection refused"):
-                output_of(t.stream(["true"], channel=channel, stdin=False), "true")
+                output_of(t.stream(["true"], connection=connection, stdin=False), "true")
 
 
 def test_a_refused_forward_is_typed(box, ssh_host, tmp_path):

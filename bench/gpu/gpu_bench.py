@@ -169,7 +169,7 @@ def run_stage(work: Path, stage: str, stage_args: dict, gpus: list[int], timeout
     config = bench_config(work, {"gpu": local_host("gpu", workdir, gpus)}, stage, stage_args)
     transport = LocalTransport("gpu")
     sync(transport, config.root, config.sync.paths, str(workdir), python=sys.executable)
-    jobs = Host(config, config.host("gpu"), lambda _name: transport).runs
+    jobs = Host(config, config.host("gpu"), lambda _name: transport).jobs
     run_id = jobs.launch([stage], fresh=["all"]).run_id  # a bench measures work done, never a reused artifact
     status = jobs.wait(run_id, timeout=timeout, poll_s=2.0)
     return stage_outcome(workdir, run_id, stage, status.state)
@@ -192,7 +192,7 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
     for host, _, error in sync_hosts(config, transports, config.sync.paths):
         if error is not None:
             raise SystemExit(f"sync to {host} failed: {error}")
-    runner = Group(config, "pair", lambda h: transports[h]).runs
+    runner = Group(config, "pair", lambda h: transports[h]).jobs
     launch = runner.launch([stage], fresh=["all"])
     status = runner.watch(launch.run_id, timeout=timeout)
     if status.state != "ok":

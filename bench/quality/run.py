@@ -330,12 +330,12 @@ class HarnessRun:
         transport = LocalTransport("local")
         sync(transport, config.root, config.sync.paths, host.workdir, python=host.python)
         self.host = Host(config, host, lambda _name: transport)
-        self.jobs = self.host.runs
+        self.jobs = self.host.jobs
 
     def beside_sweep(self, per_gpu: int) -> None:
         """Our runs take the queue slot after the sweep's `per_gpu` ones: they run beside its
         trials instead of ahead of them (a run in no slot waits for every slot)."""
-        self.jobs = self.host.jobs(queue_slot=per_gpu)
+        self.jobs = self.host.jobs_with(queue_slot=per_gpu)
 
     def start(self, stages: list[str]) -> str:
         run_id = self.jobs.launch(stages).run_id

@@ -33,7 +33,7 @@ def rm(ctx: click.Context, host: str, runs: tuple[str, ...], dry_run: bool, as_j
     run is refused: cancel it first."""
     from harness.cleanup import collect
 
-    _report(ctx, collect(ctx.obj.host(host).runs, list(runs), dry_run), as_json)
+    _report(ctx, collect(ctx.obj.host(host).jobs, list(runs), dry_run), as_json)
 
 
 @click.command("gc")

@@ -67,7 +67,7 @@ def tensorboard(ctx: click.Context, host: str, run: str | None, port: int) -> No
 
     h = ctx.obj.host(host)
     local_port = PortSpec.parse(str(port)).local_port
-    run_id = h.runs.resolve_run_id(run) if run else None
+    run_id = h.jobs.resolve_run_id(run) if run else None
     board, logdir = start(h, TensorBoardOptions(run_id=run_id))
     with board:
         click.echo(f"TensorBoard on {host} over {logdir}", err=True)

@@ -3,7 +3,7 @@
 Every command takes the host first (`harness run HOST STAGE...`), like build, shell, exec and
 sync. RUN is what `harness run` printed, or `last`; left out, it is the newest run on that host.
 HOST may name a `[groups.NAME]`: logs, status, runs and cancel then go through the same run
-interface (harness.runs.RunPlace) that a host's Jobs implements: the context's place(HOST).runs.
+interface (harness.runs.RunInterface) that a host's Jobs implements: the context's place(HOST).jobs.
 """
 
 from __future__ import annotations
@@ -85,26 +85,26 @@ def run(ctx: click.Context, host: str, stages: tuple[str, ...], detach: bool, gr
         if (result.files_sent or result.deleted) and not ctx.obj.quiet:
             click.echo(f"synced to {h}: {result.files_sent} file(s), {result.bytes_sent} bytes, {result.deleted} deleted", err=True)
     remember_runs(ctx.obj, host, [started.run_id])
-    runs = place.runs
+    jobs = place.jobs
     click.echo(started.line, err=True)
     click.echo(started.run_id)  # stdout: the id alone, for scripts
     if detach:
         if not ctx.obj.quiet:
             click.echo(reattach_hint(host, started.run_id), err=True)
         ctx.exit(0)
-    ctx.exit(_attach(runs, host, started.run_id, grace))
+    ctx.exit(_attach(jobs, host, started.run_id, grace))
 
 
-def _attach(runs, where: str, run_id: str, grace: float) -> int:
+def _attach(jobs, where: str, run_id: str, grace: float) -> int:
     """Stream logs and render progress events until the run ends; Ctrl-C only detaches."""
     from harness.cli.render import AttachRenderer, print_status
     from harness.errors import EXIT_INTERRUPTED
 
     try:
         with AttachRenderer(whole_logs=f"harness logs {where} {run_id}") as view:
-            status = runs.attach(run_id, view, grace_s=grace)
+            status = jobs.attach(run_id, view, grace_s=grace)
     except KeyboardInterrupt:
-        click.echo(f"\ndetached from run {run_id}; it keeps running on {where}{runs.detach_note}.", err=True)
+        click.echo(f"\ndetached from run {run_id}; it keeps running on {where}{jobs.detach_note}.", err=True)
         click.echo(reattach_hint(where, run_id), err=True)
         return EXIT_INTERRUPTED
     print_status(status)
@@ -144,17 +144,17 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
     from harness.errors import EXIT_INTERRUPTED
 
     run_id, stage = _run_and_stage(run_id, stage)
-    runs = ctx.obj.place(host).runs
+    jobs = ctx.obj.place(host).jobs
     if failed:
-        ctx.exit(_failed_stage(runs, host, run_id, tail or FAILED_TAIL))
+        ctx.exit(_failed_stage(jobs, host, run_id, tail or FAILED_TAIL))
     try:
-        runs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
+        jobs.stream_logs(run_id, _stdout_sink, stage=stage, follow=follow, as_json=as_json, tail=tail)
     except KeyboardInterrupt:
         if follow:  # the person stopped watching, not the run: say so
-            click.echo(f"\ndetached from run {run_id}; it keeps running on {host}{runs.detach_note}.", err=True)
+            click.echo(f"\ndetached from run {run_id}; it keeps running on {host}{jobs.detach_note}.", err=True)
             click.echo(reattach_hint(host, run_id), err=True)
         ctx.exit(EXIT_INTERRUPTED)
-    if follow and (status := runs.status(run_id)).state == "lost":  # the follow ended, and nobody will finish the run
+    if follow and (status := jobs.status(run_id)).state == "lost":  # the follow ended, and nobody will finish the run
         from harness.errors import HarnessError
 
         raise HarnessError(f"run {status.run_id} on {host} is lost: its supervisor ended without recording an outcome "
@@ -165,19 +165,19 @@ def logs(ctx: click.Context, host: str, run_id: str | None, stage: str | None, f
 FAILED_TAIL = 40  # lines of `logs --failed`
 
 
-def _failed_stage(runs, host: str, run_id: str, tail: int) -> int:
+def _failed_stage(jobs, host: str, run_id: str, tail: int) -> int:
     """`logs --failed`: the failed stage's last lines and its error line (a host's run)."""
     from harness.errors import UsageError
     from harness.events import finished_failure
 
-    view = runs.status(run_id)
+    view = jobs.status(run_id)
     if hasattr(view, "nodes"):
         raise UsageError(f"--failed takes one host's run; {host} is a group", f"harness status {host} {view.run_id} names the node that failed")
     failed = view.failed_stage
     if failed is None:
         click.echo(f"run {view.run_id} on {host} is {view.state}: no stage failed", err=True)
         return 0
-    runs.stream_logs(view.run_id, _stdout_sink, stage=failed.stage, tail=tail)
+    jobs.stream_logs(view.run_id, _stdout_sink, stage=failed.stage, tail=tail)
     failure = finished_failure(failed.last_event)
     click.echo(f"run {view.run_id}: {failed.stage} failed (exit {failed.exit_code})" + (f": {failure.error}" if failure and failure.error else ""), err=True)
     return 1
@@ -203,11 +203,11 @@ def status(ctx: click.Context, host: str | None, run_id: str | None, watch: bool
 
     if host is None:
         ctx.exit(_every_host(ctx, "status", as_json))
-    runs = ctx.obj.place(host).runs
-    view = runs.status(run_id or "last")
+    jobs = ctx.obj.place(host).jobs
+    view = jobs.status(run_id or "last")
     remember_runs(ctx.obj, host, [view.run_id])
     if watch and not as_json:
-        view = _watch(runs, view)
+        view = _watch(jobs, view)
     elif as_json:
         print_json(view.to_json())
     else:
@@ -218,7 +218,7 @@ def status(ctx: click.Context, host: str | None, run_id: str | None, watch: bool
 WATCH_S = 3.0  # between two looks of `status --watch`
 
 
-def _watch(runs, view):
+def _watch(jobs, view):
     """`status --watch`: the table, redrawn in place until the run ends; Ctrl-C stops watching."""
     import time
 
@@ -232,7 +232,7 @@ def _watch(runs, view):
         try:
             while view.state in LIVE_STATES:
                 time.sleep(WATCH_S)
-                view = runs.status(view.run_id)
+                view = jobs.status(view.run_id)
                 live.update(status_renderable(view), refresh=True)
         except KeyboardInterrupt:
             pass
@@ -250,7 +250,7 @@ def _every_host(ctx: click.Context, what: str, as_json: bool) -> int:
     bound = max((h.connect_timeout for h in config.hosts.values()), default=10.0) + EVERY_HOST_ANSWER_S
 
     def ask(name: str):
-        listing = ctx.obj.host(name).runs.listing()
+        listing = ctx.obj.host(name).jobs.listing()
         remember_runs(ctx.obj, name, listing.run_ids(), replace=True)
         return listing
 
@@ -276,7 +276,7 @@ def runs(ctx: click.Context, host: str | None, as_json: bool) -> None:
 
     if host is None:
         ctx.exit(_every_host(ctx, "runs", as_json))
-    listing = ctx.obj.place(host).runs.listing()
+    listing = ctx.obj.place(host).jobs.listing()
     remember_runs(ctx.obj, host, listing.run_ids(), replace=True)
     if as_json:
         print_json(listing.to_json())
@@ -305,8 +305,8 @@ def cancel(ctx: click.Context, host: str, run_id: str | None, grace: float | Non
 
     if run_id and is_sweep_id(run_id):
         ctx.exit(_cancel_sweep(ctx, host, run_id, grace, dry_run, as_json))
-    runs = ctx.obj.place(host).runs
-    outcome = cancel_preview(runs, run_id or "last") if dry_run else runs.cancel_run(run_id or "last", grace)
+    jobs = ctx.obj.place(host).jobs
+    outcome = cancel_preview(jobs, run_id or "last") if dry_run else jobs.cancel_run(run_id or "last", grace)
     if as_json:
         print_json(outcome.to_json())
     else:
@@ -344,7 +344,7 @@ def diff(ctx: click.Context, host: str, run_a: str, run_b: str, as_json: bool) -
     from harness.run_diff import diff as diff_runs
 
     h = ctx.obj.host(host)
-    result = diff_runs(h.runs, run_a, run_b)
+    result = diff_runs(h.jobs, run_a, run_b)
     remember_runs(ctx.obj, host, [result.a, result.b])
     if as_json:
         print_json(result.to_json())

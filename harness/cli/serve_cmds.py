@@ -35,7 +35,7 @@ def serve(ctx: click.Context, host: str, run: str, port: int, start_timeout: flo
             click.echo(f"harness: error: {host}: {event.error}", err=True)
 
     h = ctx.obj.host(host)
-    run_id = h.runs.resolve_run_id(run)
+    run_id = h.jobs.resolve_run_id(run)
     try:
         server, export = start(h, ServeRequest(run_id, port, start_timeout, vllm_args), on_event=show)
     except KeyboardInterrupt:  # while vLLM loaded: start() stopped it on the box

@@ -83,11 +83,12 @@ def sync(ctx: click.Context, host: str, dry_run: bool, as_json: bool) -> None:
 @click.option("--exclude", multiple=True, metavar="PATTERN", help="Skip paths matching (gitignore-style; repeatable).")
 @click.option("--latest-checkpoint", is_flag=True, help="RUN: add the newest checkpoint. PATH: only its newest checkpoint directory, plus records and logs.")
 @click.option("--best-checkpoint", is_flag=True, help="Add the checkpoint best.json names (RUN: in train's output; PATH: a checkpoints directory).")
-@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel byte streams (added while they raise throughput on a long link).")
+@click.option("--streams", "-j", type=click.IntRange(1, 64), default=8, show_default=True, help="Most parallel byte streams (added while they raise throughput on a long link).")
+@click.option("--jobs", "jobs", type=click.IntRange(1, 64), default=None, hidden=True, help="The former name of --streams.")
 @click.option("--dry-run", "-n", is_flag=True, help="List what would be fetched.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON on stdout (keys: docs/json.md); progress stays on stderr.")
 @click.pass_context
-def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, jobs: int, dry_run: bool, as_json: bool) -> None:
+def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, include, exclude, latest_checkpoint: bool, best_checkpoint: bool, streams: int, jobs: int | None, dry_run: bool, as_json: bool) -> None:
     """Fetch REMOTE (a path, relative to the workdir unless absolute, or a RUN_ID / 'last';
     without it, the newest run) from HOST into LOCAL_DIR (default: runs/RUN_ID in the project, beside
     harness.toml, from any directory; a path: ./NAME).
@@ -104,8 +105,12 @@ def pull(ctx: click.Context, host: str, remote: str, local_dir: str | None, incl
     from harness.pull import PullProgress
     from harness.run_pull import PullRequest, pull as pull_from
 
+    if jobs is not None:  # --jobs N: what --streams was called first, still taken
+        if ctx.get_parameter_source("streams") is not click.core.ParameterSource.DEFAULT and streams != jobs:
+            raise click.UsageError(f"--jobs is the former name of --streams: give --streams {streams} alone")
+        streams = jobs
     h = ctx.obj.host(host)
-    request = PullRequest(remote, local_dir, tuple(include), tuple(exclude), latest_checkpoint, best_checkpoint, jobs, dry_run)
+    request = PullRequest(remote, local_dir, tuple(include), tuple(exclude), latest_checkpoint, best_checkpoint, streams, dry_run)
     watched = not dry_run and not ctx.obj.quiet and click.get_text_stream("stderr").isatty()  # else no bar (and no rich import), as sync
     shown = _BarInBackground() if watched else None
 

@@ -57,7 +57,7 @@ def group_checks(place: "Group") -> list[CheckResult]:
     """CheckResults of the group as a whole."""
     from harness.fanout import parallel
 
-    runner = place.runs  # writes nothing
+    runner = place.jobs  # writes nothing
     config, group = place.config, place.name
     cfg = runner.group
     host = runner.rendezvous_host()

@@ -55,7 +55,7 @@ NO_IMAGE_ERRORS = ("not built: harness build", "Unable to find image", "No such 
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class RunNeeds:
     verifier: str
     data: str
     prepared: str
@@ -68,7 +68,7 @@ class RunPlan:
     online: bool = False  # [pipeline.stages.train] online = true: states from a running vLLM, none stored
 
     @classmethod
-    def from_config(cls, config: Config) -> "RunPlan":
+    def from_config(cls, config: Config) -> "RunNeeds":
         p = config.pipeline
         # The hidden states go into the store (harness/artifacts.py): its free space is what matters;
         # which prepared data a run will read is known by its key on the host alone: the chat data is counted.
@@ -193,7 +193,7 @@ class MLDoctor:
         self.config = config
         self.host = host
         self.runtime = runtime  # the stage environment, on the connection the checks run through
-        self.plan = RunPlan.from_config(config)
+        self.plan = RunNeeds.from_config(config)
         self._image_ref_factory = image_ref_factory
         self._probe: ProbeOutcome | None = None
         self._container: CheckResult | None = None
@@ -487,7 +487,7 @@ def verdict_flex_attention(probe: ProbeOutcome) -> CheckResult:
     return CheckResult(name, "fail", f"flex_attention does not compile on {gpu}{need}: {flex.get('error')}", 'set pipeline.stages.train.attn_impl = "sdpa", or use a torch/triton that supports this GPU')
 
 
-def verdict_verifier_config(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+def verdict_verifier_config(plan: RunNeeds, probe: ProbeOutcome) -> CheckResult:
     name = "verifier"
     if probe.facts is None:
         return _not_probed(name, probe)
@@ -518,7 +518,7 @@ def verdict_verifier_dtype(probe: ProbeOutcome) -> CheckResult:
     return CheckResult(name, "warn", f"{dtype} verifier; hidden states are stored as bfloat16 (2 bytes): extraction casts them", "load the verifier in bfloat16 to halve its memory")
 
 
-def verdict_target_layers(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+def verdict_target_layers(plan: RunNeeds, probe: ProbeOutcome) -> CheckResult:
     name = "target-layers"
     if probe.facts is None:
         return _not_probed(name, probe)
@@ -539,7 +539,7 @@ def verdict_target_layers(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
     return CheckResult(name, "ok", f"{source} = {ids} (N = {n})")
 
 
-def verdict_hidden_state_disk(plan: RunPlan, probe: ProbeOutcome, space: dict[str, FreeSpace], host: HostConfig) -> CheckResult:
+def verdict_hidden_state_disk(plan: RunNeeds, probe: ProbeOutcome, space: dict[str, FreeSpace], host: HostConfig) -> CheckResult:
     name = "hidden-state-disk"
     target = space.get(plan.hidden_states)
     if target is None:
@@ -575,7 +575,7 @@ def _size(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 2**20:.2f} MiB"
 
 
-def verdict_train_settings(plan: RunPlan, probe: ProbeOutcome) -> CheckResult:
+def verdict_train_settings(plan: RunNeeds, probe: ProbeOutcome) -> CheckResult:
     """The train stage's attention and loss implementations, as train_draft.py will RESOLVE them
     on this host ("auto" included), against the combinations known to fail."""
     name = "train-settings"

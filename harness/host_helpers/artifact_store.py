@@ -11,7 +11,7 @@ A key is the SHA-256 of: the stage, its resolved flags, the keys of the artifact
 identity of each input from outside the store (identify()), the code that runs (the script and
 the modules of remote_scripts/ it imports), the stage environment (the image, or the library
 versions), the number of processes, and a `fresh` nonce when asked. What goes in and why:
-docs/ARCHITECTURE.md, "Artifacts and their keys".
+docs/architecture/artifacts.md, "Artifacts and their keys".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ resolves `static` (the module's file parsed, nothing executed), `import` (the li
 unwrapped) or `auto` (static, falling back to import whenever static cannot be sure).
 Result: ONE line on stdout, MARKER followed by a JSON object.
 
-The requests and the two ways to resolve a path: docs/ARCHITECTURE.md, "Host helpers' requests
+The requests and the two ways to resolve a path: docs/architecture/host-helpers.md, "Host helpers' requests
 and replies".
 """
 

@@ -10,7 +10,7 @@ Request: {"verifier": path, "prepared": path, "data": path, "flex": true, "head_
 (paths relative to the working directory, which is the workdir)
 Result: one line on stdout, MARKER + JSON: versions, nvidia_smi, torch, flex, verifier, samples,
 private_network.
-Their fields: docs/ARCHITECTURE.md, "Host helpers' requests and replies".
+Their fields: docs/architecture/host-helpers.md, "Host helpers' requests and replies".
 """
 
 import glob

@@ -9,7 +9,7 @@ stdin, after this source: the request, one JSON line (harness/helpers.py), {"mod
           frame saying the file changed. A listener on the host's loopback, behind a random
           token, serves the laptop's further streams (`ssh -W` channels) the same way.
 
-The frames and requests in detail: docs/ARCHITECTURE.md, "harness pull, step by step".
+The frames and requests in detail: docs/architecture/pull.md, "harness pull, step by step".
 """
 
 import hashlib

@@ -8,7 +8,7 @@ order that leaves the host consistent wherever it is interrupted. It checks ever
 the manifest lives on the host and may have been edited.
 stdout at the end: one JSON line {"written": n, "deleted": n, "refused": [[path, reason], ...]}.
 
-The stream's format and the order of writes: docs/ARCHITECTURE.md, "harness sync, step by step".
+The stream's format and the order of writes: docs/architecture/sync.md, "harness sync, step by step".
 """
 
 import json

@@ -5,7 +5,7 @@ answers the caller's questions first), selects (--include/--exclude, --latest-ch
 refuses any name that would land outside LOCAL_DIR, then fetches each file in pieces over as
 many streams as the link's round trip calls for, each piece checked by CRC-32 on both sides and
 each file renamed into place only once every piece matched. A killed pull resumes from the part
-files it left. docs/ARCHITECTURE.md ("harness pull, step by step") says how and why; the modules
+files it left. docs/architecture/pull.md ("harness pull, step by step") says how and why; the modules
 here hold one concept each (session, selection, paths, local_disk, host, partfile, streams,
 options).
 """

@@ -16,10 +16,10 @@ PULL_HELPER = "pull_helper.py"
 HOST_HASHING_FAILED = "host hashing failed"  # the hash command itself failed (not one file)
 
 
-def start_send(transport: Transport, python: str, channel: str = SHARED) -> RemoteProcess:
+def start_send(transport: Transport, python: str, connection: str = SHARED) -> RemoteProcess:
     """A `send` helper (pull_helper.py): its stdin is open for questions, ROOT and segments, which
     follow the request line (harness.helpers.start)."""
-    return helpers.start(transport, PULL_HELPER, {"mode": "send"}, python=python, channel=channel)
+    return helpers.start(transport, PULL_HELPER, {"mode": "send"}, python=python, connection=connection)
 
 
 def parse_listing(doc: dict) -> tuple[str, bool, list[RemoteEntry]]:

@@ -13,7 +13,7 @@ class PullOptions:
     include: tuple[str, ...] = ()  # gitignore-style; empty = everything
     exclude: tuple[str, ...] = ()
     latest_checkpoint: bool = False  # newest <ckpt root>/<epoch>/ only, plus run records and logs
-    jobs: int = 8  # most parallel byte streams (each beyond the first on its own connection)
+    streams: int = 8  # most parallel byte streams (each beyond the first on its own connection)
     adaptive: bool = True  # add streams one by one while they raise throughput; False: all at once
     piece_size: int = 16 * MiB  # unit of parallelism and of resume bookkeeping
     retries: int = 2  # extra attempts for a file that failed verification or changed on the host

@@ -38,7 +38,7 @@ WINDOW_BYTES = 2 * MiB  # the SSH channel window: what one stream moves per roun
 ONE_STREAM_BYTES = 4 * WINDOW_BYTES  # below, streams_for() is 1 whatever the round trip (it tends to remaining / 2 windows)
 
 
-def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
+def streams_for(remaining: int, round_trip_s: float | None, most: int) -> int:
     """Streams to open at once for `remaining` bytes: one on a short link (CPU-bound); on a long
     one (window-bound: WINDOW_BYTES per round trip each) as many as the bytes pay for, each
     stream carrying at least what it moves in the time its channel of the master takes to set up."""
@@ -46,7 +46,7 @@ def streams_for(remaining: int, round_trip_s: float | None, jobs: int) -> int:
         return 1
     per_stream_rate = WINDOW_BYTES / round_trip_s
     setup_s = 2 * round_trip_s + 0.1  # the channel's session, the helper's start, the first request
-    return max(1, min(jobs, int(remaining // (per_stream_rate * setup_s))))
+    return max(1, min(most, int(remaining // (per_stream_rate * setup_s))))
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class PullConnection:
 
 def start_first_stream(transport: Transport, options: PullOptions) -> FirstStream:
     # it also asks for a listener for the pull's further streams where they can reach it
-    listen = options.jobs > 1 and not options.dry_run and transport.forwards_tcp
+    listen = options.streams > 1 and not options.dry_run and transport.forwards_tcp
     try:
         return FirstStream(lambda: start_send(transport, options.python), listen=listen)
     except StreamFailed as e:  # ssh died before its first question was written (an unknown host)
@@ -405,7 +405,7 @@ class PullSession:
         compete), as channels of the master. A later fetch (files found to differ) starts on one
         stream and times its first request. Then, measuring ADD_INTERVAL_S once every stream
         delivers, streams are added (first to FIRST_STEP_STREAMS, then doubling, each on its own
-        connection, up to jobs) as long as the last step raised the aggregate rate by ADD_GAIN:
+        connection, up to options.streams) as long as the last step raised the aggregate rate by ADD_GAIN:
         a long link is window-bound per stream, so more streams help there."""
         # every piece: those an earlier process completed need their check too (no bytes move)
         work = WorkQueue([Segment(p, i) for p in parts for i in range(len(p.pieces))])
@@ -420,21 +420,21 @@ class PullSession:
             return start_send(self.transport, options.python)
 
         def own() -> RemoteProcess:  # (the shared connection where there is no other: the local host)
-            return start_send(self.transport, options.python, channel=OWN)
+            return start_send(self.transport, options.python, connection=OWN)
 
         if first is not None:
             first.join()  # its round trip decides how many streams to open (the stream waits for it too)
         streams = [self._stream(shared, work, first)]
         if not options.adaptive:
-            streams += [self._stream(own, work) for _ in range(options.jobs - 1)]
+            streams += [self._stream(own, work) for _ in range(options.streams - 1)]
         elif first is not None:
             # channels of the master: they start at once (a new connection would take ~10 round
             # trips plus CPU before its first byte); connections to the first helper's listener
             # where it has one (no remote shell or Python to start), else helpers of their own
-            more = streams_for(work.remaining_bytes(), first.round_trip_s, options.jobs) - 1
+            more = streams_for(work.remaining_bytes(), first.round_trip_s, options.streams) - 1
             streams += [self._stream(shared, work, listener=first.listener) for _ in range(more)]
 
-        adding = options.adaptive and options.jobs > len(streams)
+        adding = options.adaptive and options.streams > len(streams)
         best_rate, mark_bytes, mark_time = 0.0, 0, None
         while any(st.is_alive() for st in streams):
             for st in streams:
@@ -454,7 +454,7 @@ class PullSession:
                             adding = False  # a short link: one stream is CPU-bound, more only compete
                         elif first is None and work.remaining_bytes() >= BIG_PULL_BYTES:
                             # a long link and a big pull: go to the first step at once (the ramp costs)
-                            streams += [self._stream(own, work) for _ in range(min(options.jobs, FIRST_STEP_STREAMS) - 1)]
+                            streams += [self._stream(own, work) for _ in range(min(options.streams, FIRST_STEP_STREAMS) - 1)]
                             mark_time = None
                 continue
             if now - mark_time < ADD_INTERVAL_S:
@@ -465,7 +465,7 @@ class PullSession:
                 continue
             best_rate = max(best_rate, rate)
             # first step to FIRST_STEP_STREAMS (one more measurement saved on a long link), then double
-            more = min(max(len(streams), FIRST_STEP_STREAMS - len(streams)), options.jobs - len(streams))
+            more = min(max(len(streams), FIRST_STEP_STREAMS - len(streams)), options.streams - len(streams))
             if more <= 0 or work.remaining_bytes() < 2 * rate * ADD_INTERVAL_S:
                 adding = False
                 continue

@@ -9,7 +9,7 @@ configured mounts, env passed BY NAME (a secret never appears on a command line)
 the run and the stage, `--init`, and `--pull=never` (the image is the one `harness build` made on
 the host). What runs inside starts under umask 077: what it writes is the user's alone.
 
-Each option and why: docs/ARCHITECTURE.md, runtime/.
+Each option and why: docs/architecture/runtime.md, runtime/.
 """
 
 from __future__ import annotations

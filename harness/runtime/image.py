@@ -14,7 +14,7 @@ reuses only that image's own layers, whatever else was built on the engine.
 
 The engine is reached by the docker CLI ON THE HOST, through harness's one transport (`docker
 build -`, the build context as a tar stream on stdin), not by the docker SDK over ssh://: one
-connection, one host-key policy, the build output streamed unchanged. Why: docs/ARCHITECTURE.md,
+connection, one host-key policy, the build output streamed unchanged. Why: docs/architecture/runtime.md,
 "Choices made by measurement".
 """
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # A sink for streamed output: called with each chunk as it arrives.
 OutputSink = Callable[[bytes], None]
 
-# Transport.stream's channels: over the host's shared connection, or over one of its own.
+# Transport.stream's connection=: the host's shared connection, or one of its own.
 SHARED = "shared"
 OWN = "own"
 
@@ -177,20 +177,20 @@ class Transport(abc.ABC):
 
     # -- processes this transport starts and owns -----------------------------------------------
 
-    def stream(self, argv: Sequence[str], *, channel: str = SHARED, stdin: bool = True, stdout: bool = True,
+    def stream(self, argv: Sequence[str], *, connection: str = SHARED, stdin: bool = True, stdout: bool = True,
                on_stderr_line: "StderrLine | None" = None) -> "RemoteProcess":
         """Start argv on the host with its stdin/stdout as pipes here (bulk bytes, long-lived
         helpers, servers); the handle's error(what) is the typed failure (ssh's own, else the
-        command's exit). channel: SHARED (for SSH hosts a channel of the persistent master: no
+        command's exit). connection: SHARED (for SSH hosts a channel of the persistent master: no
         handshake) or OWN (a connection of its own: its own TCP flow and ssh process, for parallel
         bulk streams and servers that outlive other commands; SHARED where that means nothing).
         on_stderr_line: called with each line the command prints on stderr (SSH hosts: ssh's
         own words go apart, to the handle's client log)."""
         from harness.transport.process import RemoteProcess
 
-        if channel not in (SHARED, OWN):
-            raise ValueError(f"unknown channel {channel!r}")
-        local = (self.own_connection_argv(argv) if channel == OWN else None) or self.local_argv(argv)
+        if connection not in (SHARED, OWN):
+            raise ValueError(f"unknown connection {connection!r}")
+        local = (self.own_connection_argv(argv) if connection == OWN else None) or self.local_argv(argv)
         return RemoteProcess(local, self.argv_failure, self.name, stdin=stdin, stdout=stdout, on_stderr_line=on_stderr_line)
 
     def stream_to(self, host: str, port: int) -> "RemoteProcess | None":

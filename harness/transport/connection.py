@@ -18,13 +18,13 @@ class ConnectionSpec:
     local: bool = False  # this machine: no SSH at all
     identity_file: str = ""  # extra key file (in addition to ~/.ssh/config and the agent)
     connect_timeout: float = 10.0
-    keepalive_s: int = 15  # ServerAliveInterval; 3 unanswered end the connection
+    keepalive: int = 15  # ServerAliveInterval; 3 unanswered end the connection
 
     @classmethod
     def of(cls, host) -> "ConnectionSpec":
         """From a harness.config.HostConfig (or another ConnectionSpec)."""
         return cls(name=host.name, ssh=host.ssh, local=host.is_local, identity_file=host.identity_file, connect_timeout=host.connect_timeout,
-                   keepalive_s=getattr(host, "keepalive", None) or host.keepalive_s)
+                   keepalive=host.keepalive)
 
     @property
     def is_local(self) -> bool:

@@ -8,7 +8,7 @@ Nothing but this function accepts a key: paramiko (transport/ssh.py) loads no ho
 `decide` from its missing-host-key policy; OpenSSH gets no known_hosts files and runs this file as
 its KnownHostsCommand (`main`), so it knows only the lines the decision prints; a refusal is one
 `MARK` line on ssh's stderr that the transport turns into the same HostKeyError.
-docs/ARCHITECTURE.md (transport/, "One reading, one host-key decision") says more. Standard
+docs/architecture/transport.md (transport/, "One reading, one host-key decision") says more. Standard
 library only, imported lazily: ssh starts this file twice per connection.
 """
 

@@ -4,7 +4,7 @@ same typed errors as the paramiko transport.
 harness drives two SSH clients: paramiko for the many small operations of a command, the `ssh`
 binary for bulk bytes and for a ControlMaster that keeps a connection alive BETWEEN CLI processes
 (the warm `harness exec`). Both take one reading of the user's ssh_config (`ssh -G`: `resolve_host`)
-and one host-key decision (transport/host_keys.py; `safety_config`). Why two: docs/ARCHITECTURE.md.
+and one host-key decision (transport/host_keys.py; `safety_config`). Why two: docs/architecture/measurements.md.
 This module imports neither paramiko nor rich: it is on the warm exec path.
 
 Test/CI overrides (so nothing depends on the user's real ~/.ssh):
@@ -27,11 +27,11 @@ from harness.transport import control_dir, host_keys
 from harness.transport.base import PortForward, port_number, quote_argv
 
 DEFAULT_CONTROL_PERSIST_S = 600  # how long an idle master connection outlives the last command
-DEFAULT_KEEPALIVE_S = 15
+DEFAULT_KEEPALIVE = 15
 ACCEPT_FLAG = host_keys.ACCEPT_FLAG
 SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
 # AES-GCM ahead of OpenSSH's default first choice (chacha20-poly1305): with AES instructions (any
-# x86 since ~2010, Apple silicon) it costs the client less CPU per byte (docs/ARCHITECTURE.md,
+# x86 since ~2010, Apple silicon) it costs the client less CPU per byte (docs/architecture/measurements.md,
 # "Choices made by measurement").
 # '^' puts them at the head of the default set: the same ciphers, all AEAD.
 CIPHERS_PREFERRED = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
@@ -108,7 +108,7 @@ class OpenSSHOptions:
     proxy_jump: str = ""  # "" defers to ssh_config
     accept_new_host_key: bool = False
     connect_timeout: float = 10.0
-    keepalive_s: int = DEFAULT_KEEPALIVE_S
+    keepalive: int = DEFAULT_KEEPALIVE
     batch_mode: bool = True  # never prompt: a prompt would hang a detached helper
     control_path: str | None = None  # ControlMaster socket; None: no multiplexing
     control_persist_s: int = DEFAULT_CONTROL_PERSIST_S
@@ -124,7 +124,7 @@ def base_argv(o: OpenSSHOptions, *, control_master: str = "auto", ssh_binary: st
         argv += ["-o", f"{key}={value}"]
     argv += [
         "-o", f"ConnectTimeout={max(1, int(round(o.connect_timeout)))}",
-        "-o", f"ServerAliveInterval={o.keepalive_s}",
+        "-o", f"ServerAliveInterval={o.keepalive}",
         "-o", "ServerAliveCountMax=3",
     ]
     for key in o.identity_files:
@@ -294,7 +294,7 @@ def hop_options(o: OpenSSHOptions, hop: str) -> OpenSSHOptions:
     """Options for a ProxyJump hop of o's target, as ssh -J reaches it: the same files and host-key
     policy, its own ssh_config entry, none of the target's -i keys."""
     return OpenSSHOptions(target=SSHTarget.parse(hop), ssh_config=o.ssh_config, known_hosts=o.known_hosts,
-                          accept_new_host_key=o.accept_new_host_key, connect_timeout=o.connect_timeout, keepalive_s=o.keepalive_s,
+                          accept_new_host_key=o.accept_new_host_key, connect_timeout=o.connect_timeout, keepalive=o.keepalive,
                           batch_mode=o.batch_mode)
 
 
@@ -417,7 +417,7 @@ def with_control_path(o: OpenSSHOptions) -> OpenSSHOptions:
     resolved = resolve_config(o)
     connection = tuple((k, tuple(resolved.get(k, ()))) for k in RESOLVED_KEYS)
     known_hosts = tuple((p, _content_digest(p)) for k in KNOWN_HOSTS_KEYS for p in resolved.get(k, ()))
-    key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive_s, o.extra,
+    key = repr((o.target, o.ssh_config, o.known_hosts, o.identity_files, o.proxy_jump, o.batch_mode, o.keepalive, o.extra,
                 connection, known_hosts, o.accept_new_host_key))  # (a master that recorded a key is not one opened with it known)
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     return replace(o, control_path=os.path.join(control_dir.ensure(), digest))
@@ -640,5 +640,5 @@ def options_for(spec, connect_options) -> OpenSSHOptions:
         identity_files=(os.path.expanduser(spec.identity_file),) if spec.identity_file else (),
         accept_new_host_key=connect_options.accept_new_host_key,
         connect_timeout=spec.connect_timeout,
-        keepalive_s=spec.keepalive_s,
+        keepalive=spec.keepalive,
     )

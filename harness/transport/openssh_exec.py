@@ -1,6 +1,6 @@
 """A foreground command (`harness exec`) over OpenSSH's ControlMaster: the warm path.
 
-Chosen by measurement (docs/ARCHITECTURE.md, "Choices made by measurement"): a plain (non-PTY) command on an SSH host goes
+Chosen by measurement (docs/architecture/measurements.md, "Choices made by measurement"): a plain (non-PTY) command on an SSH host goes
 through a master connection that outlives this process (started on first use, kept
 ControlPersist seconds); a second `harness exec` then costs one `ssh -S` mux client process on the
 master's socket. (A client of our own for the socket's protocol did not earn its code.) Nothing here imports paramiko or rich.

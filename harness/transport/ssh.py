@@ -209,7 +209,7 @@ class SSHTransport(Transport):
         except OSError as e:
             conn.close()
             raise ConnectError(f"{where}: cannot connect: {e.strerror or e}", "check that the host is up and reachable from here") from None
-        conn.transport.set_keepalive(self.spec.keepalive_s)
+        conn.transport.set_keepalive(self.spec.keepalive)
 
     @property
     def sftp(self) -> paramiko.SFTPClient:
@@ -319,16 +319,16 @@ class SSHTransport(Transport):
     def argv_failure(self, what: str, code: int, stderr: str) -> HarnessError:
         return openssh.bulk_failure(self.name, what, code, stderr, self._openssh_options())
 
-    def stream(self, argv: Sequence[str], *, channel: str = SHARED, stdin: bool = True, stdout: bool = True,
+    def stream(self, argv: Sequence[str], *, connection: str = SHARED, stdin: bool = True, stdout: bool = True,
                on_stderr_line: StderrLine | None = None) -> RemoteProcess:
         from harness.transport.process import RemoteProcess
 
-        if channel not in (SHARED, OWN):
-            raise ValueError(f"unknown channel {channel!r}")
-        local = self.own_connection_argv(argv) if channel == OWN else self.local_argv(argv)
+        if connection not in (SHARED, OWN):
+            raise ValueError(f"unknown connection {connection!r}")
+        local = self.own_connection_argv(argv) if connection == OWN else self.local_argv(argv)
         log = openssh.client_log()  # ssh's own words apart from the command's stderr
         return RemoteProcess(openssh.logging_to(local, log), self.argv_failure, self.name, stdin=stdin, stdout=stdout,
-                             on_stderr_line=on_stderr_line, client_log=log, link_up=self._master_answers if channel == SHARED else None)
+                             on_stderr_line=on_stderr_line, client_log=log, link_up=self._master_answers if connection == SHARED else None)
 
     def _master_answers(self) -> bool:
         from harness.transport.warm_exec import master_answers

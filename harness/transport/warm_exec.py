@@ -9,7 +9,7 @@ and the master answers; anything else takes the slow path again, which writes a 
 A warm exec should cost little more than `ssh` through a ControlMaster, so `run` and what it
 calls import os, marshal and shlex only (with env values: remote_shell.py too).
 
-What a route watches, and which configurations get none: docs/ARCHITECTURE.md, "The warm exec".
+What a route watches, and which configurations get none: docs/architecture/transport.md, "The warm exec".
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def master_answers(control_path: str | None) -> bool:
     if not control_path:
         return False
     # _socket, the C module under socket.py: socket.py builds four enum classes on import
-    # (a measurable share of a warm exec: docs/ARCHITECTURE.md, "Choices made by measurement")
+    # (a measurable share of a warm exec: docs/architecture/measurements.md, "Choices made by measurement")
     import _socket
 
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)

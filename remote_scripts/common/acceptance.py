@@ -10,7 +10,7 @@ when training ends while the estimate or the loss still moves; the early stop (`
 its mirror: an estimate flat at its best for `patience` epoch validations in a row, with no
 other sign of learning, ends training. The derivation, what separates the estimate from
 evaluate's tau, and the measurements behind the rules: docs/pipeline.md, "Training";
-docs/ARCHITECTURE.md, common/acceptance.py.
+docs/architecture/common-modules.md, common/acceptance.py.
 """
 
 from __future__ import annotations

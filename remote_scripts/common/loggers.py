@@ -7,7 +7,7 @@ Every logger writes under LOG_DIR = <train --output>/logs, which `harness pull` 
 `harness tensorboard` serves (W&B offline where its server is unreachable; MLflow's and Trackio's
 stores moved there), and `finish` leaves that directory pullable after training. Keys come from
 the environment only (the host's `env` in harness.toml). Where each logger writes and why:
-docs/pipeline.md, "Training loggers"; the finishing touches: docs/ARCHITECTURE.md,
+docs/pipeline.md, "Training loggers"; the finishing touches: docs/architecture/common-modules.md,
 common/loggers.py.
 """
 

@@ -8,7 +8,7 @@ this module adds, pure where it can be (tests/test_online.py): GPU placement on 
 (`place_gpus`: which GPUs serve the verifier, which train the draft; an overlap that leaves the
 trainer too little is refused), the staging directory's bound (`staging_bound`) and its measured
 peak (`MeasuredTransfer`, `measured_peak`). How the mechanism runs, the bound's reasoning and why
-the measurement is the peak itself: docs/ARCHITECTURE.md, common/online.py; for users:
+the measurement is the peak itself: docs/architecture/common-modules.md, common/online.py; for users:
 docs/pipeline.md, "Online training".
 """
 
@@ -159,7 +159,7 @@ def clear_staging(staging: Path) -> int:
 
 class MeasuredTransfer:
     """speculators' HiddenStatesTransfer with the staging directory summed at each generated load
-    (docs/ARCHITECTURE.md, common/online.py). Module level and plain attributes: spawned workers unpickle it."""
+    (docs/architecture/common-modules.md, common/online.py). Module level and plain attributes: spawned workers unpickle it."""
 
     def __init__(self, inner: Any, staging: str):
         self.inner = inner

@@ -8,7 +8,7 @@ longest row's power of two), and epochs are raised (at most MAX_EPOCHS) toward t
 TARGET_STEPS; warm-up follows the sized count. A value the user set is kept; a run that will still
 get too few steps gets one warning line naming the numbers and the fix. The epochs are the most
 a run trains (train's early stop may end it sooner). The rule, with the measurements behind each
-number: docs/pipeline.md, "Training"; docs/ARCHITECTURE.md, common/recipe.py.
+number: docs/pipeline.md, "Training"; docs/architecture/gpu-side.md, common/recipe.py.
 
 Pure (no torch): tests/test_recipe.py checks it on tiny, small and large data.
 """

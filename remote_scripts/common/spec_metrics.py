@@ -6,7 +6,7 @@ only grow: take them before and after the requests and subtract (`SpecCounters.m
 acceptance lengths come out of them, and evaluate.py has the same two: `tau` = 1 + accepted /
 drafts (vLLM's "mean acceptance length") and `delivered_tau` = (generated tokens - requests) /
 drafts (exactly evaluate's tau). The names, where vLLM defines them and how each tau compares
-with evaluate's: docs/pipeline.md, "Served acceptance and the k to deploy"; docs/ARCHITECTURE.md,
+with evaluate's: docs/pipeline.md, "Served acceptance and the k to deploy"; docs/architecture/common-modules.md,
 common/spec_metrics.py.
 Pure: no vLLM import (the CLI and tests read a /metrics text).
 """

@@ -6,7 +6,7 @@ pipeline is text-only) around a small DeepSeek-V3 MoE text model under `text_con
 checkpoint layouts (`--layout`): `save_pretrained`, what transformers writes, and `released`,
 the released model's on-disk names and config; the builder loads either back and checks that
 it is the same model before reporting success. The model's shape and the layouts' names:
-docs/ARCHITECTURE.md, common/tiny_kimi_k25.py.
+docs/architecture/common-modules.md, common/tiny_kimi_k25.py.
 """
 
 from __future__ import annotations

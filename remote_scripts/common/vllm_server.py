@@ -12,7 +12,7 @@ Ours alone (docs/security.md): each server gets an API key of its own, and count
 once it proves it is the process we started; a port held by anything else is a squatter, one
 line. A server on a unix socket (every stage's) runs in a network namespace of its own
 (common/private_network.py), where its workers' keyless TCP listeners reach no one else. The
-command line, the readiness proof and the unix-socket form: docs/ARCHITECTURE.md,
+command line, the readiness proof and the unix-socket form: docs/architecture/common-modules.md,
 common/vllm_server.py.
 """
 
@@ -418,7 +418,7 @@ class ManagedServer:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
     def wait_healthy(self, timeout: float, poll: float = 0.5) -> float:
-        """Seconds until the server proved it is ours (docs/ARCHITECTURE.md, common/vllm_server.py). Fails fast if
+        """Seconds until the server proved it is ours (docs/architecture/common-modules.md, common/vllm_server.py). Fails fast if
         it exits or another process holds its port, or after `timeout`."""
         assert self.proc is not None, "start() first"
         started = time.monotonic()
