@@ -40,7 +40,9 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
 
     work, levers = tmp_path / "work", tmp_path / "levers.json"
     levers.write_text(json.dumps(LEVERS))
-    proc = study(work, levers, "--json")
+    # --concurrent: every arm at once, each in a queue slot of its own, as on a GPU (where the
+    # study's figures come from)
+    proc = study(work, levers, "--json", "--concurrent")
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     sizes = r["data_sizes"]
@@ -74,6 +76,9 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
         extract = Path(paths.path("extract"))
         assert a["disk_bytes"]["extract"] == sum(f.stat().st_size for f in extract.rglob("*") if f.is_file()) > 0
     for n in sizes:
+        # All arms of one data size ran at once: each in a queue slot of its own.
+        slots = [json.loads((work / "runs" / arms[f"{name}@{n}"]["run"] / "run.json").read_text())["queue"]["slot"] for name in LEVERS]
+        assert sorted(slots) == list(range(len(LEVERS)))
         # The same prompts, more replies: twice the training rows (every reply kept: --loops keep).
         assert arms[f"replies-2@{n}"]["rows"] == 2 * arms[f"baseline@{n}"]["rows"]
         # The selection split chooses among ours; the test split's figure is only reported.
@@ -90,7 +95,7 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
     # A second call with the same workdir reuses every arm and measurement: no new run, no new
     # training; the same figures, as the table.
     runs_before = sorted(p.name for p in (work / "runs").iterdir())
-    again = study(work, levers)
+    again = study(work, levers, "--concurrent")
     assert again.returncode == 0, again.stderr[-4000:]
     assert sorted(p.name for p in (work / "runs").iterdir()) == runs_before
     assert "already trained" in again.stderr and "reusing" in again.stderr

