@@ -17,7 +17,7 @@ from typing import Any, Callable
 from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
 from harness.errors import HarnessError
 from harness.events import acceptance_length, finished_failure
-from harness.pipeline import DEMO_CHAIN
+from harness.stages import DEMO_CHAIN
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

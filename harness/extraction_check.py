@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.errors import RemoteCommandError, UsageError
-from harness.pipeline import SCRIPTS_DIR
+from harness.stages import SCRIPTS_DIR
 
 if TYPE_CHECKING:
     from harness.host import Host

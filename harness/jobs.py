@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import box_values, helpers
+from harness.artifacts import check_fresh, recipes
 from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig, PipelineConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
 from harness.host_helpers import wire
-from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
+from harness.pipeline import launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, RunListing, Started, names_a_run, pick_run
-from harness.runtime.base import WrapOptions
+from harness.runtime.base import Runtime, WrapOptions
+from harness.stages import SCRIPTS_DIR, STAGES
 
 if TYPE_CHECKING:
-    from harness.multinode import GroupNode
-    from harness.runtime.base import Runtime
+    from harness.group_node import GroupNode
     from harness.transport.base import Transport
 
 RUNS_DIR = "runs"
@@ -232,7 +233,7 @@ class Jobs:
         # harness.sweep's trials that share a GPU: runs in different slots of the same GPUs run at
         # once (one per slot); None competes with every run on its GPUs.
         self.queue_slot = queue_slot
-        # This host as one node of a group run (harness.multinode): its distributed stages start
+        # This host as one node of a group run (harness.group_node): its distributed stages start
         # under node_launcher.py, and its runs never wait in the queue.
         self.node = node
         self.host = host
@@ -290,8 +291,6 @@ class Jobs:
         (harness.artifacts.check_fresh). A group's node runs its distributed stages whatever the
         store holds, resuming into their artifacts: every node must take part (none may reuse
         while another runs)."""
-        from harness.artifacts import check_fresh, recipes
-
         stages = resolve_chain(list(requested), self.config.pipeline)
         fresh = check_fresh(fresh, stages, self.name)
         always_run = [s for s in stages if STAGES[s].distributed] if self.node is not None else []
@@ -317,13 +316,12 @@ class Jobs:
         `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
         beforehand (harness.sweep records it before the start; harness.multinode starts the same
         run on every host of a group)."""
-        from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
         plan = self.plan(stages, grace_s, run_id, now, fresh)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
         versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
         try:
             result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
-                                      "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
+                                      "manifest": f"{self.runtime.workdir}/{wire.MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
                                       "versions_probe": versions_probe})
         except KeyboardInterrupt:  # the supervisor may have started it already: name it
             raise Interrupted(f"interrupted while starting run {plan.run_id} on {self.name}; it may be running there",

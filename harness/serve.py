@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from harness.errors import RemoteCommandError, UsageError
 from harness.events import Artifact, Finished, Message, Metric, parse
 from harness.host_server import HostServer
-from harness.pipeline import SCRIPTS_DIR
+from harness.stages import SCRIPTS_DIR
 from harness.relay_forward import Relay, RelayForwarding
 from harness.run_pull import read_record, run_outputs
 

@@ -62,6 +62,8 @@ class Runtime(abc.ABC):
     kind: str
     #: where doctor says the stages' GPUs are looked for
     where: str = "to the stage interpreter"
+    #: the image the stages run in (harness build makes it); None: no image
+    image: str | None = None
 
     def __init__(self, host: HostConfig, workdir: str | None = None, *, transport: "Transport | None" = None):
         self.host = host
