@@ -169,10 +169,12 @@ class RunStatus:
 MISSING_EXIT = 3  # the supervisor's answer when a file the run needs is not on the host
 
 
-def requirements(config: Config, host: HostConfig, workdir: str, stages: list[str]) -> list[dict[str, str]]:
+def requirements(config: Config, runtime: "Runtime", stages: list[str]) -> list[dict[str, str]]:
     """What must be on the host before a run starts, each with the one line that says what to do
     when it is not: every stage's script (not synced yet), and the verifier where it is plainly a
     path on the host that no stage of this run makes (a hub id, "org/name", is the stage's to load)."""
+    host, workdir = runtime.host, runtime.workdir
+
     def script_missing(stage: str) -> str:
         script = f"{SCRIPTS_DIR}/{STAGES[stage].script}"
         if (config.root / script).is_file():
@@ -182,7 +184,7 @@ def requirements(config: Config, host: HostConfig, workdir: str, stages: list[st
 
     needs = [{"path": f"{workdir}/{SCRIPTS_DIR}/{STAGES[s].script}", "message": script_missing(s)} for s in dict.fromkeys(stages)]
     verifier, data = config.pipeline.verifier, config.pipeline.data
-    visible = host.runtime == "host"  # a container sees absolute paths through its mounts only: not checked from the host
+    visible = runtime.sees_host_paths  # a container sees absolute paths through its mounts only: not checked from the host
     if "verifier" not in stages and not wire.is_hub_id(verifier) and (visible or not verifier.startswith("/")):
         path = verifier if verifier.startswith(("/", "~")) else f"{workdir}/{verifier}"
         needs.append({"path": path, "message": f"{host.name}: the verifier {verifier} ([pipeline] verifier) does not exist on the host "
@@ -307,7 +309,7 @@ class Jobs:
         record["store"] = store_root(self.config.pipeline)
         record["recipes"] = recipes(self.config, stages, max(nproc, 1), fresh, run_id, always_run)
         record["fresh"] = list(fresh)
-        return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
+        return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.runtime, stages))
 
     def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None,
                fresh: Sequence[str] = ()) -> Started:

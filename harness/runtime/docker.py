@@ -72,6 +72,7 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 class DockerRuntime(Runtime):
     kind = "docker"
     where = "inside the container"
+    sees_host_paths = False
 
     def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):
         super().__init__(host, workdir, transport=transport)
