@@ -4,11 +4,12 @@
 its own detached supervisor (harness.jobs), so every node's state, log and events live in its own
 <workdir>/runs/<run_id>/ and `harness status|logs|cancel HOST RUN` still work per host.
 Distributed stages run on every node under remote_scripts/node_launcher.py (torchrun with a
-static rendezvous on node 0, plus a peer watchdog); the stages after the last distributed one run
-on node 0 only. When one node fails, the others are stopped: by this process while attached, by
+static rendezvous on node 0, plus a peer watchdog; each node's part is harness.group_node, which
+its Jobs asks); the stages after the last distributed one run on node 0 only. When one node fails, the others are stopped: by this process while attached, by
 the nodes' watchdogs when no laptop watches. The NCCL/Gloo environment of this process reaches
 every node the way secrets do (values on stdin, names only in the run record).
 
+The group itself (sync, build, doctor, and this run interface as its `runs`): harness.group.
 Which stage runs where, and the bounds on stopping: docs/ARCHITECTURE.md, "A group run".
 """
 
