@@ -25,7 +25,9 @@ from typing import Any, Collection
 from harness import box_values
 from harness.config import Config
 from harness.errors import UsageError
-from harness.pipeline import INPUT_FLAGS, OPTIONAL_READS, OUTPUT_FLAGS, SCRIPTS_DIR, STAGES, keeps_artifact, stage_args
+from harness.pipeline import keeps_artifact, stage_args, unknown_stage
+from harness.stage_options import stage_options
+from harness.stages import INPUT_FLAGS, OPTIONAL_READS, OUTPUT_FLAGS, SCRIPTS_DIR, STAGES
 
 TOKEN_RE = re.compile(r"@artifact:([a-z_]+)@")
 
@@ -65,8 +67,6 @@ def _as_parsed(value: Any, typ: str | None) -> Any:
 
 def recipe(config: Config, stage: str, processes: int, fresh: str | None, always_run: bool = False) -> dict[str, Any]:
     """What the host needs to key one stage's artifact (artifact_store.Keys)."""
-    from harness.stage_options import stage_options
-
     args = stage_args(stage, config.pipeline)
     reads, paths = {}, {}
     for flag, value in args.items():
@@ -118,8 +118,6 @@ def check_fresh(fresh: Collection[str], chain: list[str], where: str = "HOST") -
         return [s for s in chain if STAGES[s].keyed]
     for stage in fresh:
         if stage not in STAGES:
-            from harness.pipeline import unknown_stage
-
             raise unknown_stage(stage)
         if stage not in chain:
             raise UsageError(f"--fresh {stage}: {stage} is not a stage of this run ({', '.join(chain)})",

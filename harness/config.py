@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from harness.config_discovery import ConfigNotFound, discover
 from harness.errors import ConfigError, UsageError, did_you_mean
+from harness.stages import STAGES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -230,8 +232,6 @@ class Config:
 def find_config(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The config a command uses: --config, else $HARNESS_CONFIG, else the first harness.toml
     in the current directory or above it (like git; harness.config_discovery)."""
-    from harness.config_discovery import ConfigNotFound, discover
-
     try:
         return Path(discover(os.fspath(explicit) if explicit else None))
     except ConfigNotFound as e:
@@ -289,8 +289,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> Config:
     pipeline = _build(PipelineConfig, raw.get("pipeline", {}), file, "pipeline")
     if pipeline.max_seq_len < 0 or pipeline.max_seq_len == 1:
         raise ConfigError(file, "pipeline.max_seq_len", f"expected 0 (sized to the data by prepare) or at least 2 tokens, got {pipeline.max_seq_len}")
-    from harness.pipeline import STAGES  # harness.pipeline imports this module
-    from harness.stage_options import check_stage_tables
+    from harness.stage_options import check_stage_tables  # deferred: start-up (argparse, hashlib: only where a config is read)
 
     scripts = {n: s.script for n, s in STAGES.items()}
     check_stage_tables(pipeline.stages, path, scripts)
@@ -309,8 +308,7 @@ def with_overrides(config: Config, items: list[str]) -> Config:
     (VALUE as TOML reads it), each checked by the stage's own parser first (one line, exit 2)."""
     if not items:
         return config
-    from harness.pipeline import STAGES
-    from harness.stage_options import check_settings, parse_setting, parse_value
+    from harness.stage_options import check_settings, parse_setting, parse_value  # deferred: start-up
 
     settings: dict[str, dict[str, Any]] = {}
     overrides: dict[str, Any] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,11 @@ from typing import Any, Callable
 from harness.config import Config, HostConfig, PipelineConfig, SyncConfig
 from harness.errors import HarnessError
 from harness.events import acceptance_length, finished_failure
-from harness.pipeline import DEMO_CHAIN
+from harness.host import Host
+from harness.run_pull import run_outputs
+from harness.stages import DEMO_CHAIN
+from harness.sync import sync
+from harness.transport.local import LocalTransport
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -113,12 +118,6 @@ def demo_config(options: DemoOptions) -> Config:
 
 def run_demo(options: DemoOptions, on_output: Callable[[bytes], None]) -> DemoSummary:
     """Sync, run the demo chain attached (its JSON-lines stream goes to `on_output`), summarize."""
-    import time
-
-    from harness.host import Host
-    from harness.sync import sync
-    from harness.transport.local import LocalTransport
-
     if not (REPO_ROOT / "remote_scripts").is_dir():
         raise HarnessError(f"remote_scripts/ not found next to the harness package ({REPO_ROOT}); run the demo from a checkout")
     started = time.monotonic()
@@ -150,8 +149,6 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def _summary(run_id: str, config: Config, seconds: float) -> DemoSummary:
     """The run's own outputs (its artifacts, as its run.json names them), summed up."""
-    from harness.run_pull import run_outputs
-
     workdir = Path(config.hosts["local"].workdir)
     try:
         record = json.loads((workdir / "runs" / run_id / "run.json").read_text())

@@ -21,8 +21,11 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from harness.artifacts import RunArtifacts
 from harness.errors import RemoteCommandError, UsageError
-from harness.pipeline import SCRIPTS_DIR
+from harness.fanout import parallel
+from harness.run_pull import read_record
+from harness.stages import SCRIPTS_DIR
 
 if TYPE_CHECKING:
     from harness.host import Host
@@ -133,9 +136,6 @@ def _meta_key(meta: dict[str, Any]) -> str:
 def inventory_argv(host: "Host", run_id: str) -> list[str]:
     """check_extraction.py over the run's extract artifact and the prepared data it read (from
     the run's record on that host: every node of a group run keeps its own)."""
-    from harness.artifacts import RunArtifacts
-    from harness.run_pull import read_record
-
     workdir = host.runtime.workdir
     artifacts = RunArtifacts(read_record(host.transport, workdir, run_id), workdir)
     extract, prepared = artifacts.path("extract"), artifacts.read_by("extract", "prepared")
@@ -147,8 +147,6 @@ def inventory_argv(host: "Host", run_id: str) -> list[str]:
 def check_extraction(hosts: Sequence["Host"], run_id: str) -> ExtractionReport:
     """Take every host's inventory of the run's hidden states (in parallel, in its stage runtime)
     and merge them."""
-    from harness.fanout import parallel
-
     def one(host: "Host") -> HostInventory:
         runtime = host.runtime
         result = host.transport.run(runtime.foreground(inventory_argv(host, host.jobs.resolve_run_id(run_id))))

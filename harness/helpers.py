@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import host_helpers
 from harness.errors import RemoteCommandError
-from harness.transport.base import SHARED
+from harness.transport.base import SHARED, RunResult
+from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
 
 if TYPE_CHECKING:
     from harness.runtime.base import Runtime, WrapOptions
@@ -115,8 +116,6 @@ def _launch(transport: "Transport", name: str, request: dict[str, Any], python: 
     """The started process and what its stdin must get first (a runtime's env values, then the payload)."""
     host_argv, prefix = [*before, *argv(name, python=python, where=where, options=options, inside=inside)], b""
     if env:
-        from harness.transport.remote_shell import ENV_PREAMBLE, env_payload
-
         host_argv, prefix = ["sh", "-c", ENV_PREAMBLE, "sh", *host_argv], env_payload(env)
     proc = transport.stream(host_argv, connection=connection)  # the transport owns the client process and types its failures
     return proc, prefix + payload(name, request)
@@ -182,8 +181,6 @@ class Prefetched:
     error path's follow-up, e.g. preflight's engine limit) goes to the transport itself."""
 
     def __init__(self, transport: "Transport", argvs: list[list[str]], *, python: str = "python3", home_token: str | None = None):
-        from harness.transport.base import RunResult
-
         self.transport = transport
         request = {"commands": argvs, "home_token": home_token, "stop_on_failure": True}
         reply = call(transport, COMMANDS, request, python=python).checked(f"{COMMANDS} on {transport.name}").json()

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from harness import helpers
 from harness.errors import HarnessError, UsageError
-from harness.pipeline import SCRIPTS_DIR
 from harness.runtime.base import Runtime
+from harness.stages import SCRIPTS_DIR
 from harness.transport.base import Transport
 
 MARKER = "@@harness-inspect@@ "

@@ -23,17 +23,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from harness import box_values, helpers
+from harness.artifacts import check_fresh, recipes
 from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig, PipelineConfig
 from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
 from harness.host_helpers import wire
-from harness.pipeline import SCRIPTS_DIR, STAGES, launches_itself, resolve_chain, stage_argv, store_root
+from harness.pipeline import launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, Launched, RunListing, names_a_run, pick_run
-from harness.runtime.base import WrapOptions
+from harness.runtime.base import Runtime, WrapOptions
+from harness.stages import SCRIPTS_DIR, STAGES
 
 if TYPE_CHECKING:
-    from harness.multinode import GroupNode
-    from harness.runtime.base import Runtime
+    from harness.group_node import GroupNode
     from harness.transport.base import Transport
 
 RUNS_DIR = "runs"
@@ -168,10 +169,12 @@ class RunStatus:
 MISSING_EXIT = 3  # the supervisor's answer when a file the run needs is not on the host
 
 
-def requirements(config: Config, host: HostConfig, workdir: str, stages: list[str]) -> list[dict[str, str]]:
+def requirements(config: Config, runtime: "Runtime", stages: list[str]) -> list[dict[str, str]]:
     """What must be on the host before a run starts, each with the one line that says what to do
     when it is not: every stage's script (not synced yet), and the verifier where it is plainly a
     path on the host that no stage of this run makes (a hub id, "org/name", is the stage's to load)."""
+    host, workdir = runtime.host, runtime.workdir
+
     def script_missing(stage: str) -> str:
         script = f"{SCRIPTS_DIR}/{STAGES[stage].script}"
         if (config.root / script).is_file():
@@ -181,7 +184,7 @@ def requirements(config: Config, host: HostConfig, workdir: str, stages: list[st
 
     needs = [{"path": f"{workdir}/{SCRIPTS_DIR}/{STAGES[s].script}", "message": script_missing(s)} for s in dict.fromkeys(stages)]
     verifier, data = config.pipeline.verifier, config.pipeline.data
-    visible = host.runtime == "host"  # a container sees absolute paths through its mounts only: not checked from the host
+    visible = runtime.sees_host_paths  # a container sees absolute paths through its mounts only: not checked from the host
     if "verifier" not in stages and not wire.is_hub_id(verifier) and (visible or not verifier.startswith("/")):
         path = verifier if verifier.startswith(("/", "~")) else f"{workdir}/{verifier}"
         needs.append({"path": path, "message": f"{host.name}: the verifier {verifier} ([pipeline] verifier) does not exist on the host "
@@ -232,7 +235,7 @@ class Jobs:
         # harness.sweep's trials that share a GPU: runs in different slots of the same GPUs run at
         # once (one per slot); None competes with every run on its GPUs.
         self.queue_slot = queue_slot
-        # This host as one node of a group run (harness.multinode): its distributed stages start
+        # This host as one node of a group run (harness.group_node): its distributed stages start
         # under node_launcher.py, and its runs never wait in the queue.
         self.node = node
         self.host = host
@@ -290,8 +293,6 @@ class Jobs:
         (harness.artifacts.check_fresh). A group's node runs its distributed stages whatever the
         store holds, resuming into their artifacts: every node must take part (none may reuse
         while another runs)."""
-        from harness.artifacts import check_fresh, recipes
-
         stages = resolve_chain(list(requested), self.config.pipeline)
         fresh = check_fresh(fresh, stages, self.name)
         always_run = [s for s in stages if STAGES[s].distributed] if self.node is not None else []
@@ -308,7 +309,7 @@ class Jobs:
         record["store"] = store_root(self.config.pipeline)
         record["recipes"] = recipes(self.config, stages, max(nproc, 1), fresh, run_id, always_run)
         record["fresh"] = list(fresh)
-        return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.host, self.runtime.workdir, stages))
+        return RunPlan(run_id, self.name, stages, specs, record, self.runtime.workdir, requirements(self.config, self.runtime, stages))
 
     def launch(self, stages: list[str], grace_s: float = DEFAULT_GRACE_S, now: bool = False, run_id: str | None = None,
                fresh: Sequence[str] = ()) -> Launched:
@@ -317,13 +318,12 @@ class Jobs:
         `queued` while earlier runs hold its GPUs, unless `now`. `run_id`: chosen by the caller
         beforehand (harness.sweep records it before the start; harness.multinode starts the same
         run on every host of a group)."""
-        from harness.sync import MANIFEST_PATH  # the run records the digest of the code last synced
         plan = self.plan(stages, grace_s, run_id, now, fresh)
         # Secret values travel in the request (stdin): the supervisor keeps them in memory.
         versions_probe = {"argv": helpers.argv(STAGE_VERSIONS, where=self.runtime), "stdin": helpers.payload(STAGE_VERSIONS, {}).decode()}
         try:
             result = self._supervise({"cmd": "launch", "run_dir": self.run_dir(plan.run_id), "specs": plan.specs, "record": plan.record,
-                                      "manifest": f"{self.runtime.workdir}/{MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
+                                      "manifest": f"{self.runtime.workdir}/{wire.MANIFEST_PATH}", "env": self.stage_env(), "requires": plan.requires,
                                       "versions_probe": versions_probe})
         except KeyboardInterrupt:  # the supervisor may have started it already: name it
             raise Interrupted(f"interrupted while starting run {plan.run_id} on {self.name}; it may be running there",

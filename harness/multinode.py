@@ -4,121 +4,38 @@
 its own detached supervisor (harness.jobs), so every node's state, log and events live in its own
 <workdir>/runs/<run_id>/ and `harness status|logs|cancel HOST RUN` still work per host.
 Distributed stages run on every node under remote_scripts/node_launcher.py (torchrun with a
-static rendezvous on node 0, plus a peer watchdog); the stages after the last distributed one run
-on node 0 only. When one node fails, the others are stopped: by this process while attached, by
+static rendezvous on node 0, plus a peer watchdog; each node's part is harness.group_node, which
+its Jobs asks); the stages after the last distributed one run on node 0 only. When one node fails, the others are stopped: by this process while attached, by
 the nodes' watchdogs when no laptop watches. The NCCL/Gloo environment of this process reaches
 every node the way secrets do (values on stdin, names only in the run record).
 
+The group itself (sync, build, doctor, and this run interface as its `jobs`): harness.group.
 Which stage runs where, and the bounds on stopping: docs/architecture/group-runs.md, "A group run".
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from harness import helpers
-from harness.config import GroupConfig
+from harness.config import Config, GroupConfig
 from harness.errors import HarnessError, UsageError
 from harness.events import Finished, finished_failure
 from harness.fanout import LinePrefixer, host_json_sink, open_all, parallel, prefixed_sink
+from harness.group_node import GroupLaunch, GroupNode, stages_for_node
+from harness.host import Host
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
-from harness.pipeline import SCRIPTS_DIR, STAGES, resolve_chain
+from harness.pipeline import resolve_chain
 from harness.runs import AttachView, CancelOutcome, Launched, RunListing
 
-if TYPE_CHECKING:
-    from harness.host import Group
-
-NODE_LAUNCHER = f"{SCRIPTS_DIR}/node_launcher.py"
-# Environment families that configure the collectives; passed through from the laptop.
-DIST_ENV_RE = re.compile(r"^(NCCL_|GLOO_|TORCH_NCCL_|TORCH_DISTRIBUTED_|TORCH_CPP_LOG_LEVEL$|TORCHELASTIC_)")
-WATCH_SECRET_ENV = "HARNESS_WATCH_SECRET"  # remote_scripts/common/watch_store.py's SECRET_ENV
 POLL_S = 1.0
 UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
 
 FREE_PORT = "free_port.py"  # host_helpers/: a free port pair on host 0 (rendezvous, watchdog store)
-
-
-def distributed_env(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The collectives' settings from this process's environment (values stay in memory)."""
-    environ = dict(os.environ if environ is None else environ)
-    return {k: v for k, v in environ.items() if DIST_ENV_RE.match(k)}
-
-
-def stages_for_node(stages: Sequence[str], rank: int) -> list[str]:
-    """Which of a group run's stages node `rank` runs (docs/architecture/group-runs.md, "A group run")."""
-    dist = [i for i, s in enumerate(stages) if STAGES[s].distributed]
-    if rank == 0 or not dist:  # no distributed stage: every node runs them all
-        return list(stages)
-    return [s for i, s in enumerate(stages) if i <= dist[-1]]
-
-
-@dataclass(frozen=True)
-class GroupLaunch:
-    """What every node of one group run agrees on."""
-
-    group: str
-    hosts: tuple[str, ...]
-    run_id: str
-    rdzv_host: str
-    rdzv_port: int
-    nproc_per_node: int  # 0: each host's GPU count (at least 1)
-    watchdog_timeout: float
-    grace_s: float
-    # the watch store's per-run secret (node_launcher.py): every node's environment, never the record
-    watch_secret: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)
-
-    @property
-    def endpoint(self) -> str:
-        host = f"[{self.rdzv_host}]" if ":" in self.rdzv_host else self.rdzv_host
-        return f"{host}:{self.rdzv_port}"
-
-
-@dataclass(frozen=True)
-class GroupNode:
-    """One host's part in a group run, as its Jobs (harness.jobs.Jobs' `node`) starts the
-    stages there: distributed stages go through node_launcher.py."""
-
-    launch: GroupLaunch
-    rank: int
-
-    def stage_command(self, stage: str, argv: list[str], events_path: str, nproc: int) -> list[str]:
-        """The stage's own command line `argv`, under node_launcher.py if it is distributed."""
-        if not STAGES[stage].distributed:
-            return argv
-        launch = self.launch
-        per_node = launch.nproc_per_node or max(1, nproc)
-        # The watchdog stops torchrun within its own grace, before the supervisor's SIGKILL.
-        inner_grace = max(1.0, min(launch.grace_s - 2.0, launch.grace_s * 0.8))
-        return [
-            argv[0], NODE_LAUNCHER,
-            "--node-rank", str(self.rank), "--nnodes", str(len(launch.hosts)), "--nproc-per-node", str(per_node),
-            "--endpoint", launch.endpoint, "--run-id", launch.run_id, "--node-names", ",".join(launch.hosts),
-            "--peer-timeout", f"{launch.watchdog_timeout:g}", "--grace", f"{inner_grace:g}",
-            "--events", events_path, "--stage", stage,
-            "--", *argv[1:],
-        ]
-
-    def env(self) -> dict[str, str]:
-        """What every node's stages get besides the host's own env (values in memory only)."""
-        return {**distributed_env(), WATCH_SECRET_ENV: self.launch.watch_secret}
-
-    def record(self) -> dict[str, Any]:
-        """The run record's "group" (no secret values)."""
-        return {
-            **{k: v for k, v in dataclasses.asdict(self.launch).items() if k != "watch_secret"},
-            "hosts": list(self.launch.hosts),
-            "node_rank": self.rank,
-            "nnodes": len(self.launch.hosts),
-            "endpoint": self.launch.endpoint,
-            "env_names": sorted(distributed_env()),  # names only
-        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,15 +140,15 @@ class GroupRun:
 
     detach_note = " (each node's watchdog stops the rest if one fails)"
 
-    def __init__(self, place: "Group"):
-        config, group = place.config, place.name
+    def __init__(self, config: Config, group: str, places: Sequence[Host]):
+        """`places`: the group's hosts (harness.group.Group.hosts), each as a command has it."""
         if group not in config.groups:
             raise UsageError(f"{group!r} is not a group (groups: {', '.join(sorted(config.groups)) or 'none'})")
         self.config = config
         self.name = group
         self.group: GroupConfig = config.groups[group]
         self.hosts = list(self.group.hosts)
-        self._places = {h.name: h for h in place.hosts}
+        self._places = {h.name: h for h in places}
         # Each host connected at once (nothing to install: each call ships the supervisor, harness.helpers).
         self.transports = open_all(lambda h: self._places[h].transport, self.hosts)
 

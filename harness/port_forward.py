@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from harness import helpers
 from harness.errors import UsageError
 from harness.transport.base import Forwarding, PortForward, Transport, port_number
 
@@ -51,8 +52,6 @@ class Forwarded:
 
 def locate(transport: Transport, python: str, ports: Sequence[int]) -> dict[int, dict | None]:
     """{port: {"address", "where"} or None (nothing listens)}, as the host sees it."""
-    from harness import helpers
-
     result = helpers.call(transport, "port_probe.py", {"ports": list(ports)}, python=python, timeout=120)
     return {int(k): v for k, v in result.checked(f"{python} port_probe.py").json().items()}
 

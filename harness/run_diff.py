@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.events import evaluation
-from harness.pipeline import STAGES
+from harness.stages import STAGES
 
 if TYPE_CHECKING:
     from harness.jobs import RunStatus

@@ -20,6 +20,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from harness.artifacts import LEGACY_NOTE, RunArtifacts
 from harness.config import PipelineConfig
 from harness.errors import UsageError
 from harness.pull import PullConnection, PullOptions, PullProgress, PullReport, Source, clean_rel
@@ -79,8 +80,6 @@ LEGACY_OUTPUTS = {"train": "checkpoints", "evaluate": "eval", "export": "export"
 def run_outputs(record: dict[str, Any], workdir: str) -> tuple[dict[str, str | None], list[str]]:
     """Where the run's stages put (or took) their outputs, absolute on the host (None: the run
     has none of that stage), and a note when the run predates the store."""
-    from harness.artifacts import LEGACY_NOTE, RunArtifacts
-
     artifacts = RunArtifacts(record, workdir)
     if artifacts.keyed:
         return {stage: artifacts.path(stage) for stage in LEGACY_OUTPUTS}, []

@@ -17,13 +17,19 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
+from harness.artifacts import check_fresh
+from harness.box_values import integer
+from harness.data_cost import DataCost, data_cost
 from harness.errors import HarnessError, UsageError
+from harness.host_helpers.wire import HOME_TOKEN
+from harness.pipeline import resolve_chain
+from harness.stages import DEFAULT_CHAIN, STAGES
 from harness.units import human_bytes
-from harness.pipeline import DEFAULT_CHAIN, STAGES, resolve_chain
 
 if TYPE_CHECKING:
     from harness.data_cost import DataCost
-    from harness.host import Group, Host, SyncProgress
+    from harness.group import Group
+    from harness.host import Host, SyncProgress
     from harness.runs import Launched
     from harness.sync import SyncOutcome
 
@@ -47,8 +53,6 @@ def sync_code(place: "Host | Group", progress: "SyncProgress | None" = None) -> 
 def start_run(place: "Host | Group", stages: list[str], *, grace_s: float, now: bool, progress: "SyncProgress | None" = None,
               fresh: Sequence[str] = ()) -> tuple["SyncOutcome", "Launched"]:
     """Sync what changed, then launch `stages` on `place` (a host or a group)."""
-    from harness.artifacts import check_fresh
-
     if not stages:
         raise UsageError(no_stages_message(place.name))
     chain = resolve_chain(stages, place.config.pipeline)  # a misspelt stage is a line here, before any connection
@@ -131,8 +135,6 @@ def dry_run(place: "Host | Group", stages: list[str], fresh: Sequence[str] = ())
     except HarnessError as e:  # the image is not built, the container does not start, ...
         result.preflight_error = str(e)
         return result
-    from harness.jobs import HOME_TOKEN
-
     def shown(text: str) -> str:  # a configured ~ stays a token until the launch puts the home in
         return text.replace(HOME_TOKEN, "~")
 
@@ -152,9 +154,7 @@ def chain_cost(config, stages: list[str], facts: dict[str, Any]) -> "DataCost | 
     """What the chain writes at most, from the box's facts (the data's rows, the verifier's width):
     rows x replies per prompt x the row's token bound x (target layers + 1) x hidden x 2 bytes
     (harness/data_cost.py); None where it is not known."""
-    from harness.box_values import integer
-    from harness.data_cost import data_cost
-    from harness.doctor.ml_checks import DEFAULT_TARGET_LAYERS
+    from harness.doctor.ml_checks import DEFAULT_TARGET_LAYERS  # deferred: start-up (doctor's ML checks: only for --dry-run's cost)
 
     p = config.pipeline
     layers = (len(p.target_layer_ids) or DEFAULT_TARGET_LAYERS) + 1

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING
 from harness.errors import RemoteCommandError, UsageError
 from harness.events import Artifact, Finished, Message, Metric, parse
 from harness.host_server import HostServer
-from harness.pipeline import SCRIPTS_DIR
 from harness.relay_forward import Relay, RelayForwarding
 from harness.run_pull import read_record, run_outputs
+from harness.runtime.base import WrapOptions
+from harness.stages import SCRIPTS_DIR
 
 if TYPE_CHECKING:
     from harness.host import Host
@@ -111,8 +112,6 @@ class RemoteServer(HostServer):
     stop_timeout_s = STOP_GRACE_S + 30  # the host stops the script, which stops vLLM
 
     def __init__(self, transport: "Transport", runtime: "Runtime", export: str, request: ServeRequest, key: ServedKey, output_dir: str):
-        from harness.runtime.base import WrapOptions
-
         token = secrets.token_hex(8)
         serve_dir = private_dir(transport, serve_dir_of(runtime.workdir, output_dir))
         handed = posixpath.join(serve_dir, f".api-key-{token}")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import helpers
+from harness import box_values, helpers
 from harness.errors import HarnessError, UsageError
+from harness.pull import PullConnection, PullOptions, Source
 from harness.runtime.base import Runtime, WrapOptions
 from harness.transport.base import Transport
 
@@ -85,8 +86,6 @@ def locate(transport: Transport, runtime: Runtime, packages: list[str], timeout:
 def _located(p: Any, asked: list[str], where: str) -> Located:
     """One package as the box answered: its name becomes a local path under the mirror (and what
     the prune may delete there), so it must be one that was asked for."""
-    from harness import box_values
-
     try:
         name, kind = p["name"], p["kind"]
         if name not in asked or kind not in ("package", "module"):
@@ -106,8 +105,6 @@ def _parse(stdout: bytes) -> dict | None:
 def mirror(transport: Transport, runtime: Runtime, packages: list[str], dest: str | os.PathLike[str], *, host_python: str = "python3") -> list[Mirrored]:
     """Mirror the packages' Python sources into dest (see the module docstring): every package's
     roots in one pull (one remote start)."""
-    from harness.pull import PullConnection, PullOptions, Source
-
     dest = Path(dest)
     found = locate(transport, runtime, packages)
     out = [Mirrored(p, dest / p.name if p.kind == "package" else dest / f"{p.name}.py") for p in found]

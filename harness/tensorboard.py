@@ -24,6 +24,7 @@ from harness.host_server import HostServer
 from harness.relay_forward import Relay
 from harness.pipeline import store_root
 from harness.run_pull import LOGGERS_DIR, read_record, run_outputs
+from harness.runtime.base import WrapOptions
 
 if TYPE_CHECKING:
     from harness.config import Config
@@ -64,8 +65,6 @@ class RemoteTensorBoard(HostServer):
     name = "tensorboard"
 
     def __init__(self, transport: "Transport", runtime: "Runtime", logdir: str):
-        from harness.runtime.base import WrapOptions
-
         token = secrets.token_hex(8)
         directory = f"/tmp/harness-tensorboard-{token}"
         self.socket = f"{directory}/tensorboard.sock"

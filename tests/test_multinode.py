@@ -73,7 +73,7 @@ def cluster_project(tmp_path, netns_cluster, monkeypatch):
 
 
 def group_run(config):
-    from harness.host import Group
+    from harness.group import Group
     from harness.transport import connect
 
     return Group(config, "cluster", lambda h: connect(config.host(h))).jobs
@@ -318,7 +318,7 @@ def local_pair(tmp_path, monkeypatch, dist_check_options: str, fake_prepare: boo
     config load against the script beside the config: the fake's)."""
     from harness.config import load_config
     from harness.fanout import open_all
-    from harness.host import Group
+    from harness.group import Group
     from harness.sync import sync_hosts
     from harness.transport import connect
     from tests.fixtures.job_project import FAKE_STAGE
@@ -412,7 +412,7 @@ def test_a_failed_rank_is_named_in_the_group_status(tmp_path, monkeypatch):
 
 
 def test_stages_for_node():
-    from harness.multinode import stages_for_node
+    from harness.group_node import stages_for_node
 
     chain = ["prepare", "extract", "train", "evaluate", "export"]
     assert stages_for_node(chain, 0) == chain
@@ -422,7 +422,7 @@ def test_stages_for_node():
 
 
 def test_distributed_env_passes_only_the_collectives_settings():
-    from harness.multinode import distributed_env
+    from harness.group_node import distributed_env
 
     env = {"NCCL_NVLS_ENABLE": "0", "NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
            "HF_TOKEN": "secret", "PATH": "/bin", "MASTER_ADDR_X": "no"}
@@ -445,7 +445,7 @@ def test_line_prefixer_keeps_lines_whole():
 def test_node_command_runs_torchrun_through_the_launcher(tmp_path):
     from harness.config import parse_config
     from harness.host import Host
-    from harness.multinode import GroupLaunch, GroupNode
+    from harness.group_node import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     config = parse_config({"hosts": {"a": {"local": True, "workdir": str(tmp_path / "a")}, "b": {"local": True, "workdir": str(tmp_path / "b")}},
@@ -467,7 +467,7 @@ def test_docker_nodes_run_distributed_stages_on_the_host_network(tmp_path):
     keep Docker's default."""
     from harness.config import parse_config
     from harness.host import Host
-    from harness.multinode import GroupLaunch, GroupNode
+    from harness.group_node import GroupLaunch, GroupNode
     from harness.transport.local import LocalTransport
 
     hosts = {h: {"local": True, "workdir": str(tmp_path / h), "runtime": "docker"} for h in ("a", "b")}

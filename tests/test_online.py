@@ -12,7 +12,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote_scripts"))
 
 from common import online  # noqa: E402
-from common.online import MeasuredTransfer, Placement, PlacementError, place_gpus  # noqa: E402
+from common.online import Placement, PlacementError, place_gpus  # noqa: E402
+from common.speculators_compat import MeasuredTransfer  # noqa: E402
 
 from harness.config import PipelineConfig  # noqa: E402
 from harness.pipeline import resolve_chain, stage_argv  # noqa: E402

@@ -180,7 +180,7 @@ def run_group_stage(work: Path, stage: str, stage_args: dict, timeout: float) ->
     GPU 1): the multi-node launch path, with the rendezvous on 127.0.0.1. Node 0's outcome."""
     from harness.config import GroupConfig
     from harness.fanout import open_all
-    from harness.host import Group
+    from harness.group import Group
     from harness.sync import sync_hosts
     from harness.transport.local import LocalTransport
 

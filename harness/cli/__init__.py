@@ -8,12 +8,13 @@ group (cli/app.py), whose subcommands live in their own modules, imported only w
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+
+from harness.cli.exit_code import exit_with
 
 
 def main() -> None:
     """Entry point (the `harness` console script, `python -m harness`)."""
-    from harness.cli.warm import run_warm_exec
+    from harness.cli.warm import run_warm_exec  # deferred: start-up (as is app: click only where no warm exec serves)
 
     code = run_warm_exec(sys.argv[1:])
     if code is not None:
@@ -21,16 +22,6 @@ def main() -> None:
     from harness.cli.app import run
 
     run()
-
-
-def exit_with(code: int) -> NoReturn:
-    """sys.exit(code), and the process really ends with `code`. CPython records a
-    KeyboardInterrupt that left an exec() of source text as unhandled even when it was caught
-    later (Ctrl-C landing in a dataclass's generated method while a lazy import makes it), and
-    at exit kills itself with SIGINT instead (a caller sees -2, not 130). An exec() that ends
-    normally clears that record."""
-    exec("")
-    sys.exit(code)
 
 
 def __getattr__(name: str):

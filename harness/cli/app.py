@@ -9,6 +9,9 @@ import sys
 
 import click
 
+from harness.cli.exit_code import exit_with
+from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError, UsageError, did_you_mean
+
 # command name -> "module:function" (each module holds one concept's commands)
 COMMANDS: dict[str, str] = {
     "init": "harness.cli.config_cmds:init",
@@ -112,8 +115,6 @@ class LazyGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name = args[0] if args else ""
         if name and not name.startswith("-") and name not in COMMANDS:
-            from harness.errors import UsageError, did_you_mean
-
             if name == "help":  # what a person types for help is no typo of `shell`
                 raise UsageError("no command 'help'", "`harness --help` lists the commands; `harness COMMAND --help` says what one takes")
             raise UsageError(f"no command {name!r}", did_you_mean(name, COMMANDS) or "`harness --help` lists the commands")
@@ -135,7 +136,7 @@ class LazyGroup(click.Group):
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, accept_new_host_key: bool, quiet: bool) -> None:
     """Drive EAGLE-3 draft-model training on a GPU host, safely and fast."""
-    from harness.cli.context import AppContext
+    from harness.cli.context import AppContext  # deferred: start-up (the config and its parser: not for --help)
 
     ctx.obj = AppContext(config_path=config_path, accept_new_host_key=accept_new_host_key, quiet=quiet)
     ctx.call_on_close(ctx.obj.close)  # the one close: every connection a command opened
@@ -162,9 +163,8 @@ def _stage_flag(e: click.UsageError) -> str | None:
     script's parser, beside the config, says so)."""
     if not isinstance(e, click.NoSuchOption) or e.ctx is None or e.ctx.command.name != "run":
         return None
-    from harness.errors import HarnessError
-    from harness.pipeline import STAGES
-    from harness.stage_options import stage_options
+    from harness.stage_options import stage_options  # deferred: start-up (as is the table: dataclasses, argparse)
+    from harness.stages import STAGES
 
     flag = e.option_name.lstrip("-").replace("-", "_")
     try:
@@ -186,9 +186,6 @@ def _interrupted(signum, frame) -> None:
 def run() -> None:
     """Run the command line: typed HarnessErrors become one line and their exit code
     (harness.errors: EXIT_*)."""
-    from harness.cli import exit_with
-    from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError
-
     signal.signal(signal.SIGTERM, _interrupted)
     try:
         rv = cli.main(standalone_mode=False, complete_var="_HARNESS_COMPLETE")  # the same under python -m harness

@@ -1,5 +1,5 @@
 """State shared by the commands of one CLI invocation: the loaded config and what the command
-works on (harness.host: a Host or a Group), with one connection per host, reused by every
+works on (a harness.host.Host or a harness.group.Group), with one connection per host, reused by every
 operation of the command and closed once when the command ends (cli/__init__.py registers
 `close` on the root context: no command closes anything itself)."""
 
@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from harness.config import Config, load_config
 
 if TYPE_CHECKING:
-    from harness.host import Group, Host
+    from harness.group import Group
+    from harness.host import Host
     from harness.transport import ConnectOptions, Transport
 
 
@@ -45,9 +46,9 @@ class AppContext:
 
     def place(self, name: str) -> "Host | Group":
         """A host or a group, by name (commands that take HOST|GROUP)."""
-        from harness.host import Group
-
         if name in self.config.groups:
+            from harness.group import Group  # deferred: start-up (a host's command never needs it)
+
             return Group(self.config, name, self.transport)
         self.config.targets(name)  # neither a host nor a group: one error naming both
         return self.host(name)

@@ -24,7 +24,7 @@ def _stdout_sink(chunk: bytes) -> None:
 
 
 def _run_help() -> str:
-    from harness.pipeline import stages_help
+    from harness.stages import stages_help
 
     return "Stages (and chains):\n\n\b\n" + stages_help()
 

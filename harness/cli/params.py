@@ -29,7 +29,7 @@ def complete_hosts(ctx: click.Context, param: click.Parameter, incomplete: str) 
 
 
 def complete_stages(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
-    from harness.pipeline import CHAIN_NAMES, STAGES
+    from harness.stages import CHAIN_NAMES, STAGES
 
     return [n for n in (*STAGES, *CHAIN_NAMES) if n.startswith(incomplete)]
 

@@ -613,7 +613,7 @@ def print_build_outcome(outcome, dry_run: bool = False) -> None:
 
 
 def print_diagnosis(diagnosis) -> None:
-    """`harness doctor` (doctor.base.HostDiagnosis or doctor.group_checks.GroupDiagnosis): one
+    """`harness doctor` (doctor.base.HostDiagnosis or harness.group_checks.GroupDiagnosis): one
     table per section, or why doctor could not run on that host."""
     for title, results, error in diagnosis.sections():
         if error is not None:

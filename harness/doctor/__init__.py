@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 from harness.config import HostConfig
 from harness.doctor.base import Check, CheckResult, CommandRunner, describe, run_checks
 from harness.doctor.host_checks import HOST_CHECKS
+from harness.errors import TransportError
 
 if TYPE_CHECKING:
     from harness.runtime.base import Runtime
@@ -30,8 +31,6 @@ PROJECT_CHECK_GROUPS: list[tuple[str, str]] = [
 @describe("connect", "the host is reached and authenticated")
 def check_connect(host: HostConfig, open_transport: Callable[[], "Transport"]) -> tuple[CheckResult, "Transport | None"]:
     """Reachability and authentication: the connection itself. Returns (result, transport|None)."""
-    from harness.errors import TransportError
-
     try:
         transport = open_transport().open()
     except TransportError as e:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Literal, Protocol, Sequence
 
 from harness.config import HostConfig
+from harness.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_OK, HarnessError
 from harness.transport.base import RunResult
 
 Status = Literal["ok", "warn", "fail"]
@@ -30,7 +31,7 @@ class CheckResult:
 @dataclass(frozen=True)
 class HostDiagnosis:
     """`harness doctor HOST`: its checks (harness.host.Host.doctor). A group's answer is
-    doctor.group_checks.GroupDiagnosis; both render as `sections()`."""
+    harness.group_checks.GroupDiagnosis; both render as `sections()`."""
 
     host: str
     results: list[CheckResult]
@@ -42,8 +43,6 @@ class HostDiagnosis:
     def exit_code(self) -> int:
         """EXIT_CONNECTION when the host could not be reached (as every other command), else
         EXIT_FAILED on any fail."""
-        from harness.errors import EXIT_CONNECTION, EXIT_FAILED, EXIT_OK
-
         if any(r.name == "connect" and r.status == "fail" for r in self.results):
             return EXIT_CONNECTION
         return EXIT_OK if self.ok else EXIT_FAILED
@@ -67,8 +66,6 @@ Check = Callable[[CommandRunner, HostConfig], CheckResult]
 
 def run_checks(runner: CommandRunner, host: HostConfig, checks: Sequence[Check]) -> list[CheckResult]:
     """Run every check; one that crashes becomes a fail naming the error, never a traceback."""
-    from harness.errors import HarnessError
-
     results = []
     for check in checks:
         try:

@@ -16,17 +16,19 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from harness import helpers
-from harness import compat
-from harness.transport.remote_shell import sh_expand_home
+from harness import compat, helpers
 from harness.config import Config, HostConfig
+from harness.data_cost import seq_len_bound
 from harness.doctor.base import Check, CheckResult, CommandRunner, describe
 from harness.doctor.verifier_checks import verdict_quantization, verdict_remote_code
+from harness.errors import HarnessError
 from harness.host_helpers.wire import default_target_layers
-from harness.inspect_remote import stage_env
-from harness.pipeline import SCRIPTS_DIR, online_training, store_root
+from harness.pipeline import online_training, store_root
 from harness.runtime.base import Runtime
-from harness.runtime.preflight import not_built
+from harness.runtime.image import built_container_hash, current_inputs, current_ref, image_id, image_ref
+from harness.runtime.preflight import ImageNotBuilt, check_container, not_built
+from harness.stages import SCRIPTS_DIR
+from harness.transport.remote_shell import sh_expand_home
 
 PROBE_MARKER = "@@harness-ml-probe@@ "
 PROBE_TIMEOUT_S = 900.0  # torch import + a first Triton compile of flex attention
@@ -218,7 +220,7 @@ class MLDoctor:
             request = {"verifier": self.plan.verifier, "prepared": self.plan.prepared, "data": self.plan.data, "flex": True,
                        "private_network": private_network_source(self.config)}
             # a helper call like every other (the runner doctor's checks take is the host's transport)
-            r = helpers.call(runner, "ml_probe.py", request, where=runtime, env=stage_env(runtime), timeout=PROBE_TIMEOUT_S)
+            r = helpers.call(runner, "ml_probe.py", request, where=runtime, env=runtime.host.env_values(), timeout=PROBE_TIMEOUT_S)
             facts = parse_probe(r.stdout)
             self._probe = ProbeOutcome(facts, r.exit_code, "" if facts else (_tail(r.stderr) or _tail(r.stdout) or "no output"))
         return self._probe
@@ -238,8 +240,6 @@ class MLDoctor:
     def build_inputs(self, runner: CommandRunner):
         """What `harness build` would send now, as it computes it (once per doctor)."""
         if self._inputs is None:
-            from harness.runtime.image import current_inputs
-
             self._inputs = current_inputs(runner, self.config, self.host)
         return self._inputs
 
@@ -247,8 +247,6 @@ class MLDoctor:
         """(the tag of the image for the current container/, the tag stages run)."""
         if self._image_ref_factory is not None:
             return self._image_ref_factory(self.config, self.host)
-        from harness.runtime.image import current_ref, image_ref
-
         return image_ref(self.host.container, self.build_inputs(runner).content_hash), current_ref(self.host.container)
 
     # -- the checks -------------------------------------------------------------------------
@@ -276,8 +274,6 @@ class MLDoctor:
                 current, latest = self.image_refs(runner)
             except Exception as e:  # no container/ next to harness.toml, unreadable files
                 return CheckResult("image", "warn", f"cannot compute the image tag here: {e}", "run doctor from the project (next to container/)")
-            from harness.runtime.image import built_container_hash, image_id
-
             # strict=False: no engine reads as no image here (the docker check says which)
             current_id, latest_id = image_id(runner, current, strict=False), image_id(runner, latest, strict=False)
             scripts_only = None
@@ -391,9 +387,6 @@ def verdict_gpus_in_stage_env(probe: ProbeOutcome, runtime: Runtime) -> CheckRes
 
 
 def verdict_container(runtime, runner) -> CheckResult:
-    from harness.errors import HarnessError
-    from harness.runtime.preflight import ImageNotBuilt, check_container
-
     name = "container"
     try:
         facts = check_container(runner, runtime)
@@ -552,8 +545,6 @@ def verdict_hidden_state_disk(plan: RunNeeds, probe: ProbeOutcome, space: dict[s
     if samples.get("count") is None or not hidden:
         why = samples.get("source") if samples.get("count") is None else "no hidden_size in the verifier config"
         return CheckResult(name, "warn", f"{free}; cannot size the hidden states yet: {why}", "run the prepare stage (and make the verifier available), then re-run doctor")
-    from harness.data_cost import seq_len_bound
-
     seq_len = seq_len_bound(plan.max_seq_len)  # max_seq_len = 0 (sized to the data): its ceiling
     need = hidden_state_bytes(samples["count"], seq_len, plan.saved_layers, hidden)
     formula = f"{samples['count']} samples x {seq_len} tokens x {plan.saved_layers} layers x {hidden} x 2 B = {_size(need)} at most"

@@ -19,7 +19,7 @@ its concept, each shipped ahead of it (harness/host_helpers/__init__.py, COMPANI
     gc (harness rm, gc)         cleanup.py
     preflight (run --dry-run)   preflight.py
 
-The files, stage specs and requests in detail: docs/ARCHITECTURE.md, "The supervisor".
+The files, stage specs and requests in detail: docs/architecture/jobs-and-runs.md, "The supervisor".
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from harness.config import HostConfig
 from harness.runtime.base import Runtime, WrapOptions
+from harness.runtime.host import HostRuntime
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -17,11 +18,9 @@ def runtime_for(host: HostConfig, transport: "Transport | None" = None) -> Runti
     finds the home its mounts use) on first use; without one, only what the configuration says
     (uses_image, describe(), the words doctor uses) can be asked."""
     if host.runtime == "docker":
-        from harness.runtime.docker import DockerRuntime
+        from harness.runtime.docker import DockerRuntime  # deferred: start-up (it imports the image build, docker's alone)
 
         return DockerRuntime(host, transport=transport)
-    from harness.runtime.host import HostRuntime
-
     return HostRuntime(host, transport=transport)
 
 

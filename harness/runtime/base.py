@@ -62,6 +62,11 @@ class Runtime(abc.ABC):
     kind: str
     #: where doctor says the stages' GPUs are looked for
     where: str = "to the stage interpreter"
+    #: the image the stages run in (harness build makes it); None: no image
+    image: str | None = None
+    #: whether the stages see the host's absolute paths as they are (a container sees only its
+    #: mounts, so a path there is not checked from the host)
+    sees_host_paths: bool = True
 
     def __init__(self, host: HostConfig, workdir: str | None = None, *, transport: "Transport | None" = None):
         self.host = host

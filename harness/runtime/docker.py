@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from harness.config import HostConfig
 from harness.runtime.base import _MKDIRS_THEN_EXEC, CLIENT_LABEL, CLIENT_TOKEN, USER_TOKEN, Runtime, WrapOptions
+from harness.runtime.image import current_ref
+from harness.runtime.preflight import check_argvs, check_container, ulimits
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -41,7 +43,6 @@ _WATCH = ('import select, subprocess, sys; p = select.poll(); p.register(1, 0); 
 _MKDIRS_THEN_RUN_WATCHED = ('wd=$2; ' + _MKDIRS_THEN_EXEC.removesuffix('exec "$@"')
                             + 'w=; if command -v python3 >/dev/null 2>&1; then python3 -c \'' + _WATCH + '\' "$$" "$wd" </dev/null 2>/dev/null & w=$!; fi; '
                             + '"$@"; rc=$?; [ -z "$w" ] || kill "$w" 2>/dev/null; exit $rc')
-DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864}
 
 
 def gpus_flag(gpus: str | int | list[int]) -> list[str]:
@@ -71,6 +72,7 @@ def gpu_count(gpus: str | int | list[int]) -> int | None:
 class DockerRuntime(Runtime):
     kind = "docker"
     where = "inside the container"
+    sees_host_paths = False
 
     def __init__(self, host: HostConfig, workdir: str | None = None, home: str | None = None, image: str | None = None, *, transport: "Transport | None" = None):
         super().__init__(host, workdir, transport=transport)
@@ -117,8 +119,8 @@ class DockerRuntime(Runtime):
         return self.home + path[1:] if path == "~" or path.startswith("~/") else path
 
     def ulimits(self) -> dict[str, int | str]:
-        """The --ulimit values containers get: the defaults, overridden by container.ulimits."""
-        return {**DEFAULT_ULIMITS, **self.host.container.ulimits}
+        """The --ulimit values containers get (harness.runtime.preflight.ulimits)."""
+        return ulimits(self.host.container)
 
     def run_options(self, options: WrapOptions = WrapOptions()) -> list[str]:
         c = self.host.container
@@ -182,16 +184,12 @@ class DockerRuntime(Runtime):
         return {"kind": self.kind, "container": name, "argv": self.create_argv(inner, options)}
 
     def image_probes(self) -> list[list[str]]:
-        from harness.runtime.preflight import check_argvs
-
         return check_argvs(self)
 
     def image_record(self, transport: "Transport") -> dict[str, Any]:
         """The image and the versions it recorded at build time, after one throwaway container
         proved it starts with the configured options (one line otherwise: not built, or
         ulimits the engine refuses). Also creates the host directories it mounts."""
-        from harness.runtime.preflight import check_container
-
         return check_container(transport, self).to_record()
 
     def configured_gpu_count(self) -> int | None:
@@ -207,6 +205,4 @@ class DockerRuntime(Runtime):
 
 def default_image_ref(host: HostConfig) -> str:
     """The image jobs use: the last one `harness build` produced on this host."""
-    from harness.runtime.image import current_ref
-
     return current_ref(host.container)

@@ -22,10 +22,12 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from harness.config import ContainerConfig
 from harness.errors import HarnessError, UsageError
+from harness.runtime.base import Runtime, WrapOptions
+from harness.runtime.image import image_id, inspect_argv
 
 if TYPE_CHECKING:
-    from harness.runtime.docker import DockerRuntime
     from harness.transport.base import Transport
 
 VERSIONS_FILE = "/opt/harness/versions.json"  # written by container/record_versions.py
@@ -40,6 +42,12 @@ RLIMITS: dict[int, tuple[str, str]] = {
     15: ("rttime", "Max realtime timeout"),
 }
 _RLIMIT_ERROR = re.compile(r"rlimit type (\d+)")
+DEFAULT_ULIMITS = {"memlock": -1, "stack": 67108864}
+
+
+def ulimits(container: ContainerConfig) -> dict[str, int | str]:
+    """The --ulimit values containers get: the defaults, overridden by container.ulimits."""
+    return {**DEFAULT_ULIMITS, **container.ulimits}
 
 
 class ImageNotBuilt(UsageError):
@@ -68,32 +76,26 @@ def not_built(ref: str, host: str) -> str:
     return f"{ref} not built: harness build {host}"
 
 
-def require_image(transport: "Transport", runtime: "DockerRuntime") -> str:
+def require_image(transport: "Transport", runtime: "Runtime") -> str:
     """The ID of the image stages run, or ImageNotBuilt (one line) when the host has none."""
-    from harness.runtime.image import image_id
-
     found = image_id(transport, runtime.image)
     if not found:
         raise ImageNotBuilt(f"{runtime.host.name}: {not_built(runtime.image, runtime.host.name)}")
     return found
 
 
-def check_argvs(runtime: "DockerRuntime") -> list[list[str]]:
+def check_argvs(runtime: "Runtime") -> list[list[str]]:
     """The host commands check_container runs, in order (harness.jobs asks them ahead, in one
     helper call with the launch's other probes)."""
-    from harness.runtime.image import inspect_argv
-
     return [inspect_argv(runtime.image), versions_argv(runtime)]
 
 
-def versions_argv(runtime: "DockerRuntime") -> list[str]:
+def versions_argv(runtime: "Runtime") -> list[str]:
     """A throwaway container with the stage options but GPUs, printing the image's versions."""
-    from harness.runtime.base import WrapOptions
-
     return runtime.foreground(["sh", "-c", f"cat {VERSIONS_FILE} 2>/dev/null || echo null"], WrapOptions(gpus=False))
 
 
-def check_container(transport: "Transport", runtime: "DockerRuntime") -> ImageFacts:
+def check_container(transport: "Transport", runtime: "Runtime") -> ImageFacts:
     """The image exists and a container of it starts with the configured options. `transport`:
     anything with transport.run's shape (harness.helpers.Prefetched at a run's start)."""
 
@@ -108,13 +110,13 @@ def check_container(transport: "Transport", runtime: "DockerRuntime") -> ImageFa
     return ImageFacts(runtime.image, found, versions if isinstance(versions, dict) else None)
 
 
-def start_error(transport: "Transport", runtime: "DockerRuntime", stderr: str, exit_code: int) -> HarnessError:
+def start_error(transport: "Transport", runtime: "Runtime", stderr: str, exit_code: int) -> HarnessError:
     """The one-line error for a container that did not start."""
     host = runtime.host.name
     match = _RLIMIT_ERROR.search(stderr)
     if match and int(match.group(1)) in RLIMITS:
         name, row = RLIMITS[int(match.group(1))]
-        asked = runtime.ulimits().get(name, "?")
+        asked = ulimits(runtime.host.container).get(name, "?")
         hard = engine_hard_limit(transport, runtime, row)
         return UlimitRefused(
             f"{host}: the Docker engine refused container.ulimits {name} = {asked}: the host's hard limit for {name} is {hard}",
@@ -124,7 +126,7 @@ def start_error(transport: "Transport", runtime: "DockerRuntime", stderr: str, e
     return ContainerStartError(f"{host}: a container of {runtime.image} does not start (exit {exit_code}): {lines[-1] if lines else 'no output'}")
 
 
-def engine_hard_limit(transport: "Transport", runtime: "DockerRuntime", row: str) -> str:
+def engine_hard_limit(transport: "Transport", runtime: "Runtime", row: str) -> str:
     """The hard limit a container gets on this engine without --ulimit: what it inherits from
     the engine, and the most it may be given without CAP_SYS_RESOURCE."""
     argv = ["docker", "run", "--rm", "--pull=never", runtime.image, "cat", "/proc/self/limits"]

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.config import Config, HostConfig
 from harness.errors import RemoteCommandError, UsageError
+from harness.runtime.image import current_inputs, current_ref, image_ref
 
 if TYPE_CHECKING:
     from harness.transport.base import Transport
@@ -59,8 +60,6 @@ class OldTag:
 
 def old_tags(transport: "Transport", config: Config, host: HostConfig) -> list[OldTag]:
     """The configured image's tags harness built that no configuration or container uses."""
-    from harness.runtime.image import current_inputs, current_ref, image_ref
-
     repo = host.container.image
     try:
         keep = {image_ref(host.container, current_inputs(transport, config, host).content_hash)}

@@ -10,7 +10,7 @@ manifest lists, under the current sync paths: outputs sync did not write are nev
 
 A run records the manifest's digest: the digest of the code it used (the supervisor reads it on
 the host, at the MANIFEST_PATH harness.jobs hands it). How it decides, sends and deletes:
-docs/ARCHITECTURE.md, "harness sync, step by step"; the modules here hold one concept each
+docs/architecture/sync.md, "harness sync, step by step"; the modules here hold one concept each
 (paths, ignore, hashing, scan, manifest, plan, framing, session, result).
 """
 

@@ -199,7 +199,7 @@ def sync(
     progress: ProgressCallback | None = None,
     cache_file: Path | None = None,
 ) -> SyncResult:
-    """Push `paths` (relative to `root`) to `workdir` on the host (docs/ARCHITECTURE.md, "harness sync, step by step")."""
+    """Push `paths` (relative to `root`) to `workdir` on the host (docs/architecture/sync.md, "harness sync, step by step")."""
     with PreparedSync(transport, root, paths, workdir, exclude=exclude, python=python, cache_file=cache_file) as prepared:
         return prepared.dry_run() if dry_run else prepared.apply(progress)
 

@@ -7,8 +7,8 @@ hidden-states connector wrote, and deletes it; each epoch asks again, so nothing
 this module adds, pure where it can be (tests/test_online.py): GPU placement on one box
 (`place_gpus`: which GPUs serve the verifier, which train the draft; an overlap that leaves the
 trainer too little is refused), the staging directory's bound (`staging_bound`) and its measured
-peak (`MeasuredTransfer`, `measured_peak`). How the mechanism runs, the bound's reasoning and why
-the measurement is the peak itself: docs/architecture/common-modules.md, common/online.py; for users:
+peak (`measured_peak`, of what common/speculators_compat.py's MeasuredTransfer records). How the
+mechanism runs, the bound's reasoning and why the measurement is the peak itself: docs/architecture/common-modules.md, common/online.py; for users:
 docs/pipeline.md, "Online training".
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 # A GPU both sets use: vLLM's --gpu-memory-utilization is the share it takes (weights, activations,
 # KV cache); the draft's training needs the rest. Below this fraction left for it, refuse.
@@ -155,43 +154,3 @@ def clear_staging(staging: Path) -> int:
                 p.rmdir()
     staging.mkdir(parents=True, exist_ok=True)
     return removed
-
-
-class MeasuredTransfer:
-    """speculators' HiddenStatesTransfer with the staging directory summed at each generated load
-    (docs/architecture/common-modules.md, common/online.py). Module level and plain attributes: spawned workers unpickle it."""
-
-    def __init__(self, inner: Any, staging: str):
-        self.inner = inner
-        self.staging = staging
-        self.peak = 0
-
-    def __setstate__(self, state: dict) -> None:
-        # Unpickled in a spawned dataloader worker: the one object of ours that gets there, so it
-        # brings the endpoint shim along (the worker's requests reach our vLLM's socket with its key).
-        self.__dict__.update(state)
-        from common.speculators_compat import reach_our_server
-
-        reach_our_server()
-
-    def setup(self) -> None:
-        self.inner.setup()
-
-    def get_cached(self, file_idx: int):
-        return self.inner.get_cached(file_idx)
-
-    def get_generated(self, hs_transfer_params: dict[str, Any]):
-        loaded = self.inner.get_generated(hs_transfer_params)
-        size = staging_bytes(Path(self.staging))
-        if size > self.peak:
-            self.peak = size
-            # one record per process and per loader: a rank's training and validation loaders
-            # measure in the same process, and neither may overwrite the other's high
-            record = Path(self.staging) / f"{PEAK_PREFIX}{os.getpid()}.{id(self)}"
-            tmp = record.with_name(record.name + ".tmp")
-            tmp.write_text(str(size))
-            os.replace(tmp, record)
-        return loaded
-
-    def delete(self, handle: str) -> None:
-        self.inner.delete(handle)

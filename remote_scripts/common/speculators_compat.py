@@ -13,8 +13,10 @@ the shim silently patching the wrong thing.
 from __future__ import annotations
 
 import inspect
+import os
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 SPECULATORS_VERSION = "0.9.0"  # the version these shims were written against
@@ -288,7 +290,7 @@ def _check_online_measure():
     """online-measure (train --online): ArrowDataset generates a missing row's states through
     `self.transfer.get_generated(...)`, then `self.transfer.delete(handle)`.
     measure_generated_states() wraps each loader's dataset's transfer in common/online.py's
-    MeasuredTransfer, which sums the staging directory between the two (the peak disk of online
+    MeasuredTransfer (below), which sums the staging directory between the two (the peak disk of online
     training); nothing else changes."""
     from speculators.train import data as data_mod
 
@@ -304,10 +306,49 @@ def measure_generated_states(dataset, staging: str) -> None:
     data_mod = _check_online_measure()
     if not isinstance(dataset, data_mod.ArrowDataset):
         raise ShimOutdated("online-measure", f"a loader's dataset is a {type(dataset).__name__}, not an ArrowDataset")
-    from common.online import MeasuredTransfer
-
     if not isinstance(dataset.transfer, MeasuredTransfer):
         dataset.transfer = MeasuredTransfer(dataset.transfer, staging)
+
+
+class MeasuredTransfer:
+    """speculators' HiddenStatesTransfer with the staging directory summed at each generated load
+    (common/online.py: staging_bytes, measured_peak; docs/architecture/common-modules.md, common/online.py).
+    Module level and plain attributes: spawned workers unpickle it."""
+
+    def __init__(self, inner: Any, staging: str):
+        self.inner = inner
+        self.staging = staging
+        self.peak = 0
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled in a spawned dataloader worker: the one object of ours that gets there, so it
+        # brings the endpoint shim along (the worker's requests reach our vLLM's socket with its key).
+        self.__dict__.update(state)
+        reach_our_server()
+
+    def setup(self) -> None:
+        self.inner.setup()
+
+    def get_cached(self, file_idx: int):
+        return self.inner.get_cached(file_idx)
+
+    def get_generated(self, hs_transfer_params: dict[str, Any]):
+        from common.online import PEAK_PREFIX, staging_bytes  # this file also runs as a script, where common/ is no package
+
+        loaded = self.inner.get_generated(hs_transfer_params)
+        size = staging_bytes(Path(self.staging))
+        if size > self.peak:
+            self.peak = size
+            # one record per process and per loader: a rank's training and validation loaders
+            # measure in the same process, and neither may overwrite the other's high
+            record = Path(self.staging) / f"{PEAK_PREFIX}{os.getpid()}.{id(self)}"
+            tmp = record.with_name(record.name + ".tmp")
+            tmp.write_text(str(size))
+            os.replace(tmp, record)
+        return loaded
+
+    def delete(self, handle: str) -> None:
+        self.inner.delete(handle)
 
 
 def _check_endpoint():
@@ -316,7 +357,7 @@ def _check_endpoint():
     http_client; our servers want their key (VLLM_API_KEY) and listen on a unix socket
     (HARNESS_VLLM_SOCKET; common/vllm_server.py). reach_our_server() makes openai's clients in
     this process send the key and connect to the socket (train applies it; spawned dataloader
-    workers apply it when they unpickle common/online.py's MeasuredTransfer).
+    workers apply it when they unpickle MeasuredTransfer).
     generate-offline-data runs through this file (`python speculators_compat.py
     generate-offline-data ...`), which applies it first. Returns (openai's client class, its
     default http client, that client's package's transport) for the sync and the async client."""

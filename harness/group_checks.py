@@ -1,6 +1,6 @@
-"""`harness doctor GROUP`: every host's checks (in parallel), then the group's own: is the
-rendezvous port (and the watchdog's, +1) free on host 0, and can every node route to the
-rendezvous host (a UDP connect only routes: no packet is sent)."""
+"""`harness doctor GROUP`: every host's checks (harness.doctor, in parallel; harness.group.Group.doctor),
+then the group's own: is the rendezvous port (and the watchdog's, +1) free on host 0, and can every
+node route to the rendezvous host (a UDP connect only routes: no packet is sent)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from harness import helpers
 from harness.doctor.base import CheckResult
+from harness.fanout import parallel
 
 if TYPE_CHECKING:
-    from harness.host import Group
+    from harness.multinode import GroupRun
 
 ROUTE_PROBE = "route_probe.py"  # host_helpers/: the local address a host reaches another one by
 
@@ -43,22 +44,9 @@ class GroupDiagnosis:
         }
 
 
-def diagnose_group(place: "Group") -> GroupDiagnosis:
-    from harness.fanout import parallel
-
-    hosts = [h.name for h in place.hosts]
-    outcome = parallel(place.hosts, lambda h: h.doctor().results)
-    errors = {h.name: str(e) for h, _, e in outcome if e is not None}
-    results = {h.name: (r if e is None else []) for h, r, e in outcome}
-    return GroupDiagnosis(place.name, hosts, results, errors, group_checks(place) if not errors else [])
-
-
-def group_checks(place: "Group") -> list[CheckResult]:
-    """CheckResults of the group as a whole."""
-    from harness.fanout import parallel
-
-    runner = place.jobs  # writes nothing
-    config, group = place.config, place.name
+def group_checks(runner: "GroupRun") -> list[CheckResult]:
+    """CheckResults of the group as a whole (asked through its run interface, which writes nothing)."""
+    config, group = runner.config, runner.name
     cfg = runner.group
     host = runner.rendezvous_host()
     checks = []
