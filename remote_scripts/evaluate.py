@@ -337,8 +337,8 @@ def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[li
 
     A batched cached decode and a single forward without a cache break a near tie differently
     now and then (bf16 on a GPU: often). A choice the forward calls tied with the decode's
-    (Choice.ties: within the verifier's precision) is no disagreement: both are greedy, and on
-    an H100 re-decoding them cost 5.5x the decode itself (bench/RESULTS.md, 2026-12-06). Where the
+    (Choice.ties: within the verifier's precision) is no disagreement: both are greedy (in bf16
+    on 2 CPU cores these were most of the re-decodes: bench/RESULTS.md, 2026-12-06). Where the
     forward disagrees first beyond that, at position i, its
     own choice replaces reference[i] and the rest is decoded again from there, batched over the
     prompts that need it; at most SETTLE_ROUNDS times, then greedy_match is False (as the chain's
@@ -405,7 +405,7 @@ def _first_disagreement(greedy: list[int], prompt: list[int], reference: list[in
 FORWARD_LOGITS_BYTES = 1 << 31  # HFVerifier.forward_many's batches: 2 GiB of fp32 logits at most
 # A runner-up within this many units of the verifier's precision (its dtype's eps, scaled by the top
 # logit) ties with the top choice: a cached, batched decode and an uncached forward round their sums
-# differently, and in bf16 on SmolLM2 they parted at gaps of 0 to 2 ulps (bench/evaluate_speed.py).
+# differently, and in bf16 on SmolLM2 they parted at gaps of 0 to 2 ulps (bench/evaluate_agreement.py).
 TIE_EPS = 2.0
 
 
@@ -438,8 +438,6 @@ def greedy_choices(logits) -> list:
         return Choice.tied(first, runner_up) if tie else first
 
     return rows(ids[..., 0].tolist(), ids[..., 1].tolist(), near.tolist())
-
-
 
 
 class HFVerifier:
