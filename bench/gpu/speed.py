@@ -508,7 +508,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
         results["train"][name] = {"tokens_per_s": rate["median"], "steps": rate["steps"], "median_step_ms": statistics.median(ms) if ms else None, "wall_s": round(wall, 1)}
         print(f"train {name}: {results['train'][name]}", flush=True)
     t = {n: v for n, v in results["train"].items() if isinstance(v, dict)}
-    ours, direct = t.get("ours"), t.get("direct")
+    ours = t.get("ours")
     # every run of ours (the plain variant: "ours", "ours, again", their repeats) and of direct
     ours_runs = [v["tokens_per_s"] for n, v in t.items() if (n == "ours" or n.startswith(("ours (run", "ours, again"))) and v["tokens_per_s"]]
     direct_runs = [v["tokens_per_s"] for n, v in t.items() if n.startswith("direct") and v["tokens_per_s"]]
