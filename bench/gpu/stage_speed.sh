@@ -10,6 +10,7 @@
 #   1-2. carry [".carryN"]  bash bench/gpu/stage_speed.sh
 #   3.   carry [".carry3"]  bash bench/gpu/stage_speed.sh        # the pipeline and the model are whole: the bench starts
 #   4..  WAIT_S=540 bash bench/gpu/stage_speed.sh                # its log until it ends; what it made so far under $OUT
+# SPEED_BUDGET_S (default 1000): the train part's budget, counted from its start (2026-12-06: 330 s let one of four runs finish)
 # On a CPU (this repo's venv), the mechanics at toy sizes: QUICK=1 GGUF=FILE.gguf bash bench/gpu/stage_speed.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,7 +45,7 @@ if [ -n "${QUICK:-}" ] || [ "${1:-}" = --bench ]; then
   if [ -n "${QUICK:-}" ]; then
     speed=(--quick) size=ci evaluate=(--prompts 4 --max-new-tokens 16 --repeats 2) train=(--train-arg epochs=1)
   else
-    speed=(--budget-s 330) size=gpu evaluate=(--prompts 64 --max-new-tokens 256 --repeats 2) train=(--train-arg epochs=3 --verifier-arg train=2048)
+    speed=(--budget-s "${SPEED_BUDGET_S:-1000}") size=gpu evaluate=(--prompts 64 --max-new-tokens 256 --repeats 2) train=(--train-arg epochs=3 --verifier-arg train=2048)
   fi
   echo "== evaluate: a draft trained on SmolLM2 ($size size), then evaluate beside decoding"
   python3 bench/quality/run.py --verifier smollm2 --size "$size" --gguf "$gguf" --workdir "$work" --skip-speculators \
