@@ -44,13 +44,12 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     import evaluate as ev
-    from common.verifier import load_verifier, locate_decoder
+    from common.verifier import default_target_layers, load_verifier, locate_decoder
     from evaluate_speed import load_prompts
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_verifier(str(Path(args.verifier).resolve()), device=device, dtype=args.dtype)
-    layers = locate_decoder(model).num_layers
-    verifier = ev.HFVerifier(model, [2, layers // 2, layers - 3], torch.bfloat16)  # the view is not read here
+    verifier = ev.HFVerifier(model, default_target_layers(locate_decoder(model).num_layers), torch.bfloat16)  # the view is not read here
     tokenizer = AutoTokenizer.from_pretrained(str(Path(args.verifier).resolve()))
     prompts = load_prompts(tokenizer, Path(args.data), "heldout", args.prompts)
     eos = ev._eos_ids(tokenizer, model)
@@ -69,10 +68,11 @@ def main() -> None:
         return round(float(row.max() - row[token]), 4)
 
     pairs = {}
-    for name, others in (("batched decode vs alone", alone), ("forward batched vs batched decode", forward_batched), ("forward alone vs batched decode", forward_alone)):
+    for name, others, decoded in (("batched decode vs alone", alone, True), ("forward batched vs batched decode", forward_batched, False),
+                                  ("forward alone vs batched decode", forward_alone, False)):
         firsts = []
         for i, (prompt, reply, other) in enumerate(zip(prompts, batched, others)):
-            if name.startswith("batched decode"):
+            if decoded:  # a reply against a reply
                 first = next((j for j, (a, b) in enumerate(zip(reply, other)) if a != b), None if len(reply) == len(other) else min(len(reply), len(other)))
             else:
                 first = ev._first_disagreement(other, prompt, reply)

@@ -90,6 +90,10 @@ def test_derive_split_assemble_and_install_for_the_device(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import topvllm, zeta, kappa; print(topvllm.VERSION)"], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
     assert probe.stdout.strip() == "1.0", probe.stderr
+    # --exclude: the pipeline's wheels alone out of the same directory (bench/gpu/stage_speed.sh)
+    some = carry("install", str(tmp_path / "joined"), str(tmp_path / "some"), "--for-device", "--exclude", "TopVLLM", "alpha", cwd=tmp_path)
+    assert some.returncode == 0, some.stderr
+    assert not (tmp_path / "some" / "topvllm").exists() and not (tmp_path / "some" / "alpha").exists() and (tmp_path / "some" / "zeta").is_dir()
 
 
 def test_without_the_images_list_the_needs_file_stands_for_it(tmp_path):

@@ -20,8 +20,7 @@ python3 bench/gpu/vllm_carry.py unpack /tmp/es --into /tmp/ef | tail -1
 gguf=/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf
 { [ -f "$gguf" ] && [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; } || exit 0
 if [ ! -d /tmp/site/speculators ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target /tmp/site \
-    $(ls /tmp/cf/*.whl | grep -v -e '/vllm-' -e '/xgrammar-' -e '/llguidance-')
+  python3 bench/gpu/vllm_carry.py install /tmp/cf /tmp/site --exclude vllm xgrammar llguidance
 fi
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/

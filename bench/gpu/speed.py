@@ -482,9 +482,12 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
     spec_argv = None
     per_run = None
     seen: dict[str, int] = {}
+    sides: dict[str, str] = {}  # run -> "ours" (our stage as a user runs it) or "direct": the two the ratio compares
     for i, (name, script, loss_on, env_extra) in enumerate(variants):
         seen[name] = seen.get(name, 0) + 1
         name = name if seen[name] == 1 else f"{name} (run {seen[name]})"  # --train-pick may repeat a variant
+        if script == "speculators_direct.py" or (loss_on == "all" and not env_extra):
+            sides[name] = "direct" if script == "speculators_direct.py" else "ours"
         if script == "speculators_direct.py" and not cuda():
             results["train"][name] = "not run: speculators train needs an accelerator"
             continue
@@ -509,9 +512,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
         print(f"train {name}: {results['train'][name]}", flush=True)
     t = {n: v for n, v in results["train"].items() if isinstance(v, dict)}
     ours = t.get("ours")
-    # every run of ours (the plain variant: "ours", "ours, again", their repeats) and of direct
-    ours_runs = [v["tokens_per_s"] for n, v in t.items() if (n == "ours" or n.startswith(("ours (run", "ours, again"))) and v["tokens_per_s"]]
-    direct_runs = [v["tokens_per_s"] for n, v in t.items() if n.startswith("direct") and v["tokens_per_s"]]
+    ours_runs, direct_runs = ([v["tokens_per_s"] for n, v in t.items() if sides.get(n) == side and v["tokens_per_s"]] for side in ("ours", "direct"))
     if ours_runs and direct_runs:
         mean_ours, mean_direct = statistics.mean(ours_runs), statistics.mean(direct_runs)
         results["train_ratio"] = {"ours_runs": ours_runs, "direct_runs": direct_runs, "ratio": mean_ours / mean_direct,
@@ -520,7 +521,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
         emit(rows, Row("training tokens/s, our stage vs `speculators train` direct (1 GPU, same data and flags, median of steady steps; mean of runs)" + runs,
                        f"{mean_ours:,.0f}", f"{mean_direct:,.0f}", mean_ours / mean_direct, ">= 1.0"))
     for name, v in t.items():
-        if name.startswith(("ours", "direct")) and "without" not in name and "mask" not in name or not ours or not v.get("median_step_ms"):
+        if name == "ours" or sides.get(name) == "direct" or not ours or not v.get("median_step_ms"):
             continue
         emit(rows, Row(f"train: {name}; per-step ms vs ours ({ours['median_step_ms']:.1f} ms): the extra costs the difference",
                        f"{v['median_step_ms']:.1f} ms", f"{ours['median_step_ms']:.1f} ms", ours["median_step_ms"] / v["median_step_ms"], "report"))

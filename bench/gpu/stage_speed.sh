@@ -29,8 +29,7 @@ if [ -z "${QUICK:-}" ]; then
   export PYTHONPATH=/tmp/site:$REPO
   if [ ! -f /tmp/detached/stage-speed.pid ] && [ -f "$gguf" ]; then
     # the pipeline's wheels only: vLLM's, where they came too, are not needed here
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target /tmp/site \
-      $(ls "$files"/*.whl | grep -v -e '/vllm-' -e '/xgrammar-' -e '/llguidance-')
+    python3 bench/gpu/vllm_carry.py install "$files" /tmp/site --exclude vllm xgrammar llguidance
     nvidia-smi -L
     python3 -c 'import torch, transformers, speculators; print("torch", torch.__version__, "transformers", transformers.__version__, "speculators imports")'
     GGUF=$gguf bash bench/gpu/detached.sh start stage-speed env QUICK= RESULTS="$results" WORK="$work" bash bench/gpu/stage_speed.sh --bench

@@ -4,7 +4,7 @@
     python bench/gpu/vllm_carry.py derive DEST [--requirement vllm==0.26.0] [--image-packages FILE] [--needs FILE] [--exclude NAME...]
     python bench/gpu/vllm_carry.py split DEST PREFIX [--part-mib 50]
     python bench/gpu/vllm_carry.py assemble PART_DIR... --into DIR          (on the device)
-    python bench/gpu/vllm_carry.py install DIR TARGET [--for-device]         (on the device; --for-device: here, for its platform)
+    python bench/gpu/vllm_carry.py install DIR TARGET [--for-device] [--exclude NAME...]   (on the device; --for-device: here, for its platform)
     python bench/gpu/vllm_carry.py pack PREFIX FILE... [--part-mib 56]       (files in order, one stream cut in parts)
     python bench/gpu/vllm_carry.py unpack STAGE --into DIR                    (on the device: each file whose parts have come)
 
@@ -20,7 +20,8 @@ split: each wheel cut into chunks of at most --part-mib, packed into PREFIX1/, P
 at most that size each (one device call each: 64 MiB with everything else), with
 PREFIX1/manifest.json (every wheel's chunks and sha256).
 assemble: the chunks of every part directory joined again and checked against the manifest.
-install: `pip install --no-index --no-deps --target TARGET` of every wheel; then PYTHONPATH=TARGET.
+install: `pip install --no-index --no-deps --target TARGET` of every wheel but --exclude's (by
+distribution name: the pipeline alone out of the vLLM carry); then PYTHONPATH=TARGET.
 bench/gpu/vllm_check.py checks the result on the device before anything else uses it.
 """
 
@@ -313,8 +314,8 @@ def unpack(stage: Path, into: Path) -> list[str]:
     return waiting
 
 
-def install(wheels_dir: Path, target: Path, for_device: bool) -> None:
-    wheels = sorted(str(w) for w in wheels_dir.glob("*.whl"))
+def install(wheels_dir: Path, target: Path, for_device: bool, exclude: set[str] = frozenset()) -> None:
+    wheels = sorted(str(w) for w in wheels_dir.glob("*.whl") if canonicalize_name(w.name.split("-", 1)[0]) not in exclude)
     if not wheels:
         raise SystemExit(f"{wheels_dir}: no wheels")
     platform = PLATFORM_ARGS if for_device else []
@@ -350,6 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     i.add_argument("wheels")
     i.add_argument("target")
     i.add_argument("--for-device", action="store_true", help="install here for the device's platform (Python 3.12, manylinux x86-64)")
+    i.add_argument("--exclude", nargs="*", default=[], help="distributions not to install (e.g. vllm and its grammar wheels, for the pipeline alone)")
     args = p.parse_args(argv)
     if args.command == "derive":
         image_path = Path(args.image_packages)
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         waiting = unpack(Path(args.stage), Path(args.into))
         print(f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
     else:
-        install(Path(args.wheels), Path(args.target), args.for_device)
+        install(Path(args.wheels), Path(args.target), args.for_device, {canonicalize_name(n) for n in args.exclude})
 
 
 if __name__ == "__main__":
