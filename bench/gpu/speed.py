@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -356,8 +357,6 @@ def steady(points: list[tuple[float, int]], skip: int) -> float | None:
 
 
 def part_extract(work: Path, args, rows, results) -> None:
-    import shutil
-
     import torch
     from datasets import load_from_disk
 
@@ -471,6 +470,24 @@ def step_rates(lines: list[dict]) -> list[float]:
     return [ln["profile"]["tokens_per_s"] for ln in lines if (ln.get("profile") or {}).get("tokens_per_s")]
 
 
+def wall_phases(lines: list[dict], started: float, ended: float) -> dict | None:
+    """Where one run's wall time went, from the metric lines' times ("t", speculators_direct.py):
+    start-up (process, imports, draft, loaders) until the first step began; the first step (its
+    fetch: the loader's workers starting; forward and backward: the compilation); the other
+    steps; the gaps between steps (at each epoch's end: the checkpoint, the validation and its
+    workers and compilation); and what followed the last step or validation (clean-up, exit)."""
+    steps = [ln for ln in lines if "train" in ln and (ln.get("profile") or {}).get("step_ms") and "t" in ln]
+    if not steps:
+        return None
+    first = steps[0]["profile"]
+    gaps = sum(max(0.0, b["t"] - a["t"] - b["profile"]["step_ms"] / 1000) for a, b in zip(steps, steps[1:]))
+    last = max(ln["t"] for ln in lines if "t" in ln and ("train" in ln or "val" in ln))
+    return {"steps": len(steps), "start_up_s": round(steps[0]["t"] - first["step_ms"] / 1000 - started, 1), "first_step_s": round(first["step_ms"] / 1000, 1),
+            "first_step_parts_s": {k: round(first.get(f"{k}_ms", 0.0) / 1000, 1) for k in ("fetch", "fwd", "bwd", "opt")},
+            "other_steps_s": round(sum(ln["profile"]["step_ms"] for ln in steps[1:]) / 1000, 1), "between_steps_s": round(gaps, 1),
+            "after_last_step_s": round(last - steps[-1]["t"], 1), "exit_s": round(ended - last, 1), "validations": sum("val" in ln for ln in lines)}
+
+
 def part_train(work: Path, args, rows, results, started: float) -> None:
     variants = [("ours", "train_observed.py", "all", {}), ("direct", "speculators_direct.py", None, {}),
                 ("ours without per-step events (bridge)", "train_observed.py", "all", {"HARNESS_TRAIN_BENCH_WITHOUT": "bridge"}),
@@ -500,16 +517,27 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
             argv = [a.replace(str(work / "ckpt_0"), str(work / out)) for a in spec_argv]
         else:
             argv = train_argv(work, args, out, loss_on)
-        t0 = time.monotonic()
+        shutil.rmtree(work / out, ignore_errors=True)
+        t0, t0_wall = time.monotonic(), time.time()
         lines, log = run_observed(work, script, argv, out, env_extra)
         wall = time.monotonic() - t0
+        # a run's checkpoints (3.6 GiB an epoch at Llama-3.1-8B width: a full-vocabulary lm_head and
+        # the optimizer's moments) are not read: four runs of three epochs would fill the disk
+        shutil.rmtree(work / out, ignore_errors=True)
+        phases = wall_phases(lines, t0_wall, t0_wall + wall)
         per_run = wall if per_run is None else min(per_run, wall)
         if spec_argv is None and script == "train_observed.py":
             spec_argv = json.loads(next(ln.split("speculators argv: ", 1)[1] for ln in log.splitlines() if "speculators argv: " in ln))
         rate = gb.steady_tokens_per_s(step_rates(lines), args.warmup_steps)
         ms = [ln["profile"]["step_ms"] for ln in lines if (ln.get("profile") or {}).get("step_ms")][args.warmup_steps:]
-        results["train"][name] = {"tokens_per_s": rate["median"], "steps": rate["steps"], "median_step_ms": statistics.median(ms) if ms else None, "wall_s": round(wall, 1)}
+        results["train"][name] = {"tokens_per_s": rate["median"], "steps": rate["steps"], "median_step_ms": statistics.median(ms) if ms else None, "wall_s": round(wall, 1),
+                                  "wall_phases": phases}
         print(f"train {name}: {results['train'][name]}", flush=True)
+        if phases:
+            f = phases["first_step_parts_s"]
+            print(f"train {name}: wall {wall:.1f} s = start-up {phases['start_up_s']} + first step {phases['first_step_s']} (fetch {f['fetch']}, forward {f['fwd']}, "
+                  f"backward {f['bwd']}) + {phases['steps'] - 1} steps {phases['other_steps_s']} + between steps {phases['between_steps_s']} "
+                  f"({phases['validations']} validations) + after the last step {phases['after_last_step_s']} + exit {phases['exit_s']}", flush=True)
     t = {n: v for n, v in results["train"].items() if isinstance(v, dict)}
     ours = t.get("ours")
     ours_runs, direct_runs = ([v["tokens_per_s"] for n, v in t.items() if sides.get(n) == side and v["tokens_per_s"]] for side in ("ours", "direct"))
