@@ -396,9 +396,12 @@ def run(args: argparse.Namespace, events: EventLog, rank: int) -> dict[str, Any]
             raise TrainError(f"training ended without a checkpoint in {output}")
         ckpt = output / str(last)
         check_checkpoint_config(ckpt)
-        summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, stopped_early=stopped is not None, **reporter.last_val_summary())
-        if stopped is not None:
+        early = stopped is not None and stopped.early
+        summary.update(checkpoint=str(ckpt), epochs_done=last + 1, steps=reporter.last_step, stopped_early=early, **reporter.last_val_summary())
+        if early:
             events.message(f"early stop: {stopped.reason}; {reporter.last_step} of ~{recipe.total_steps} optimizer steps")
+        elif stopped is not None:
+            events.message(f"{stopped.reason} in epoch {stopped.epoch + 1} of {recipe.epochs}: the epochs left are not started")
         if str(ckpt) not in reporter.reported_checkpoints:
             events.artifact(str(ckpt), kind="checkpoint")
         best = read_best(output)

@@ -68,6 +68,7 @@ def _changed(monkeypatch, owner, name: str):
         ("resume-device", ("speculators.train.checkpointer", "SingleGPUCheckpointer", "load_model_state_dict")),
         ("tau-probe", ("speculators.train.trainer", "Trainer", "run_training")),
         ("early-stop", ("speculators.train.trainer", "Trainer", "run_training")),
+        ("early-stop", ("speculators.train.trainer", "Trainer", "train_epoch")),  # the max-steps stop
         ("every-position", ("speculators.train.data", "ArrowDataset", "_get_raw_data")),
         ("round-walk", ("speculators.models.eagle3.core", "Eagle3DraftModel", "forward")),
         ("online-measure", ("speculators.train.data", "ArrowDataset", "_generate_hidden_states_once")),

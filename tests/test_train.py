@@ -224,9 +224,10 @@ def test_trains_on_cpu_and_resumes_from_its_checkpoint(tiny_verifier, prepared_d
 def test_a_run_whose_estimate_stands_still_stops_early(tiny_verifier, prepared_data, hidden_states, tmp_path):
     # lr 0 keeps the draft's initial weights: every epoch's estimate is the first one's, so the
     # early stop must end the run after epoch `patience` (1 here), whatever the CPU's numerics.
-    # --max-steps 1: speculators trains one step in each epoch after the first (few seconds each).
+    # 1,024 tokens a step: short epochs of the fixture's rows.
     out, events_path = tmp_path / "checkpoints", tmp_path / "events.jsonl"
-    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, events_path, "--epochs", "4", "--max-steps", "1", "--lr", "0", "--early-stop-patience", "1")
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, events_path, "--epochs", "4", "--lr", "0", "--early-stop-patience", "1",
+           "--total-seq-len", "1024")
     events = read_events(events_path)
     finished = events[-1]
     assert finished["status"] == "ok" and finished["stopped_early"] is True and finished["epochs_done"] == 2, finished
@@ -237,6 +238,22 @@ def test_a_run_whose_estimate_stands_still_stops_early(tiny_verifier, prepared_d
     assert sorted(p.name for p in out.iterdir() if p.name.isdigit()) == ["0", "1"]  # no checkpoint past the stop
     assert json.loads((out / "best.json").read_text())["checkpoint"] == "1"  # the latest within the estimate's noise, as without the stop
     assert not any(e["event"] == "warning" and "still learning" in e["text"] for e in events)
+
+
+@pytest.mark.slow
+def test_max_steps_ends_the_run_in_the_epoch_that_takes_them(tiny_verifier, prepared_data, hidden_states, tmp_path):
+    # speculators' epoch loop does not look at --max-steps: each epoch left would train one more
+    # step and save and validate again. The stage stops after the epoch that took them.
+    out, events_path = tmp_path / "checkpoints", tmp_path / "events.jsonl"
+    _train(tiny_verifier.verifier, prepared_data, hidden_states, out, events_path, "--epochs", "3", "--max-steps", "2")
+    events = read_events(events_path)
+    finished = events[-1]
+    assert finished["status"] == "ok" and finished["stopped_early"] is False and finished["epochs_done"] == 1 and finished["steps"] == 2, finished
+    assert [e["step"] for e in events if e["event"] == "metric" and "loss" in e["metrics"]] == [1, 2]
+    assert len([e for e in events if e["event"] == "metric" and "val_loss" in e["metrics"]]) == 1
+    assert sorted(p.name for p in out.iterdir() if p.name.isdigit()) == ["0"]
+    assert any(e["event"] == "message" and e["text"].startswith("--max-steps 2 taken in epoch 1 of 3") for e in events)
+    assert not any(e["event"] == "message" and e["text"].startswith("early stop:") for e in events)
 
 
 @pytest.mark.slow

@@ -177,15 +177,18 @@ def _check_early_stop():
     if src.index("self.maybe_save_checkpoint(epoch)") > src.index("val_metrics = self.val_epoch(epoch)"):
         raise ShimOutdated("early-stop", "Trainer.run_training now validates an epoch before saving its checkpoint")
     _require("early-stop", graceful_shutdown.with_graceful_shutdown, "except TrainingInterruptedError:")
+    # the max-steps stop reads what train_epoch stops on
+    _require("early-stop", trainer_mod.Trainer.train_epoch, "self.global_step >= self.config.max_steps")
     return trainer_mod
 
 
 class StopTraining(Exception):
-    """Raised on every rank after an epoch's validation when the early stop says so (hook_main)."""
+    """Raised on every rank after an epoch's validation when the early stop says so, or when the
+    run has taken its --max-steps (`early` False) with epochs left (hook_main)."""
 
-    def __init__(self, epoch: int, reason: str):
+    def __init__(self, epoch: int, reason: str, early: bool = True):
         super().__init__(reason)
-        self.epoch, self.reason = epoch, reason
+        self.epoch, self.reason, self.early = epoch, reason, early
 
 
 def _check_mask_token():
@@ -598,14 +601,15 @@ def hook_main(
     built, and attach `bridge` right after main configures its metric logger. `every_steps`
     (n, probe): call `probe(trainer)` on every rank after each n-th optimizer step. `stop_after`
     (epoch, validation metrics) -> a reason to stop, or None: asked on every rank after each
-    epoch's validation; a reason raises StopTraining (shim 'early-stop'). Idempotent: a later call
-    replaces the earlier hooks."""
+    epoch's validation; a reason raises StopTraining (shim 'early-stop'). A run that has taken its
+    max_steps stops after that epoch's checkpoint and validation the same way: speculators' epoch
+    loop does not look at max_steps, so each epoch left would train one more step, save one more
+    checkpoint and validate again. Idempotent: a later call replaces the earlier hooks."""
     cli_mod = _check_main_hooks()
     _check_metrics_bridge()
     if every_steps is not None:
         _check_tau_probe()
-    if stop_after is not None:
-        _check_early_stop()
+    _check_early_stop()
     from speculators.train.trainer import Trainer
 
     class GuardedTrainer(Trainer):  # type: ignore[misc,valid-type]
@@ -633,6 +637,9 @@ def hook_main(
             reason = stop_after(epoch, metrics or {}) if stop_after is not None else None
             if reason:
                 raise StopTraining(epoch, reason)
+            max_steps = self.config.max_steps
+            if max_steps is not None and self.global_step >= max_steps and epoch + 1 < self.config.num_epochs:
+                raise StopTraining(epoch, f"--max-steps {max_steps} taken", early=False)
             return metrics
 
     cli_mod.Trainer = GuardedTrainer
