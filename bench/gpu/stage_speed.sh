@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 59 deliverable 3 on one GPU: two stages beside what they wrap, in one detached bench.
 #   train:    our train stage against `speculators train` run directly, each twice, interleaved
-#             (bench/gpu/speed.py --parts setup,train --train-pick 0,1,5,1: ours, direct, ours again, direct again)
+#             (bench/gpu/speed.py --parts setup,train --train-pick 0,1,5,1: ours, direct, ours again, direct again),
+#             2 epochs of 18 steps (--train-steps 36 --train-epochs 2: 31 steady steps a run, and one checkpoint
+#             and validation fewer than 40 steps in 3 epochs; bench/RESULTS.md, bench/train_phases.py)
 #   evaluate: on the real SmolLM2-135M-Instruct with a draft trained here (bench/quality/run.py --verifier smollm2,
 #             ours alone, --stop-after train), against the verifier's own batched greedy decoding of the same
 #             prompts to the same length (bench/evaluate_speed.py, each side twice)
@@ -42,9 +44,9 @@ fi
 if [ -n "${QUICK:-}" ] || [ "${1:-}" = --bench ]; then
   gguf=${GGUF:?GGUF=FILE.gguf}
   if [ -n "${QUICK:-}" ]; then
-    speed=(--quick) size=ci evaluate=(--prompts 4 --max-new-tokens 16 --repeats 2) train=(--train-arg epochs=1)
+    speed=(--quick) steps=() size=ci evaluate=(--prompts 4 --max-new-tokens 16 --repeats 2) train=(--train-arg epochs=1)
   else
-    speed=(--budget-s "${SPEED_BUDGET_S:-1000}") size=gpu evaluate=(--prompts 64 --max-new-tokens 256 --repeats 2) train=(--train-arg epochs=3 --verifier-arg train=2048)
+    speed=(--budget-s "${SPEED_BUDGET_S:-1000}") steps=(--train-steps 36 --train-epochs 2) size=gpu evaluate=(--prompts 64 --max-new-tokens 256 --repeats 2) train=(--train-arg epochs=3 --verifier-arg train=2048)
   fi
   echo "== evaluate: a draft trained on SmolLM2 ($size size), then evaluate beside decoding"
   python3 bench/quality/run.py --verifier smollm2 --size "$size" --gguf "$gguf" --workdir "$work" --skip-speculators \
@@ -55,5 +57,5 @@ if [ -n "${QUICK:-}" ] || [ "${1:-}" = --bench ]; then
   python3 bench/evaluate_speed.py --verifier "$work/outputs/smollm2-verifier" --draft "$draft" --data "$work/outputs/chat.jsonl" \
     "${evaluate[@]}" 2>&1 | tee "$results/evaluate_speed.log"
   echo "== train: ours against \`speculators train\` direct, each twice"
-  python3 bench/gpu/speed.py "${speed[@]}" --parts setup,train --train-pick 0,1,5,1 --out "$results/speed" 2>&1 | tee "$results/speed.log"
+  python3 bench/gpu/speed.py "${speed[@]}" --parts setup,train --train-pick 0,1,5,1 "${steps[@]}" --out "$results/speed" 2>&1 | tee "$results/speed.log"
 fi
