@@ -18,8 +18,8 @@ returns what it measured; each subprocess logs to OUT/<part>/<backend>.log):
               and tokens/s from each run's finished event, the rate after the first batch, vLLM's
               wait for its server; the share of rows whose replies are the same (compared as the
               verifier's tokenizer encodes them) and, where they differ, the mean first position
-  extract     prepare_data.py once (on transformers' replies when the regenerate part ran, else on
-              the rows as given), then extract_hidden_states.py with each backend on those rows:
+  extract     prepare_data.py once (on transformers' replies when the regenerate part ran, in this
+              call or an earlier one into the same --out, else on the rows as given), then extract_hidden_states.py with each backend on those rows:
               token ids equal, each row's lowest cosine and highest relative error over its layers
               against tests/test_vllm.py's bounds, the largest absolute difference; tokens/s (the
               transformers backend's batch loop; vLLM's: generate-offline-data's request loop as
@@ -91,6 +91,9 @@ class Bench:
         self.results: dict = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                               "device": gpu or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", "versions": versions(), "rows": args.rows,
                               "max_new_tokens": args.max_new_tokens, "parts": {}}
+        earlier = self.out / "backends.json"
+        if earlier.is_file():  # a part measured by an earlier call into this --out stays beside this call's
+            self.results["parts"] = {k: v for k, v in json.loads(earlier.read_text()).get("parts", {}).items() if k not in args.parts}
         self.env = {**os.environ, **OFFLINE_ENV, **(GPU_VLLM_ENV if self.gpu else CPU_VLLM_ENV)}
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
         self.serve_flags = ([] if self.gpu else list(CPU_SERVE_FLAGS)) + [f"--vllm-arg={x}" for x in args.vllm_arg]
@@ -436,6 +439,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = bench.inputs()
     bench.save()
     regenerated = bench.regenerate(rows) if "regenerate" in args.parts else None
+    earlier = Path(args.out) / "regenerate" / "transformers.jsonl"
+    if regenerated is None and "regenerate" not in args.parts and earlier.is_file():
+        regenerated = earlier  # an earlier call's replies (--parts regenerate, then --parts extract: one call each)
+        log(f"extract: on the replies of an earlier call, {earlier}")
     if "extract" in args.parts:
         bench.extract(rows, regenerated)
     bench.results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
