@@ -31,6 +31,7 @@ from harness.host_helpers import wire
 from harness.pipeline import launches_itself, resolve_chain, stage_argv, store_root
 from harness.runs import AttachView, CancelOutcome, Launched, RunListing, names_a_run, pick_run
 from harness.runtime.base import Runtime, WrapOptions
+from harness.stage_options import stage_options
 from harness.stages import SCRIPTS_DIR, STAGES
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def stage_command(stage: str, config: Config, python: str, events_path: str, npr
 
     This is the hook for scale: multi-node launching replaces the `--standalone` rendezvous.
     """
-    argv = stage_argv(stage, config.pipeline, python=python, events_path=events_path)
+    argv = stage_argv(stage, config.pipeline, python=python, events_path=events_path, options=stage_options(config.path, STAGES[stage].script))
     if STAGES[stage].distributed and nproc > 1 and not launches_itself(stage, config.pipeline):
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv[1:]]
     return argv
@@ -348,7 +349,8 @@ class Jobs:
 
     def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
         if self.node is not None:
-            argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path)
+            argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path,
+                              options=stage_options(self.config.path, STAGES[stage].script))
             return self.node.stage_command(stage, argv, events_path, nproc)
         return stage_command(stage, self.config, self.runtime.python, events_path, nproc)
 

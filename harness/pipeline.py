@@ -96,11 +96,16 @@ def stage_args(stage: str, p: PipelineConfig) -> dict[str, Any]:
     return args
 
 
-def to_flags(args: dict[str, Any]) -> list[str]:
-    """{"max_seq_len": 256, "compile": True, "layers": [2, 5]} -> ["--max-seq-len", "256", "--compile", "--layers", "2", "5"]."""
+def to_flags(args: dict[str, Any], options: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """{"max_seq_len": 256, "compile": True, "layers": [2, 5]} -> ["--max-seq-len", "256", "--compile", "--layers", "2", "5"].
+    False is left out, except where the script's parser (`options`: stage_options) has --no-KEY: a
+    flag on by default (`baseline = false` -> --no-baseline)."""
     argv: list[str] = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
+        if value is False and options is not None and f"no_{key}" in options:
+            argv.append("--no-" + key.replace("_", "-"))
+            continue
         if value is None or value is False:
             continue
         if value is True:
@@ -114,14 +119,16 @@ def to_flags(args: dict[str, Any]) -> list[str]:
     return argv
 
 
-def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_path: str | None = None) -> list[str]:
-    """The command line of one stage (without a torchrun launcher; see jobs for that)."""
+def stage_argv(stage: str, p: PipelineConfig, python: str = "python3", events_path: str | None = None,
+               options: dict[str, dict[str, Any]] | None = None) -> list[str]:
+    """The command line of one stage (without a torchrun launcher; see jobs for that); `options`:
+    its script's (stage_options), where known."""
     if stage not in STAGES:
         raise unknown_stage(stage)
     args = stage_args(stage, p)
     if events_path:
         args["events"] = events_path
-    return [python, f"{SCRIPTS_DIR}/{STAGES[stage].script}", *to_flags(args)]
+    return [python, f"{SCRIPTS_DIR}/{STAGES[stage].script}", *to_flags(args, options)]
 
 
 def resolve_chain(requested: list[str], p: PipelineConfig | None = None) -> list[str]:

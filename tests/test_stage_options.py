@@ -90,6 +90,20 @@ def test_the_flags_harness_passes_are_the_ones_each_parser_takes():
         parser.parse_args(to_flags(args))  # exits (SystemExit) on a flag the script does not take
 
 
+def test_false_turns_off_a_flag_that_is_on_by_default(project):
+    """`baseline = false` (docs/pipeline.md) reaches serve_check as --no-baseline; false for a
+    store_true flag stays absent; both parse to what the table says."""
+    from harness.pipeline import stage_argv
+    from harness.stage_options import stage_options, stage_parser
+
+    config = load_config(config_with(project, "[pipeline.stages.serve_check]\nbaseline = false\nenforce_eager = false\n"))
+    script = STAGES["serve_check"].script
+    argv = stage_argv("serve_check", config.pipeline, options=stage_options(config.path, script))
+    assert "--no-baseline" in argv and "--enforce-eager" not in argv and "--no-enforce-eager" not in argv
+    parsed = stage_parser(project / "remote_scripts" / script).parse_args(argv[2:])
+    assert parsed.baseline is False and parsed.enforce_eager is False
+
+
 def test_loading_the_parsers_imports_nothing_heavy_and_leaves_the_process_as_it_was():
     code = (
         "import sys, json\n"
