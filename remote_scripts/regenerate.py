@@ -455,7 +455,7 @@ class VllmBackend:
             self.opts = ServeOptions(
                 model=args.verifier, uds=self._cleanup.enter_context(private_socket()), tensor_parallel_size=args.tensor_parallel_size,
                 max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                vllm_command=args.vllm_command,
+                vllm_command=args.vllm_command, text_only=True,
                 extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
             )
             self.server = ManagedServer(self.opts, self.log, stop_grace=args.stop_grace, env=rank_env(local_rank, args.tensor_parallel_size))

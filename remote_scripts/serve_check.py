@@ -153,7 +153,7 @@ def serve_rounds(args: argparse.Namespace, events: EventLog, export: Export, spe
                  *(["--enforce-eager"] if args.enforce_eager else []), *args.vllm_arg]
         opts = ServeOptions(model=export.verifier, uds=uds, tensor_parallel_size=args.tensor_parallel_size,
                             max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                            vllm_command=args.vllm_command, extra_args=extra)
+                            vllm_command=args.vllm_command, extra_args=extra, text_only=True)
         what = describe(speculative)
         with ManagedServer(opts, log, stop_grace=args.stop_grace) as server:
             start_s = server.wait_healthy(args.health_timeout)

