@@ -11,7 +11,7 @@ run-to-run noise the tests' tolerance rests on.
     # bench/quality/prompts.py answered by the verifier (regenerate, transformers), evaluated on held-out ones
     PYTHONPATH=/tmp/site:/tmp/site-vllm:$PWD python3 bench/online.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --verifier /tmp/verifier --workdir /tmp/online --rows 256 --epochs 4 --seeds 0 1 2 --offline-backends vllm \\
-        --vllm-arg=--enforce-eager --budget-s 420
+        --vllm-arg=--enforce-eager --budget-s 480
 
 The verifier: by default the tests' tiny verifier that vLLM's CPU attention serves (hidden 64, 2
 heads of 32), built in --workdir with its chat data (reused on the next run), evaluated on 32 of
@@ -272,6 +272,7 @@ class OnlineBench:
     def common(self, seed: int) -> list:
         a = self.a
         extra = ["--early-stop-patience", a.early_stop_patience] if a.early_stop_patience is not None else []
+        extra += ["--num-workers", a.num_workers] if a.num_workers is not None else []
         return ["--verifier", self.verifier, "--prepared", self.prepared, "--epochs", a.epochs, "--seed", seed, "--no-resume", *extra]
 
     def tau(self, checkpoints: Path, name: str) -> tuple[float | None, float | None]:
@@ -290,7 +291,7 @@ def train_tokens(prepared: Path) -> tuple[int, int]:
     from datasets import load_from_disk
 
     data = load_from_disk(str(prepared))
-    lengths = list(data["seq_len"])[: int(len(data) * 0.95)]
+    lengths = [int(n) for n in data["seq_len"]][: int(len(data) * 0.95)]
     return sum(lengths), len(lengths)
 
 
@@ -395,6 +396,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=None, help="evaluate's --max-prompts (default 32; --quick 4); also the held-out prompts built")
     p.add_argument("--eval-new-tokens", type=int, default=None, help="evaluate's --max-new-tokens (default 48 for the tiny verifier, else 96; --quick 16)")
     p.add_argument("--early-stop-patience", type=int, default=None, help="train's (default: the stage's)")
+    p.add_argument("--num-workers", type=int, default=None, help="train's dataloader workers a rank, both modes (default: the stage's: 0 on a CPU, up to 8 on a GPU; "
+                                                                 "online, each asks vLLM for its rows from a spawned process)")
     p.add_argument("--vllm-arg", action="append", default=[], help="an extra `vllm serve` argument for every server, as --vllm-arg=--enforce-eager (repeatable)")
     p.add_argument("--budget-s", type=float, default=0, help="skip a run whose expected seconds no longer fit in this many from the start (0: none)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per subprocess")
