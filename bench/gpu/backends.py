@@ -97,9 +97,8 @@ class Bench:
         earlier = self.out / "backends.json"
         if earlier.is_file():  # a part measured by an earlier call into this --out stays beside this call's
             self.results["parts"] = {k: v for k, v in json.loads(earlier.read_text()).get("parts", {}).items() if k not in args.parts}
-        self.env = {**os.environ, **OFFLINE_ENV, **(GPU_VLLM_ENV if self.gpu else CPU_VLLM_ENV)}
-        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
-        self.serve_flags = ([] if self.gpu else list(CPU_SERVE_FLAGS)) + [f"--vllm-arg={x}" for x in args.vllm_arg]
+        self.env = stage_env(self.gpu)
+        self.serve_flags = serve_flags(self.gpu, args.vllm_arg)
         self.failed: list[str] = []
 
     def save(self) -> None:
@@ -109,28 +108,9 @@ class Bench:
         tmp.replace(path)
 
     def run(self, name: str, argv: list, log_path: Path) -> float | None:
-        """argv under a time limit, its output to log_path: its wall seconds, or None (failed: the log's tail shown)."""
-        log(f"{name}: {' '.join(map(str, argv[1:]))}")
-        start = time.monotonic()
-        with open(log_path, "w") as f:
-            proc = subprocess.Popen([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
-            try:
-                code = proc.wait(timeout=self.args.timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.terminate()  # SIGTERM: the stage stops its vLLM server (a process group of its own) before it exits
-                try:
-                    proc.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                code = f"timed out after {self.args.timeout_s:.0f} s"
-        wall = time.monotonic() - start
-        if code != 0:
-            tail = log_path.read_text(errors="replace").splitlines()[-15:]
-            log(f"{name} FAILED ({code}) after {wall:.1f} s; log {log_path}:\n  " + "\n  ".join(tail))
+        wall = run_logged(name, argv, log_path, self.env, self.args.timeout_s)
+        if wall is None:
             self.failed.append(name)
-            return None
-        log(f"{name}: {wall:.1f} s")
         return wall
 
     # -- inputs ------------------------------------------------------------------------------------
@@ -138,18 +118,11 @@ class Bench:
     def inputs(self) -> Path:
         """The verifier (imported from --gguf when it is not there yet) and the first --rows rows."""
         a = self.args
-        if not (Path(a.verifier) / "config.json").is_file():
-            if not a.gguf:
-                raise SystemExit(f"--verifier {a.verifier}: no config.json; give a verifier directory, or --gguf FILE to import one there")
-            if self.run("import_verifier", [sys.executable, SCRIPTS / "import_verifier.py", "--source", a.gguf, "--output", a.verifier, "--dtype", "bfloat16"],
-                        self.out / "import_verifier.log") is None:
-                raise SystemExit("importing the verifier failed (its log above)")
+        ensure_verifier(a.verifier, a.gguf, self.run, self.out / "import_verifier.log")
         data = a.data
         if data is None:  # real prompts built offline from what the machine has
             data = self.out / "prompts.jsonl"
-            if self.run("prompts", [sys.executable, REPO / "bench/quality/prompts.py", "--train", a.rows, "--heldout", 0, "--output", data],
-                        self.out / "prompts.log") is None:
-                raise SystemExit("building the prompts failed (its log above)")
+            make_prompts(data, a.rows, 0, self.run, self.out / "prompts.log")
         lines = [line for line in Path(data).read_text().splitlines() if line.strip()][: a.rows]
         if not lines:
             raise SystemExit(f"--data {data}: no rows")
@@ -237,6 +210,65 @@ class Bench:
             t, v = (part["backends"][b] for b in BACKENDS)
             part["vllm_over_transformers"] = {k: ratio(v.get(k), t.get(k)) for k in ("tokens_per_s", "wall_tokens_per_s")}
         self.save()
+
+
+# -- shared with bench/online.py: the stages' environment, the verifier and the prompts ------------------
+
+
+def stage_env(gpu: bool) -> dict[str, str]:
+    """The stages' environment: offline, this repository first on PYTHONPATH, and vLLM's small-CPU
+    settings only without CUDA (on a GPU vLLM runs with its defaults)."""
+    env = {**os.environ, **OFFLINE_ENV, **(GPU_VLLM_ENV if gpu else CPU_VLLM_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+def serve_flags(gpu: bool, vllm_args: list[str]) -> list[str]:
+    """A stage's vLLM server flags: tests/test_vllm.py's on a CPU, none of ours on a GPU; then --vllm-arg's."""
+    return ([] if gpu else list(CPU_SERVE_FLAGS)) + [f"--vllm-arg={x}" for x in vllm_args]
+
+
+def run_logged(name: str, argv: list, log_path: Path, env: dict[str, str], timeout_s: float) -> float | None:
+    """argv under a time limit, its output to log_path: its wall seconds, or None (failed: the log's tail shown)."""
+    log(f"{name}: {' '.join(map(str, argv[1:]))}")
+    start = time.monotonic()
+    with open(log_path, "w") as f:
+        proc = subprocess.Popen([str(a) for a in argv], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the stage stops its vLLM server (a process group of its own) before it exits
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            code = f"timed out after {timeout_s:.0f} s"
+    wall = time.monotonic() - start
+    if code != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        log(f"{name} FAILED ({code}) after {wall:.1f} s; log {log_path}:\n  " + "\n  ".join(tail))
+        return None
+    log(f"{name}: {wall:.1f} s")
+    return wall
+
+
+def ensure_verifier(verifier: str, gguf: str | None, run, log_path: Path) -> None:
+    """`verifier` as it is when it has a config.json, else imported there from `gguf` in bf16
+    (remote_scripts/import_verifier.py); run(name, argv, log_path) -> wall seconds or None."""
+    if (Path(verifier) / "config.json").is_file():
+        return
+    if not gguf:
+        raise SystemExit(f"--verifier {verifier}: no config.json; give a verifier directory, or --gguf FILE to import one there")
+    if run("import_verifier", [sys.executable, SCRIPTS / "import_verifier.py", "--source", gguf, "--output", verifier, "--dtype", "bfloat16"], log_path) is None:
+        raise SystemExit("importing the verifier failed (its log above)")
+
+
+def make_prompts(output: Path, train: int, heldout: int, run, log_path: Path) -> None:
+    """`train` training prompts and `heldout` held-out ones from bench/quality/prompts.py (offline,
+    from what the machine has), each row ending with the user's turn."""
+    if run("prompts", [sys.executable, REPO / "bench/quality/prompts.py", "--train", train, "--heldout", heldout, "--output", output], log_path) is None:
+        raise SystemExit("building the prompts failed (its log above)")
 
 
 # -- figures from a stage's events -----------------------------------------------------------------------

