@@ -118,6 +118,10 @@ def test_an_interrupted_exec_leaves_no_container(tmp_path, ssh_host, box_user, h
         try:
             assert proc.stdout.readline() == b"started\n", proc.stderr.read1()
             running = containers_of(workdir)
+            settle = time.monotonic() + 10  # dockerd may still say "Created" just after the process began (seen under load)
+            while len(running) == 1 and " Up " not in f" {running[0]} " and time.monotonic() < settle:
+                time.sleep(0.2)
+                running = containers_of(workdir)
             assert len(running) == 1 and " Up " in f" {running[0]} " and running[0].split()[-1].isdigit(), running  # labelled: its workdir, its client's pid
             os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal's whole process group, ssh included
             proc.wait(timeout=60)
