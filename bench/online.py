@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import shutil
 import statistics
 import sys
@@ -49,7 +47,9 @@ SCRIPTS = ROOT / "remote_scripts"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(SCRIPTS))
 
-from bench.gpu.backends import cuda_device, ensure_verifier, finished, healthy_after, make_prompts, run_logged, serve_flags, stage_env, versions  # noqa: E402
+from bench.gpu.backends import (  # noqa: E402
+    cuda_device, device_name, ensure_verifier, finished, healthy_after, make_prompts, run_logged, serve_flags, stage_env, versions, write_json,
+)
 from bench.results_file import record  # noqa: E402
 from common.events import read_events  # noqa: E402
 
@@ -94,14 +94,11 @@ class OnlineBench:
         self.failed: list[str] = []
         self.last: dict[str, float] = {}  # a mode's last measured seconds (its train and evaluate), for --budget-s
         self.results: dict = {"command": "python bench/online.py " + " ".join(sys.argv[1:]), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                              "device": gpu or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", "versions": versions(),
+                              "device": device_name(gpu), "versions": versions(),
                               "vllm_args": a.vllm_arg, "epochs": a.epochs, "seeds": a.seeds, "offline_backends": a.offline_backends, "extract": {}, "runs": [], "skipped": []}
 
     def save(self) -> None:
-        path = self.out / "online.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.results, indent=1) + "\n")
-        tmp.replace(path)
+        write_json(self.out / "online.json", self.results)
 
     def run(self, name: str, argv: list, log_name: str) -> float | None:
         wall = run_logged(name, [sys.executable, *argv], self.root / log_name, self.env, self.a.timeout_s)

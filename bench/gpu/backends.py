@@ -92,7 +92,7 @@ class Bench:
         gpu = cuda_device()
         self.gpu = gpu is not None
         self.results: dict = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-                              "device": gpu or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs", "versions": versions(), "rows": args.rows,
+                              "device": device_name(gpu), "versions": versions(), "rows": args.rows,
                               "max_new_tokens": args.max_new_tokens, "parts": {}}
         earlier = self.out / "backends.json"
         if earlier.is_file():  # a part measured by an earlier call into this --out stays beside this call's
@@ -102,10 +102,7 @@ class Bench:
         self.failed: list[str] = []
 
     def save(self) -> None:
-        path = self.out / "backends.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.results, indent=1) + "\n")
-        tmp.replace(path)
+        write_json(self.out / "backends.json", self.results)
 
     def run(self, name: str, argv: list, log_path: Path) -> float | None:
         wall = run_logged(name, argv, log_path, self.env, self.args.timeout_s)
@@ -213,6 +210,18 @@ class Bench:
 
 
 # -- shared with bench/online.py: the stages' environment, the verifier and the prompts ------------------
+
+
+def device_name(gpu: str | None) -> str:
+    """The GPU's name, else the CPU's and its core count."""
+    return gpu or f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Written whole or not at all: a call cut by its time limit leaves the last complete results."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def stage_env(gpu: bool) -> dict[str, str]:
