@@ -66,6 +66,7 @@ class PromptResult:
     trials: list[int]  # draft positions whose verdict mattered per round (k, fewer when the reply ended)
     greedy_match: bool | None = None
     looping: bool | None = None  # the reply is stuck in a repetition loop (`is_looping`)
+    cut_at: int | None = None  # --method fast: the reply ends here, where the decode and the check parted (`settle`)
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Report:
     # tau over the other prompts next to it.
     looping_prompts: int = 0
     tau_without_loops: float | None = None
+    # Replies the fast method measured only up to where its batched decode and its check parted
+    # beyond a tie (`settle`): their tokens after that point are not in tau.
+    cut_replies: int = 0
     seconds: float = 0.0
     # tau over each category's prompts ({category: {"tau", "prompts"}}; the rows' "category", empty
     # when none has one): the figures the field reports (Spec-Bench's categories).
@@ -158,6 +162,8 @@ def replay(proposer: Proposer, prompt: list[int], reference: list[int], view: An
         if len(proposal) != k:
             raise EvalError(f"the proposer returned {len(proposal)} tokens, expected {k}")
         j = len(generated)
+        if j >= len(reference):
+            raise EvalError(f"bug: the reference ends at {len(reference)} tokens, before end of turn and the budget of {max_new_tokens}")
         a = 0
         while a < k and j + a < len(reference) and proposal[a] == reference[j + a]:
             a += 1
@@ -237,6 +243,7 @@ def _summarize(results: list[PromptResult], k: int) -> Report:
         rounds=rounds,
         generated_tokens=sum(len(r.generated) for r in results),
         greedy_match=(sum(checked) / len(checked)) if checked else None,
+        cut_replies=sum(r.cut_at is not None for r in results),
     )
 
 
@@ -304,9 +311,8 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     2. per prompt, one verifier forward over prompt + continuation, without a cache like
        `speculate`'s (batched on a GPU: `HFVerifier.forward_many`): it gives the draft's view of
        every position and the verifier's own greedy choices. Where they disagree with the
-       cached decode (a near tie that the batch's other numerics broke the other way), `settle`
-       takes the forward's choice and decodes on from there, batched; `greedy_match` says whether the forward then agrees with the decode at
-       every position, as the chain's check does;
+       cached decode beyond a tie (the batch's other numerics), `settle` ends the reply there,
+       with the forward's choice: what is measured is greedy under the forward throughout;
     3. one draft forward gives its chain at every position (`chain_table`), and `replay` plays
        the rounds against the continuation: under greedy verification the rounds and their
        acceptances are a function of the continuation and the proposals alone.
@@ -316,64 +322,45 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
         references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
-        for prompt, (reference, view, match) in zip(batch, settle(verifier, batch, references, budget, eos)):
+        for prompt, (reference, view, cut_at) in zip(batch, settle(verifier, batch, references)):
             table = chain_table(proposer, prompt + reference, view, k)
-            r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens, eos)
-            r.greedy_match = match
+            # a cut reply is measured as a reply of its length: its last round stops there
+            r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
+            r.greedy_match, r.cut_at = True, cut_at  # settle made the reply agree with the forward
             results.append(r)
             if progress:
                 progress(len(results))
     return results
 
 
-# Fix-ups of a batch's decode before its prompts are reported as not greedy (`settle`).
-SETTLE_ROUNDS = 8
-
-
-def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[list[int]], budget: int, eos: set[int]) -> list[tuple[list[int], Any, bool]]:
-    """Each prompt's continuation made to agree with the verifier's forward over prompt +
+def settle(verifier: "HFVerifier", prompts: list[list[int]], references: list[list[int]]) -> list[tuple[list[int], Any, int | None]]:
+    """Each prompt's continuation checked against the verifier's forward over prompt +
     continuation (what `speculate` verifies with), with that forward's view: (reference, view,
-    greedy_match).
+    cut_at).
 
-    A batched cached decode and a single forward without a cache break a near tie differently
-    now and then (bf16 on a GPU: often). A choice the forward calls tied with the decode's
-    (Choice.ties: within the verifier's precision) is no disagreement: both are greedy (in bf16
-    on 2 CPU cores these were most of the re-decodes: bench/RESULTS.md, 2026-12-06). Where the
-    forward disagrees first beyond that, at position i, its
-    own choice replaces reference[i] and the rest is decoded again from there, batched over the
-    prompts that need it; at most SETTLE_ROUNDS times, then greedy_match is False (as the chain's
-    check would say). Before, each disagreeing prompt was decoded again alone, a whole decode
-    each: in bf16 on a GPU most prompts disagree somewhere, the likely cause of 160 s for 64
-    prompts of a 135M model (bench/gpu/speed.py counts the decodes: `HFVerifier.decodes`)."""
-    settled: dict[int, tuple[list[int], Any, bool]] = {}
-    pending = dict(enumerate(references))
-    for round_ in range(SETTLE_ROUNDS + 1):
-        fixed: dict[int, list[int]] = {}
-        sequences = [prompts[i] + reference for i, reference in pending.items()]
-        # HFVerifier batches these on a GPU, with logits only where a choice is read (from the
-        # prompt's last position on); a test's verifier has `forward` alone.
-        if hasattr(verifier, "forward_many"):
-            forwards = verifier.forward_many(sequences, keep_from=[len(prompts[i]) - 1 for i in pending])
+    A batched cached decode and a forward without a cache break a near tie differently now and
+    then. A choice the forward calls tied with the decode's (Choice.ties: within the verifier's
+    precision) is no disagreement: both are greedy. Where the forward first disagrees beyond
+    that, at position i, the reply ends there with the forward's own choice (cut_at = i): it is
+    the verifier's greedy reply as far as it goes, and its rounds are measured to there.
+    Decoding on from the fix instead cost a whole second decode for a handful of prompts (a
+    decode is launch-bound on a GPU: 3 prompts take as long as 64), which made evaluate take 2x
+    the verifier's own decoding on an H100 (bench/gpu/decode_kernels.py, bench/RESULTS.md)."""
+    sequences = [prompt + reference for prompt, reference in zip(prompts, references)]
+    # HFVerifier batches these on a GPU, with logits only where a choice is read (from the
+    # prompt's last position on); a test's verifier has `forward` alone.
+    if hasattr(verifier, "forward_many"):
+        forwards = verifier.forward_many(sequences, keep_from=[len(p) - 1 for p in prompts])
+    else:
+        forwards = [verifier.forward(seq) for seq in sequences]
+    settled = []
+    for prompt, reference, (greedy, view) in zip(prompts, references, forwards):
+        first = _first_disagreement(greedy, prompt, reference)
+        if first is None:
+            settled.append((reference, view, None))
         else:
-            forwards = [verifier.forward(seq) for seq in sequences]
-        for (i, reference), (greedy, view) in zip(pending.items(), forwards):
-            first = _first_disagreement(greedy, prompts[i], reference)
-            if first is None or round_ == SETTLE_ROUNDS:
-                settled[i] = (reference, view, first is None)
-            else:
-                fixed[i] = reference[:first] + [greedy[len(prompts[i]) - 1 + first]]
-        # Decode on after each fix (batched), unless it ended the reply or the budget.
-        go_on = [i for i, f in fixed.items() if f[-1] not in eos and len(f) < budget]
-        if go_on:
-            rest = budget - min(len(fixed[i]) for i in go_on)
-            heads = [prompts[i] + fixed[i] for i in go_on]
-            tails = verifier.greedy_batch(heads, rest, eos) if len(heads) > 1 else [verifier.greedy(heads[0], rest, eos)]
-            for i, tail in zip(go_on, tails):
-                fixed[i] += tail[: budget - len(fixed[i])]
-        pending = fixed
-        if not pending:
-            break
-    return [settled[i] for i in range(len(prompts))]
+            settled.append((reference[:first] + [int(greedy[len(prompt) - 1 + first])], view, first))
+    return settled
 
 
 @without_cudnn_attention
@@ -862,7 +849,7 @@ def stage_summary(report: Report, split: str) -> dict[str, Any]:
     """The finished event's summary (docs/events.json "summaries.evaluate": harness sweep reads tau
     and tau_by_category)."""
     return {"tau": round(report.tau, 4), "split": split, "tau_by_category": report.by_category, "acceptance_per_position": report.acceptance_per_position,
-            "looping_prompts": report.looping_prompts, "tau_without_loops": report.tau_without_loops, "prompts": report.prompts, "seconds": report.seconds,
+            "looping_prompts": report.looping_prompts, "tau_without_loops": report.tau_without_loops, "cut_replies": report.cut_replies, "prompts": report.prompts, "seconds": report.seconds,
             "report": report.extra.get("report")}
 
 
@@ -917,6 +904,10 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         events.message(f"warning: speculative output differs from greedy decoding on {1 - report.greedy_match:.0%} of prompts")
     if report.looping_prompts:
         events.message(f"{report.looping_prompts} of {report.prompts} replies loop (a repeated span to the token budget): tau {report.tau:.2f} counts them, {report.tau_without_loops:.2f} without them")
+    if report.cut_replies:
+        cuts = ", ".join(str(r.cut_at) for r in results if r.cut_at is not None)
+        events.message(f"{report.cut_replies} of {report.prompts} replies are measured up to where the batched decode and the verifier's own forward "
+                       f"parted beyond a tie (at reply token {cuts}; numerics, as bf16 on a GPU does): tau counts their tokens to there")
     events.metric(0, tau=round(report.tau, 4), **{f"acceptance_{i + 1}": a for i, a in enumerate(report.acceptance_per_position)})
     why = short_of_k_plus_one(report)
     if why:
@@ -949,6 +940,7 @@ def run(args: argparse.Namespace, events: EventLog) -> Report:
         "method": args.method,
         **({"batch_size": batch_size} if args.method == "fast" else {}),
         "looping": [i for i, r in enumerate(results) if r.looping],  # which prompts (in --data order)
+        "cut": {str(i): r.cut_at for i, r in enumerate(results) if r.cut_at is not None},  # prompt -> the reply token it ends at
         "plots": {"acceptance": str((out / "acceptance.png").resolve()), **({"training": str((out / "training.png").resolve())} if has_curves else {})},
         "report": str((out / "report.json").resolve()),
     }

@@ -207,14 +207,14 @@ class MisdecodingVerifier(ChainVerifier):
     """A ChainVerifier whose batched cached decode breaks a tie the other way at the first token
     of `wrong` prompts (what bf16 numerics do on a GPU); its forward stays the truth."""
 
-    def __init__(self, wrong: set[int]):
+    def __init__(self, wrong: set[int], at: int = 0):
         super().__init__()
-        self.wrong, self.decodes = wrong, 0
+        self.wrong, self.at, self.decodes = wrong, at, 0
 
     def _decode(self, prompt, n, eos, slip):
         out, t = [], prompt[-1]
         while len(out) < n:
-            t = self.successor[t] if not (slip and not out) else (self.successor[t] % 49) + 1
+            t = self.successor[t] if not (slip and len(out) == self.at) else (self.successor[t] % 49) + 1
             out.append(t)
             if t in eos:
                 break
@@ -229,19 +229,58 @@ class MisdecodingVerifier(ChainVerifier):
         return [self._decode(p, n, eos, tuple(p) in self.wrong) for p in prompts]
 
 
-def test_settle_fixes_a_disagreeing_decode_in_one_batched_decode():
-    """The forward's choice replaces the batch decode's first disagreeing token and the rest is
-    decoded again, for all such prompts in one batched call (not one decode per prompt)."""
+def test_settle_ends_a_reply_where_the_decode_parts_from_the_forward():
+    """Where the batch decode's token is not the forward's (nor tied with it), the reply ends
+    there with the forward's token: no second decode (on a GPU one costs a whole decode, however
+    few prompts it is for); the other replies stand as decoded."""
     v0 = ChainVerifier()
     prompts = _prompts(v0, 8)
     v = MisdecodingVerifier({tuple(p) for p in prompts[:5]})
     budget = 30
     references = v.greedy_batch(prompts, budget, {EOS})
-    settled = ev.settle(v, prompts, references, budget, {EOS})
-    assert v.decodes == 2  # the batch's own, and one for the five fixes together
-    for prompt, (reference, _view, match) in zip(prompts, settled):
-        assert match is True
-        assert reference == v._decode(prompt, budget, {EOS}, False)
+    settled = ev.settle(v, prompts, references)
+    assert v.decodes == 1  # the batch's own only
+    for i, (prompt, (reference, _view, cut_at)) in enumerate(zip(prompts, settled)):
+        truth = v._decode(prompt, budget, {EOS}, False)
+        if i < 5:  # misdecoded at its first token: the reply is the forward's first token alone
+            assert (reference, cut_at) == (truth[:1], 0) and references[i][0] != truth[0]
+        else:
+            assert (reference, cut_at) == (references[i], None) and reference == truth
+
+
+def test_a_cut_reply_measures_what_speculation_does_on_a_reply_of_its_length():
+    """measure_fast replays a cut reply with its length as the budget: its rounds, acceptances
+    and trials are the chain's on the same prompt with that budget, and the report counts it."""
+    import torch
+
+    class Viewing(MisdecodingVerifier):  # a view tensor, as the draft's table needs one
+        def forward(self, tokens):
+            return super().forward(tokens)[0], torch.zeros(1, len(tokens), 1)
+
+    class TwoRight:  # the verifier's next two tokens, then a wrong one: the chain and the table agree
+        def __init__(self, v):
+            self.v = v
+
+        def chain(self, t):
+            return [self.v.successor[t], self.v.successor[self.v.successor[t]], 0]
+
+        def propose(self, tokens, view, k):
+            return self.chain(tokens[-1])
+
+        def run(self, view, ids, k, teacher_forcing=False):
+            chains = [self.chain(t) for t in ids[0].tolist()]
+            return [torch.tensor([[c[j] for c in chains]]) for j in range(k)]
+
+    v0 = ChainVerifier()
+    prompts = [p for p in _prompts(v0) if _reply_length(v0, p) >= 8][:4]
+    v = Viewing({tuple(prompts[0])}, at=5)  # its decode slips at the 6th token: cut there
+    draft = TwoRight(v)
+    fast = ev.measure_fast(v, draft, prompts, 3, 30, {EOS}, 4)
+    assert [r.cut_at for r in fast] == [5, None, None, None] and len(fast[0].generated) == 6 and fast[0].rounds >= 2
+    for prompt, r in zip(prompts, fast):
+        chain = ev.speculate(v, draft, prompt, 3, len(r.generated) if r.cut_at is not None else 30, {EOS})
+        assert (r.generated, r.rounds, r.accepted, r.trials) == (chain.generated, chain.rounds, chain.accepted, chain.trials)
+    assert ev.summarize(fast, 3).cut_replies == 1
 
 
 def test_settle_keeps_a_decode_that_took_a_tied_runner_up():
@@ -258,9 +297,9 @@ def test_settle_keeps_a_decode_that_took_a_tied_runner_up():
 
     v = TiedVerifier({tuple(p) for p in prompts[:3]})
     references = v.greedy_batch(prompts, 30, {EOS})
-    settled = ev.settle(v, prompts, references, 30, {EOS})
+    settled = ev.settle(v, prompts, references)
     assert v.decodes == 1
-    assert [s[0] for s in settled] == references and all(s[2] is True for s in settled)
+    assert [s[0] for s in settled] == references and all(s[2] is None for s in settled)
     assert references[0] != v._decode(prompts[0], 30, {EOS}, False)  # the tie did change that reply
 
 
@@ -305,7 +344,7 @@ def test_the_measurements_run_without_cudnn_attention(method):
             ev.measure_fast(v, object(), prompts, 3, 20, {EOS}, 2)
     assert seen and set(seen) == {(False, True, True)}
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
-    ev.settle(v, prompts, [v.greedy(p, 24, {EOS}) for p in prompts], 24, {EOS})
+    ev.settle(v, prompts, [v.greedy(p, 24, {EOS}) for p in prompts])
     assert seen[-1][0] == before  # outside a measurement: the caller's choice
 
 
