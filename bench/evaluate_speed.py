@@ -110,8 +110,12 @@ def decode(model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], 
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        # evaluate's attention backends (without cuDNN's: its replies differ from run to run), so
+        # that "replies equal" compares like with like; the two cost the same on an H100
+        # (bench/gpu/decode_kernels.py)
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=pad)
+            out = ev.without_cudnn_attention(model.generate)(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                                             eos_token_id=sorted(eos) or None, pad_token_id=pad)
         for row in out[:, width:].tolist():
             cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
             replies.append(row[:cut])

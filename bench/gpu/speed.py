@@ -470,6 +470,17 @@ def step_rates(lines: list[dict]) -> list[float]:
     return [ln["profile"]["tokens_per_s"] for ln in lines if (ln.get("profile") or {}).get("tokens_per_s")]
 
 
+STEP_PARTS = ("queue", "h2d", "fwd", "bwd", "clip", "opt")  # speculators' _StepTimer.profile, in step order
+
+
+def step_parts(lines: list[dict], warmup: int) -> dict[str, float]:
+    """The median of each part of the steady steps, in ms: where a per-step gap between two runs
+    lies. "queue" runs from the previous step's optimizer step to this step's batch: the
+    previous step's metric logging (our stage's per-step events) and the wait for the loader."""
+    profiles = [ln["profile"] for ln in lines if (ln.get("profile") or {}).get("step_ms")][warmup:]
+    return {k: round(statistics.median(p[f"{k}_ms"] for p in profiles), 2) for k in STEP_PARTS if profiles and all(f"{k}_ms" in p for p in profiles)}
+
+
 def wall_phases(lines: list[dict], started: float, ended: float) -> dict | None:
     """Where one run's wall time went, from the metric lines' times ("t", speculators_direct.py):
     start-up (process, imports, draft, loaders) until the first step began; the first step (its
@@ -531,7 +542,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
         rate = gb.steady_tokens_per_s(step_rates(lines), args.warmup_steps)
         ms = [ln["profile"]["step_ms"] for ln in lines if (ln.get("profile") or {}).get("step_ms")][args.warmup_steps:]
         results["train"][name] = {"tokens_per_s": rate["median"], "steps": rate["steps"], "median_step_ms": statistics.median(ms) if ms else None, "wall_s": round(wall, 1),
-                                  "wall_phases": phases}
+                                  "step_parts_ms": step_parts(lines, args.warmup_steps), "wall_phases": phases}
         print(f"train {name}: {results['train'][name]}", flush=True)
         if phases:
             f = phases["first_step_parts_s"]
@@ -548,6 +559,11 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
         runs = f" (runs {', '.join(f'{r:,.0f}' for r in ours_runs)} vs {', '.join(f'{r:,.0f}' for r in direct_runs)}; ratio range {results['train_ratio']['range'][0]:.3f}-{results['train_ratio']['range'][1]:.3f})"
         emit(rows, Row("training tokens/s, our stage vs `speculators train` direct (1 GPU, same data and flags, median of steady steps; mean of runs)" + runs,
                        f"{mean_ours:,.0f}", f"{mean_direct:,.0f}", mean_ours / mean_direct, ">= 1.0"))
+    direct = next((v for n, v in t.items() if sides.get(n) == "direct"), None)
+    if ours and direct and ours.get("step_parts_ms") and direct.get("step_parts_ms"):
+        o, d = ours["step_parts_ms"], direct["step_parts_ms"]
+        results["train_step_parts_gap_ms"] = {k: round(o[k] - d[k], 2) for k in o if k in d}
+        print("train: median step parts, ours - direct (ms): " + ", ".join(f"{k} {o[k]:.1f} - {d[k]:.1f} = {o[k] - d[k]:+.1f}" for k in o if k in d), flush=True)
     for name, v in t.items():
         if name == "ours" or sides.get(name) == "direct" or not ours or not v.get("median_step_ms"):
             continue
