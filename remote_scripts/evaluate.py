@@ -282,6 +282,42 @@ def chain_table(proposer: "Eagle3Proposer", sequence: list[int], view, k: int) -
     return torch.stack([s[0] for s in steps], dim=1).tolist()  # [n, k]
 
 
+# A packed draft run's positions at most: with sdpa its dense masks grow to (k + 1) times this
+# squared (400 MB of fp32 at k = 5).
+PACK_POSITIONS = 4096
+
+
+def chain_tables(proposer: "Eagle3Proposer", sequences: list[list[int]], views: list, k: int, packed: bool | None = None) -> list[list[list[int]]]:
+    """`chain_table` of each sequence (`views`: each one's verifier view). On a GPU several
+    sequences share one draft run, packed as speculators packs training rows (a document each:
+    attention never crosses documents, positions restart): a draft forward there is
+    launch-bound, so a pack of prompts costs about what one prompt does. On a CPU one at a time:
+    there a pack's attention costs compute (`packed` overrides the choice)."""
+    import torch
+
+    if not sequences:
+        return []
+    if not (views[0].device.type == "cuda" if packed is None else packed):
+        return [chain_table(proposer, seq, view, k) for seq, view in zip(sequences, views)]
+    tables: list[list[list[int]]] = []
+    start = 0
+    while start < len(sequences):
+        lengths = [len(sequences[start]) - 1]  # a sequence longer than a pack gets one of its own
+        while start + len(lengths) < len(sequences) and sum(lengths) + len(sequences[start + len(lengths)]) - 1 <= PACK_POSITIONS:
+            lengths.append(len(sequences[start + len(lengths)]) - 1)
+        group = range(start, start + len(lengths))
+        ids = torch.tensor([[t for j in group for t in sequences[j][1:]]], device=views[start].device)
+        aux = torch.cat([views[j][:, : len(sequences[j]) - 1] for j in group], dim=1)
+        steps = proposer.run(aux, ids, k, teacher_forcing=False, documents=lengths)
+        table = torch.stack([s[0] for s in steps], dim=1).tolist()
+        at = 0
+        for n in lengths:
+            tables.append(table[at : at + n])
+            at += n
+        start += len(lengths)
+    return tables
+
+
 def without_cudnn_attention(measure):
     """Runs `measure` with cuDNN's attention off (flash, memory-efficient and math stay on).
     cuDNN's SDPA, torch's first choice on Hopper, plans a graph for each new shape, and a decode's
@@ -300,7 +336,8 @@ def without_cudnn_attention(measure):
 
 
 @without_cudnn_attention
-def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], batch_size: int, progress=None) -> list[PromptResult]:
+def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: list[list[int]], k: int, max_new_tokens: int, eos: set[int], batch_size: int, progress=None,
+                 packed: bool | None = None) -> list[PromptResult]:
     """`speculate` + the greedy check on every prompt, with a handful of forwards per prompt
     instead of two per round (the round-by-round algorithm stays as `--method chain`; tests hold
     the two to identical results):
@@ -313,7 +350,8 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
        every position and the verifier's own greedy choices. Where they disagree with the
        cached decode beyond a tie (the batch's other numerics), `settle` ends the reply there,
        with the forward's choice: what is measured is greedy under the forward throughout;
-    3. one draft forward gives its chain at every position (`chain_table`), and `replay` plays
+    3. one draft forward gives its chain at every position (`chain_table`; on a GPU one for a
+       pack of prompts: `chain_tables`), and `replay` plays
        the rounds against the continuation: under greedy verification the rounds and their
        acceptances are a function of the continuation and the proposals alone.
     """
@@ -322,8 +360,9 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
         references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
-        for prompt, (reference, view, cut_at) in zip(batch, settle(verifier, batch, references)):
-            table = chain_table(proposer, prompt + reference, view, k)
+        settled = settle(verifier, batch, references)
+        tables = chain_tables(proposer, [prompt + reference for prompt, (reference, _, _) in zip(batch, settled)], [view for _, view, _ in settled], k, packed)
+        for prompt, (reference, view, cut_at), table in zip(batch, settled, tables):
             # a cut reply is measured as a reply of its length: its last round stops there
             r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
             r.greedy_match, r.cut_at = True, cut_at  # settle made the reply agree with the forward
@@ -575,11 +614,13 @@ class Eagle3Proposer:
         steps = self.run(aux, ids, k, teacher_forcing=False)
         return [int(s[0, -1]) for s in steps]
 
-    def run(self, aux, input_ids, steps: int, teacher_forcing: bool):
+    def run(self, aux, input_ids, steps: int, teacher_forcing: bool, documents: list[int] | None = None):
         """Target-vocabulary predictions [1, T] for each of `steps` TTT steps.
 
         teacher_forcing=True reproduces Eagle3DraftModel.forward (step t reads the ground-truth
-        token t positions ahead); False feeds each position's own prediction back (inference)."""
+        token t positions ahead); False feeds each position's own prediction back (inference).
+        `documents`: the lengths of the sequences packed into the T positions (one when None),
+        masked and positioned apart as speculators' training packs its rows."""
         import contextlib
 
         import torch
@@ -591,8 +632,11 @@ class Eagle3Proposer:
         T = aux.shape[1]
         autocast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype else contextlib.nullcontext()
         with torch.no_grad(), autocast:
-            position_ids = 1 + torch.arange(T, dtype=torch.long, device=device).unsqueeze(0)
-            doc_ids = torch.zeros(T, dtype=torch.long, device=device)
+            documents = documents or [T]
+            if sum(documents) != T or (teacher_forcing and len(documents) > 1):
+                raise ValueError(f"documents {documents} do not pack {T} positions without teacher forcing")
+            doc_ids = torch.repeat_interleave(torch.arange(len(documents), device=device), torch.tensor(documents, device=device))
+            position_ids = 1 + torch.cat([torch.arange(n, dtype=torch.long, device=device) for n in documents]).unsqueeze(0)
             full = d._build_attn_mask(doc_ids, T, device) if d.uses_full_attn else None
             window = d._build_attn_mask(doc_ids, T, device, d.sliding_window) if d.uses_sliding_window_attn else None
             hidden = aux

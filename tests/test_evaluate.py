@@ -594,11 +594,12 @@ def test_a_trained_draft_beats_a_random_one_on_the_same_prompts(tiny_verifier, b
     assert trained["acceptance_per_position"][0] > random_["acceptance_per_position"][0]
 
 
-@pytest.mark.parametrize("batch_size", [1, 4])
-def test_the_fast_measurement_equals_the_chain_on_the_real_models(tiny_verifier, briefly_trained_draft, batch_size):
-    """--method fast (batched cached decoding, one verifier and one draft forward per prompt)
-    against the reference round-by-round chain: the same rounds, acceptances and outputs, prompt
-    by prompt, with the briefly trained draft (it accepts some proposals and rejects others)."""
+@pytest.mark.parametrize("batch_size,packed", [(1, None), (4, None), (4, True)])
+def test_the_fast_measurement_equals_the_chain_on_the_real_models(tiny_verifier, briefly_trained_draft, batch_size, packed):
+    """--method fast (batched cached decoding, one verifier and one draft forward per prompt, or
+    per pack of prompts as on a GPU: `packed`) against the reference round-by-round chain: the
+    same rounds, acceptances and outputs, prompt by prompt, with the briefly trained draft (it
+    accepts some proposals and rejects others)."""
     from transformers import AutoTokenizer
 
     from common.checkpoints import resolve_draft
@@ -612,7 +613,14 @@ def test_the_fast_measurement_equals_the_chain_on_the_real_models(tiny_verifier,
     prompts = load_prompts(tokenizer, tiny_verifier.data, "heldout", 8)
     eos = ev._eos_ids(tokenizer, model)
     k, max_new = 3, 48
-    fast = ev.measure_fast(verifier, proposer, prompts, k, max_new, eos, batch_size)
+    runs = []
+    if packed:  # every pack's draft run is one call: count them
+        original = proposer.run
+        proposer.run = lambda *a, **kw: runs.append(kw.get("documents")) or original(*a, **kw)
+    fast = ev.measure_fast(verifier, proposer, prompts, k, max_new, eos, batch_size, packed=packed)
+    if packed:
+        proposer.run = original
+        assert [len(d) for d in runs] == [4, 4]  # a pack per batch of 4 prompts (short ones: one pack holds them)
     chain = [ev.speculate(verifier, proposer, p, k, max_new, eos) for p in prompts]
     for i, (f, c) in enumerate(zip(fast, chain)):
         assert (f.generated, f.rounds, f.accepted, f.trials) == (c.generated, c.rounds, c.accepted, c.trials), f"prompt {i}"
