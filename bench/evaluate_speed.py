@@ -229,7 +229,8 @@ def main() -> int:
     lines.append(f"evaluate / decoding: {ratio:.3f}x of the mean wall times (spread {lo:.3f}-{hi:.3f}x), "
                  f"{statistics.mean(ev_cpu) / statistics.mean(dec_cpu):.3f}x of the process CPU times (spread {min(ev_cpu) / max(dec_cpu):.3f}-{max(ev_cpu) / min(dec_cpu):.3f}x)")
     lines.append(f"tau {', '.join(f'{t:.4f}' for t in taus)}; "
-                 f"decoding's reply equals evaluate's on {same_reply}/{len(prompts)} prompts; greedy checks {sum(bool(r.greedy_match) for r in fast)}/{len(fast)}")
+                 f"decoding's reply equals evaluate's on {same_reply}/{len(prompts)} prompts; greedy checks {sum(bool(r.greedy_match) for r in fast)}/{len(fast)}; "
+                 f"replies cut where the decode and the check parted: {sum(r.cut_at is not None for r in fast)} (at {[r.cut_at for r in fast if r.cut_at is not None]})")
     ok = len(set(taus)) == 1
     if args.chain:
         started = time.perf_counter()
