@@ -145,3 +145,42 @@ def test_pack_carries_files_in_order_and_unpack_writes_each_once_its_parts_have_
     subprocess.run(["cp", str(parts[4] / damaged.name), str(damaged)], check=True)
     r = carry("unpack", str(stage), "--into", str(into), cwd=tmp_path)
     assert r.returncode == 0 and "every file is here" in r.stdout and (into / "last.whl").read_bytes() == last.read_bytes()
+
+
+def test_stage_keeps_each_calls_parts_and_install_takes_only_new_wheels(tmp_path):
+    """Across device calls: each call's part directories of one family are kept (the next call
+    no longer has them), another family's parts stay apart, and `install --new-only` installs
+    what has come since the last install, once (here for this machine, into scratch targets)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    first, second = make_wheel(wheels, "pipeline", "1.0", []), make_wheel(wheels, "servepkg", "2.0", [], payload=os.urandom(9_000))
+    other = tmp_path / "notes.txt"
+    other.write_text("another pack\n")
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    assert carry("pack", str(packs / ".carry"), str(first), str(second), "--part-mib", str(5_000 / 2**20), cwd=tmp_path).returncode == 0
+    assert carry("pack", str(packs / ".carry-ev"), str(other), cwd=tmp_path).returncode == 0
+    parts = sorted(packs.glob(".carry[0-9]*"))
+    assert len(parts) >= 2
+    stage, files, site = tmp_path / "stage", tmp_path / "files", tmp_path / "site"
+    calls = [parts[:1], parts[1:]]
+    for n, call in enumerate(calls):  # the repository's root as one call sees it: its carried dirs only
+        root = tmp_path / f"call{n}"
+        root.mkdir()
+        for part in call + ([packs / ".carry-ev1"] if n == 0 else []):
+            subprocess.run(["cp", "-r", str(part), str(root)], check=True)
+        r = carry("stage", str(stage), "--into", str(files), "--root", str(root), cwd=root)
+        assert r.returncode == 0, r.stderr
+        r = carry("install", str(files), str(site), "--new-only", cwd=root)
+        assert r.returncode == 0, r.stderr
+        if n == 0:
+            assert (files / first.name).is_file() and not (files / second.name).exists()
+            assert r.stdout.strip() == f"installed 1 wheels into {site}" and (site / "pipeline").is_dir()
+    assert r.stdout.strip() == f"installed 1 wheels into {site}" and (site / "servepkg" / "payload.bin").read_bytes() == (
+        zipfile.ZipFile(second).read("servepkg/payload.bin"))
+    assert carry("install", str(files), str(site), "--new-only", cwd=tmp_path).stdout.strip() == "no new wheels"
+    assert not (files / "notes.txt").exists()  # the -ev family is its own pack
+    r = carry("stage", str(tmp_path / "es"), "--into", str(tmp_path / "ef"), "--family", "ev", "--root", str(tmp_path / "call0"), cwd=tmp_path)
+    assert r.stdout.splitlines()[-1] == "every file is here" and (tmp_path / "ef" / "notes.txt").read_text() == "another pack\n"
+    r = carry("stage", str(tmp_path / "ks"), "--into", str(tmp_path / "kf"), "--family", "km", "--root", str(tmp_path / "call1"), cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.strip() == "nothing of .carry-km has come"

@@ -103,20 +103,11 @@ if [ "${1:-}" = --job ]; then
 fi
 
 # A carry call: unpack what has come (a file is written once all its bytes are here, sha256 checked), install it
-for kind in "[0-9]:cs:cf" "-ev:es:ef" "-km:ks:kf"; do
-  IFS=: read -r glob stage into <<< "$kind"
-  mkdir -p "/tmp/$stage"
-  for d in .carry$glob*/; do [ -d "$d" ] && cp -r "$d" "/tmp/$stage/"; done
-  [ -n "$(ls -A "/tmp/$stage")" ] && python3 bench/gpu/vllm_carry.py unpack "/tmp/$stage" --into "/tmp/$into" | tail -1
+for kind in ":cs:cf" "ev:es:ef" "km:ks:kf"; do
+  IFS=: read -r family stage into <<< "$kind"
+  python3 bench/gpu/vllm_carry.py stage "/tmp/$stage" --into "/tmp/$into" --family "$family" | tail -1
 done
-install_new() {  # the wheels that have come and are not installed yet, into $1
-  local new=()
-  for w in /tmp/cf/*.whl; do grep -qxF "$(basename "$w")" /tmp/installed.txt 2>/dev/null || new+=("$w"); done
-  [ ${#new[@]} -gt 0 ] || return 0
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target "$1" "${new[@]}"
-  for w in "${new[@]}"; do basename "$w" >> /tmp/installed.txt; done
-  echo "installed ${#new[@]} wheels into $1"
-}
+install_new() { python3 bench/gpu/vllm_carry.py install /tmp/cf "$1" --new-only; }  # what has come since the last install
 if [ ! -d /tmp/site/speculators ] && ls /tmp/cf/speculators-*.whl > /dev/null 2>&1 && [ -f "$gguf" ]; then
   install_new /tmp/site
   nvidia-smi -L

@@ -14,11 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/evaluate-speed-out}
-mkdir -p "$OUT" /tmp/cs /tmp/es
-for d in .carry[0-9]*/; do [ -d "$d" ] && cp -r "$d" /tmp/cs/; done
-for d in .carry-ev*/; do [ -d "$d" ] && cp -r "$d" /tmp/es/; done
-python3 bench/gpu/vllm_carry.py unpack /tmp/cs --into /tmp/cf | tail -1
-python3 bench/gpu/vllm_carry.py unpack /tmp/es --into /tmp/ef | tail -1
+mkdir -p "$OUT"
+python3 bench/gpu/vllm_carry.py stage /tmp/cs --into /tmp/cf | tail -1
+python3 bench/gpu/vllm_carry.py stage /tmp/es --into /tmp/ef --family ev | tail -1
 gguf=/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf
 { [ -f "$gguf" ] && [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; } || exit 0
 if [ ! -d /tmp/site/speculators ]; then

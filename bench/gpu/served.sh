@@ -29,19 +29,11 @@ export VLLM_USE_FLASHINFER_SAMPLER=0  # the GPU model runner's sampler imports f
 OUT=${OUT:-/tmp/served-out}
 stage=/tmp/carry-stage files=/tmp/carry-files work=/tmp/served-gpu
 gguf=$files/SmolLM2-135M-Instruct.Q4_1.gguf
-mkdir -p "$stage" "$OUT"
-for d in .carry*/; do [ -d "$d" ] && cp -r "$d" "$stage/"; done
-python3 bench/gpu/vllm_carry.py unpack "$stage" --into "$files"
+mkdir -p "$OUT"
+python3 bench/gpu/vllm_carry.py stage "$stage" --into "$files"
 
 # install what has come and is not installed yet: the first batch (the pipeline) to /tmp/site, vLLM's to /tmp/site-vllm
-install_new() {
-  local target=$1 new=()
-  for w in "$files"/*.whl; do grep -qxF "$(basename "$w")" /tmp/installed.txt 2>/dev/null || new+=("$w"); done
-  [ ${#new[@]} -gt 0 ] || return 0
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target "$target" "${new[@]}"
-  for w in "${new[@]}"; do basename "$w" >> /tmp/installed.txt; done
-  echo "installed ${#new[@]} wheels into $target"
-}
+install_new() { python3 bench/gpu/vllm_carry.py install "$files" "$1" --new-only; }
 export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
 if [ ! -f /tmp/detached/served.pid ] && [ -f "$gguf" ] && ls "$files"/speculators-*.whl >/dev/null 2>&1; then
   install_new /tmp/site

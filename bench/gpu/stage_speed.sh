@@ -24,9 +24,7 @@ mkdir -p "$OUT" "$results"
 
 if [ -z "${QUICK:-}" ]; then
   stage=/tmp/carry-stage files=/tmp/carry-files
-  mkdir -p "$stage"
-  for d in .carry*/; do [ -d "$d" ] && cp -r "$d" "$stage/"; done
-  python3 bench/gpu/vllm_carry.py unpack "$stage" --into "$files" | tail -1
+  python3 bench/gpu/vllm_carry.py stage "$stage" --into "$files" | tail -1
   gguf=${GGUF:-$files/SmolLM2-135M-Instruct.Q4_1.gguf}
   export PYTHONPATH=/tmp/site:$REPO
   if [ ! -f /tmp/detached/stage-speed.pid ] && [ -f "$gguf" ]; then

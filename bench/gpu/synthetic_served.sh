@@ -11,14 +11,11 @@ cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0
 OUT=${OUT:-/tmp/synthetic-out}
 stage=/tmp/carry-stage files=/tmp/carry-files
-mkdir -p "$stage" "$OUT" /tmp/tok
-for d in .carry*/; do [ -d "$d" ] && cp -r "$d" "$stage/"; done
+mkdir -p "$OUT" /tmp/tok
 [ -d .carry-tok ] && cp .carry-tok/* /tmp/tok/
-python3 bench/gpu/vllm_carry.py unpack "$stage" --into "$files" | tail -1
+python3 bench/gpu/vllm_carry.py stage "$stage" --into "$files" | tail -1
 [ -f "$files/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl" ] || exit 0
-if [ ! -d /tmp/site-vllm/vllm ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check --target /tmp/site-vllm "$files"/*.whl
-fi
+[ -d /tmp/site-vllm/vllm ] || python3 bench/gpu/vllm_carry.py install "$files" /tmp/site-vllm --new-only
 export PYTHONPATH=/tmp/site-vllm
 nvidia-smi -L
 # shellcheck disable=SC2086

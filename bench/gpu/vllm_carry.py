@@ -7,6 +7,8 @@
     python bench/gpu/vllm_carry.py install DIR TARGET [--for-device] [--exclude NAME...]   (on the device; --for-device: here, for its platform)
     python bench/gpu/vllm_carry.py pack PREFIX FILE... [--part-mib 56]       (files in order, one stream cut in parts)
     python bench/gpu/vllm_carry.py unpack STAGE --into DIR                    (on the device: each file whose parts have come)
+    python bench/gpu/vllm_carry.py stage STAGE --into DIR [--family F]        (on the device: this call's ./.carry[-F]<N>/ kept, then unpack)
+    python bench/gpu/vllm_carry.py install DIR TARGET --new-only ...          (on the device: the wheels of DIR no install took yet)
 
 derive: downloads the requirement's wheel for the device's Python (3.12, manylinux x86-64, no
 dependencies), reads its Requires-Dist (markers evaluated for that platform, extras followed),
@@ -21,7 +23,13 @@ at most that size each (one device call each: 64 MiB with everything else), with
 PREFIX1/manifest.json (every wheel's chunks and sha256).
 assemble: the chunks of every part directory joined again and checked against the manifest.
 install: `pip install --no-index --no-deps --target TARGET` of every wheel but --exclude's (by
-distribution name: the pipeline alone out of the vLLM carry); then PYTHONPATH=TARGET.
+distribution name: the pipeline alone out of the vLLM carry); then PYTHONPATH=TARGET. With
+--new-only, only the wheels that no earlier install from DIR took (DIR/.installed lists them):
+a carry call installs what has come since the last (the pipeline's wheels into one target, vLLM's
+into another later).
+stage: a device call carries some part directories of one pack (./.carry1/, ... or, packed with
+the PREFIX .carry-F, ./.carry-F1/, ...); they are gone at the next call, so they are copied into
+STAGE, where the earlier calls' parts wait, and `unpack` writes what is whole.
 bench/gpu/vllm_check.py checks the result on the device before anything else uses it.
 """
 
@@ -31,6 +39,7 @@ import argparse
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -314,13 +323,43 @@ def unpack(stage: Path, into: Path) -> list[str]:
     return waiting
 
 
-def install(wheels_dir: Path, target: Path, for_device: bool, exclude: set[str] = frozenset()) -> None:
-    wheels = sorted(str(w) for w in wheels_dir.glob("*.whl") if canonicalize_name(w.name.split("-", 1)[0]) not in exclude)
+def carry_name(family: str) -> str:
+    """The part directories' name before their number: .carry, or .carry-F for family F."""
+    return ".carry" + (f"-{family}" if family else "")
+
+
+def stage(family: str, root: Path, stage_dir: Path, into: Path) -> list[str] | None:
+    """This call's part directories of one family (root/.carry[-F]<N>/) copied into stage_dir,
+    then `unpack`: the names still incomplete, or None where no part of the family has come."""
+    pattern = re.compile(rf"{re.escape(carry_name(family))}\d+")
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    for part in sorted(root.iterdir()):
+        if part.is_dir() and pattern.fullmatch(part.name):
+            shutil.copytree(part, stage_dir / part.name, dirs_exist_ok=True)
+    if not any(stage_dir.rglob(MANIFEST)):
+        return None
+    return unpack(stage_dir, into)
+
+
+INSTALLED = ".installed"  # in the wheels' directory: the wheels an install --new-only took
+
+
+def install(wheels_dir: Path, target: Path, for_device: bool, exclude: set[str] = frozenset(), new_only: bool = False) -> list[str]:
+    """Installs the wheels (see the module's doc); returns their names."""
+    record = wheels_dir / INSTALLED
+    taken = set(record.read_text().split()) if new_only and record.is_file() else set()
+    wheels = sorted(w for w in wheels_dir.glob("*.whl") if canonicalize_name(w.name.split("-", 1)[0]) not in exclude and w.name not in taken)
     if not wheels:
+        if new_only:
+            return []
         raise SystemExit(f"{wheels_dir}: no wheels")
     platform = PLATFORM_ARGS if for_device else []
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
-                    *platform, "--target", str(target), *wheels], check=True)
+                    *platform, "--target", str(target), *map(str, wheels)], check=True)
+    if new_only:
+        with open(record, "a") as f:
+            f.write("".join(f"{w.name}\n" for w in wheels))
+    return [w.name for w in wheels]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -352,6 +391,12 @@ def main(argv: list[str] | None = None) -> None:
     i.add_argument("target")
     i.add_argument("--for-device", action="store_true", help="install here for the device's platform (Python 3.12, manylinux x86-64)")
     i.add_argument("--exclude", nargs="*", default=[], help="distributions not to install (e.g. vllm and its grammar wheels, for the pipeline alone)")
+    i.add_argument("--new-only", action="store_true", help="only the wheels no earlier --new-only install from this directory took")
+    g = sub.add_parser("stage")
+    g.add_argument("stage")
+    g.add_argument("--family", default="", help="F of the part directories .carry-F<N> (none: .carry<N>)")
+    g.add_argument("--into", required=True)
+    g.add_argument("--root", default=".", help="where the call's part directories are (the repository's root)")
     args = p.parse_args(argv)
     if args.command == "derive":
         image_path = Path(args.image_packages)
@@ -372,11 +417,14 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "pack":
         parts = pack([Path(f) for f in args.files], args.prefix, int(args.part_mib * 2**20))
         print("\n".join(f"{part}  {sum(f.stat().st_size for f in part.iterdir()) / 2**20:.1f} MiB" for part in parts))
-    elif args.command == "unpack":
-        waiting = unpack(Path(args.stage), Path(args.into))
-        print(f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
+    elif args.command in ("unpack", "stage"):  # stage has no family when it is unpack
+        args.family = getattr(args, "family", "")
+        waiting = unpack(Path(args.stage), Path(args.into)) if args.command == "unpack" else stage(args.family, Path(args.root), Path(args.stage), Path(args.into))
+        print(f"nothing of {carry_name(args.family)} has come" if waiting is None else f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
     else:
-        install(Path(args.wheels), Path(args.target), args.for_device, {canonicalize_name(n) for n in args.exclude})
+        names = install(Path(args.wheels), Path(args.target), args.for_device, {canonicalize_name(n) for n in args.exclude}, args.new_only)
+        if args.new_only:
+            print(f"installed {len(names)} wheels into {args.target}" if names else "no new wheels")
 
 
 if __name__ == "__main__":
