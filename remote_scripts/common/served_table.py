@@ -35,7 +35,10 @@ class Cell:
 
     def to_json(self) -> dict[str, Any]:
         taus = [t for t in self.served_tau if t is not None]
-        return {"tokens_per_s": [round(t, 2) for t in self.tokens_per_s], "served_tau": [None if t is None else round(t, 4) for t in self.served_tau],
+        # each round's tokens/s as measured, unrounded: the recommendation is computed from these, and a
+        # reader recomputing it from served.json must get the same figures (rounded, the spread's last
+        # digit could differ)
+        return {"tokens_per_s": list(self.tokens_per_s), "served_tau": [None if t is None else round(t, 4) for t in self.served_tau],
                 "mean_tokens_per_s": round(statistics.mean(self.tokens_per_s), 2) if self.tokens_per_s else None,
                 "mean_served_tau": round(statistics.mean(taus), 4) if taus else None}
 
@@ -67,7 +70,7 @@ class Table:
     def to_json(self) -> dict[str, Any]:
         speedups = {f"{k}": {f"{c}": self._speedup_json(k, c) for c in self.levels} for k in self.ks}
         return {"k": self.ks, "concurrency": self.levels, "repeats": self.repeats, "dropped": self.dropped,
-                "baseline": {f"{c}": {"tokens_per_s": [round(t, 2) for t in ts], "mean_tokens_per_s": round(statistics.mean(ts), 2)}
+                "baseline": {f"{c}": {"tokens_per_s": list(ts), "mean_tokens_per_s": round(statistics.mean(ts), 2)}
                              for c, ts in self.baseline.items() if ts},
                 "cells": {f"{k}": {f"{c}": cell.to_json() for (kk, c), cell in self.cells.items() if kk == k} for k in self.ks},
                 "speedup": speedups}
