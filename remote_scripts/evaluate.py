@@ -274,12 +274,7 @@ def chain_table(proposer: "Eagle3Proposer", sequence: list[int], view, k: int) -
     step 1 attends causally to the verified positions 0..i, and steps 2..k attend to those and
     to position i's own earlier steps only (speculators' draft-token masks). So one run over the
     whole sequence answers every round that replay can ask about."""
-    import torch
-
-    n = len(sequence) - 1
-    ids = torch.tensor([sequence[1 : n + 1]], device=view.device)
-    steps = proposer.run(view[:, :n], ids, k, teacher_forcing=False)
-    return torch.stack([s[0] for s in steps], dim=1).tolist()  # [n, k]
+    return _packed_tables(proposer, [sequence], [view], k)[0]
 
 
 # A packed draft run's positions at most: with sdpa its dense masks grow to (k + 1) times this
@@ -293,29 +288,34 @@ def chain_tables(proposer: "Eagle3Proposer", sequences: list[list[int]], views: 
     attention never crosses documents, positions restart): a draft forward there is
     launch-bound, so a pack of prompts costs about what one prompt does. On a CPU one at a time:
     there a pack's attention costs compute (`packed` overrides the choice)."""
-    import torch
-
     if not sequences:
         return []
-    if not (views[0].device.type == "cuda" if packed is None else packed):
-        return [chain_table(proposer, seq, view, k) for seq, view in zip(sequences, views)]
+    limit = PACK_POSITIONS if (views[0].device.type == "cuda" if packed is None else packed) else 0
     tables: list[list[list[int]]] = []
     start = 0
     while start < len(sequences):
-        lengths = [len(sequences[start]) - 1]  # a sequence longer than a pack gets one of its own
-        while start + len(lengths) < len(sequences) and sum(lengths) + len(sequences[start + len(lengths)]) - 1 <= PACK_POSITIONS:
-            lengths.append(len(sequences[start + len(lengths)]) - 1)
-        group = range(start, start + len(lengths))
-        ids = torch.tensor([[t for j in group for t in sequences[j][1:]]], device=views[start].device)
-        aux = torch.cat([views[j][:, : len(sequences[j]) - 1] for j in group], dim=1)
-        steps = proposer.run(aux, ids, k, teacher_forcing=False, documents=lengths)
-        table = torch.stack([s[0] for s in steps], dim=1).tolist()
-        at = 0
-        for n in lengths:
-            tables.append(table[at : at + n])
-            at += n
-        start += len(lengths)
+        end, positions = start + 1, len(sequences[start]) - 1  # a sequence longer than a pack gets one of its own
+        while end < len(sequences) and positions + len(sequences[end]) - 1 <= limit:
+            positions += len(sequences[end]) - 1
+            end += 1
+        tables += _packed_tables(proposer, sequences[start:end], views[start:end], k)
+        start = end
     return tables
+
+
+def _packed_tables(proposer: "Eagle3Proposer", sequences: list[list[int]], views: list, k: int) -> list[list[list[int]]]:
+    """`chain_table` of each sequence, from one draft run over all of them packed (a document each)."""
+    import itertools
+
+    import torch
+
+    lengths = [len(seq) - 1 for seq in sequences]
+    ids = torch.tensor([[t for seq in sequences for t in seq[1:]]], device=views[0].device)
+    aux = torch.cat([view[:, :n] for view, n in zip(views, lengths)], dim=1)
+    steps = proposer.run(aux, ids, k, teacher_forcing=False, documents=lengths)
+    table = torch.stack([s[0] for s in steps], dim=1).tolist()  # [sum(lengths), k]
+    ends = list(itertools.accumulate(lengths))
+    return [table[end - n : end] for end, n in zip(ends, lengths)]
 
 
 def without_cudnn_attention(measure):

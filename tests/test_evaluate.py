@@ -267,7 +267,7 @@ def test_a_cut_reply_measures_what_speculation_does_on_a_reply_of_its_length():
         def propose(self, tokens, view, k):
             return self.chain(tokens[-1])
 
-        def run(self, view, ids, k, teacher_forcing=False):
+        def run(self, view, ids, k, teacher_forcing=False, documents=None):
             chains = [self.chain(t) for t in ids[0].tolist()]
             return [torch.tensor([[c[j] for c in chains]]) for j in range(k)]
 

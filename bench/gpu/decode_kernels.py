@@ -36,8 +36,6 @@ sys.path.insert(0, str(ROOT / "remote_scripts"))
 
 import evaluate as ev  # noqa: E402
 
-ALLOWED = None  # evaluate's attention backends (set in main: torch is imported late)
-
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=100000.0)
 QUICK = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
@@ -85,10 +83,6 @@ def main() -> int:
     import torch
     import transformers
 
-    from torch.nn.attention import SDPBackend
-
-    global ALLOWED
-    ALLOWED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     n_prompts, new = (4, 16) if args.quick else (args.prompts, args.new_tokens)
@@ -139,8 +133,8 @@ def main() -> int:
         if f is None:
             continue
         seq, at = sequences[j], len(prompts[j]) - 1 + f
-        with torch.no_grad(), torch.nn.attention.sdpa_kernel(ALLOWED):
-            logits = model(input_ids=torch.tensor([seq[: at + 1]], device=device), use_cache=False).logits[0, -1].float()
+        with torch.no_grad():
+            logits = ev.without_cudnn_attention(model)(input_ids=torch.tensor([seq[: at + 1]], device=device), use_cache=False).logits[0, -1].float()
         top = int(logits.argmax())
         ulp = torch.finfo(torch.bfloat16).eps * abs(float(logits[top]))
         alone = ev.without_cudnn_attention(lambda: verifier.greedy(prompts[j] + references[j][:f], 1, set()))()

@@ -219,7 +219,7 @@ class PhaseClock:
 
     @contextlib.contextmanager
     def watching(self, ev, verifier):
-        saved = {n: getattr(ev, n) for n in ("chain_table", "replay")}
+        saved = {n: getattr(ev, n) for n in ("chain_tables", "replay")}  # chain_tables: the draft's runs, packed on a GPU or one a prompt
         for n, fn in saved.items():
             setattr(ev, n, self._timed(n, fn))
         for n in self.METHODS:

@@ -417,9 +417,11 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "pack":
         parts = pack([Path(f) for f in args.files], args.prefix, int(args.part_mib * 2**20))
         print("\n".join(f"{part}  {sum(f.stat().st_size for f in part.iterdir()) / 2**20:.1f} MiB" for part in parts))
-    elif args.command in ("unpack", "stage"):  # stage has no family when it is unpack
-        args.family = getattr(args, "family", "")
-        waiting = unpack(Path(args.stage), Path(args.into)) if args.command == "unpack" else stage(args.family, Path(args.root), Path(args.stage), Path(args.into))
+    elif args.command == "unpack":
+        waiting = unpack(Path(args.stage), Path(args.into))
+        print(f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
+    elif args.command == "stage":
+        waiting = stage(args.family, Path(args.root), Path(args.stage), Path(args.into))
         print(f"nothing of {carry_name(args.family)} has come" if waiting is None else f"still travelling: {', '.join(waiting)}" if waiting else "every file is here")
     else:
         names = install(Path(args.wheels), Path(args.target), args.for_device, {canonicalize_name(n) for n in args.exclude}, args.new_only)
