@@ -52,12 +52,17 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+def script_argv(stage: str, config: Config, python: str, events_path: str) -> list[str]:
+    """The stage script's own command line, a `false` spelled as its parser takes it (--no-KEY)."""
+    return stage_argv(stage, config.pipeline, python=python, events_path=events_path, options=stage_options(config.path, STAGES[stage].script))
+
+
 def stage_command(stage: str, config: Config, python: str, events_path: str, nproc: int) -> list[str]:
     """A stage's command line. Distributed stages on a host with several GPUs run under torchrun.
 
     This is the hook for scale: multi-node launching replaces the `--standalone` rendezvous.
     """
-    argv = stage_argv(stage, config.pipeline, python=python, events_path=events_path, options=stage_options(config.path, STAGES[stage].script))
+    argv = script_argv(stage, config, python, events_path)
     if STAGES[stage].distributed and nproc > 1 and not launches_itself(stage, config.pipeline):
         return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *argv[1:]]
     return argv
@@ -349,9 +354,7 @@ class Jobs:
 
     def stage_command(self, stage: str, events_path: str, nproc: int) -> list[str]:
         if self.node is not None:
-            argv = stage_argv(stage, self.config.pipeline, python=self.runtime.python, events_path=events_path,
-                              options=stage_options(self.config.path, STAGES[stage].script))
-            return self.node.stage_command(stage, argv, events_path, nproc)
+            return self.node.stage_command(stage, script_argv(stage, self.config, self.runtime.python, events_path), events_path, nproc)
         return stage_command(stage, self.config, self.runtime.python, events_path, nproc)
 
     def stage_env(self) -> dict[str, str]:
