@@ -125,9 +125,14 @@ class OnlineBench:
         """The verifier, the rows (answered by it where they end with the user's turn) and the prepared dataset."""
         a, root = self.a, self.root
         self.tiny = a.verifier is None and a.gguf is None
+        # the tiny verifier and its prepared rows are kept for the next run only with the same inputs
+        tiny_inputs, stamp = {"conversations": a.conversations, "max_seq_len": a.max_seq_len}, root / "tiny-inputs.json"
+        reuse = self.tiny and stamp.is_file() and json.loads(stamp.read_text()) == tiny_inputs
         if self.tiny:
             self.verifier, self.data = root / "verifier", root / "chat.jsonl"
-            if not (self.verifier / "config.json").is_file():
+            if not reuse:
+                stamp.unlink(missing_ok=True)
+                shutil.rmtree(self.verifier, ignore_errors=True)
                 self.must("verifier", ["remote_scripts/make_tiny_verifier.py", "--output", self.verifier, "--data-out", self.data, "--conversations", a.conversations,
                                        "--heldout", 4, "--train-steps", 40, "--num-heads", 2], "verifier.log")
         else:
@@ -143,10 +148,12 @@ class OnlineBench:
             self.must("regenerate", ["remote_scripts/regenerate.py", "--verifier", self.verifier, "--data", self.data, "--output", train_data, "--split", "train",
                                      "--max-new-tokens", a.max_new_tokens, "--events", root / "regenerate.events.jsonl"], "regenerate.log")
         prepared = root / "prepared"
-        if not self.tiny or not prepared.exists():  # the tiny verifier's rows are the same every run
+        if not reuse:
             shutil.rmtree(prepared, ignore_errors=True)
             self.must("prepare", ["remote_scripts/prepare_data.py", "--verifier", self.verifier, "--data", train_data, "--output", prepared,
                                   "--max-seq-len", a.max_seq_len], "prepare.log")
+            if self.tiny:
+                stamp.write_text(json.dumps(tiny_inputs))
         self.prepared = prepared
         self.tokens_per_epoch, rows = train_tokens(prepared)
         self.tokens = self.tokens_per_epoch * a.epochs
