@@ -567,6 +567,27 @@ def test_the_draft_is_the_checkpoint_best_json_names_else_the_latest(tmp_path):
         assert resolve_draft(tmp_path) == (tmp_path / "2", None)
 
 
+def test_a_moved_checkpoint_loads_the_verifier_it_is_given(tiny_verifier, briefly_trained_draft, tmp_path):
+    """A checkpoint pulled to the laptop or carried to another box records the verifier path of its
+    training; evaluate takes the verifier from --verifier (speculators alone reads the recorded path)."""
+    import shutil
+
+    from common.checkpoints import resolve_draft
+
+    ckpt = tmp_path / "moved"
+    shutil.copytree(resolve_draft(briefly_trained_draft)[0], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["speculators_config"]["verifier"]["name_or_path"] = str(tmp_path / "where-it-was-trained")
+    (ckpt / "config.json").write_text(json.dumps(config))
+    verifier = shutil.copytree(tiny_verifier.verifier, tmp_path / "verifier-here")
+    draft = ev.load_draft(ckpt, str(verifier), "sdpa")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(next(verifier.glob("*.safetensors"))))
+    embed = next(v for name, v in weights.items() if name.endswith("embed_tokens.weight"))
+    assert torch.equal(draft.embed_tokens.weight, embed.to(draft.embed_tokens.weight.dtype))  # the draft keeps bf16
+
+
 def test_evaluate_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_path):
     proc = run_script(
         "evaluate.py", "--verifier", tiny_verifier.verifier, "--draft", tmp_path, "--data", tiny_verifier.data,
