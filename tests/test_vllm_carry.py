@@ -184,3 +184,23 @@ def test_stage_keeps_each_calls_parts_and_install_takes_only_new_wheels(tmp_path
     assert r.stdout.splitlines()[-1] == "every file is here" and (tmp_path / "ef" / "notes.txt").read_text() == "another pack\n"
     r = carry("stage", str(tmp_path / "ks"), "--into", str(tmp_path / "kf"), "--family", "km", "--root", str(tmp_path / "call1"), cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "nothing of .carry-km has come"
+
+
+def test_slim_leaves_out_the_named_members_and_installs(tmp_path):
+    """slim: the members under each --drop prefix gone from the wheel and its RECORD, the rest
+    installable by pip as before; a prefix that matches nothing is refused (another wheel)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheel = make_wheel(wheels, "servepkg", "2.0", [], payload=os.urandom(9_000))
+    r = carry("slim", str(wheel), "--into", str(tmp_path / "slim"), "--drop", "servepkg/payload", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    slimmed = tmp_path / "slim" / wheel.name
+    with zipfile.ZipFile(slimmed) as z:
+        assert "servepkg/payload.bin" not in z.namelist() and "servepkg/__init__.py" in z.namelist()
+        assert "servepkg/payload.bin" not in z.read("servepkg-2.0.dist-info/RECORD").decode()
+    r = carry("install", str(tmp_path / "slim"), str(tmp_path / "site"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "servepkg" / "__init__.py").is_file() and not (tmp_path / "site" / "servepkg" / "payload.bin").exists()
+    r = carry("slim", str(wheel), "--into", str(tmp_path / "slim2"), "--drop", "servepkg/nothing_here", cwd=tmp_path)
+    assert r.returncode != 0 and "nothing under servepkg/nothing_here" in r.stderr
+    assert not list((tmp_path / "slim2").glob("*"))  # no partial wheel left

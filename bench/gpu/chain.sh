@@ -30,7 +30,8 @@
 # (tests/test_kimi_k25.py's, or `harness run local demo` with `[pipeline.stages.verifier] arch = "kimi-k2.5"`):
 #   mkdir P; cp -r W/outputs/tiny-verifier W/outputs/chat.jsonl P/; cp -r W/outputs/artifacts/train/HASH/EPOCH P/checkpoint
 #   cp -r W/outputs/artifacts/export/HASH P/export; tar cf /tmp/kimi.tar -C P .; python bench/gpu/vllm_carry.py pack .carry-km /tmp/kimi.tar
-# Back to back on a warm machine (device tool, repo root): each carry call runs `bash bench/gpu/chain.sh`; the job
+# Back to back on a warm machine (device tool, repo root): each carry call runs `bash bench/gpu/chain.sh`, with carry
+# [".carry1"] ... [".carry5"], [".carry6", ".carry-ev2"], [".carry-km1"], [".carry-ev1"] (64 MiB a call); the job
 # starts in the call that completes what PARTS needs; then `WAIT_S=540 bash bench/gpu/chain.sh` until it ends.
 # PARTS (default "kimi evaluate train"; e.g. PARTS=online for that part alone); SPEED_BUDGET_S (default 1000): the train part's budget. KIMI_SERVE_ARGS: serve_check's
 # flags beyond k, concurrency and prompts (default: the GPU's: half its memory, as agreement shares it, and bf16, as
@@ -117,7 +118,8 @@ if [ ! -d /tmp/site/speculators ] && ls /tmp/cf/speculators-*.whl > /dev/null 2>
 fi
 if [ -f /tmp/cf/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl ] && [ ! -d /tmp/site-vllm/vllm ]; then
   install_new /tmp/site-vllm
-  python3 -c 'import vllm, vllm.entrypoints.openai.api_server; print("vllm", vllm.__version__, "imports")'
+  # the MoE kernels are a module of their own, which vLLM imports only if present: without them it serves no MoE model
+  python3 -c 'import torch, vllm, vllm._moe_C_stable_libtorch, vllm.entrypoints.openai.api_server; print("vllm", vllm.__version__, "imports, MoE kernels too")'
 fi
 ready=1
 [ -d /tmp/site/speculators ] || ready=0

@@ -10,10 +10,11 @@
 #     mcp anthropic mistral-common nvtx ray xgrammar apache-tvm-ffi
 #   plus what vLLM imports at its start but derive cannot see (2026-12-06, on the H200): llguidance 1.7.6 (manylinux_2_31),
 #   xgrammar==0.2.3 and apache-tvm-ffi==0.1.10 (0.2.9 wants tvm-ffi >= 0.1.11, vLLM pins 0.1.10); the vLLM wheel without
-#   vllm_flash_attn/_vllm_fa2_C, _moe_C and vllm-rs (an H200 or H100 uses FlashAttention 3: 106 MiB instead of 290)
+#   what a Hopper GPU never loads (FlashAttention 2, the SM100 sources, other Pythons' DeepGEMM, vllm-rs: 145 MiB instead
+#   of 290; its MoE kernels stay, which Kimi-K2.5 needs): python bench/gpu/vllm_carry.py slim vllm-0.26.0-*.whl --into SLIM
 #   python bench/gpu/vllm_carry.py pack .carry PIPELINE_WHEELS... SmolLM2-135M-Instruct.Q4_1.gguf VLLM_DEPS... \
 #     llguidance-1.7.6-*.whl xgrammar-0.2.3-*.whl apache_tvm_ffi-0.1.10-*.whl vllm-0.26.0-*.whl
-#   -> .carry1 ... .carry6 (56 MiB each: one call each; echo '/.carry*/' >> .git/info/exclude)
+#   -> .carry1 ... .carry6 (56 MiB each, the last 41: one call each; echo '/.carry*/' >> .git/info/exclude)
 # Then back to back on a warm machine (device tool, repo root; it goes back after 30 s idle):
 #   1-2. carry [".carryN"]  bash bench/gpu/served.sh
 #   3.   carry [".carry3"]  bash bench/gpu/served.sh   # the pipeline's wheels and the model are whole: the run starts, detached

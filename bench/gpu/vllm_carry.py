@@ -2,6 +2,7 @@
 """Carry vLLM to the GPU machine, which reaches no index: wheels derived here, carried in parts.
 
     python bench/gpu/vllm_carry.py derive DEST [--requirement vllm==0.26.0] [--image-packages FILE] [--needs FILE] [--exclude NAME...]
+    python bench/gpu/vllm_carry.py slim WHEEL --into DIR [--drop PREFIX...]    (the wheel without what a Hopper GPU never loads)
     python bench/gpu/vllm_carry.py split DEST PREFIX [--part-mib 50]
     python bench/gpu/vllm_carry.py assemble PART_DIR... --into DIR          (on the device)
     python bench/gpu/vllm_carry.py install DIR TARGET [--for-device] [--exclude NAME...]   (on the device; --for-device: here, for its platform)
@@ -18,6 +19,11 @@ nothing is missing; DEST/carry.json says what was taken and why (which wheel ask
 the image already has. Without the image's list, ../shared/gpu/vllm-0.26.0-needs.txt (the direct
 requirements the image lacks) stands for it, and nothing beyond those is derived (carry.json
 says so). vLLM 0.26.0: the newest whose torch pin (2.11.0) is the image's.
+slim: WHEEL rewritten into DIR (same name) without the members under each --drop prefix, its
+RECORD without their lines; the default drops what vLLM 0.26.0 carries for other GPUs and other
+Pythons (SLIM_DROP: 290 MiB of the wheel's 420 MiB unpacked). The MoE kernels
+(_moe_C_stable_libtorch) stay: without them vLLM serves no MoE model (Kimi-K2.5), and fails
+only when the model's first MoE layer runs (`torch.ops._moe_C` has no `moe_align_block_size`).
 split: each wheel cut into chunks of at most --part-mib, packed into PREFIX1/, PREFIX2/, ... of
 at most that size each (one device call each: 64 MiB with everything else), with
 PREFIX1/manifest.json (every wheel's chunks and sha256).
@@ -63,6 +69,11 @@ DEVICE = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platfo
 PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_35_x86_64",
                  "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 MANIFEST = "manifest.json"
+# What slim drops from vLLM 0.26.0's wheel by default: FlashAttention 2 (Hopper runs FA3), the SM100
+# (Blackwell) attention sources, DeepGEMM's builds for other Pythons than the device's 3.12, and the
+# Rust front end (vllm-rs; `vllm serve` is the Python one).
+SLIM_DROP = ("vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so", "vllm/third_party/fmha_sm100/", "vllm/vllm-rs",
+             *(f"vllm/third_party/deep_gemm/_C.cpython-3{minor}-x86_64-linux-gnu.so" for minor in (10, 11, 13, 14)))
 
 
 def read_freeze(path: Path) -> dict[str, str]:
@@ -198,6 +209,34 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def slim(wheel: Path, into: Path, drop: tuple[str, ...]) -> tuple[Path, list[str]]:
+    """WHEEL written into INTO without the members under `drop` (see the module's doc); the new
+    wheel and the names dropped. A prefix that matches nothing is an error: the wheel is not the
+    one the list was made for."""
+    into.mkdir(parents=True, exist_ok=True)
+    out = into / wheel.name
+    if out.resolve() == wheel.resolve():
+        raise SystemExit(f"{out}: --into must be another directory than the wheel's")
+    dropped: list[str] = []
+    tmp = out.with_suffix(".tmp")
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+        names = src.namelist()
+        unmatched = [d for d in drop if not any(n.startswith(d) for n in names)]
+        if unmatched:
+            tmp.unlink()
+            raise SystemExit(f"{wheel.name}: nothing under {', '.join(unmatched)}; not the wheel SLIM_DROP was made for")
+        record = next(n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n))
+        for info in src.infolist():
+            if info.filename.startswith(drop):
+                dropped.append(info.filename)
+            elif info.filename != record:
+                dst.writestr(info, src.read(info))  # each member's own compression and mode
+        lines = src.read(record).decode().splitlines(keepends=True)
+        dst.writestr(src.getinfo(record), "".join(line for line in lines if not line.split(",", 1)[0].startswith(drop)))
+    tmp.rename(out)
+    return out, dropped
 
 
 def split(dest: Path, prefix: str, part_bytes: int) -> list[Path]:
@@ -372,6 +411,10 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--needs", default=str(NEEDS))
     d.add_argument("--exclude", nargs="*", default=[], help="packages not to carry (an import error names any that is needed)")
     d.add_argument("--pip-arg", action="append", default=[], help="passed to pip download (tests: --no-index, --find-links=DIR)")
+    m = sub.add_parser("slim")
+    m.add_argument("wheel")
+    m.add_argument("--into", required=True)
+    m.add_argument("--drop", nargs="*", default=list(SLIM_DROP), help="member prefixes to leave out (default: SLIM_DROP)")
     s = sub.add_parser("split")
     s.add_argument("dest")
     s.add_argument("prefix")
@@ -409,6 +452,9 @@ def main(argv: list[str] | None = None) -> None:
               + (f"; failed: {json.dumps(report['failed'])}" if report["failed"] else ""))
         if report["failed"]:
             sys.exit(1)
+    elif args.command == "slim":
+        out, dropped = slim(Path(args.wheel), Path(args.into), tuple(args.drop))
+        print(f"{out}  {out.stat().st_size / 2**20:.1f} MiB ({len(dropped)} members left out)")
     elif args.command == "split":
         parts = split(Path(args.dest), args.prefix, int(args.part_mib * 2**20))
         print("\n".join(str(part) for part in parts))
