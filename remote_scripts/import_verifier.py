@@ -8,13 +8,16 @@ source model's.
 
 A GGUF file is dequantized as it loads (common/gguf_compat.py lets save_pretrained write a plain
 checkpoint); its tokenizer and chat template come from the file too. Tied embeddings stay tied.
-What it writes and how the check works: docs/pipeline.md, "Your own verifier".
+What it writes and how the check works: docs/pipeline.md, "Your own verifier". The directory
+appears whole or not at all, with imported_from.json (the source's name and size, the dtype).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,16 @@ def probe_ids(tokenizer) -> list[int]:
     return tokenizer(PROBE[0]["content"])["input_ids"]
 
 
+PROVENANCE = "imported_from.json"  # what the verifier was made from: a later run reuses it only for the same source
+
+
+def provenance(source: Path, dtype: str) -> dict[str, Any]:
+    """The source as a run that wants to reuse the verifier can check it: its name, its size (a
+    file's bytes; a directory's config.json and weights' bytes) and the dtype imported at."""
+    files = [source] if source.is_file() else sorted(f for f in source.iterdir() if f.name == "config.json" or f.suffix in (".safetensors", ".bin"))
+    return {"source": source.name, "source_bytes": sum(f.stat().st_size for f in files), "dtype": dtype}
+
+
 def logits(model, ids: list[int]):
     import torch
 
@@ -81,16 +94,24 @@ def import_verifier(args: argparse.Namespace, events: EventLog) -> dict[str, Any
     events.message(f"{source.name}: {type(model).__name__}, {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, vocab {model.config.vocab_size}, tied embeddings: {tied}, {args.dtype}")
     ids = probe_ids(tokenizer)
     expected = logits(model, ids)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
+    # written beside --output and renamed into place once checked: a failed or killed import
+    # leaves no verifier-looking directory that a later run would take for a whole one
+    staging = out.parent / f".{out.name}.importing"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
     del model
-    reloaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=dtype).eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(str(staging), dtype=dtype).eval()
     got = logits(reloaded, ids)
     if not torch.equal(expected, got):
         raise ImportError_(f"the reloaded verifier's logits differ from the source's (max |diff| {(expected - got).abs().max().item():.3g} over {len(ids)} probe tokens)")
     if tied and reloaded.get_output_embeddings().weight.data_ptr() != reloaded.get_input_embeddings().weight.data_ptr():
         raise ImportError_("the source ties its embeddings; the reloaded verifier does not")
+    (staging / PROVENANCE).write_text(json.dumps(provenance(source, args.dtype), indent=1) + "\n")
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    staging.rename(out)
     events.message(f"logits equal after the reload ({len(ids)} probe tokens)")
     events.artifact(str(out.resolve()), kind="verifier")
     return {"verifier": str(out.resolve()), "tied_embeddings": tied, "dtype": args.dtype, "probe_tokens": len(ids)}

@@ -263,9 +263,17 @@ def run_logged(name: str, argv: list, log_path: Path, env: dict[str, str], timeo
 
 
 def ensure_verifier(verifier: str, gguf: str | None, run, log_path: Path) -> None:
-    """`verifier` as it is when it has a config.json, else imported there from `gguf` in bf16
+    """`verifier` as it is when it has a config.json (and, with `gguf`, was imported from that
+    file in bf16: its imported_from.json says so), else imported there from `gguf` in bf16
     (remote_scripts/import_verifier.py); run(name, argv, log_path) -> wall seconds or None."""
     if (Path(verifier) / "config.json").is_file():
+        if gguf:
+            stamp = Path(verifier) / "imported_from.json"
+            made_from = json.loads(stamp.read_text()) if stamp.is_file() else None
+            wanted = {"source": Path(gguf).name, "source_bytes": Path(gguf).stat().st_size, "dtype": "bfloat16"}
+            if made_from != wanted:
+                raise SystemExit(f"--verifier {verifier} was not imported from --gguf {gguf} in bf16 ({stamp.name}: {made_from}): "
+                                 "give another --verifier directory, or leave out --gguf to use this one")
         return
     if not gguf:
         raise SystemExit(f"--verifier {verifier}: no config.json; give a verifier directory, or --gguf FILE to import one there")
