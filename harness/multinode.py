@@ -254,11 +254,15 @@ class GroupRun:
                     as_json: bool = False, tail: int | None = None) -> int:
         """Every node's log into sink, each line `[host] ...` (as_json: each JSON line with its
         "host"), until every stream ends."""
+        broken: list[str] = []
         threads = self._follow_nodes(run_id, host_json_sink(sink) if as_json else prefixed_sink(sink), stage=stage, follow=follow,
-                                     as_json=as_json, tail=tail)
+                                     as_json=as_json, tail=tail, broken=broken)
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(timeout=0.2)
+        if broken:  # each said its own line in the stream; the command's end says so too, never a silent 0
+            raise HarnessError(f"the logs of run {run_id} broke off on {', '.join(sorted(broken))} (each said why above)",
+                               f"`harness status {self.name} {run_id}`, or `harness logs {self.name} {run_id} --follow` to follow it again")
         return 0
 
     def cancel_run(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> CancelOutcome:
@@ -279,9 +283,10 @@ class GroupRun:
         return CancelOutcome(run_id, {h: out[h] for h in (hosts or self.hosts)}, group=True, where=self.name, ended_before=ended)
 
     def _follow_nodes(self, run_id: str, write: Callable[[str, bytes], None], stage: str | None = None, follow: bool = False,
-                      as_json: bool = False, tail: int | None = None) -> list[threading.Thread]:
+                      as_json: bool = False, tail: int | None = None, broken: list[str] | None = None) -> list[threading.Thread]:
         """Stream every node's logs, each line prefixed with its host: `[n1] ...`. Returns the
-        (daemon) threads; join them to wait for the end."""
+        (daemon) threads; join them to wait for the end. `broken` gets the hosts whose stream
+        failed (each says why in its own stream)."""
         run_id = self.resolve_run_id(run_id)
         threads = []
         for host in self.hosts:
@@ -294,6 +299,8 @@ class GroupRun:
                     splitter.feed(f"harness: {e}\n".encode())
                 except Exception as e:  # noqa: BLE001 - a dead node ends its stream, not the others
                     splitter.feed(f"harness: log stream ended: {type(e).__name__}: {e}\n".encode())
+                    if broken is not None:
+                        broken.append(host)
                 splitter.flush()
 
             t = threading.Thread(target=pump, name=f"follow-{host}", daemon=True)

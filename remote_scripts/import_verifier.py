@@ -9,7 +9,7 @@ source model's.
 A GGUF file is dequantized as it loads (common/gguf_compat.py lets save_pretrained write a plain
 checkpoint); its tokenizer and chat template come from the file too. Tied embeddings stay tied.
 What it writes and how the check works: docs/pipeline.md, "Your own verifier". The directory
-appears whole or not at all, with imported_from.json (the source's name and size, the dtype).
+has config.json only once whole, with imported_from.json (the source's name and size, the dtype).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def probe_ids(tokenizer) -> list[int]:
     return tokenizer(PROBE[0]["content"])["input_ids"]
 
 
+STAGING = ".importing"  # inside --output, until the import is checked
 PROVENANCE = "imported_from.json"  # what the verifier was made from: a later run reuses it only for the same source
 
 
@@ -87,31 +88,40 @@ def import_verifier(args: argparse.Namespace, events: EventLog) -> dict[str, Any
     source, out = Path(args.source), Path(args.output)
     if not source.exists():
         raise ImportError_(f"--source {source}: no such file or directory")
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(f.name != STAGING for f in out.iterdir()):  # (a killed import's staging is made anew)
         raise ImportError_(f"--output {out}: exists and is not empty")
     model, tokenizer = load_source(source, dtype, args.trust_remote_code)
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     events.message(f"{source.name}: {type(model).__name__}, {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, vocab {model.config.vocab_size}, tied embeddings: {tied}, {args.dtype}")
     ids = probe_ids(tokenizer)
     expected = logits(model, ids)
-    # written beside --output and renamed into place once checked: a failed or killed import
-    # leaves no verifier-looking directory that a later run would take for a whole one
-    staging = out.parent / f".{out.name}.importing"
+    # written into a hidden directory inside --output, its files moved up once checked, config.json
+    # last: a failed or killed import leaves no verifier-looking directory (config.json is what
+    # makes one) that a later run would take for a whole one
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / STAGING
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    model.save_pretrained(str(staging))
-    tokenizer.save_pretrained(str(staging))
-    del model
-    reloaded = AutoModelForCausalLM.from_pretrained(str(staging), dtype=dtype).eval()
-    got = logits(reloaded, ids)
-    if not torch.equal(expected, got):
-        raise ImportError_(f"the reloaded verifier's logits differ from the source's (max |diff| {(expected - got).abs().max().item():.3g} over {len(ids)} probe tokens)")
-    if tied and reloaded.get_output_embeddings().weight.data_ptr() != reloaded.get_input_embeddings().weight.data_ptr():
-        raise ImportError_("the source ties its embeddings; the reloaded verifier does not")
-    (staging / PROVENANCE).write_text(json.dumps(provenance(source, args.dtype), indent=1) + "\n")
-    if out.exists():
-        out.rmdir()  # empty (checked above)
-    staging.rename(out)
+    try:
+        staging.mkdir()
+        model.save_pretrained(str(staging))
+        tokenizer.save_pretrained(str(staging))
+        del model
+        reloaded = AutoModelForCausalLM.from_pretrained(str(staging), dtype=dtype).eval()
+        got = logits(reloaded, ids)
+        if not torch.equal(expected, got):
+            raise ImportError_(f"the reloaded verifier's logits differ from the source's (max |diff| {(expected - got).abs().max().item():.3g} over {len(ids)} probe tokens)")
+        if tied and reloaded.get_output_embeddings().weight.data_ptr() != reloaded.get_input_embeddings().weight.data_ptr():
+            raise ImportError_("the source ties its embeddings; the reloaded verifier does not")
+        (staging / PROVENANCE).write_text(json.dumps(provenance(source, args.dtype), indent=1) + "\n")
+        for f in sorted(staging.iterdir(), key=lambda f: f.name == "config.json"):
+            f.rename(out / f.name)
+        staging.rmdir()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     events.message(f"logits equal after the reload ({len(ids)} probe tokens)")
     events.artifact(str(out.resolve()), kind="verifier")
     return {"verifier": str(out.resolve()), "tied_embeddings": tied, "dtype": args.dtype, "probe_tokens": len(ids)}

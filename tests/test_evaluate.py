@@ -569,23 +569,29 @@ def test_the_draft_is_the_checkpoint_best_json_names_else_the_latest(tmp_path):
 
 def test_a_moved_checkpoint_loads_the_verifier_it_is_given(tiny_verifier, briefly_trained_draft, tmp_path):
     """A checkpoint pulled to the laptop or carried to another box records the verifier path of its
-    training; evaluate takes the verifier from --verifier (speculators alone reads the recorded path)."""
+    training; speculators reads the verifier's lm_head and final norm from that path. evaluate
+    takes them from --verifier: a recorded path that is gone does not fail it, and one that holds
+    another model is not read."""
     import shutil
+
+    from safetensors.torch import load_file, save_file
 
     from common.checkpoints import resolve_draft
 
-    ckpt = tmp_path / "moved"
-    shutil.copytree(resolve_draft(briefly_trained_draft)[0], ckpt)
+    given = shutil.copytree(tiny_verifier.verifier, tmp_path / "verifier-here")
+    [weights_file] = given.glob("*.safetensors")
+    weights = load_file(str(weights_file))
+    norm = next(name for name in weights if name.endswith("norm.weight") and "layers" not in name)
+    ckpt = shutil.copytree(resolve_draft(briefly_trained_draft)[0], tmp_path / "moved")
     config = json.loads((ckpt / "config.json").read_text())
-    config["speculators_config"]["verifier"]["name_or_path"] = str(tmp_path / "where-it-was-trained")
-    (ckpt / "config.json").write_text(json.dumps(config))
-    verifier = shutil.copytree(tiny_verifier.verifier, tmp_path / "verifier-here")
-    draft = ev.load_draft(ckpt, str(verifier), "sdpa")
-    from safetensors.torch import load_file
-
-    weights = load_file(str(next(verifier.glob("*.safetensors"))))
-    embed = next(v for name, v in weights.items() if name.endswith("embed_tokens.weight"))
-    assert torch.equal(draft.embed_tokens.weight, embed.to(draft.embed_tokens.weight.dtype))  # the draft keeps bf16
+    for recorded in (tmp_path / "where-it-was-trained", tmp_path / "another-model"):
+        if recorded.name == "another-model":  # there, and different: its final norm doubled
+            shutil.copytree(given, recorded)
+            save_file({**weights, norm: weights[norm] * 2}, str(recorded / weights_file.name))
+        config["speculators_config"]["verifier"]["name_or_path"] = str(recorded)
+        (ckpt / "config.json").write_text(json.dumps(config))
+        draft = ev.load_draft(ckpt, str(given), "sdpa")
+        assert torch.equal(draft.verifier_norm.weight, weights[norm].to(draft.verifier_norm.weight.dtype)), recorded.name
 
 
 def test_evaluate_without_a_checkpoint_fails_with_one_line(tiny_verifier, tmp_path):

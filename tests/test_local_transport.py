@@ -94,3 +94,23 @@ def test_the_transport_package_stands_without_the_config_module():
     assert (r.returncode, r.stdout) == (0, "False\n"), r.stderr
     with connect(ConnectionSpec("here", local=True)) as t:
         assert t.run(["echo", "ok"]).text == "ok\n"
+
+
+def test_a_silent_255_is_the_links_end_when_the_master_stops_answering_a_moment_later(tmp_path):
+    """A mux client whose master was killed exits 255 and says nothing; the master's socket can
+    still take a connection for a moment while the kernel tears the process down. RemoteProcess
+    asks the link again before it calls the 255 the command's own."""
+    from harness.errors import LinkLostError, RemoteCommandError
+    from harness.transport.process import RemoteProcess
+
+    def ended(answers: list[bool]):
+        log = tmp_path / f"client-{len(answers)}.log"
+        log.write_text("")  # the client said nothing
+        asked = iter(answers)
+        proc = RemoteProcess(["sh", "-c", "exit 255"], lambda what, code, said: RemoteCommandError(what, code, said), "box",
+                             stdin=False, stdout=False, client_log=str(log), link_up=lambda: next(asked))
+        return proc.error("supervisor.py on box")
+
+    assert isinstance(ended([True, False]), LinkLostError)  # still answering, then gone: the link
+    assert isinstance(ended([False]), LinkLostError)
+    assert isinstance(ended([True, True]), RemoteCommandError)  # it stands: the command's own 255

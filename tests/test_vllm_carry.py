@@ -192,12 +192,31 @@ def test_slim_leaves_out_the_named_members_and_installs(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     wheel = make_wheel(wheels, "servepkg", "2.0", [], payload=os.urandom(9_000))
-    r = carry("slim", str(wheel), "--into", str(tmp_path / "slim"), "--drop", "servepkg/payload", cwd=tmp_path)
+    with zipfile.ZipFile(wheel, "a") as z:  # a deflated executable member, and paths with commas (RECORD quotes them)
+        info = zipfile.ZipInfo("servepkg/kernel.so")
+        info.external_attr, info.compress_type = 0o100755 << 16, zipfile.ZIP_DEFLATED
+        z.writestr(info, b"\0" * 4096)
+        z.writestr("servepkg/configs/E=8,N=64.json", b"{}")
+        z.writestr("servepkg/configs/E=8,N=128.json", b"{}")
+    with zipfile.ZipFile(wheel) as z:
+        record = z.read("servepkg-2.0.dist-info/RECORD").decode()
+    rows = record + '"servepkg/configs/E=8,N=64.json",,\n"servepkg/configs/E=8,N=128.json",,\nservepkg/kernel.so,,\n'
+    rewritten = tmp_path / "rewritten" / wheel.name  # the wheel again with those in its RECORD
+    rewritten.parent.mkdir()
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(rewritten, "w") as dst:
+        for member in src.infolist():
+            dst.writestr(member, rows if member.filename.endswith("/RECORD") else src.read(member))
+    wheel = rewritten
+    r = carry("slim", str(wheel), "--into", str(tmp_path / "slim"), "--drop", "servepkg/payload", "servepkg/configs/E=8,N=64", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     slimmed = tmp_path / "slim" / wheel.name
-    with zipfile.ZipFile(slimmed) as z:
+    with zipfile.ZipFile(slimmed) as z, zipfile.ZipFile(wheel) as before:
         assert "servepkg/payload.bin" not in z.namelist() and "servepkg/__init__.py" in z.namelist()
-        assert "servepkg/payload.bin" not in z.read("servepkg-2.0.dist-info/RECORD").decode()
+        kept = z.read("servepkg-2.0.dist-info/RECORD").decode()
+        assert "servepkg/payload.bin" not in kept and "E=8,N=64.json" not in kept and '"servepkg/configs/E=8,N=128.json",,' in kept
+        for name in ("servepkg/kernel.so", "servepkg/__init__.py"):  # each member as it was: mode, compression, bytes
+            a, b = before.getinfo(name), z.getinfo(name)
+            assert (b.external_attr, b.compress_type, z.read(name)) == (a.external_attr, a.compress_type, before.read(name))
     r = carry("install", str(tmp_path / "slim"), str(tmp_path / "site"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "site" / "servepkg" / "__init__.py").is_file() and not (tmp_path / "site" / "servepkg" / "payload.bin").exists()

@@ -268,8 +268,13 @@ def ensure_verifier(verifier: str, gguf: str | None, run, log_path: Path) -> Non
     (remote_scripts/import_verifier.py); run(name, argv, log_path) -> wall seconds or None."""
     if (Path(verifier) / "config.json").is_file():
         if gguf:
+            if not Path(gguf).is_file():
+                raise SystemExit(f"--gguf {gguf}: no such file (leave out --gguf to use --verifier {verifier} as it is)")
             stamp = Path(verifier) / "imported_from.json"
-            made_from = json.loads(stamp.read_text()) if stamp.is_file() else None
+            try:
+                made_from = json.loads(stamp.read_text()) if stamp.is_file() else None
+            except ValueError:
+                made_from = "unreadable"
             wanted = {"source": Path(gguf).name, "source_bytes": Path(gguf).stat().st_size, "dtype": "bfloat16"}
             if made_from != wanted:
                 raise SystemExit(f"--verifier {verifier} was not imported from --gguf {gguf} in bf16 ({stamp.name}: {made_from}): "

@@ -118,8 +118,10 @@ if [ ! -d /tmp/site/speculators ] && ls /tmp/cf/speculators-*.whl > /dev/null 2>
 fi
 if [ -f /tmp/cf/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl ] && [ ! -d /tmp/site-vllm/vllm ]; then
   install_new /tmp/site-vllm
-  # the MoE kernels are a module of their own, which vLLM imports only if present: without them it serves no MoE model
-  python3 -c 'import torch, vllm, vllm._moe_C_stable_libtorch, vllm.entrypoints.openai.api_server; print("vllm", vllm.__version__, "imports, MoE kernels too")'
+  # the MoE kernels are a module of their own, which vLLM imports only if present: without them it serves no MoE model.
+  # A vLLM that fails this is removed, so that no later call starts the job on it.
+  python3 -c 'import torch, vllm, vllm._moe_C_stable_libtorch, vllm.entrypoints.openai.api_server; print("vllm", vllm.__version__, "imports, MoE kernels too")' \
+    || { rm -rf /tmp/site-vllm; echo "vLLM does not import whole: removed; carry a vLLM wheel with its MoE kernels (vllm_carry.py slim)"; exit 1; }
 fi
 ready=1
 [ -d /tmp/site/speculators ] || ready=0

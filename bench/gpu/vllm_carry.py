@@ -21,7 +21,7 @@ requirements the image lacks) stands for it, and nothing beyond those is derived
 says so). vLLM 0.26.0: the newest whose torch pin (2.11.0) is the image's.
 slim: WHEEL rewritten into DIR (same name) without the members under each --drop prefix, its
 RECORD without their lines; the default drops what vLLM 0.26.0 carries for other GPUs and other
-Pythons (SLIM_DROP: 290 MiB of the wheel's 420 MiB unpacked). The MoE kernels
+Pythons (SLIM_DROP: 0.26.0's wheel from 290 MiB to 145 MiB). The MoE kernels
 (_moe_C_stable_libtorch) stay: without them vLLM serves no MoE model (Kimi-K2.5), and fails
 only when the model's first MoE layer runs (`torch.ops._moe_C` has no `moe_align_block_size`).
 split: each wheel cut into chunks of at most --part-mib, packed into PREFIX1/, PREFIX2/, ... of
@@ -42,7 +42,9 @@ bench/gpu/vllm_check.py checks the result on the device before anything else use
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -227,14 +229,21 @@ def slim(wheel: Path, into: Path, drop: tuple[str, ...]) -> tuple[Path, list[str
         if unmatched:
             tmp.unlink()
             raise SystemExit(f"{wheel.name}: nothing under {', '.join(unmatched)}; not the wheel SLIM_DROP was made for")
-        record = next(n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n))
+        record = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)), None)
+        if record is None:
+            tmp.unlink()
+            raise SystemExit(f"{wheel.name}: no .dist-info/RECORD; not a wheel")
         for info in src.infolist():
             if info.filename.startswith(drop):
                 dropped.append(info.filename)
             elif info.filename != record:
                 dst.writestr(info, src.read(info))  # each member's own compression and mode
-        lines = src.read(record).decode().splitlines(keepends=True)
-        dst.writestr(src.getinfo(record), "".join(line for line in lines if not line.split(",", 1)[0].startswith(drop)))
+        kept = io.StringIO()
+        writer = csv.writer(kept, lineterminator="\n")  # RECORD is CSV: a path with a comma is quoted
+        for row in csv.reader(io.StringIO(src.read(record).decode())):
+            if row and not row[0].startswith(drop):
+                writer.writerow(row)
+        dst.writestr(src.getinfo(record), kept.getvalue())
     tmp.rename(out)
     return out, dropped
 

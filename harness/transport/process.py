@@ -16,6 +16,7 @@ import io
 import os
 import subprocess
 import threading
+import time
 import weakref
 from typing import Callable, Iterator, Sequence
 
@@ -114,10 +115,18 @@ class RemoteProcess:
         said = self.client_said()
         if code == 255 and said.strip():
             return self._classify(what, code, said + stderr)  # (+ stderr: what the ssh of a ProxyJump hop printed)
-        if code == 255 and self._link_up is not None and not self._link_up():  # a mux client whose master went says nothing
+        if code == 255 and self._link_up is not None and not self._link_answers():  # a mux client whose master went says nothing
             return LinkLostError(f"the connection ended during {what} (the link dropped, or its SSH master was stopped); "
                                  "what it ran there may still be running", "run the command again once the host answers (`harness doctor HOST`)")
         return RemoteCommandError(what, code, stderr)
+
+    def _link_answers(self) -> bool:
+        """link_up, asked again a moment later when it says yes: a master being killed ends its
+        clients' sessions before the kernel has closed its listening socket."""
+        if not self._link_up():
+            return False
+        time.sleep(0.5)
+        return self._link_up()
 
     def client_said(self) -> str:
         """What the client process itself logged (client_log), "" where it has none."""

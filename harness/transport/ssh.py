@@ -327,14 +327,14 @@ class SSHTransport(Transport):
             raise ValueError(f"unknown connection {connection!r}")
         local = self.own_connection_argv(argv) if connection == OWN else self.local_argv(argv)
         log = openssh.client_log()  # ssh's own words apart from the command's stderr
+        shared = connection == SHARED and openssh.with_control_path(self._openssh_options()).control_path is not None
         return RemoteProcess(openssh.logging_to(local, log), self.argv_failure, self.name, stdin=stdin, stdout=stdout,
-                             on_stderr_line=on_stderr_line, client_log=log, link_up=self._master_answers if connection == SHARED else None)
+                             on_stderr_line=on_stderr_line, client_log=log, link_up=self._master_answers if shared else None)
 
     def _master_answers(self) -> bool:
         from harness.transport.warm_exec import master_answers
 
-        path = openssh.with_control_path(self._openssh_options()).control_path
-        return path is None or master_answers(path)  # (no master: nothing to have lost)
+        return master_answers(openssh.with_control_path(self._openssh_options()).control_path)
 
     def stream_to(self, host: str, port: int) -> RemoteProcess:
         from harness.transport.process import RemoteProcess
