@@ -719,9 +719,9 @@ def load_draft(ckpt: Path, verifier: str, attn_impl: str):
 
     config = Eagle3SpeculatorConfig.from_pretrained(str(ckpt))
     config.transformer_layer_config._attn_implementation = attn_impl
-    # speculators loads the verifier's embeddings and lm_head from the path the config recorded at
-    # training time, not from `verifier=`: a checkpoint pulled or moved to another path would fail
-    # (or read another model's weights) without this.
+    # speculators reads the verifier's lm_head and final norm (and any embeddings the checkpoint
+    # lacks) from the path the config recorded at training time, not from `verifier=`: a checkpoint
+    # pulled or moved to another path would fail, or read another model's, without this.
     config.speculators_config.verifier.name_or_path = verifier
     # bf16 weights and bf16 hidden states: what the checkpoint holds and what a server runs.
     draft = Eagle3DraftModel.from_pretrained(str(ckpt), config=config, verifier=verifier, dtype=torch.bfloat16)
