@@ -600,9 +600,9 @@ class PrivateEngine:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
 
-def detached_prepare_on(engine: "PrivateEngine", tmp_path: Path) -> tuple[Path, dict, str, Path]:
+def detached_prepare_on(engine: "PrivateEngine", tmp_path: Path, path_first: Path | None = None) -> tuple[Path, dict, str, Path]:
     """`harness run box prepare --detach` in a container of the private engine, once its stage has
-    started: (config, env, run id, stage directory)."""
+    started: (config, env, run id, stage directory). path_first: a directory put first on PATH."""
     from tests.fixtures.docker_engine import container_table
     from tests.fixtures.job_project import write_project
 
@@ -611,6 +611,8 @@ def detached_prepare_on(engine: "PrivateEngine", tmp_path: Path) -> tuple[Path, 
     config = write_project(tmp_path / "project", tmp_path / "work", {}, host_table={"runtime": "docker"},
                            container=container_table("unused", image="harness-fault-test"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "DOCKER_HOST": engine.sock, "COLUMNS": "300"}
+    if path_first is not None:
+        env["PATH"] = f"{path_first}:{env['PATH']}"
     r = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "run", "box", "prepare", "--detach"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -648,10 +650,10 @@ def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_p
         stage = json.loads(status.stdout)["stages"][0]
         assert state == "failed" and stage["state"] == "failed", status.stdout
         # Which docker command loses the engine depends on when it dies: as the container starts or after.
-        # After docker wait lost it, the supervisor waited for the engine: back, the container had ended (or its
-        # processes were gone before it answered)
-        assert re.match(r"the Docker engine went away under the stage \((docker start: .+\); its container is gone: run it again"
-                        r"|docker wait: .+\)( and came back; its container had ended \(exit \d+\): run it again"
+        # Where the container's processes run without it, the supervisor waited for the engine: back, the
+        # container had ended (or its processes were gone before it answered)
+        assert re.match(r"the Docker engine went away under the stage \((docker start: .+\); its container is not running: run it again"
+                        r"|(docker start|docker wait): .+\)( and came back; its container had ended \(exit \d+\): run it again"
                         r"|; its container ended while the engine was down \(its exit code is unknown: the stage's log says how it ended\)))$",
                         stage["last_event"]["error"]), status.stdout
     finally:
@@ -668,14 +670,30 @@ def cgroup_pids(container_id: str) -> list[int]:
     return pids
 
 
+# `docker start` as it ends when dockerd dies after the container started but before its answer:
+# the real start, then dockerd SIGKILLed, then the client's words for a connection cut short.
+DOCKER_START_CUT = """#!/bin/sh
+if [ "$1" = start ]; then
+  "{docker}" "$@" > /dev/null || exit $?
+  kill -9 "$(cat '{pidfile}')"
+  echo 'error during connect: Post "http://%2Fd.sock/v1.41/containers/'"$2"'/start": EOF' >&2
+  exit 1
+fi
+exec "{docker}" "$@"
+"""
+
+
 @pytest.mark.docker
-def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(tmp_path):
+@pytest.mark.parametrize("when", ["running", "starting"])
+def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(tmp_path, when):
     """dockerd SIGKILLed under a stage (its containerd and the container live on): the run used to
     read `failed 125 ... its container is gone` within a second while the stage ran on to its end,
     its queue slot given away and cancel powerless. Now the stage stays running with a line that
     says its container may still run, `harness cancel` stops the container's processes, and once
-    the engine is back `harness gc` removes the container left. A private dockerd of the test's
-    own (its own data and exec roots, socket and containerd): the shared engine is never touched."""
+    the engine is back `harness gc` removes the container left. `starting`: dockerd dies as
+    `docker start` waits for its answer, the container already up (a race CI met). A private
+    dockerd of the test's own (its own data and exec roots, socket and containerd): the shared
+    engine is never touched."""
     import json
     import shutil
     import signal
@@ -688,14 +706,21 @@ def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(t
     container_id = "not yet"
     try:
         engine.start()
-        config, env, run_id, stage_dir = detached_prepare_on(engine, tmp_path)
+        shim = None
+        if when == "starting":
+            shim = tmp_path / "shim"
+            shim.mkdir()
+            (shim / "docker").write_text(DOCKER_START_CUT.format(docker=shutil.which("docker"), pidfile=root / "d.pid"))
+            (shim / "docker").chmod(0o755)
+        config, env, run_id, stage_dir = detached_prepare_on(engine, tmp_path, shim)
 
         def harness(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run([sys.executable, "-m", "harness", "--config", str(config), *args], env=env, capture_output=True, text=True, timeout=120)
 
         container_id = json.loads((stage_dir / "state.json").read_text())["container_id"]
         assert cgroup_pids(container_id)
-        os.kill(engine.proc.pid, signal.SIGKILL)  # dockerd alone: its containerd and the container's shim live on
+        if when == "running":
+            os.kill(engine.proc.pid, signal.SIGKILL)  # dockerd alone: its containerd and the container's shim live on
         engine.proc.wait(60)
         deadline = time.monotonic() + 30
         while "may still be running" not in (json.loads((stage_dir / "state.json").read_text()).get("error") or ""):
@@ -704,7 +729,8 @@ def test_a_killed_docker_engine_is_told_truly_and_cancel_still_stops_the_stage(t
         stage = json.loads(harness("status", "box", run_id, "--json").stdout)["stages"][0]
         assert stage["state"] == "running", stage  # not failed while its container runs: its GPUs stay held
         assert stage["last_event"]["event"] == "warning", stage
-        assert re.match(r"the Docker engine went away under the stage \(docker wait: .+\); its container may still be running: waiting for the engine "
+        step = "docker start" if when == "starting" else "(docker start|docker wait)"  # (a race: CI met `docker start` too)
+        assert re.match(rf"the Docker engine went away under the stage \({step}: .+\); its container may still be running: waiting for the engine "
                         r"\(harness cancel stops it\)$", stage["last_event"]["text"]), stage
         assert cgroup_pids(container_id)  # it does run on
         r = harness("cancel", "box", run_id)

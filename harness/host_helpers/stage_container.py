@@ -34,7 +34,13 @@ def run_stage(spec: dict, log_file, state_path: str, lock_fd: int | None, grace:
     started = subprocess.run(["docker", "start", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     log_file.write(started.stderr)
     if started.returncode != 0:  # e.g. no GPU runtime: the reason is in the log
-        # The engine can die after the container started but before `docker start` returns.
+        container_id = created.stdout.decode().strip()
+        # The engine can die after the container started but before `docker start` returns: then its
+        # processes run on without it, and the stage is theirs to wait for, as when it dies later.
+        if engine_lost_line(started.stderr.decode(errors="replace").splitlines()) and _processes_appear(container_id):
+            code, cancelled = _engine_lost(name, container_id, started.stderr, state_path, log_file, False, grace, cancel_pending, "docker start")
+            subprocess.run(["docker", "rm", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return code, cancelled
         engine_went_away(state_path, "docker start", started.stderr)
         subprocess.run(["docker", "rm", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return started.returncode, False
@@ -63,15 +69,26 @@ def run_stage(spec: dict, log_file, state_path: str, lock_fd: int | None, grace:
     return code, cancelled
 
 
+def _processes_appear(container_id: str, within_s: float = 3.0) -> bool:
+    """Whether the container has processes, looked for a moment: a start cut short by the engine's
+    death may still be bringing them up (containerd and the shim go on without dockerd)."""
+    deadline = time.monotonic() + within_s
+    while not container_pids(container_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _engine_lost(name: str, container_id: str, said: bytes, state_path: str, log_file, cancelled: bool, grace: float,
-                 cancel_pending) -> tuple[int, bool]:
+                 cancel_pending, step: str = "docker wait") -> tuple[int, bool]:
     """The engine went away under a running stage. Its container may live on (a killed dockerd
     leaves containerd and the container running): the stage stays running, its GPUs held,
     until the engine answers for the container again or the container's processes are gone;
     a cancel meanwhile signals those processes directly (they are the box user's: --user)."""
     lines = said.decode(errors="replace").strip().splitlines()
     why = engine_lost_line(lines) or (lines[-1] if lines else "no answer")
-    lost = f"the Docker engine went away under the stage (docker wait: {why})"
+    lost = f"the Docker engine went away under the stage ({step}: {why})"
     run_files.update_json(state_path, error=f"{lost}; its container may still be running: waiting for the engine (harness cancel stops it)")
     log_file.write(f"harness: {lost}; its container may still be running: waiting for the engine\n".encode())
     while True:
@@ -109,7 +126,7 @@ def engine_went_away(state_path: str, step: str, said: bytes) -> None:
     """Record on the stage that its Docker engine went away during `step`, when it did."""
     why = engine_lost_line(said.decode(errors="replace").strip().splitlines())
     if why:
-        run_files.update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is gone: run it again")
+        run_files.update_json(state_path, error=f"the Docker engine went away under the stage ({step}: {why}); its container is not running: run it again")
 
 
 def out_of_memory(name: str, code: int, state_path: str, log_file) -> None:
