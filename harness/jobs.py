@@ -26,10 +26,10 @@ from harness import box_values, helpers
 from harness.artifacts import check_fresh, recipes
 from harness.box_values import RUN_ID_RE
 from harness.config import Config, HostConfig, PipelineConfig
-from harness.errors import EXIT_FAILED, EXIT_OK, HarnessError, Interrupted, RemoteCommandError, UsageError
+from harness.errors import EXIT_FAILED, EXIT_OK, Interrupted, RemoteCommandError, UsageError
 from harness.host_helpers import wire
 from harness.pipeline import launches_itself, resolve_chain, stage_argv, store_root
-from harness.runs import AttachView, CancelOutcome, Launched, RunListing, names_a_run, pick_run
+from harness.runs import AttachView, CancelOutcome, Launched, RunListing, logs_broke_off, names_a_run, pick_run
 from harness.runtime.base import Runtime, WrapOptions
 from harness.stage_options import stage_options
 from harness.stages import SCRIPTS_DIR, STAGES
@@ -461,9 +461,8 @@ class Jobs:
                 raise UsageError(result.error.strip(), f"`harness status {self.name} {run_id}` lists its stages")
             raise self.no_run(run_id)
         if result.exit_code != 0:  # the supervisor ends every stream it finishes with 0: this one broke off
-            raise HarnessError(f"the logs of run {run_id} on {self.name} broke off (the supervisor's stream ended with exit {result.exit_code}"
-                               + (f": {result.error.strip().splitlines()[-1]}" if result.error.strip() else "") + "); the run itself may still be running",
-                               f"`harness status {self.name} {run_id}`, or `harness logs {self.name} {run_id} --follow` to follow it again")
+            raise logs_broke_off(self.name, run_id, f"on {self.name} broke off (the supervisor's stream ended with exit {result.exit_code}"
+                                 + (f": {result.error.strip().splitlines()[-1]}" if result.error.strip() else "") + ")")
         return 0
 
     def cancel_run(self, run_id: str, grace_s: float | None = None) -> CancelOutcome:

@@ -30,7 +30,7 @@ from harness.group_node import GroupLaunch, GroupNode, stages_for_node
 from harness.host import Host
 from harness.jobs import DEFAULT_GRACE_S, FINAL_RUN_STATES, Jobs, RunStatus, StageStatus, new_run_id
 from harness.pipeline import resolve_chain
-from harness.runs import AttachView, CancelOutcome, Launched, RunListing
+from harness.runs import AttachView, CancelOutcome, Launched, RunListing, logs_broke_off
 
 POLL_S = 1.0
 UNREACHABLE_S = 10.0  # a node that answers no status call for this long counts as lost
@@ -261,8 +261,7 @@ class GroupRun:
             for t in threads:
                 t.join(timeout=0.2)
         if broken:  # each said its own line in the stream; the command's end says so too, never a silent 0
-            raise HarnessError(f"the logs of run {run_id} broke off on {', '.join(sorted(broken))} (each said why above)",
-                               f"`harness status {self.name} {run_id}`, or `harness logs {self.name} {run_id} --follow` to follow it again")
+            raise logs_broke_off(self.name, run_id, f"broke off on {', '.join(sorted(broken))} (each said why above)")
         return 0
 
     def cancel_run(self, run_id: str, grace_s: float | None = None, hosts: Sequence[str] | None = None) -> CancelOutcome:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from harness.box_values import RUN_ID_RE
-from harness.errors import UsageError
+from harness.errors import HarnessError, UsageError
 
 
 class RunView(Protocol):
@@ -79,6 +79,12 @@ FRAGMENT_RE = re.compile(r"^(?=.*\d)[0-9a-f-]{4,21}$")  # a start (20261205-2301
 def names_a_run(text: str) -> bool:
     """Whether `text` is a way of naming a run (pick_run), not a path (`harness pull`'s REMOTE)."""
     return bool(LAST_RE.match(text) or RUN_ID_RE.match(text) or FRAGMENT_RE.match(text))
+
+
+def logs_broke_off(where: str, run_id: str, what: str) -> HarnessError:
+    """A log stream that ended before the run's end (`what`: how): the run may still be running."""
+    return HarnessError(f"the logs of run {run_id} {what}; the run itself may still be running",
+                        f"`harness status {where} {run_id}`, or `harness logs {where} {run_id} --follow` to follow it again")
 
 
 def pick_run(ref: str, run_ids: Callable[[], list[str]], where: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common.events import EventLog, run_stage  # noqa: E402
+from common.verifier_path import PROVENANCE, provenance  # noqa: E402
 
 STAGE = "import_verifier"
 PROBE = [{"role": "user", "content": "What is speculative decoding, in two sentences?"}]
@@ -61,14 +62,6 @@ def probe_ids(tokenizer) -> list[int]:
 
 
 STAGING = ".importing"  # inside --output, until the import is checked
-PROVENANCE = "imported_from.json"  # what the verifier was made from: a later run reuses it only for the same source
-
-
-def provenance(source: Path, dtype: str) -> dict[str, Any]:
-    """The source as a run that wants to reuse the verifier can check it: its name, its size (a
-    file's bytes; a directory's config.json and weights' bytes) and the dtype imported at."""
-    files = [source] if source.is_file() else sorted(f for f in source.iterdir() if f.name == "config.json" or f.suffix in (".safetensors", ".bin"))
-    return {"source": source.name, "source_bytes": sum(f.stat().st_size for f in files), "dtype": dtype}
 
 
 def logits(model, ids: list[int]):
@@ -113,7 +106,7 @@ def import_verifier(args: argparse.Namespace, events: EventLog) -> dict[str, Any
             raise ImportError_(f"the reloaded verifier's logits differ from the source's (max |diff| {(expected - got).abs().max().item():.3g} over {len(ids)} probe tokens)")
         if tied and reloaded.get_output_embeddings().weight.data_ptr() != reloaded.get_input_embeddings().weight.data_ptr():
             raise ImportError_("the source ties its embeddings; the reloaded verifier does not")
-        (staging / PROVENANCE).write_text(json.dumps(provenance(source, args.dtype), indent=1) + "\n")
+        (staging / PROVENANCE).write_text(json.dumps(provenance(str(source), args.dtype), indent=1) + "\n")
         for f in sorted(staging.iterdir(), key=lambda f: f.name == "config.json"):
             f.rename(out / f.name)
         staging.rmdir()

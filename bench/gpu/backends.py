@@ -55,6 +55,7 @@ SCRIPTS = REPO / "remote_scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from common.events import read_events  # noqa: E402
+from common.verifier_path import PROVENANCE, provenance  # noqa: E402
 
 PARTS = ["regenerate", "extract"]
 BACKENDS = ["transformers", "vllm"]
@@ -270,13 +271,12 @@ def ensure_verifier(verifier: str, gguf: str | None, run, log_path: Path) -> Non
         if gguf:
             if not Path(gguf).is_file():
                 raise SystemExit(f"--gguf {gguf}: no such file (leave out --gguf to use --verifier {verifier} as it is)")
-            stamp = Path(verifier) / "imported_from.json"
+            stamp = Path(verifier) / PROVENANCE
             try:
                 made_from = json.loads(stamp.read_text()) if stamp.is_file() else None
             except ValueError:
                 made_from = "unreadable"
-            wanted = {"source": Path(gguf).name, "source_bytes": Path(gguf).stat().st_size, "dtype": "bfloat16"}
-            if made_from != wanted:
+            if made_from != provenance(gguf, "bfloat16"):
                 raise SystemExit(f"--verifier {verifier} was not imported from --gguf {gguf} in bf16 ({stamp.name}: {made_from}): "
                                  "give another --verifier directory, or leave out --gguf to use this one")
         return

@@ -223,27 +223,26 @@ def slim(wheel: Path, into: Path, drop: tuple[str, ...]) -> tuple[Path, list[str
         raise SystemExit(f"{out}: --into must be another directory than the wheel's")
     dropped: list[str] = []
     tmp = out.with_suffix(".tmp")
-    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+    with zipfile.ZipFile(wheel) as src:
         names = src.namelist()
         unmatched = [d for d in drop if not any(n.startswith(d) for n in names)]
         if unmatched:
-            tmp.unlink()
             raise SystemExit(f"{wheel.name}: nothing under {', '.join(unmatched)}; not the wheel SLIM_DROP was made for")
         record = next((n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)), None)
         if record is None:
-            tmp.unlink()
             raise SystemExit(f"{wheel.name}: no .dist-info/RECORD; not a wheel")
-        for info in src.infolist():
-            if info.filename.startswith(drop):
-                dropped.append(info.filename)
-            elif info.filename != record:
-                dst.writestr(info, src.read(info))  # each member's own compression and mode
-        kept = io.StringIO()
-        writer = csv.writer(kept, lineterminator="\n")  # RECORD is CSV: a path with a comma is quoted
-        for row in csv.reader(io.StringIO(src.read(record).decode())):
-            if row and not row[0].startswith(drop):
-                writer.writerow(row)
-        dst.writestr(src.getinfo(record), kept.getvalue())
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                if info.filename.startswith(drop):
+                    dropped.append(info.filename)
+                elif info.filename != record:
+                    dst.writestr(info, src.read(info))  # each member's own compression and mode
+            kept = io.StringIO()
+            writer = csv.writer(kept, lineterminator="\n")  # RECORD is CSV: a path with a comma is quoted
+            for row in csv.reader(io.StringIO(src.read(record).decode())):
+                if row and not row[0].startswith(drop):
+                    writer.writerow(row)
+            dst.writestr(src.getinfo(record), kept.getvalue())
     tmp.rename(out)
     return out, dropped
 

@@ -4,7 +4,8 @@
 transformers asks the hub and answers with the hub's words ("Repo id must be in the form
 'repo_name' or 'namespace/repo_name'"), which name neither the path nor the fix. Every stage that
 takes --verifier calls `check` first (common/events.run_stage), so a missing directory is one
-line naming it. An "org/name" that is not a directory here is left to the hub. Standard library only.
+line naming it. An "org/name" that is not a directory here is left to the hub. And what a verifier
+import_verifier.py made was imported from (PROVENANCE), for whoever would reuse it. Standard library only.
 """
 
 from __future__ import annotations
@@ -40,3 +41,16 @@ def check(path: str | None) -> None:
         return
     raise VerifierNotFound(f"{path}: no such directory on this host (working directory {os.getcwd()}): "
                            "put the verifier there, or set [pipeline] verifier to its path here or to a Hugging Face id (org/name)")
+
+
+PROVENANCE = "imported_from.json"  # in a verifier import_verifier.py made: what from (a later run reuses it only for the same source)
+
+
+def provenance(source: str, dtype: str) -> dict:
+    """What a verifier was imported from, as a run that would reuse it checks it: the source's name,
+    its size (a file's bytes; a directory's config.json and weights' bytes) and the dtype."""
+    if os.path.isfile(source):
+        files = [source]
+    else:
+        files = sorted(os.path.join(source, f) for f in os.listdir(source) if f == "config.json" or f.endswith((".safetensors", ".bin")))
+    return {"source": os.path.basename(os.path.normpath(source)), "source_bytes": sum(os.path.getsize(f) for f in files), "dtype": dtype}
