@@ -514,8 +514,10 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
     for i, (name, script, loss_on, env_extra) in enumerate(variants):
         seen[name] = seen.get(name, 0) + 1
         name = name if seen[name] == 1 else f"{name} (run {seen[name]})"  # --train-pick may repeat a variant
-        if script == "speculators_direct.py" or (loss_on == "all" and not env_extra):
-            sides[name] = "direct" if script == "speculators_direct.py" else "ours"
+        if script == "speculators_direct.py" or not env_extra:
+            # ours as a user runs it (the loss on every token), ours at direct's own loss mask (the same
+            # work a step: what the stage itself costs), and direct
+            sides[name] = "direct" if script == "speculators_direct.py" else {"all": "ours", "replies": "ours, replies' mask"}[loss_on]
         if script == "speculators_direct.py" and not cuda():
             results["train"][name] = "not run: speculators train needs an accelerator"
             continue
@@ -551,13 +553,18 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
                   f"({phases['validations']} validations) + after the last step {phases['after_last_step_s']} + exit {phases['exit_s']}", flush=True)
     t = {n: v for n, v in results["train"].items() if isinstance(v, dict)}
     ours = t.get("ours")
-    ours_runs, direct_runs = ([v["tokens_per_s"] for n, v in t.items() if sides.get(n) == side and v["tokens_per_s"]] for side in ("ours", "direct"))
-    if ours_runs and direct_runs:
+    runs_of = {side: [v["tokens_per_s"] for n, v in t.items() if sides.get(n) == side and v["tokens_per_s"]] for side in ("ours", "ours, replies' mask", "direct")}
+    direct_runs = runs_of["direct"]
+    for side, key, what in (("ours", "train_ratio", "our stage (its default: the loss on every token)"),
+                            ("ours, replies' mask", "train_ratio_same_mask", "our stage at speculators' own replies-only loss mask (the same work a step)")):
+        ours_runs = runs_of[side]
+        if not (ours_runs and direct_runs):
+            continue
         mean_ours, mean_direct = statistics.mean(ours_runs), statistics.mean(direct_runs)
-        results["train_ratio"] = {"ours_runs": ours_runs, "direct_runs": direct_runs, "ratio": mean_ours / mean_direct,
-                                  "range": [min(ours_runs) / max(direct_runs), max(ours_runs) / min(direct_runs)]}
-        runs = f" (runs {', '.join(f'{r:,.0f}' for r in ours_runs)} vs {', '.join(f'{r:,.0f}' for r in direct_runs)}; ratio range {results['train_ratio']['range'][0]:.3f}-{results['train_ratio']['range'][1]:.3f})"
-        emit(rows, Row("training tokens/s, our stage vs `speculators train` direct (1 GPU, same data and flags, median of steady steps; mean of runs)" + runs,
+        results[key] = {"ours_runs": ours_runs, "direct_runs": direct_runs, "ratio": mean_ours / mean_direct,
+                        "range": [min(ours_runs) / max(direct_runs), max(ours_runs) / min(direct_runs)]}
+        runs = f" (runs {', '.join(f'{r:,.0f}' for r in ours_runs)} vs {', '.join(f'{r:,.0f}' for r in direct_runs)}; ratio range {results[key]['range'][0]:.3f}-{results[key]['range'][1]:.3f})"
+        emit(rows, Row(f"training tokens/s, {what} vs `speculators train` direct (1 GPU, same data and flags, median of steady steps; mean of runs)" + runs,
                        f"{mean_ours:,.0f}", f"{mean_direct:,.0f}", mean_ours / mean_direct, ">= 1.0"))
     direct = next((v for n, v in t.items() if sides.get(n) == "direct"), None)
     if ours and direct and ours.get("step_parts_ms") and direct.get("step_parts_ms"):
