@@ -106,3 +106,31 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
         assert cells[0].endswith(f"({a['data_prompts']})") and cells[1] == str(a["rows"])
         assert cells[4:6] == [f"{a['test_tau'][k]:.3f}" for k in ("3", "5")]
         assert cells[6].startswith(f"{a['selection_tau']['3']:.3f}") and cells[6].endswith("(chosen)") == (r["chosen_by_selection"][str(a["data_prompts"])] == a["arm"])
+
+    # One GPU session trains a few arms: --arms runs a part (here reusing the runs above), --merge
+    # puts the parts together as one study, its choice made again over all arms.
+    parts = []
+    for name, extra in (("a", ["--arms", "baseline"]), ("b", ["--arms", "replies-2", "--skip-speculators"])):
+        part = study(work, levers, "--json", "--concurrent", *extra)
+        assert part.returncode == 0, part.stderr[-4000:]
+        assert sorted(p.name for p in (work / "runs").iterdir()) == runs_before  # every arm's run reused
+        parts.append(tmp_path / f"part-{name}.json")
+        parts[-1].write_text(part.stdout.strip().splitlines()[-1])
+    assert {a["lever"] for a in json.loads(parts[0].read_text())["arms"]} == {"baseline", "speculators"}
+    assert {a["lever"] for a in json.loads(parts[1].read_text())["arms"]} == {"replies-2"}
+    merged = subprocess.run([sys.executable, str(REPO_ROOT / "bench/quality/run.py"), "--study", "levers", "--merge", str(parts[0]), "--merge", str(parts[1]), "--no-record", "--json"],
+                            capture_output=True, text=True, env=offline_env(PYTHONPATH=str(REPO_ROOT)), timeout=120)
+    assert merged.returncode == 0, merged.stderr[-4000:]
+    m = json.loads(merged.stdout.strip().splitlines()[-1])
+    assert {a["arm"] for a in m["arms"]} == set(arms) and m["data_sizes"] == sizes
+    for n in sizes:
+        candidates = [a for a in m["arms"] if a["data_prompts"] == n and a["lever"] != "speculators"]
+        assert m["chosen_by_selection"][str(n)] == max(candidates, key=lambda a: a["selection_tau"]["3"])["arm"]
+    # Parts of different studies, or an arm in two parts, are refused with one line.
+    other = json.loads(parts[1].read_text())
+    other["stage_args"]["train"]["epochs"] = 99
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    for a, b, said in ((parts[0], tmp_path / "other.json", "differs from"), (parts[0], parts[0], "in more than one part")):
+        refused = subprocess.run([sys.executable, str(REPO_ROOT / "bench/quality/run.py"), "--study", "levers", "--merge", str(a), "--merge", str(b), "--no-record"],
+                                 capture_output=True, text=True, env=offline_env(PYTHONPATH=str(REPO_ROOT)), timeout=120)
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr[-2000:]

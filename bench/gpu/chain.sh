@@ -25,7 +25,13 @@
 #                PARTS=online GGUF=/tmp/carry/SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/X/results ONLINE_WORK=/tmp/X/online \
 #                  ONLINE_VERIFIER=/tmp/X/verifier ONLINE_ARGS="--rows 4 --epochs 1 --seeds 0 1 --eval-prompts 4 --max-new-tokens 16 \
 #                  --max-seq-len 256 --eval-new-tokens 16" bash bench/gpu/chain.sh --job
-# agreement and kimi run side by side (neither is a timing), then evaluate, train and online, one at a time.
+#   levers     (only when PARTS names it) bench/quality/run.py --study levers --verifier smollm2 --size gpu --data-size
+#              $LEVERS_SIZE (default 3000) --arms $LEVERS_ARMS (default baseline: with `speculators train`'s defaults beside
+#              it): issue 59's study, a few arms a session (one session cannot train all six at 3,000 prompts); SmolLM2 from
+#              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
+#              back with each call; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
+#              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline).
+# agreement and kimi run side by side (neither is a timing), then evaluate, train, online and levers, one at a time.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
 # says how .carry1-6 are made), .carry-ev1-2 (bench/gpu/evaluate_speed.sh), .carry-km1, made here from a toy Kimi run
@@ -104,6 +110,12 @@ if [ "${1:-}" = --job ]; then
       if [ -f "$d/report.json" ]; then cp "$d/report.json" "$results/online/$(basename "$d").report.json"; fi
     done
   fi
+  if part levers; then
+    mkdir -p "$results/levers"
+    python3 bench/quality/run.py --study levers --verifier smollm2 --size gpu --gguf "$gguf" --data-size "${LEVERS_SIZE:-3000}" \
+      --arms "${LEVERS_ARMS:-baseline}" --workdir /tmp/levers --no-record --json ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
+      2> "$results/levers/levers.log" || echo "levers ended with exit $?"
+  fi
   exit 0
 fi
 
@@ -131,6 +143,7 @@ part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
 part evaluate && { [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ] && [ -f "$gguf" ] || ready=0; }
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
+part levers && { [ -f "$gguf" ] || ready=0; }
 if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then
   bash bench/gpu/detached.sh start chain bash bench/gpu/chain.sh --job
 fi

@@ -675,7 +675,15 @@ def bench() -> None:
     p.add_argument("--study", choices=["recipes", "levers"], default="recipes", help="recipes: ours against the baselines (and --recipes, --sweep) on one data run; levers: the data levers (--levers), each a pipeline run of its own at two data sizes (see the module's doc)")
     p.add_argument("--data-size", type=int, action="append", default=[], metavar="N", help="--study levers: this data size only (repeatable; default: the size's two): one per GPU session, as its disk goes back with the machine")
     p.add_argument("--levers", default=str(REPO / "bench/quality/data-levers.json"), metavar="FILE", help="--study levers: JSON {name: {stage: {flag: value}}}, {} the pipeline's defaults")
+    p.add_argument("--arms", default=None, metavar="NAME,...", help="--study levers: only these arms of --levers (one GPU session trains a few; `speculators train` runs where the first arm, the baseline, is among them)")
+    p.add_argument("--merge", action="append", default=[], metavar="LEVERS_JSON", help="--study levers: no runs; these calls' levers.json (each some arms) as one study: the table, the choice per data size, the record")
     args = p.parse_args()
+    if args.study == "levers" and args.merge:
+        r = merge_levers([Path(m) for m in args.merge])
+        if not args.no_record:
+            record_levers(r)
+        print(json.dumps(r) if args.json else levers_table(r))
+        return None
     if args.study == "levers":
         return levers_study(args)
     args.verifier = args.verifier or "stdlib"
@@ -884,6 +892,13 @@ def levers_study(args) -> None:
     levers = json.loads(Path(args.levers).read_text())
     if not levers or not all(isinstance(v, dict) and all(st in spec.stage_args and isinstance(f, dict) for st, f in v.items()) for v in levers.values()):
         raise SystemExit(f"--levers {args.levers}: want {{name: {{stage: {{flag: value}}}}}} with stages among {', '.join(spec.stage_args)}; the first arm is the baseline")
+    all_levers, baseline = levers, next(iter(levers))  # `speculators train` trains on the baseline's data
+    if args.arms:
+        # a GPU session trains a few arms; --merge puts the sessions' results together
+        picked = args.arms.split(",")
+        if unknown := [a for a in picked if a not in levers]:
+            raise SystemExit(f"--arms: {', '.join(unknown)} not in --levers {args.levers} (its arms: {', '.join(levers)})")
+        levers = {name: flags for name, flags in levers.items() if name in picked}
     work = Path(args.workdir or f"quality-levers-{verifier}-{args.size}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -925,7 +940,7 @@ def levers_study(args) -> None:
                          "rows": prepare.get("rows_kept"), "loops": (regenerate.get("loops") or {}).get("share"),
                          "truncated_share": prepare.get("truncated_share"), "tokens": prepare.get("total_tokens"), "max_seq_len": prepare.get("max_seq_len"),
                          "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}})
-            if name == next(iter(levers)) and not args.skip_speculators:
+            if name == baseline and not args.skip_speculators:
                 # `speculators train`'s own defaults on the same data: one greedy reply per prompt.
                 # (its output named by the data's key: other data is another training). Started
                 # once the first arm's data is there; with a GPU it trains beside the other arms.
@@ -962,12 +977,9 @@ def levers_study(args) -> None:
             arm[f"{label}_tau"] = {k: (taus[split].get(arm["arm"], {}).get(k) or {}).get("tau") for k in ("3", "5")}
         arm["test_by_category"] = (taus["heldout"].get(arm["arm"], {}).get("3") or {}).get("by_category") or {}  # {category: {tau, prompts, ...}}
     ngram = {split: {k: taus[split].get("ngram", {}).get(k, {}).get("tau") for k in ("3", "5")} for split in taus}
-    chosen = {}
-    for n in data_sizes:
-        ours = [a for a in arms if a["data_prompts"] == n and a["lever"] != "speculators" and a["selection_tau"]["3"] is not None]
-        chosen[str(n)] = max(ours, key=lambda a: a["selection_tau"]["3"])["arm"] if ours else None
+    chosen = choose_by_selection(arms, data_sizes)
     result = {
-        "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(data_sizes), "levers": levers,
+        "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(data_sizes), "levers": all_levers,
         "arms": arms, "chosen_by_selection": chosen, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
         "ngram_test_by_category": (taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {},
         "prompts": {"selection": by_split["selection"].get("prompts"), "test": by_split["heldout"].get("prompts")},
@@ -981,6 +993,42 @@ def levers_study(args) -> None:
     if not args.no_record:
         record_levers(result)
     print(json.dumps(result) if args.json else levers_table(result))
+
+
+def choose_by_selection(arms: list[dict], data_sizes) -> dict[str, str | None]:
+    """Per data size, our arm with the highest selection-split tau at k = 3 (the test split chooses nothing)."""
+    chosen = {}
+    for n in data_sizes:
+        ours = [a for a in arms if a["data_prompts"] == n and a["lever"] != "speculators" and a["selection_tau"]["3"] is not None]
+        chosen[str(n)] = max(ours, key=lambda a: a["selection_tau"]["3"])["arm"] if ours else None
+    return chosen
+
+
+# What every part of a merged study must share: the same verifier, prompts and splits, stage flags.
+MERGE_SAME = ("study", "verifier", "size", "stage_args", "max_seq_len", "verifier_args", "prompts", "prompt_sources", "levers")
+
+
+def merge_levers(paths: list[Path]) -> dict:
+    """Several calls' levers.json (each some arms: one GPU session trains a few) as one study. Their
+    MERGE_SAME must be equal (else one line says which differs), an arm measured twice is refused,
+    and the choice per data size is made again over all arms. n-gram lookup's taus are the first
+    part's (each part measures it on the same prompts); the parts' own are kept in `parts`."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for path, r in zip(paths[1:], parts[1:]):
+        if differs := [k for k in MERGE_SAME if r.get(k) != first.get(k)]:
+            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differs)}: not one study (same verifier, prompts, splits and stage flags)")
+    arms: list[dict] = []
+    for path, r in zip(paths, parts):
+        for arm in r["arms"]:
+            if any(a["arm"] == arm["arm"] for a in arms):
+                raise SystemExit(f"--merge: arm {arm['arm']} is in more than one part ({path}); merge each arm once")
+            arms.append({**arm, "part": str(path)})
+    data_sizes = sorted({n for r in parts for n in r["data_sizes"]})
+    return {**first, "data_sizes": data_sizes, "arms": arms, "chosen_by_selection": choose_by_selection(arms, data_sizes),
+            "seconds": round(sum(r["seconds"] for r in parts), 1), "machine": "; ".join(dict.fromkeys(r["machine"] for r in parts)),
+            "workdir": ", ".join(dict.fromkeys(r["workdir"] for r in parts)),
+            "parts": [{"file": str(path), "arms": [a["arm"] for a in r["arms"]], "machine": r["machine"], "seconds": r["seconds"], "ngram": r["ngram"]} for path, r in zip(paths, parts)]}
 
 
 def finish_reference(t: Training, n: int, deadline_s: float | None) -> None:
@@ -1031,7 +1079,8 @@ def record_levers(r: dict) -> None:
         f"Verifier {r['verifier']}; data sizes {r['data_sizes']} training prompts (the first N of the same file); {r['prompts']['selection']} selection and {r['prompts']['test']} test prompts, greedy; "
         f"stage flags {json.dumps(r['stage_args'])}, max_seq_len {r['max_seq_len']}. Chosen on the selection split: {json.dumps(r['chosen_by_selection'])}; "
         f"the test split chose nothing. Seconds are each stage's own (`finished`), the run that made the artifact; disk is regenerate's file, prepare's dataset and extract's hidden states.\n\n"
-        f"{levers_table(r)}\n"
+        + "".join(f"Part `{part['file']}`: arms {', '.join(part['arms'])}; {part['machine']}; {part['seconds']:.0f} s.\n" for part in r.get("parts", []))
+        + f"\n{levers_table(r)}\n"
     )
     write_section(LEVERS_HEADING, section)
 
