@@ -11,7 +11,7 @@ run-to-run noise the tests' tolerance rests on.
     # bench/quality/prompts.py answered by the verifier (regenerate, transformers), evaluated on held-out ones
     PYTHONPATH=/tmp/site:/tmp/site-vllm:$PWD python3 bench/online.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --verifier /tmp/verifier --workdir /tmp/online --rows 256 --epochs 4 --seeds 0 1 2 --offline-backends vllm \\
-        --vllm-arg=--enforce-eager --budget-s 480
+        --vllm-arg=--enforce-eager --budget-s 850
 
 The verifier: by default the tests' tiny verifier that vLLM's CPU attention serves (hidden 64, 2
 heads of 32), built in --workdir with its chat data (reused on the next run), evaluated on 32 of

@@ -127,8 +127,9 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
         candidates = [a for a in m["arms"] if a["data_prompts"] == n and a["lever"] != "speculators"]
         assert m["chosen_by_selection"][str(n)] == max(candidates, key=lambda a: a["selection_tau"]["3"])["arm"]
     # Parts of different studies, or an arm in two parts, are refused with one line.
+    assert m["data_sha256"] == json.loads(parts[0].read_text())["data_sha256"] and len(m["data_sha256"]) == len(sizes)
     other = json.loads(parts[1].read_text())
-    other["stage_args"]["train"]["epochs"] = 99
+    other["splits_sha256"] = "0" * 64  # another session's prompts: other selection and test rows
     (tmp_path / "other.json").write_text(json.dumps(other))
     for a, b, said in ((parts[0], tmp_path / "other.json", "differs from"), (parts[0], parts[0], "in more than one part")):
         refused = subprocess.run([sys.executable, str(REPO_ROOT / "bench/quality/run.py"), "--study", "levers", "--merge", str(a), "--merge", str(b), "--no-record"],

@@ -204,10 +204,20 @@ class Serving:
         assert shown, self.shown()
         return shown.group(1), shown.group(2), shown.group(3)
 
-    def last_served_tau(self) -> float:
-        self.wait_for("served tau")  # shown while it runs (every 5 s)
-        shown = [line for line in self.shown().splitlines() if line.startswith("served tau")][-1]
-        return float(shown.split()[2])
+    def served_tau(self, base: str, key: dict[str, str]) -> float:
+        """The served tau line once it counts every draft vLLM has counted (its /metrics, through the
+        forward): the line is refreshed every 5 s, so the last one shown can predate the answers
+        just received (on a slow CPU: "over 3 drafts" after two whole replies)."""
+        from common.spec_metrics import SpecCounters
+
+        with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
+            drafts = SpecCounters.parse(r.read().decode()).drafts
+        while True:
+            shown = [line.split() for line in self.shown().splitlines() if line.startswith("served tau")]
+            if shown and int(shown[-1][4]) >= drafts:  # "served tau T over N drafts; ..."
+                return float(shown[-1][2])
+            assert self.proc.poll() is None and time.monotonic() < self.deadline, self.shown() + self.err.read_text()[-3000:]
+            time.sleep(1)
 
     def interrupt(self, timeout: float) -> None:
         """Ctrl-C: harness serve stops vLLM and exits 0."""
@@ -249,7 +259,7 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
         with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
             counters = SpecCounters.parse(r.read().decode())
         assert counters.drafts > 0 and counters.tau < 1.1, counters  # about 1.0: a scrambled draft is not accepted
-        assert serving.last_served_tau() < 1.1, serving.shown()
+        assert serving.served_tau(base, key) < 1.1, serving.shown()
         serving.interrupt(timeout=120)
     finally:
         serving.kill()
@@ -335,7 +345,7 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
             request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
-        assert serving.last_served_tau() > 1.3, serving.shown()  # the trained draft is accepted
+        assert serving.served_tau(url, key) > 1.3, serving.shown()  # the trained draft is accepted
         serving.interrupt(timeout=180)
     finally:
         serving.kill()

@@ -30,7 +30,8 @@
 #              it): issue 59's study, a few arms a session (one session cannot train all six at 3,000 prompts); SmolLM2 from
 #              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
 #              back with each call; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
-#              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline).
+#              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline; the
+#              data size only through LEVERS_SIZE: --data-size adds a size, it does not replace one).
 # agreement and kimi run side by side (neither is a timing), then evaluate, train, online and levers, one at a time.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh

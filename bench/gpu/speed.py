@@ -510,7 +510,7 @@ def part_train(work: Path, args, rows, results, started: float) -> None:
     spec_argv = None
     per_run = None
     seen: dict[str, int] = {}
-    sides: dict[str, str] = {}  # run -> "ours" (our stage as a user runs it) or "direct": the two the ratio compares
+    sides: dict[str, str] = {}  # run -> "ours" (our stage as a user runs it), "ours, replies' mask" or "direct": what the ratios compare
     for i, (name, script, loss_on, env_extra) in enumerate(variants):
         seen[name] = seen.get(name, 0) + 1
         name = name if seen[name] == 1 else f"{name} (run {seen[name]})"  # --train-pick may repeat a variant

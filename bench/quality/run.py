@@ -62,6 +62,7 @@ inputs), trainings and measurements are reused. Commands:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -678,6 +679,10 @@ def bench() -> None:
     p.add_argument("--arms", default=None, metavar="NAME,...", help="--study levers: only these arms of --levers (one GPU session trains a few; `speculators train` runs where the first arm, the baseline, is among them)")
     p.add_argument("--merge", action="append", default=[], metavar="LEVERS_JSON", help="--study levers: no runs; these calls' levers.json (each some arms) as one study: the table, the choice per data size, the record")
     args = p.parse_args()
+    if (args.arms or args.merge) and args.study != "levers":
+        p.error("--arms and --merge go with --study levers")
+    if args.arms and args.merge:
+        p.error("--arms runs a part, --merge puts parts together: one or the other")
     if args.study == "levers" and args.merge:
         r = merge_levers([Path(m) for m in args.merge])
         if not args.no_record:
@@ -895,7 +900,7 @@ def levers_study(args) -> None:
     all_levers, baseline = levers, next(iter(levers))  # `speculators train` trains on the baseline's data
     if args.arms:
         # a GPU session trains a few arms; --merge puts the sessions' results together
-        picked = args.arms.split(",")
+        picked = [a.strip() for a in args.arms.split(",")]
         if unknown := [a for a in picked if a not in levers]:
             raise SystemExit(f"--arms: {', '.join(unknown)} not in --levers {args.levers} (its arms: {', '.join(levers)})")
         levers = {name: flags for name, flags in levers.items() if name in picked}
@@ -963,6 +968,10 @@ def levers_study(args) -> None:
                          "stopped_early": mark.get("stopped_early", False),
                          "seconds": {**first["seconds"], "train": mark.get("seconds")}, "disk_bytes": first["disk_bytes"]})
     data = levers_data(work, max(data_sizes))
+    # what a merge checks: each data size's prompt file, and the selection and test prompts alone
+    data_sha256 = {str(n): hashlib.sha256(levers_data(work, n).read_bytes()).hexdigest() for n in data_sizes}
+    held = [line for line in data.read_text().splitlines() if json.loads(line).get("split") in ("selection", "heldout")]
+    splits_sha256 = hashlib.sha256("\n".join(held).encode()).hexdigest()
     measure_dtype = spec.stage_args["extract"].get("dtype")
     by_split = measure_all(work, [
         "--verifier", work / verifier_dir(verifier), "--data", data, "--ks", "3", "5", "--max-prompts", spec.measure_prompts, "--max-new-tokens", spec.measure_new_tokens,
@@ -980,7 +989,7 @@ def levers_study(args) -> None:
     chosen = choose_by_selection(arms, data_sizes)
     result = {
         "study": "levers", "verifier": verifier, "size": args.size, "data_sizes": list(data_sizes), "levers": all_levers,
-        "arms": arms, "chosen_by_selection": chosen, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
+        "arms": arms, "chosen_by_selection": chosen, "data_sha256": data_sha256, "splits_sha256": splits_sha256, "ngram": {"selection": ngram.get("selection"), "test": ngram.get("heldout")},
         "ngram_test_by_category": (taus["heldout"].get("ngram", {}).get("3") or {}).get("by_category") or {},
         "prompts": {"selection": by_split["selection"].get("prompts"), "test": by_split["heldout"].get("prompts")},
         "stage_args": spec.stage_args, "max_seq_len": spec.max_seq_len, "verifier_args": spec.verifier_args,
@@ -1004,8 +1013,10 @@ def choose_by_selection(arms: list[dict], data_sizes) -> dict[str, str | None]:
     return chosen
 
 
-# What every part of a merged study must share: the same verifier, prompts and splits, stage flags.
-MERGE_SAME = ("study", "verifier", "size", "stage_args", "max_seq_len", "verifier_args", "prompts", "prompt_sources", "levers")
+# What every part of a merged study must share: the same verifier, stage flags, levers file and
+# selection and test prompts (splits_sha256; each data size's prompt file is checked where two
+# parts have it: data_sha256). Not prompt_sources: it holds the seconds prompts.py took.
+MERGE_SAME = ("study", "verifier", "size", "stage_args", "max_seq_len", "verifier_args", "prompts", "levers", "splits_sha256")
 
 
 def merge_levers(paths: list[Path]) -> dict:
@@ -1016,7 +1027,9 @@ def merge_levers(paths: list[Path]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
     for path, r in zip(paths[1:], parts[1:]):
-        if differs := [k for k in MERGE_SAME if r.get(k) != first.get(k)]:
+        differs = [k for k in MERGE_SAME if r.get(k) != first.get(k)]
+        differs += [f"data_sha256 at {n} prompts" for n, sha in r.get("data_sha256", {}).items() if first.get("data_sha256", {}).get(n, sha) != sha]
+        if differs:
             raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differs)}: not one study (same verifier, prompts, splits and stage flags)")
     arms: list[dict] = []
     for path, r in zip(paths, parts):
@@ -1026,9 +1039,11 @@ def merge_levers(paths: list[Path]) -> dict:
             arms.append({**arm, "part": str(path)})
     data_sizes = sorted({n for r in parts for n in r["data_sizes"]})
     return {**first, "data_sizes": data_sizes, "arms": arms, "chosen_by_selection": choose_by_selection(arms, data_sizes),
+            "data_sha256": {n: sha for r in parts for n, sha in r.get("data_sha256", {}).items()},
             "seconds": round(sum(r["seconds"] for r in parts), 1), "machine": "; ".join(dict.fromkeys(r["machine"] for r in parts)),
-            "workdir": ", ".join(dict.fromkeys(r["workdir"] for r in parts)),
-            "parts": [{"file": str(path), "arms": [a["arm"] for a in r["arms"]], "machine": r["machine"], "seconds": r["seconds"], "ngram": r["ngram"]} for path, r in zip(paths, parts)]}
+            "workdir": ", ".join(dict.fromkeys(r["workdir"] for r in parts)), "load_average": None,  # each part's is in `parts`
+            "parts": [{"file": str(path), "arms": [a["arm"] for a in r["arms"]], "machine": r["machine"], "seconds": r["seconds"],
+                       "load_average": r["load_average"], "ngram": r["ngram"]} for path, r in zip(paths, parts)]}
 
 
 def finish_reference(t: Training, n: int, deadline_s: float | None) -> None:
@@ -1075,11 +1090,14 @@ def record_levers(r: dict) -> None:
     scale = "CPU scale: a direction, not a claim" if "CPU" in r["machine"] else "GPU scale"
     section = (
         f"### {stamp}: `python bench/quality/run.py {' '.join(sys.argv[1:])}` ({scale})\n\n"
-        f"Machine: {r['machine']}; load average {r['load_average']['before']} before, {r['load_average']['after']} after; {r['seconds']:.0f} s in all. "
+        f"Machine: {r['machine']}; "
+        + (f"load average {r['load_average']['before']} before, {r['load_average']['after']} after; " if r.get("load_average") else "")
+        + f"{r['seconds']:.0f} s in all. "
         f"Verifier {r['verifier']}; data sizes {r['data_sizes']} training prompts (the first N of the same file); {r['prompts']['selection']} selection and {r['prompts']['test']} test prompts, greedy; "
         f"stage flags {json.dumps(r['stage_args'])}, max_seq_len {r['max_seq_len']}. Chosen on the selection split: {json.dumps(r['chosen_by_selection'])}; "
         f"the test split chose nothing. Seconds are each stage's own (`finished`), the run that made the artifact; disk is regenerate's file, prepare's dataset and extract's hidden states.\n\n"
-        + "".join(f"Part `{part['file']}`: arms {', '.join(part['arms'])}; {part['machine']}; {part['seconds']:.0f} s.\n" for part in r.get("parts", []))
+        + "".join(f"Part `{part['file']}`: arms {', '.join(part['arms'])}; {part['machine']}; load average {part['load_average']['before']} before, "
+                  f"{part['load_average']['after']} after; {part['seconds']:.0f} s.\n" for part in r.get("parts", []))
         + f"\n{levers_table(r)}\n"
     )
     write_section(LEVERS_HEADING, section)
