@@ -56,6 +56,8 @@ inputs), trainings and measurements are reused. Commands:
 
     python bench/quality/run.py --study levers --size cpu    # SmolLM2, 16 and 32 prompts, 2 cores: a direction, not a claim
     python bench/quality/run.py --study levers --size gpu --data-size 3000   # SmolLM2, 3,000 (then 20,000) prompts, one GPU; resumable over 10-minute calls
+    python bench/quality/run.py --study levers --size gpu --data-size 3000 --arms baseline --json > a.json   # a part: some arms (bench/gpu/chain.sh's levers part)
+    python bench/quality/run.py --study levers --merge a.json --merge b.json   # the parts as one study (the same prompts and flags, each arm once)
     python bench/quality/run.py --study levers --verifier stdlib --size ci   # the test's (tests/test_quality_levers.py)
 """
 
