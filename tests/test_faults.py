@@ -646,8 +646,17 @@ def test_a_docker_engine_restarted_under_a_run_shows_it_failed_not_running(tmp_p
             time.sleep(0.2)
         status = subprocess.run([sys.executable, "-m", "harness", "--config", str(config), "status", "box", run_id, "--json"], env=env,
                                 capture_output=True, text=True, timeout=60)
-        print(status.stdout, status.stderr, (stage_dir / "log").read_text())
+        log = (stage_dir / "log").read_text()
+        print(status.stdout, status.stderr, log)
         stage = json.loads(status.stdout)["stages"][0]
+        if state == "ok":
+            # The engine died (here as the container started: ci2 of 2026-12-06, a prepare of 1.6 s) and
+            # came back while the container's processes still ran (containerd and the shim go on without
+            # dockerd): it answered for the container again, and the container's own exit code, 0, ended
+            # the stage
+            assert stage["state"] == "ok" and stage["exit_code"] == 0, status.stdout
+            assert re.search(r"^harness: the Docker engine went away under the stage \((docker start|docker wait): .+; its container may still be running", log, re.M), log
+            return
         assert state == "failed" and stage["state"] == "failed", status.stdout
         # Which docker command loses the engine depends on when it dies: as the container starts or after.
         # Where the container's processes run without it, the supervisor waited for the engine: back, the
