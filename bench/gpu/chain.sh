@@ -31,7 +31,11 @@
 #              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
 #              back with each call; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
 #              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline; the
-#              data size only through LEVERS_SIZE: --data-size adds a size, it does not replace one).
+#              data size only through LEVERS_SIZE: --data-size adds a size, it does not replace one). Its mechanics on a
+#              CPU (2026-12-06, 4 + 4 minutes; then --merge of the two levers.json gave one table, replies-2 chosen):
+#                PARTS=levers GGUF=.../SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/lvr LEVERS_SIZE=16 LEVERS_ARMS=baseline \
+#                  LEVERS_ARGS="--size cpu --train-deadline-s 90 --measure-max-s 90" bash bench/gpu/chain.sh --job
+#                (then RESULTS=/tmp/lvr2 LEVERS_ARMS=replies-2 LEVERS_ARGS="--size cpu --skip-speculators --measure-max-s 90")
 # agreement and kimi run side by side (neither is a timing), then evaluate, train, online and levers, one at a time.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
