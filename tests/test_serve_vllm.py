@@ -204,14 +204,10 @@ class Serving:
         assert shown, self.shown()
         return shown.group(1), shown.group(2), shown.group(3)
 
-    def served_tau(self, base: str, key: dict[str, str]) -> float:
-        """The served tau line once it counts every draft vLLM has counted (its /metrics, through the
-        forward): the line is refreshed every 5 s, so the last one shown can predate the answers
+    def served_tau(self, drafts: int) -> float:
+        """The served tau line once it counts `drafts`, the drafts vLLM's /metrics counted after the
+        requests: the line is refreshed every 5 s, so the last one shown can predate the answers
         just received (on a slow CPU: "over 3 drafts" after two whole replies)."""
-        from common.spec_metrics import SpecCounters
-
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
-            drafts = SpecCounters.parse(r.read().decode()).drafts
         while True:
             shown = [line.split() for line in self.shown().splitlines() if line.startswith("served tau")]
             if shown and int(shown[-1][4]) >= drafts:  # "served tau T over N drafts; ..."
@@ -229,6 +225,14 @@ class Serving:
             self.proc.kill()
 
 
+def spec_counters(base: str, key: dict[str, str]):
+    """vLLM's spec-decode counters, from its /metrics through the forward (the key opens it)."""
+    from common.spec_metrics import SpecCounters
+
+    with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
+        return SpecCounters.parse(r.read().decode())
+
+
 def _key(shown: str) -> dict[str, str]:
     """The header harness serve's key makes (it names the 0600 file that holds the key)."""
     path = next(line for line in shown.splitlines() if line.startswith("its API key is in ")).split()[5]
@@ -239,7 +243,6 @@ def _key(shown: str) -> dict[str, str]:
 def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(served_run, head32_draft, tmp_path):
     from transformers import AutoTokenizer
 
-    from common.spec_metrics import SpecCounters
     from common.conversations import load_prompts
 
     config, workdir, trained_run = served_run
@@ -256,10 +259,9 @@ def test_harness_serve_shows_a_scrambled_draft_at_about_one_and_ctrl_c_stops_it(
             request = urllib.request.Request(f"{base}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
-        with urllib.request.urlopen(urllib.request.Request(f"{base}/metrics", headers=key), timeout=30) as r:
-            counters = SpecCounters.parse(r.read().decode())
+        counters = spec_counters(base, key)
         assert counters.drafts > 0 and counters.tau < 1.1, counters  # about 1.0: a scrambled draft is not accepted
-        assert serving.served_tau(base, key) < 1.1, serving.shown()
+        assert serving.served_tau(counters.drafts) < 1.1, serving.shown()
         serving.interrupt(timeout=120)
     finally:
         serving.kill()
@@ -345,7 +347,7 @@ def test_harness_serve_over_ssh_forwards_the_trained_draft_and_stops_it_on_the_b
             request = urllib.request.Request(f"http://127.0.0.1:{local}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json", **key})
             with urllib.request.urlopen(request, timeout=120) as r:
                 assert json.loads(r.read())["choices"][0]["text"]
-        assert serving.served_tau(url, key) > 1.3, serving.shown()  # the trained draft is accepted
+        assert serving.served_tau(spec_counters(url, key).drafts) > 1.3, serving.shown()  # the trained draft is accepted
         serving.interrupt(timeout=180)
     finally:
         serving.kill()

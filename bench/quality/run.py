@@ -914,10 +914,12 @@ def levers_study(args) -> None:
     done = PhaseRecord(work)
     arms: list[dict] = []
     drafts: dict[str, Path] = {}
+    data_sha256: dict[str, str] = {}
     stages = ["regenerate", "prepare", "extract", "train"]
     concurrent = args.concurrent or gpu_available()
     for n in data_sizes:
         data = levers_data(work, n)
+        data_sha256[str(n)] = hashlib.sha256(data.read_bytes()).hexdigest()  # what a merge checks: this size's prompt file
         # Every arm's run is started first: with a GPU all at once, each in a queue slot of its own
         # (a 135M verifier leaves the GPU mostly idle for one); on a CPU one after another.
         started = []
@@ -970,8 +972,7 @@ def levers_study(args) -> None:
                          "stopped_early": mark.get("stopped_early", False),
                          "seconds": {**first["seconds"], "train": mark.get("seconds")}, "disk_bytes": first["disk_bytes"]})
     data = levers_data(work, max(data_sizes))
-    # what a merge checks: each data size's prompt file, and the selection and test prompts alone
-    data_sha256 = {str(n): hashlib.sha256(levers_data(work, n).read_bytes()).hexdigest() for n in data_sizes}
+    # and the selection and test prompts alone, the same at every size
     held = [line for line in data.read_text().splitlines() if json.loads(line).get("split") in ("selection", "heldout")]
     splits_sha256 = hashlib.sha256("\n".join(held).encode()).hexdigest()
     measure_dtype = spec.stage_args["extract"].get("dtype")
