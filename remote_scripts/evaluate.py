@@ -356,19 +356,36 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
        acceptances are a function of the continuation and the proposals alone.
     """
     results: list[PromptResult] = []
-    budget = max_new_tokens
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
-        references = verifier.greedy_batch(batch, budget, eos) if len(batch) > 1 else [verifier.greedy(batch[0], budget, eos)]
-        settled = settle(verifier, batch, references)
-        tables = chain_tables(proposer, [prompt + reference for prompt, (reference, _, _) in zip(batch, settled)], [view for _, view, _ in settled], k, packed)
-        for prompt, (reference, view, cut_at), table in zip(batch, settled, tables):
-            # a cut reply is measured as a reply of its length: its last round stops there
-            r = replay(TableProposer(prompt + reference, table), prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
-            r.greedy_match, r.cut_at = True, cut_at  # settle made the reply agree with the forward
+        settled = greedy_replies(verifier, batch, max_new_tokens, eos)
+        for r in replay_draft(proposer, batch, settled, [k], max_new_tokens, eos, packed)[k]:
             results.append(r)
             if progress:
                 progress(len(results))
+    return results
+
+
+def greedy_replies(verifier: "HFVerifier", prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[tuple[list[int], Any, int | None]]:
+    """measure_fast's steps 1 and 2 for one batch of prompts: each one's greedy reply, settled
+    against the verifier's forward, with that forward's view ((reference, view, cut_at): `settle`)."""
+    references = verifier.greedy_batch(prompts, max_new_tokens, eos) if len(prompts) > 1 else [verifier.greedy(prompts[0], max_new_tokens, eos)]
+    return settle(verifier, prompts, references)
+
+
+def replay_draft(proposer: "Eagle3Proposer", prompts: list[list[int]], settled: list[tuple[list[int], Any, int | None]], ks: list[int], max_new_tokens: int, eos: set[int],
+                 packed: bool | None = None) -> dict[int, list[PromptResult]]:
+    """measure_fast's step 3 for one batch, at each k of `ks`: the draft's chains at every
+    position from one draft run (at the largest k: a shorter chain is its prefix), then `replay`."""
+    sequences = [prompt + reference for prompt, (reference, _, _) in zip(prompts, settled)]
+    tables = chain_tables(proposer, sequences, [view for _, view, _ in settled], max(ks), packed)
+    results: dict[int, list[PromptResult]] = {k: [] for k in ks}
+    for prompt, sequence, (reference, view, cut_at), table in zip(prompts, sequences, settled, tables):
+        for k in ks:
+            # a cut reply is measured as a reply of its length: its last round stops there
+            r = replay(TableProposer(sequence, table), prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
+            r.greedy_match, r.cut_at = True, cut_at  # settle made the reply agree with the forward
+            results[k].append(r)
     return results
 
 

@@ -6,7 +6,12 @@
 #              evaluate on the GPU, then serve_check at k = 3 on vLLM 0.26.0: served tau beside evaluate's
 #   evaluate   bench/evaluate_speed.py: the evaluate stage beside the verifier's own batched decoding (64 held-out
 #              prompts, 256 new tokens, each side twice), SmolLM2 and the carried CPU-trained draft (.carry-ev*), alone on the GPU;
-#              EVAL_ARGS last (e.g. on a CPU: EVAL_ARGS="--prompts 4 --max-new-tokens 16 --repeats 1", with GGUF= as below)
+#              EVAL_ARGS last (e.g. on a CPU: EVAL_ARGS="--prompts 4 --max-new-tokens 16 --repeats 1", with GGUF= as below).
+#              EVAL_DRAFT (a checkpoint or a training output) and EVAL_DATA replace the carried draft and prompts: after a
+#              levers part on the same warm machine, its GPU-trained baseline draft and test prompts (no .carry-ev needed):
+#                rm -f /tmp/detached/chain.pid; PARTS=evaluate EVAL_DATA=/tmp/levers/outputs/levers/train-3000.jsonl \
+#                  EVAL_DRAFT=$(python3 -c 'import json; a = json.load(open("/tmp/levers/taus/heldout.json"))["bench_key"]["args"]; \
+#                  print(next(x.split("=", 1)[1] for x in a if x.startswith("baseline@")))') WAIT_S=200 bash bench/gpu/chain.sh
 #   train      bench/gpu/speed.py --parts setup,train --train-pick $TRAIN_PICK --train-steps 36 --train-epochs 2: our
 #              train stage beside `speculators train` direct, each twice, and between them ours with speculators' own
 #              replies-only loss mask and ours without the rounds walk (TRAIN_PICK default 0,1,3,4,5,1: speed.py's variants),
@@ -29,7 +34,8 @@
 #              $LEVERS_SIZE (default 3000) --arms $LEVERS_ARMS (default baseline: with `speculators train`'s defaults beside
 #              it): issue 59's study, a few arms a session (one session cannot train all six at 3,000 prompts); SmolLM2 from
 #              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
-#              back with each call; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
+#              back with each call, and levers-work.tgz: what the study has finished so far (phases.json, taus/, the
+#              logs), so a session that ends mid-part keeps its measured splits; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
 #              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline; the
 #              data size only through LEVERS_SIZE: --data-size adds a size, it does not replace one). Its mechanics on a
 #              CPU (2026-12-06, 4 + 4 minutes; then --merge of the two levers.json gave one table, replies-2 chosen):
@@ -63,6 +69,7 @@ part() { [[ "$PARTS" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$results"
 export PYTHONPATH=/tmp/site:/tmp/site-vllm:$REPO
 gguf=${GGUF:-/tmp/cf/SmolLM2-135M-Instruct.Q4_1.gguf}
+levers_work=${LEVERS_WORK:-/tmp/levers}
 
 kimi() {
   rm -rf /tmp/km && mkdir -p /tmp/km && tar xf /tmp/kf/kimi.tar -C /tmp/km
@@ -95,8 +102,8 @@ if [ "${1:-}" = --job ]; then
   if part evaluate; then
     # a part that fails is said and the next one still runs (set -e would end the job here)
     { verifier > "$results/import_verifier.log" 2>&1
-      mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/
-      python3 bench/evaluate_speed.py --verifier /tmp/verifier --draft /tmp/ef/draft --data /tmp/ef/chat.jsonl --prompts 64 \
+      [ -n "${EVAL_DRAFT:-}" ] || { mkdir -p /tmp/ef/draft && cp /tmp/ef/config.json /tmp/ef/model.safetensors /tmp/ef/draft/; }
+      python3 bench/evaluate_speed.py --verifier /tmp/verifier --draft "${EVAL_DRAFT:-/tmp/ef/draft}" --data "${EVAL_DATA:-/tmp/ef/chat.jsonl}" --prompts 64 \
         --max-new-tokens 256 --repeats 2 ${EVAL_ARGS:-} 2>&1 | grep -v -e 'Loading weights' -e 'speculators.utils.loading' | tee "$results/evaluate_speed.log"
     } || echo "evaluate ended with exit $?"
   fi
@@ -118,7 +125,7 @@ if [ "${1:-}" = --job ]; then
   if part levers; then
     mkdir -p "$results/levers"
     python3 bench/quality/run.py --study levers --verifier smollm2 --size gpu --gguf "$gguf" --data-size "${LEVERS_SIZE:-3000}" \
-      --arms "${LEVERS_ARMS:-baseline}" --workdir /tmp/levers --no-record --json ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
+      --arms "${LEVERS_ARMS:-baseline}" --workdir "$levers_work" --no-record --json ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
       2> "$results/levers/levers.log" || echo "levers ended with exit $?"
   fi
   exit 0
@@ -145,7 +152,7 @@ fi
 ready=1
 [ -d /tmp/site/speculators ] || ready=0
 part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
-part evaluate && { [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ] && [ -f "$gguf" ] || ready=0; }
+part evaluate && { { [ -n "${EVAL_DRAFT:-}" ] || { [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; }; } && [ -f "$gguf" ] || ready=0; }
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 part levers && { [ -f "$gguf" ] || ready=0; }
@@ -156,6 +163,11 @@ fi
 rc=0
 bash bench/gpu/detached.sh wait chain "${WAIT_S:-5}" || rc=$?
 cp -r "$results"/. "$OUT/" 2>/dev/null || true
+# what the levers study has finished so far, in one file (a call brings back at most 8): its finished arms,
+# each split's taus once measured, and the logs; a session that ends mid-study keeps them
+if part levers && [ -d "$levers_work" ]; then
+  (cd "$levers_work" && tar czf "$OUT/levers-work.tgz" --ignore-failed-read $(ls -d phases.json taus ./*.log levers/*.log 2>/dev/null)) || true
+fi
 cp /tmp/detached/chain.log "$OUT/chain.log" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader || true
 exit "$rc"

@@ -5,11 +5,11 @@
         --draft speculators=CKPT --ks 3 5 --output taus.json
 
 Run in the stage environment (torch, transformers, speculators). For each held-out prompt the
-verifier decodes greedily once and reads prompt + continuation once; every proposer (vLLM's ngram
-lookup, and each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay:
-the same rounds and acceptances as the evaluate stage's chain speculation, without a verifier
-forward per round; an EAGLE-3 draft's proposals for every round come from one draft forward,
-evaluate.chain_table). Each report counts the replies stuck in a repetition loop
+verifier decodes greedily once and reads prompt + continuation once, a batch of prompts at a
+time (evaluate's fast method: evaluate.greedy_replies); every proposer (vLLM's ngram lookup, and
+each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay: the same rounds
+and acceptances as the evaluate stage's chain speculation, without a verifier forward per round;
+an EAGLE-3 draft's proposals for every round come from one draft run, evaluate.replay_draft). Each report counts the replies stuck in a repetition loop
 (`looping_prompts`, evaluate.is_looping) and gives tau without them (`tau_without_loops`).
 Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}; a report's by_category:
 tau per row category (evaluate.tau_by_category; {} when the rows have none).
@@ -74,23 +74,16 @@ def main() -> None:
     any_verifier = next(iter(verifiers.values())) if verifiers else evaluate.HFVerifier(model, [2, num_layers // 2, num_layers - 3], torch.bfloat16)
 
     results: dict[str, dict[int, list]] = {name: {k: [] for k in args.ks} for name in proposers}
+    batch_size = any_verifier.batch_size(prompts, args.max_new_tokens)
     measured, loop_started = 0, time.monotonic()  # the models are loaded: the time limit counts from here
-    for i, prompt in enumerate(prompts, 1):
+    while measured < len(prompts):
         if measured and args.max_seconds and time.monotonic() - loop_started > args.max_seconds:
             print(f"stopping after {measured} of {len(prompts)} prompts: --max-seconds {args.max_seconds:g} passed", file=sys.stderr, flush=True)
             break
-        reference = any_verifier.greedy(prompt, args.max_new_tokens + max(args.ks) + 1, eos)
-        views = {layers: v.forward(prompt + reference)[1] for layers, v in verifiers.items()}
-        for name, (proposer, layers) in proposers.items():
-            view = views.get(tuple(layers)) if layers else None
-            if isinstance(proposer, evaluate.Eagle3Proposer):  # every round's proposal from one draft forward (evaluate --method fast)
-                proposer = evaluate.TableProposer(prompt + reference, evaluate.chain_table(proposer, prompt + reference, view, max(args.ks)))
-            for k in args.ks:
-                r = evaluate.replay(proposer, prompt, reference, view, k, args.max_new_tokens, eos)
-                r.looping = evaluate.is_looping(r.generated, eos)
-                results[name][k].append(r)
-        measured = i
-        print(f"prompt {i}/{len(prompts)}", file=sys.stderr, flush=True)
+        batch = prompts[measured : measured + batch_size]
+        measure_batch(batch, any_verifier, verifiers, proposers, args.ks, args.max_new_tokens, eos, results)
+        measured += len(batch)
+        print(f"prompt {measured}/{len(prompts)}", file=sys.stderr, flush=True)
 
     taus = {name: {str(k): {**asdict(evaluate.summarize(rs, k)), "by_category": evaluate.tau_by_category(rs, categories, k)} for k, rs in by_k.items()} for name, by_k in results.items()}
     out = {"prompts": measured, "max_new_tokens": args.max_new_tokens, "device": device, "seconds": round(time.monotonic() - started, 1), "taus": taus}
@@ -98,6 +91,27 @@ def main() -> None:
     print(json.dumps({name: {k: round(r["tau"], 3) for k, r in by_k.items()} for name, by_k in taus.items()}))
     loops = {name: by_k[str(args.ks[0])]["looping_prompts"] for name, by_k in taus.items()}
     print(f"replies stuck in a loop (of {measured}): {loops[next(iter(loops))]}" if len(set(loops.values())) == 1 else f"replies stuck in a loop: {loops}")
+
+
+@evaluate.without_cudnn_attention
+def measure_batch(batch: list[list[int]], any_verifier, verifiers: dict, proposers: dict, ks: list[int], max_new_tokens: int, eos: set[int], results: dict) -> None:
+    """Every proposer on one batch of prompts, against the same greedy replies (evaluate's fast
+    method, as the evaluate stage measures: one batched decode, one forward per prompt, one draft
+    run per draft)."""
+    settled = evaluate.greedy_replies(any_verifier, batch, max_new_tokens, eos)
+    sequences = [prompt + reference for prompt, (reference, _, _) in zip(batch, settled)]
+    views = {}
+    for layers, v in verifiers.items():  # drafts reading other layers get their own view
+        views[layers] = [view for _, view, _ in settled] if v is any_verifier else [view for _, view in v.forward_many(sequences)]
+    for name, (proposer, layers) in proposers.items():
+        if isinstance(proposer, evaluate.Eagle3Proposer):
+            by_k = evaluate.replay_draft(proposer, batch, [(r, view, cut) for (r, _, cut), view in zip(settled, views[tuple(layers)])], ks, max_new_tokens, eos)
+        else:  # vLLM's ngram lookup reads only the tokens
+            by_k = {k: [evaluate.replay(proposer, prompt, reference, None, k, max_new_tokens if cut is None else len(reference), eos) for prompt, (reference, _, cut) in zip(batch, settled)] for k in ks}
+        for k, rs in by_k.items():
+            for r in rs:
+                r.looping = evaluate.is_looping(r.generated, eos)
+            results[name][k] += rs
 
 
 if __name__ == "__main__":
