@@ -35,7 +35,8 @@
 #              it): issue 59's study, a few arms a session (one session cannot train all six at 3,000 prompts); SmolLM2 from
 #              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
 #              back with each call, and levers-work.tgz: what the study has finished so far (phases.json, taus/, the
-#              logs), so a session that ends mid-part keeps its measured splits; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
+#              logs; only from calls whose PARTS names levers, the wait calls too), so a session that ends mid-part keeps
+#              its measured splits; `python bench/quality/run.py --study levers --merge A.json --merge B.json ...` puts the
 #              sessions' parts together. LEVERS_ARGS last (e.g. --train-deadline-s N for the reference's deadline; the
 #              data size only through LEVERS_SIZE: --data-size adds a size, it does not replace one). Its mechanics on a
 #              CPU (2026-12-06, 4 + 4 minutes; then --merge of the two levers.json gave one table, replies-2 chosen):
@@ -152,7 +153,13 @@ fi
 ready=1
 [ -d /tmp/site/speculators ] || ready=0
 part agreement && { [ -f /tmp/ef/chat.jsonl ] && [ -f "$gguf" ] || ready=0; }
-part evaluate && { { [ -n "${EVAL_DRAFT:-}" ] || { [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; }; } && [ -f "$gguf" ] || ready=0; }
+if part evaluate; then
+  if [ -n "${EVAL_DATA:-}" ] && [ -z "${EVAL_DRAFT:-}" ]; then
+    echo "EVAL_DATA without EVAL_DRAFT: the carried draft was not trained on those prompts; give EVAL_DRAFT too"; ready=0
+  fi
+  { { [ -n "${EVAL_DRAFT:-}" ] && [ -e "$EVAL_DRAFT" ]; } || { [ -z "${EVAL_DRAFT:-}" ] && [ -f /tmp/ef/model.safetensors ] && [ -f /tmp/ef/config.json ]; }; } \
+    && [ -f "${EVAL_DATA:-/tmp/ef/chat.jsonl}" ] && [ -f "$gguf" ] || ready=0
+fi
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 part levers && { [ -f "$gguf" ] || ready=0; }

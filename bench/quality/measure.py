@@ -44,7 +44,7 @@ def main() -> None:
     p.add_argument("--split", default="heldout")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dtype", default="auto", help="the verifier's compute dtype (auto: bf16 on GPU, float32 on CPU; the extract stage's, for the same hidden states)")
-    p.add_argument("--max-seconds", type=float, default=0.0, help="stop measuring after the prompt that passes this long (from the models' loading; at least one prompt; 0: every prompt); the output says how many were measured")
+    p.add_argument("--max-seconds", type=float, default=0.0, help="stop measuring after the batch of prompts that passes this long (from the models' loading; at least one batch: up to 8 prompts on a CPU, 64 on a GPU; 0: every prompt); the output says how many were measured")
     p.add_argument("--output", required=True)
     args = p.parse_args()
 
@@ -108,6 +108,9 @@ def measure_batch(batch: list[list[int]], any_verifier, verifiers: dict, propose
             by_k = evaluate.replay_draft(proposer, batch, [(r, view, cut) for (r, _, cut), view in zip(settled, views[tuple(layers)])], ks, max_new_tokens, eos)
         else:  # vLLM's ngram lookup reads only the tokens
             by_k = {k: [evaluate.replay(proposer, prompt, reference, None, k, max_new_tokens if cut is None else len(reference), eos) for prompt, (reference, _, cut) in zip(batch, settled)] for k in ks}
+            for rs in by_k.values():
+                for r, (_, _, cut) in zip(rs, settled):
+                    r.greedy_match, r.cut_at = True, cut  # the drafts' replies, cut where they are
         for k, rs in by_k.items():
             for r in rs:
                 r.looping = evaluate.is_looping(r.generated, eos)
