@@ -9,8 +9,9 @@ verifier decodes greedily once and reads prompt + continuation once, a batch of 
 time (evaluate's fast method: evaluate.greedy_replies); every proposer (vLLM's ngram lookup, and
 each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay: the same rounds
 and acceptances as the evaluate stage's chain speculation, without a verifier forward per round;
-an EAGLE-3 draft's proposals for every round come from one draft run, evaluate.replay_draft). Each report counts the replies stuck in a repetition loop
-(`looping_prompts`, evaluate.is_looping) and gives tau without them (`tau_without_loops`).
+an EAGLE-3 draft's proposals for every round come from one draft run, evaluate.replay_draft).
+Each report counts the replies stuck in a repetition loop (`looping_prompts`,
+evaluate.is_looping) and gives tau without them (`tau_without_loops`).
 Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}; a report's by_category:
 tau per row category (evaluate.tau_by_category; {} when the rows have none).
 """
