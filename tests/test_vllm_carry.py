@@ -162,6 +162,22 @@ def test_pack_leaves_out_a_second_version_of_a_distribution(tmp_path):
     assert [e["name"] for e in manifest["files"]] == [pinned.name, other.name]
 
 
+def test_install_of_two_versions_of_a_distribution_names_them_in_one_line(tmp_path):
+    """A carry packed before pack left duplicates out: install says which two, installs nothing."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pinned, newer = make_wheel(wheels, "httpx_two", "2.16.2", []), make_wheel(wheels, "httpx_two", "2.17.0", [])
+    make_wheel(wheels, "servepkg", "1.0", [])
+    r = carry("install", str(wheels), str(tmp_path / "site"), "--new-only", cwd=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert f"two versions of one distribution ({pinned.name}, {newer.name})" in r.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "site").exists() and not (wheels / ".installed").exists()
+    newer.unlink()
+    r = carry("install", str(wheels), str(tmp_path / "site"), "--new-only", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"installed 2 wheels into {tmp_path / 'site'}"
+
+
 def test_stage_keeps_each_calls_parts_and_install_takes_only_new_wheels(tmp_path):
     """Across device calls: each call's part directories of one family are kept (the next call
     no longer has them), another family's parts stay apart, and `install --new-only` installs

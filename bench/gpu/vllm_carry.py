@@ -410,6 +410,14 @@ def install(wheels_dir: Path, target: Path, for_device: bool, exclude: set[str] 
         if new_only:
             return []
         raise SystemExit(f"{wheels_dir}: no wheels")
+    # pip refuses the whole install over two versions of one distribution, in a traceback that
+    # does not say which: say it in one line (a carry packed before `pack` left them out)
+    names: dict[str, list[str]] = {}
+    for w in sorted(wheels_dir.glob("*.whl")):
+        names.setdefault(canonicalize_name(w.name.split("-", 1)[0]), []).append(w.name)
+    if twice := [", ".join(v) for v in names.values() if len(v) > 1 and any(n in {w.name for w in wheels} for n in v)]:
+        raise SystemExit(f"{wheels_dir}: two versions of one distribution ({'; '.join(twice)}): pip installs one; pack the carry again "
+                         "(vllm_carry.py pack keeps the first) or remove the one not wanted")
     platform = PLATFORM_ARGS if for_device else []
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir", "--disable-pip-version-check",
                     *platform, "--target", str(target), *map(str, wheels)], check=True)
