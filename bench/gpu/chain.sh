@@ -32,7 +32,7 @@
 #                  --max-seq-len 256 --eval-new-tokens 16" bash bench/gpu/chain.sh --job
 #   levers     (only when PARTS names it) bench/quality/run.py --study levers --verifier smollm2 --size gpu --data-size
 #              $LEVERS_SIZE (default 3000) --arms $LEVERS_ARMS (default baseline: with `speculators train`'s defaults beside
-#              it): issue 59's study, a few arms a session (one session cannot train all six at 3,000 prompts); SmolLM2 from
+#              it): issue 59's study, a few arms a session (one session cannot train all seven at 3,000 prompts); SmolLM2 from
 #              the carried GGUF, no vLLM (.carry1-3 suffice). $results/levers/levers.json (run.py --json) and its log come
 #              back with each call, and levers-work.tgz: what the study has finished so far (phases.json, taus/, the
 #              logs; only from calls whose PARTS names levers, the wait calls too), so a session that ends mid-part keeps
