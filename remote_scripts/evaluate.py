@@ -359,7 +359,7 @@ def measure_fast(verifier: "HFVerifier", proposer: "Eagle3Proposer", prompts: li
     for start in range(0, len(prompts), max(1, batch_size)):
         batch = prompts[start : start + max(1, batch_size)]
         settled = greedy_replies(verifier, batch, max_new_tokens, eos)
-        for r in replay_draft(proposer, batch, settled, [k], max_new_tokens, eos, packed)[k]:
+        for r in replay_settled(proposer, batch, settled, [k], max_new_tokens, eos, packed)[k]:
             results.append(r)
             if progress:
                 progress(len(results))
@@ -373,17 +373,22 @@ def greedy_replies(verifier: "HFVerifier", prompts: list[list[int]], max_new_tok
     return settle(verifier, prompts, references)
 
 
-def replay_draft(proposer: "Eagle3Proposer", prompts: list[list[int]], settled: list[tuple[list[int], Any, int | None]], ks: list[int], max_new_tokens: int, eos: set[int],
-                 packed: bool | None = None) -> dict[int, list[PromptResult]]:
-    """measure_fast's step 3 for one batch, at each k of `ks`: the draft's chains at every
-    position from one draft run (at the largest k: a shorter chain is its prefix), then `replay`."""
+def replay_settled(proposer: Proposer, prompts: list[list[int]], settled: list[tuple[list[int], Any, int | None]], ks: list[int], max_new_tokens: int, eos: set[int],
+                   packed: bool | None = None) -> dict[int, list[PromptResult]]:
+    """measure_fast's step 3 for one batch, at each k of `ks`: an EAGLE-3 draft's chains at every
+    position from one draft run (at the largest k: a shorter chain is its prefix), any other
+    proposer (n-gram lookup: the tokens alone) as it is; then `replay` against the settled replies."""
     sequences = [prompt + reference for prompt, (reference, _, _) in zip(prompts, settled)]
-    tables = chain_tables(proposer, sequences, [view for _, view, _ in settled], max(ks), packed)
+    if isinstance(proposer, Eagle3Proposer):
+        tables = chain_tables(proposer, sequences, [view for _, view, _ in settled], max(ks), packed)
+        proposers: list[Proposer] = [TableProposer(sequence, table) for sequence, table in zip(sequences, tables)]
+    else:
+        proposers = [proposer] * len(prompts)
     results: dict[int, list[PromptResult]] = {k: [] for k in ks}
-    for prompt, sequence, (reference, view, cut_at), table in zip(prompts, sequences, settled, tables):
+    for prompt, (reference, view, cut_at), each in zip(prompts, settled, proposers):
         for k in ks:
             # a cut reply is measured as a reply of its length: its last round stops there
-            r = replay(TableProposer(sequence, table), prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
+            r = replay(each, prompt, reference, view, k, max_new_tokens if cut_at is None else len(reference), eos)
             r.greedy_match, r.cut_at = True, cut_at  # settle made the reply agree with the forward
             results[k].append(r)
     return results

@@ -132,7 +132,7 @@ def download(requirement: str, dest: Path, pip_args: list[str]) -> Path:
     if new:
         return new.pop()
     name = canonicalize_name(Requirement(requirement).name)
-    found = [w for w in dest.glob("*.whl") if canonicalize_name(w.name.split("-")[0]) == name]
+    found = [w for w in dest.glob("*.whl") if distribution(w.name) == name]
     if not found:
         raise RuntimeError(f"pip download {requirement}: no wheel in {dest}")
     return max(found, key=lambda w: w.stat().st_mtime)
@@ -312,7 +312,7 @@ def pack(files: list[Path], prefix: str, part_bytes: int) -> list[Path]:
     two versions of one package together, and the first is the pipeline's pin."""
     entries, offset, kept, seen = [], 0, [], {}
     for f in files:
-        name = canonicalize_name(f.name.split("-", 1)[0]) if f.suffix == ".whl" else f.name
+        name = distribution(f.name) if f.suffix == ".whl" else f.name
         if name in seen:
             print(f"left out {f.name}: {seen[name]} comes first", file=sys.stderr)
             continue
@@ -380,6 +380,11 @@ def unpack(stage: Path, into: Path) -> list[str]:
     return waiting
 
 
+def distribution(wheel: str) -> str:
+    """A wheel file's distribution, as pip compares them (its name before the first '-')."""
+    return canonicalize_name(wheel.split("-", 1)[0])
+
+
 def carry_name(family: str) -> str:
     """The part directories' name before their number: .carry, or .carry-F for family F."""
     return ".carry" + (f"-{family}" if family else "")
@@ -405,17 +410,18 @@ def install(wheels_dir: Path, target: Path, for_device: bool, exclude: set[str] 
     """Installs the wheels (see the module's doc); returns their names."""
     record = wheels_dir / INSTALLED
     taken = set(record.read_text().split()) if new_only and record.is_file() else set()
-    wheels = sorted(w for w in wheels_dir.glob("*.whl") if canonicalize_name(w.name.split("-", 1)[0]) not in exclude and w.name not in taken)
+    wheels = sorted(w for w in wheels_dir.glob("*.whl") if distribution(w.name) not in exclude and w.name not in taken)
     if not wheels:
         if new_only:
             return []
         raise SystemExit(f"{wheels_dir}: no wheels")
     # pip refuses the whole install over two versions of one distribution, in a traceback that
     # does not say which: say it in one line (a carry packed before `pack` left them out)
-    names: dict[str, list[str]] = {}
+    versions: dict[str, list[str]] = {}
     for w in sorted(wheels_dir.glob("*.whl")):
-        names.setdefault(canonicalize_name(w.name.split("-", 1)[0]), []).append(w.name)
-    if twice := [", ".join(v) for v in names.values() if len(v) > 1 and any(n in {w.name for w in wheels} for n in v)]:
+        versions.setdefault(distribution(w.name), []).append(w.name)
+    new = {w.name for w in wheels}
+    if twice := [", ".join(v) for v in versions.values() if len(v) > 1 and new.intersection(v)]:
         raise SystemExit(f"{wheels_dir}: two versions of one distribution ({'; '.join(twice)}): pip installs one; pack the carry again "
                          "(vllm_carry.py pack keeps the first) or remove the one not wanted")
     platform = PLATFORM_ARGS if for_device else []

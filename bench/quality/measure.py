@@ -9,7 +9,7 @@ verifier decodes greedily once and reads prompt + continuation once, a batch of 
 time (evaluate's fast method: evaluate.greedy_replies); every proposer (vLLM's ngram lookup, and
 each EAGLE-3 draft) is then replayed against that continuation (evaluate.replay: the same rounds
 and acceptances as the evaluate stage's chain speculation, without a verifier forward per round;
-an EAGLE-3 draft's proposals for every round come from one draft run, evaluate.replay_draft).
+an EAGLE-3 draft's proposals for every round come from one draft run, evaluate.replay_settled).
 Each report counts the replies stuck in a repetition loop (`looping_prompts`,
 evaluate.is_looping) and gives tau without them (`tau_without_loops`).
 Prints and writes {"prompts", "max_new_tokens", "taus": {name: {k: report}}}; a report's by_category:
@@ -100,18 +100,13 @@ def measure_batch(batch: list[list[int]], any_verifier, verifiers: dict, propose
     method, as the evaluate stage measures: one batched decode, one forward per prompt, one draft
     run per draft)."""
     settled = evaluate.greedy_replies(any_verifier, batch, max_new_tokens, eos)
-    sequences = [prompt + reference for prompt, (reference, _, _) in zip(batch, settled)]
     views = {}
     for layers, v in verifiers.items():  # drafts reading other layers get their own view
-        views[layers] = [view for _, view, _ in settled] if v is any_verifier else [view for _, view in v.forward_many(sequences)]
+        views[layers] = [view for _, view, _ in settled] if v is any_verifier else [view for _, view in v.forward_many([p + r for p, (r, _, _) in zip(batch, settled)])]
     for name, (proposer, layers) in proposers.items():
-        if isinstance(proposer, evaluate.Eagle3Proposer):
-            by_k = evaluate.replay_draft(proposer, batch, [(r, view, cut) for (r, _, cut), view in zip(settled, views[tuple(layers)])], ks, max_new_tokens, eos)
-        else:  # vLLM's ngram lookup reads only the tokens
-            by_k = {k: [evaluate.replay(proposer, prompt, reference, None, k, max_new_tokens if cut is None else len(reference), eos) for prompt, (reference, _, cut) in zip(batch, settled)] for k in ks}
-            for rs in by_k.values():
-                for r, (_, _, cut) in zip(rs, settled):
-                    r.greedy_match, r.cut_at = True, cut  # the drafts' replies, cut where they are
+        # vLLM's ngram lookup reads only the tokens: any view will do
+        replies = settled if not layers else [(r, view, cut) for (r, _, cut), view in zip(settled, views[tuple(layers)])]
+        by_k = evaluate.replay_settled(proposer, batch, replies, ks, max_new_tokens, eos)
         for k, rs in by_k.items():
             for r in rs:
                 r.looping = evaluate.is_looping(r.generated, eos)
