@@ -6,7 +6,10 @@ value (a toy verifier's draft after one epoch)."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +138,97 @@ def test_levers_study_each_arm_its_own_run_chosen_on_selection_and_resumed(tmp_p
         refused = subprocess.run([sys.executable, str(REPO_ROOT / "bench/quality/run.py"), "--study", "levers", "--merge", str(a), "--merge", str(b), "--no-record"],
                                  capture_output=True, text=True, env=offline_env(PYTHONPATH=str(REPO_ROOT)), timeout=120)
         assert refused.returncode != 0 and said in refused.stderr, refused.stderr[-2000:]
+
+    # The next session (a machine goes back with its disk): the replies regenerate made come back
+    # (carried.py pack), the verifier is the same bytes made again (new mtimes), and the reference
+    # trains alone there (--reference-only, where one session cannot train both): regenerate's
+    # artifact is the carried one, reused by its key; prepare and extract run; none of our training.
+    sys.path.insert(0, str(REPO_ROOT / "bench" / "quality"))
+    import carried
+
+    archive = tmp_path / "levers-regenerate.tgz"
+    assert carried.pack(work, archive, "outputs/stdlib-verifier") == [archive]
+    work2, n = tmp_path / "work2", sizes[0]
+    (work2 / "outputs").mkdir(parents=True)
+    shutil.copytree(work / "outputs/stdlib-verifier", work2 / "outputs/stdlib-verifier", copy_function=shutil.copy)
+    shutil.copy(work / "outputs/chat.jsonl", work2 / "outputs/chat.jsonl")
+    ref = study(work2, levers, "--json", "--concurrent", "--arms", "baseline", "--reference-only", "--data-size", str(n), "--carried", str(archive))
+    assert ref.returncode == 0, ref.stderr[-4000:]
+    rr = json.loads(ref.stdout.strip().splitlines()[-1])
+    assert [a["arm"] for a in rr["arms"]] == [f"speculators@{n}"] and rr["arms"][0]["carried_regenerate"] is True
+    (run2,) = (work2 / "runs").iterdir()
+    record2 = json.loads((run2 / "run.json").read_text())
+    first_run = RunArtifacts(json.loads((work / "runs" / arms[f"baseline@{n}"]["run"] / "run.json").read_text()), str(work))
+    assert Path(RunArtifacts(record2, str(work2)).path("regenerate")).name == Path(first_run.path("regenerate")).name
+    assert rr["arms"][0]["seconds"]["regenerate"] == arms[f"baseline@{n}"]["seconds"]["regenerate"]  # the carried record's own
+    assert record2["stages"] == ["regenerate", "prepare", "extract"] and record2["artifacts"]["regenerate"]["made_by"] == arms[f"baseline@{n}"]["run"]
+    assert not (work2 / "outputs/artifacts/train").exists()
+
+
+def test_carried_replies_keep_their_key_on_a_verifier_imported_again_and_only_there(tmp_path):
+    """bench/quality/carried.py: a session's regenerate artifacts and the next session's verifier,
+    the same bytes imported again at another mtime. The store identifies a large file that is not
+    safetensors by size and mtime; after restore the verifier's identity (the key's input) is
+    the one the artifacts were made with. A verifier whose content differs restores nothing."""
+    sys.path.insert(0, str(REPO_ROOT / "bench" / "quality"))
+    import carried
+
+    from harness.host_helpers import artifact_store
+
+    def make_session(work: Path, tokenizer: bytes) -> Path:
+        verifier = work / "outputs/smollm2-verifier"
+        verifier.mkdir(parents=True)
+        (verifier / "config.json").write_text('{"hidden_size": 64}')
+        (verifier / "tokenizer.json").write_bytes(tokenizer)  # over artifact_store.SMALL_FILE: identified by size and mtime
+        return verifier
+
+    def identity(work: Path) -> dict:
+        return artifact_store.identify("outputs/smollm2-verifier", str(work), artifact_store.Digests(str(work)))
+
+    tokenizer = bytes(range(256)) * (3 << 12)  # 3 MiB
+    first = tmp_path / "first"
+    made_with = make_session(first, tokenizer)
+    made_identity = identity(first)
+    store = first / carried.STORE
+    (store / "k1").mkdir(parents=True)
+    (store / "k1" / "regenerated.jsonl").write_text('{"messages": []}\n')
+    (store / "k2").mkdir()  # an artifact still being made: no record yet
+    (store / "k1.json").write_text(json.dumps({"key": "k1", "events": [{"event": "finished", "seconds": 93.0}]}))
+    archive = tmp_path / "back" / "levers-regenerate.tgz"
+    archive.parent.mkdir()
+    assert carried.pack(first, archive, "outputs/smollm2-verifier") == [archive]
+    assert carried.pack(first, archive, "outputs/smollm2-verifier") == []  # nothing completed since: no second transfer
+
+    # The next session: the same bytes, imported again later.
+    second = tmp_path / "second"
+    again = make_session(second, tokenizer)
+    os.utime(again / "tokenizer.json", ns=(made_with.stat().st_mtime_ns + 10**9,) * 2)
+    assert identity(second) != made_identity  # the key would differ: regenerate would run again
+    assert carried.restore(second, again, archive) == ["k1"]
+    assert identity(second) == made_identity
+    assert (second / carried.STORE / "k1" / "regenerated.jsonl").read_text() == '{"messages": []}\n'
+    assert json.loads((second / carried.STORE / "k1.json").read_text())["events"][0]["seconds"] == 93.0
+    assert not (second / carried.STORE / "k2").exists()
+    assert carried.pack(second, tmp_path / "again.tgz", "outputs/smollm2-verifier") == []  # the laptop has these
+
+    # Another verifier: nothing restored, its files untouched.
+    third = tmp_path / "third"
+    other = make_session(third, tokenizer[:-1] + b"x")
+    mtime = other.joinpath("tokenizer.json").stat().st_mtime_ns
+    assert carried.restore(third, other, archive) == []
+    assert other.joinpath("tokenizer.json").stat().st_mtime_ns == mtime and not (third / carried.STORE).exists()
+
+    # An archive with a way out of the store is refused whole.
+    import tarfile
+
+    bad = tmp_path / "bad.tgz"
+    with tarfile.open(archive) as src, tarfile.open(bad, "w:gz") as dst:
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
+        evil = tarfile.TarInfo(f"{carried.STORE}/../../../escaped")
+        evil.size = 1
+        dst.addfile(evil, io.BytesIO(b"x"))
+    fourth = tmp_path / "fourth"
+    with pytest.raises(SystemExit, match="not a carried archive"):
+        carried.restore(fourth, make_session(fourth, tokenizer), bad)
+    assert not (tmp_path / "escaped").exists() and not (fourth / carried.STORE).exists()

@@ -43,6 +43,16 @@
 #                PARTS=levers GGUF=.../SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/lvr LEVERS_SIZE=16 LEVERS_ARMS=baseline \
 #                  LEVERS_ARGS="--size cpu --train-deadline-s 90 --measure-max-s 90" bash bench/gpu/chain.sh --job
 #                (then RESULTS=/tmp/lvr2 LEVERS_ARMS=replies-2 LEVERS_ARGS="--size cpu --skip-speculators --measure-max-s 90")
+#              A machine goes back with its disk: the calls bring back levers-regenerate.tgz (bench/quality/carried.py pack;
+#              over 15 MiB in .partN files: cat them) whenever an arm's regenerate has completed. The next session carries
+#              it in (`python bench/gpu/vllm_carry.py pack .carry-lw levers-regenerate.tgz`, .carry-lw1 beside .carry3) and
+#              the study reuses those replies where every input is the same (run.py --carried). At 20,000 prompts, where
+#              one session cannot train ours and the reference: LEVERS_ARGS=--skip-speculators in one session,
+#              LEVERS_ARGS=--reference-only in the next, each LEVERS_ARMS=baseline; then --merge. Its mechanics on a CPU
+#              (2026-12-07, 9 + 7 minutes): LEVERS_SIZE=16 LEVERS_ARGS="--size cpu --skip-speculators --measure-max-s 60" as
+#              above, `carried.py pack`, `vllm_carry.py pack .carry-lw` and `stage`, then LEVERS_WORK=<another> LEVERS_ARGS=
+#              "--size cpu --reference-only --train-deadline-s 90 --measure-max-s 60": the carried regenerate reused (its key
+#              the same after the verifier's new import), prepare, extract and `speculators train` ran; --merge gave one table.
 # agreement and kimi run side by side (neither is a timing), then evaluate, train, online and levers, one at a time.
 #
 # Carries, one per call: .carry1-3 (the pipeline's wheels and the GGUF), .carry4-6 (vLLM 0.26.0: bench/gpu/served.sh
@@ -125,15 +135,17 @@ if [ "${1:-}" = --job ]; then
   fi
   if part levers; then
     mkdir -p "$results/levers"
+    carried=()  # an earlier session's regenerated replies (.carry-lw*), reused where every input is the same
+    [ -f /tmp/lf/levers-regenerate.tgz ] && carried=(--carried /tmp/lf/levers-regenerate.tgz)
     python3 bench/quality/run.py --study levers --verifier smollm2 --size gpu --gguf "$gguf" --data-size "${LEVERS_SIZE:-3000}" \
-      --arms "${LEVERS_ARMS:-baseline}" --workdir "$levers_work" --no-record --json ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
+      --arms "${LEVERS_ARMS:-baseline}" --workdir "$levers_work" --no-record --json "${carried[@]}" ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
       2> "$results/levers/levers.log" || echo "levers ended with exit $?"
   fi
   exit 0
 fi
 
 # A carry call: unpack what has come (a file is written once all its bytes are here, sha256 checked), install it
-for kind in ":cs:cf" "ev:es:ef" "km:ks:kf"; do
+for kind in ":cs:cf" "ev:es:ef" "km:ks:kf" "lw:ls:lf"; do
   IFS=: read -r family stage into <<< "$kind"
   python3 bench/gpu/vllm_carry.py stage "/tmp/$stage" --into "/tmp/$into" --family "$family" | tail -1
 done
@@ -163,6 +175,9 @@ fi
 part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0; }
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 part levers && { [ -f "$gguf" ] || ready=0; }
+if part levers && [ -n "$(ls /tmp/ls 2>/dev/null)" ] && [ ! -f /tmp/lf/levers-regenerate.tgz ]; then
+  echo "levers: the carried regenerated replies (.carry-lw*) are not all here yet"; ready=0
+fi
 if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then
   bash bench/gpu/detached.sh start chain bash bench/gpu/chain.sh --job
 fi
@@ -174,6 +189,8 @@ cp -r "$results"/. "$OUT/" 2>/dev/null || true
 # each split's taus once measured, and the logs; a session that ends mid-study keeps them
 if part levers && [ -d "$levers_work" ]; then
   (cd "$levers_work" && tar czf "$OUT/levers-work.tgz" --ignore-failed-read $(ls -d phases.json taus ./*.log levers/*.log 2>/dev/null)) || true
+  # and regenerate's artifacts, once each is complete (a few MiB at 20,000 prompts): the next session reuses them
+  python3 bench/quality/carried.py pack "$levers_work" "$OUT/levers-regenerate.tgz" || true
 fi
 cp /tmp/detached/chain.log "$OUT/chain.log" 2>/dev/null || true
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader || true

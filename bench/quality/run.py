@@ -52,12 +52,16 @@ The table gives per arm its training rows, looping share, rows cut, the seconds 
 extract + train (each stage's own `finished` figure, from the run that made the artifact) and the
 disk of regenerate's file, prepare's dataset and extract's hidden states. A call cut short goes
 on with the same workdir: finished arms (phases.json), the pipeline's artifacts (keyed by their
-inputs), trainings and measurements are reused. Commands:
+inputs), trainings and measurements are reused. A session that ends with its disk hands the next
+its regenerated replies (`--carried`, bench/quality/carried.py): reused where every input is the
+same. Where one session cannot train both ours and the reference (20,000 prompts), `--skip-speculators`
+trains ours and `--reference-only` the reference in another; `--merge` puts them together. Commands:
 
     python bench/quality/run.py --study levers --size cpu    # SmolLM2, 16 and 32 prompts, 2 cores: a direction, not a claim
     python bench/quality/run.py --study levers --size gpu --data-size 3000   # SmolLM2, 3,000 (then 20,000) prompts, one GPU; resumable over 10-minute calls
     python bench/quality/run.py --study levers --size gpu --data-size 3000 --arms baseline --json > a.json   # a part: some arms (bench/gpu/chain.sh's levers part)
     python bench/quality/run.py --study levers --merge a.json --merge b.json   # the parts as one study (the same prompts and flags, each arm once)
+    python bench/quality/run.py --study levers --size gpu --data-size 20000 --arms baseline --reference-only --carried levers-regenerate.tgz --json > r.json   # the reference, with an earlier session's replies
     python bench/quality/run.py --study levers --verifier stdlib --size ci   # the test's (tests/test_quality_levers.py)
 """
 
@@ -80,6 +84,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "quality"))
+
+import carried  # noqa: E402  (bench/quality/carried.py: what one GPU session hands the next)
 
 HEADING = "## bench/quality/run.py"
 BENCH_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -680,11 +687,17 @@ def bench() -> None:
     p.add_argument("--levers", default=str(REPO / "bench/quality/data-levers.json"), metavar="FILE", help="--study levers: JSON {name: {stage: {flag: value}}}, {} the pipeline's defaults")
     p.add_argument("--arms", default=None, metavar="NAME,...", help="--study levers: only these arms of --levers (one GPU session trains a few; `speculators train` runs where the first arm, the baseline, is among them)")
     p.add_argument("--merge", action="append", default=[], metavar="LEVERS_JSON", help="--study levers: no runs; these calls' levers.json (each some arms) as one study: the table, the choice per data size, the record")
+    p.add_argument("--carried", default=None, metavar="TGZ", help="--study levers: an earlier session's regenerate artifacts (bench/quality/carried.py pack): reused where every input is the same, the verifier's content included")
+    p.add_argument("--reference-only", action="store_true", help="--study levers: the baseline arm's data (regenerate, prepare, extract) and `speculators train` on it, none of our training: the reference in a session of its own where one cannot train both (20,000 prompts); --merge puts it beside ours")
     args = p.parse_args()
     if (args.arms or args.merge) and args.study != "levers":
         p.error("--arms and --merge go with --study levers")
     if args.arms and args.merge:
         p.error("--arms runs a part, --merge puts parts together: one or the other")
+    if (args.carried or args.reference_only) and (args.study != "levers" or args.merge):
+        p.error("--carried and --reference-only go with a --study levers run")
+    if args.reference_only and args.skip_speculators:
+        p.error("--reference-only trains `speculators train` alone: not with --skip-speculators")
     if args.study == "levers" and args.merge:
         r = merge_levers([Path(m) for m in args.merge])
         if not args.no_record:
@@ -906,11 +919,16 @@ def levers_study(args) -> None:
         if unknown := [a for a in picked if a not in levers]:
             raise SystemExit(f"--arms: {', '.join(unknown)} not in --levers {args.levers} (its arms: {', '.join(levers)})")
         levers = {name: flags for name, flags in levers.items() if name in picked}
+    if args.reference_only:
+        if baseline not in levers:
+            raise SystemExit(f"--reference-only: `speculators train` trains on the baseline's data; --arms must name {baseline}")
+        levers = {baseline: levers[baseline]}
     work = Path(args.workdir or f"quality-levers-{verifier}-{args.size}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     load_before = os.getloadavg()
     summary = build_smollm2(spec, work, args.gguf, spec.stage_args["extract"].get("threads")) if verifier == "smollm2" else build_verifier(args.size, spec, work)
+    carried_keys = carried.restore(work, work / verifier_dir(verifier), Path(args.carried)) if args.carried else []
     done = PhaseRecord(work)
     arms: list[dict] = []
     drafts: dict[str, Path] = {}
@@ -928,33 +946,40 @@ def levers_study(args) -> None:
             harness = HarnessRun(spec, work, stage_args, verifier, data=str(data.relative_to(work)))
             if concurrent:
                 harness.in_slot(slot)
-            key = {"data": n, "stages": {st: stage_args[st] for st in stages}, "max_seq_len": spec.max_seq_len}
-            phase = done.get(f"levers/{n}/{name}", key)
-            run = harness.start(stages) if phase is None else None
+            run_stages = stages[:-1] if args.reference_only else stages  # the reference's data: no train of ours
+            phase_name = f"levers/{n}/{name}" + ("/data" if args.reference_only else "")
+            key = {"data": n, "stages": {st: stage_args[st] for st in run_stages}, "max_seq_len": spec.max_seq_len}
+            phase = done.get(phase_name, key)
+            run = harness.start(run_stages) if phase is None else None
             if run and not concurrent:
                 phase = {"run": run, "finished": harness.wait(run)}
-                done.put(f"levers/{n}/{name}", key, phase)
-            started.append((name, flags, harness, key, phase, run))
+                done.put(phase_name, key, phase)
+            started.append((name, flags, harness, phase_name, key, phase, run, run_stages))
         reference = None
-        for name, flags, harness, key, phase, run in started:
+        for name, flags, harness, phase_name, key, phase, run, run_stages in started:
             if phase is None:
                 phase = {"run": run, "finished": harness.wait(run)}
-                done.put(f"levers/{n}/{name}", key, phase)
-            paths = {st: harness.artifact(phase["run"], st) for st in stages}
-            finished = {st: artifact_finished(paths[st]) for st in stages}
+                done.put(phase_name, key, phase)
+            paths = {st: harness.artifact(phase["run"], st) for st in run_stages}
+            finished = {st: artifact_finished(paths[st]) if st in paths else {} for st in stages}
             regenerate, prepare = finished["regenerate"], finished["prepare"]
             arm = f"{name}@{n}"
-            drafts[arm] = paths["train"]
-            arms.append({"arm": arm, "lever": name, "data_prompts": n, "flags": flags, "run": phase["run"],
-                         "rows": prepare.get("rows_kept"), "loops": (regenerate.get("loops") or {}).get("share"),
-                         "truncated_share": prepare.get("truncated_share"), "tokens": prepare.get("total_tokens"), "max_seq_len": prepare.get("max_seq_len"),
-                         "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}})
+            if paths["regenerate"].name in carried_keys:
+                log(f"{arm}: regenerate's artifact {paths['regenerate'].name} is the carried one (made in an earlier session)")
+            entry = {"arm": arm, "lever": name, "data_prompts": n, "flags": flags, "run": phase["run"],
+                     "rows": prepare.get("rows_kept"), "loops": (regenerate.get("loops") or {}).get("share"),
+                     "truncated_share": prepare.get("truncated_share"), "tokens": prepare.get("total_tokens"), "max_seq_len": prepare.get("max_seq_len"),
+                     "carried_regenerate": paths["regenerate"].name in carried_keys,
+                     "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}}
+            if not args.reference_only:
+                drafts[arm] = paths["train"]
+                arms.append(entry)
             if name == baseline and not args.skip_speculators:
                 # `speculators train`'s own defaults on the same data: one greedy reply per prompt.
                 # (its output named by the data's key: other data is another training). Started
                 # once the first arm's data is there; with a GPU it trains beside the other arms.
                 (work / "levers").mkdir(exist_ok=True)
-                reference = (speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}"), arms[-1])
+                reference = (speculators_training(spec, work, {st: paths[st] for st in ("prepare", "extract")}, verifier, name=f"levers/speculators-{n}-{paths['extract'].name}"), entry)
                 if reference[0].done:
                     log(f"speculators@{n}: already trained ({reference[0].output})")
                 else:
@@ -968,7 +993,7 @@ def levers_study(args) -> None:
             mark = json.loads((t.output / "bench_done").read_text())
             drafts[f"speculators@{n}"] = t.output
             arms.append({"arm": f"speculators@{n}", "lever": "speculators", "data_prompts": n, "flags": "`speculators train` defaults", "run": first["run"],
-                         "rows": first["rows"], "loops": first["loops"], "truncated_share": first["truncated_share"], "tokens": first["tokens"],
+                         "rows": first["rows"], "loops": first["loops"], "truncated_share": first["truncated_share"], "tokens": first["tokens"], "carried_regenerate": first["carried_regenerate"],
                          "stopped_early": mark.get("stopped_early", False),
                          "seconds": {**first["seconds"], "train": mark.get("seconds")}, "disk_bytes": first["disk_bytes"]})
     data = levers_data(work, max(data_sizes))
