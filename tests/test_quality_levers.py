@@ -169,47 +169,65 @@ def test_carried_replies_keep_their_key_on_a_verifier_imported_again_and_only_th
     """bench/quality/carried.py: a session's regenerate artifacts and the next session's verifier,
     the same bytes imported again at another mtime. The store identifies a large file that is not
     safetensors by size and mtime; after restore the verifier's identity (the key's input) is
-    the one the artifacts were made with. A verifier whose content differs restores nothing."""
+    the one the artifacts were made with. Only whole artifacts are restored, never over one of
+    this store's own; a verifier whose content differs, or an archive that is not ours, restores nothing."""
     sys.path.insert(0, str(REPO_ROOT / "bench" / "quality"))
+    import tarfile
+
     import carried
 
     from harness.host_helpers import artifact_store
 
     def make_session(work: Path, tokenizer: bytes) -> Path:
         verifier = work / "outputs/smollm2-verifier"
-        verifier.mkdir(parents=True)
+        (verifier / "real").mkdir(parents=True)
         (verifier / "config.json").write_text('{"hidden_size": 64}')
         (verifier / "tokenizer.json").write_bytes(tokenizer)  # over artifact_store.SMALL_FILE: identified by size and mtime
+        (verifier / "real" / "extra.json").write_text("{}")
+        (verifier / "linked").symlink_to("real")  # identify() follows links: so must the stamps
         return verifier
 
     def identity(work: Path) -> dict:
         return artifact_store.identify("outputs/smollm2-verifier", str(work), artifact_store.Digests(str(work)))
 
+    def artifact(store: artifact_store.Store, key: str, seconds: float, record: bool = True) -> None:
+        artifact_store.private_dirs(store.dir("regenerate", key))
+        Path(store.dir("regenerate", key), "regenerated.jsonl").write_text(f'{{"seconds": {seconds}}}\n')
+        if record:
+            store.complete("regenerate", key, {"made_by": "20261207-000000-aaaaaa", "events": [{"event": "finished", "seconds": seconds}]})
+
+    k1, k2, k3 = "1" * 20, "2" * 20, "3" * 20
     tokenizer = bytes(range(256)) * (3 << 12)  # 3 MiB
     first = tmp_path / "first"
     made_with = make_session(first, tokenizer)
     made_identity = identity(first)
-    store = first / carried.STORE
-    (store / "k1").mkdir(parents=True)
-    (store / "k1" / "regenerated.jsonl").write_text('{"messages": []}\n')
-    (store / "k2").mkdir()  # an artifact still being made: no record yet
-    (store / "k1.json").write_text(json.dumps({"key": "k1", "events": [{"event": "finished", "seconds": 93.0}]}))
+    store = artifact_store.Store(str(first), carried.STORE)
+    artifact(store, k1, 93.0)
+    artifact(store, k2, 50.0)
+    artifact(store, k3, 1.0, record=False)  # still being made: not carried
     archive = tmp_path / "back" / "levers-regenerate.tgz"
     archive.parent.mkdir()
     assert carried.pack(first, archive, "outputs/smollm2-verifier") == [archive]
-    assert carried.pack(first, archive, "outputs/smollm2-verifier") == []  # nothing completed since: no second transfer
+    with tarfile.open(archive) as tar:
+        assert {m.name.split("/")[1] for m in tar.getmembers() if m.name != carried.MANIFEST} == {k1, f"{k1}.json", k2, f"{k2}.json"}
+    archive.unlink()  # a call's files that never came back: the next call writes them again
+    assert carried.pack(first, archive, "outputs/smollm2-verifier") == [archive] and archive.is_file()
 
-    # The next session: the same bytes, imported again later.
+    # The next session: the same bytes, imported again later; k2 is being made here already.
     second = tmp_path / "second"
     again = make_session(second, tokenizer)
     os.utime(again / "tokenizer.json", ns=(made_with.stat().st_mtime_ns + 10**9,) * 2)
+    os.utime(again / "real" / "extra.json", ns=(made_with.stat().st_mtime_ns + 10**9,) * 2)
     assert identity(second) != made_identity  # the key would differ: regenerate would run again
-    assert carried.restore(second, again, archive) == ["k1"]
+    here = artifact_store.Store(str(second), carried.STORE)
+    artifact(here, k2, 7.0, record=False)
+    assert carried.restore(second, again, archive) == [k1]
     assert identity(second) == made_identity
-    assert (second / carried.STORE / "k1" / "regenerated.jsonl").read_text() == '{"messages": []}\n'
-    assert json.loads((second / carried.STORE / "k1.json").read_text())["events"][0]["seconds"] == 93.0
-    assert not (second / carried.STORE / "k2").exists()
-    assert carried.pack(second, tmp_path / "again.tgz", "outputs/smollm2-verifier") == []  # the laptop has these
+    assert here.record("regenerate", k1)["events"][0]["seconds"] == 93.0
+    assert Path(here.dir("regenerate", k1), "regenerated.jsonl").read_text() == '{"seconds": 93.0}\n'
+    assert Path(here.dir("regenerate", k2), "regenerated.jsonl").read_text() == '{"seconds": 7.0}\n' and here.record("regenerate", k2) is None
+    assert [k for st, k in here.artifacts()] == [k1, k2]  # no scratch left behind
+    assert carried.restore(second, again, archive) == []  # k1 is here now: kept
 
     # Another verifier: nothing restored, its files untouched.
     third = tmp_path / "third"
@@ -218,17 +236,35 @@ def test_carried_replies_keep_their_key_on_a_verifier_imported_again_and_only_th
     assert carried.restore(third, other, archive) == []
     assert other.joinpath("tokenizer.json").stat().st_mtime_ns == mtime and not (third / carried.STORE).exists()
 
-    # An archive with a way out of the store is refused whole.
-    import tarfile
+    # Archives that are not ours restore nothing and touch nothing: a way out of the store, a
+    # link, a key that is not a key; and one whose artifact has no record restores only the whole ones.
+    def rewritten(name: str, extra=None, drop: str | None = None, manifest=None) -> Path:
+        path = tmp_path / name
+        with tarfile.open(archive) as src, tarfile.open(path, "w:gz") as dst:
+            for m in src.getmembers():
+                if m.name == drop:
+                    continue
+                data = src.extractfile(m).read() if m.isfile() else None
+                if m.name == carried.MANIFEST and manifest:
+                    data = json.dumps(manifest(json.loads(data))).encode()
+                    m.size = len(data)
+                dst.addfile(m, io.BytesIO(data) if data is not None else None)
+            if extra:
+                dst.addfile(*extra)
+        return path
 
-    bad = tmp_path / "bad.tgz"
-    with tarfile.open(archive) as src, tarfile.open(bad, "w:gz") as dst:
-        for m in src.getmembers():
-            dst.addfile(m, src.extractfile(m) if m.isfile() else None)
-        evil = tarfile.TarInfo(f"{carried.STORE}/../../../escaped")
-        evil.size = 1
-        dst.addfile(evil, io.BytesIO(b"x"))
-    fourth = tmp_path / "fourth"
-    with pytest.raises(SystemExit, match="not a carried archive"):
-        carried.restore(fourth, make_session(fourth, tokenizer), bad)
-    assert not (tmp_path / "escaped").exists() and not (fourth / carried.STORE).exists()
+    evil = tarfile.TarInfo(f"regenerate/{k1}/../../../../escaped")
+    evil.size = 1
+    link = tarfile.TarInfo(f"regenerate/{k1}/passwd")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    for i, bad in enumerate([rewritten("evil.tgz", (evil, io.BytesIO(b"x"))), rewritten("link.tgz", (link,)),
+                             rewritten("key.tgz", manifest=lambda m: {**m, "keys": [*m["keys"], "../../x"]})]):
+        work = tmp_path / f"bad{i}"
+        verifier = make_session(work, tokenizer)
+        mtime = verifier.joinpath("tokenizer.json").stat().st_mtime_ns
+        assert carried.restore(work, verifier, bad) == []
+        assert not (work / carried.STORE).exists() and verifier.joinpath("tokenizer.json").stat().st_mtime_ns == mtime
+    assert not (tmp_path / "escaped").exists()
+    partial = tmp_path / "partial"
+    assert carried.restore(partial, make_session(partial, tokenizer), rewritten("partial.tgz", drop=f"regenerate/{k2}.json")) == [k1]
+    assert not Path(artifact_store.Store(str(partial), carried.STORE).dir("regenerate", k2)).exists()

@@ -137,6 +137,7 @@ if [ "${1:-}" = --job ]; then
     mkdir -p "$results/levers"
     carried=()  # an earlier session's regenerated replies (.carry-lw*), reused where every input is the same
     [ -f /tmp/lf/levers-regenerate.tgz ] && carried=(--carried /tmp/lf/levers-regenerate.tgz)
+    echo "${carried[*]:-none}" > /tmp/levers-carried-arg  # what the job took: a carry call says if more came later
     python3 bench/quality/run.py --study levers --verifier smollm2 --size gpu --gguf "$gguf" --data-size "${LEVERS_SIZE:-3000}" \
       --arms "${LEVERS_ARMS:-baseline}" --workdir "$levers_work" --no-record --json "${carried[@]}" ${LEVERS_ARGS:-} > "$results/levers/levers.json" \
       2> "$results/levers/levers.log" || echo "levers ended with exit $?"
@@ -176,7 +177,10 @@ part kimi && { [ -d /tmp/site-vllm/vllm ] && [ -f /tmp/kf/kimi.tar ] || ready=0;
 part online && { [ -d /tmp/site-vllm/vllm ] && [ -f "$gguf" ] || ready=0; }
 part levers && { [ -f "$gguf" ] || ready=0; }
 if part levers && [ -n "$(ls /tmp/ls 2>/dev/null)" ] && [ ! -f /tmp/lf/levers-regenerate.tgz ]; then
-  echo "levers: the carried regenerated replies (.carry-lw*) are not all here yet"; ready=0
+  echo "levers: .carry-lw* came, but levers-regenerate.tgz (the name chain.sh reads) is not whole yet: waiting for its parts"; ready=0
+fi
+if part levers && [ -f /tmp/lf/levers-regenerate.tgz ] && [ "$(cat /tmp/levers-carried-arg 2>/dev/null)" = none ]; then
+  echo "levers: the carried replies came after the study started: this job does not use them (regenerate runs)"
 fi
 if [ ! -f /tmp/detached/chain.pid ] && [ "$ready" = 1 ]; then
   bash bench/gpu/detached.sh start chain bash bench/gpu/chain.sh --job

@@ -14,9 +14,9 @@ verifier file's SHA-256 and mtime. Where every file here has the same content, t
 are put back and the key is what it was. Where any file differs, nothing is restored.
 
     python bench/quality/carried.py pack WORKDIR OUT.tgz [--verifier outputs/smollm2-verifier]
-        (on the device, each call: writes OUT.tgz only when an artifact was completed since the
-        last pack; over 15 MiB, as OUT.tgz.part0, .part1, ... since a call brings back at most
-        16 MiB a file: `cat OUT.tgz.part* > OUT.tgz` here)
+        (on the device, every call: the archive is made again only when another artifact is
+        complete, and written to OUT each call, as a call's files may not come back; over 15 MiB
+        as OUT.part0, .part1, ..., since a call brings back at most 16 MiB a file: `cat` them)
 """
 
 from __future__ import annotations
@@ -26,13 +26,19 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
 
-STORE = "outputs/artifacts/regenerate"  # the study's artifact store, regenerate's part (artifact_store.Store)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.host_helpers.artifact_store import KEY_RE, Store, tree_files  # noqa: E402
+
+STAGE = "regenerate"
+STORE = "outputs/artifacts"  # the study's artifact store (its harness runs' output_dir "outputs")
 MANIFEST = "carried.json"
-PACKED = ".carried-packed.json"  # in the workdir: the keys the last pack held
+MADE = ".carried"  # in the workdir: the archive of the keys packed last, kept for the next call
 PART_BYTES = 15 << 20
 
 
@@ -40,7 +46,7 @@ def log(msg: str) -> None:
     print(f"[carried] {msg}", file=sys.stderr, flush=True)
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -49,62 +55,89 @@ def file_sha256(path: Path) -> str:
 
 
 def stamps(verifier: Path) -> dict[str, dict]:
-    """Each file of the verifier directory (as artifact_store.identify walks it): content and mtime."""
-    out = {}
-    for path in sorted(p for p in verifier.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(verifier).parts)):
-        out[str(path.relative_to(verifier))] = {"sha256": file_sha256(path), "mtime_ns": path.stat().st_mtime_ns}
-    return out
+    """Each file of the verifier directory, as the store's key counts them (tree_files): its content and mtime."""
+    return {name: {"sha256": file_sha256(path), "mtime_ns": os.stat(path).st_mtime_ns} for name, path in tree_files(str(verifier))}
 
 
-def complete_keys(work: Path) -> list[str]:
-    """The regenerate artifacts whose record is written (a complete artifact, artifact_store.Store)."""
-    store = work / STORE
-    return sorted(p.stem for p in store.glob("*.json") if (store / p.stem).is_dir()) if store.is_dir() else []
+def complete_keys(store: Store) -> list[str]:
+    """The regenerate artifacts that are complete (their record written) and not being made."""
+    return [key for stage, key in store.artifacts() if stage == STAGE and store.record(stage, key) and not store.busy(stage, key)]
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """What goes in the archive: plain files and directories (a link would be refused on restore)."""
+    return info if info.isfile() or info.isdir() else None
 
 
 def pack(work: Path, out: Path, verifier: str) -> list[Path]:
-    """The complete regenerate artifacts and the verifier's stamps in `out` (or its parts), when
-    the set of complete artifacts changed since the last pack; else nothing (returns the files)."""
-    keys = complete_keys(work)
-    packed = work / PACKED
-    if not keys or (packed.is_file() and json.loads(packed.read_text()) == keys):
+    """The complete regenerate artifacts and the verifier's stamps in `out` (or its parts),
+    returned; none when there is no complete artifact. The archive is made again only when the
+    set of complete artifacts changed; it is written to `out` at every call."""
+    store = Store(str(work), STORE)
+    keys = complete_keys(store)
+    if not keys:
         return []
-    manifest = {"verifier": verifier, "files": stamps(work / verifier), "keys": keys}
-    tmp = out.with_name(out.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        data = json.dumps(manifest, indent=1).encode()
-        info = tarfile.TarInfo(MANIFEST)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-        for key in keys:
-            tar.add(work / STORE / key, arcname=f"{STORE}/{key}")
-            tar.add(work / STORE / f"{key}.json", arcname=f"{STORE}/{key}.json")
-    files = [out]
-    if tmp.stat().st_size > PART_BYTES:
-        files = []
-        with open(tmp, "rb") as f:
-            for i, chunk in enumerate(iter(lambda: f.read(PART_BYTES), b"")):
-                files.append(out.with_name(f"{out.name}.part{i}"))
-                files[-1].write_bytes(chunk)
-        tmp.unlink()
-    else:
-        tmp.rename(out)
-    packed.write_text(json.dumps(keys))
+    made = work / MADE / f"{hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:16]}.tgz"
+    if not made.is_file():
+        shutil.rmtree(work / MADE, ignore_errors=True)
+        made.parent.mkdir(mode=0o700)
+        manifest = json.dumps({"verifier": verifier, "files": stamps(work / verifier), "keys": keys}, indent=1).encode()
+        tmp = made.with_suffix(".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            info = tarfile.TarInfo(MANIFEST)
+            info.size = len(manifest)
+            tar.addfile(info, io.BytesIO(manifest))
+            for key in keys:
+                tar.add(store.dir(STAGE, key), arcname=f"{STAGE}/{key}", filter=_plain)
+                tar.add(store.dir(STAGE, key) + ".json", arcname=f"{STAGE}/{key}.json")
+        tmp.rename(made)
+    if made.stat().st_size <= PART_BYTES:
+        shutil.copyfile(made, out)
+        return [out]
+    files = []
+    with open(made, "rb") as f:
+        for i, chunk in enumerate(iter(lambda: f.read(PART_BYTES), b"")):
+            files.append(out.with_name(f"{out.name}.part{i}"))
+            files[-1].write_bytes(chunk)
     return files
 
 
-def _member_ok(m: tarfile.TarInfo) -> bool:
-    """A plain file or directory under the regenerate store, named without a way out of it."""
-    parts = Path(m.name).parts
-    return (m.isfile() or m.isdir()) and m.name.startswith(STORE + "/") and ".." not in parts and not m.name.startswith("/")
+def _members(tar: tarfile.TarFile, keys: list[str]) -> dict[str, list[tarfile.TarInfo]] | str:
+    """The archive's members by key (each key's directory, its files and its record), or what is
+    wrong with it: a key that is not a key, a member that is not a plain file or directory in a
+    listed key's place (regenerate/KEY.json, regenerate/KEY/...)."""
+    if bad := [k for k in keys if not (isinstance(k, str) and KEY_RE.match(k))]:
+        return f"key {bad[0]!r}"
+    by_key: dict[str, list[tarfile.TarInfo]] = {k: [] for k in keys}
+    for m in tar.getmembers():
+        if m.name == MANIFEST:
+            continue
+        parts = Path(m.name).parts
+        is_record = len(parts) == 2 and parts[1].endswith(".json")
+        key = parts[1].removesuffix(".json") if is_record else parts[1] if len(parts) >= 2 else None
+        if parts[0] != STAGE or key not in by_key or ".." in parts or m.name.startswith("/") or not (m.isfile() if is_record else m.isfile() or m.isdir()):
+            return m.name
+        by_key[key].append(m)
+    return by_key
 
 
 def restore(work: Path, verifier: Path, archive: Path) -> list[str]:
-    """The archive's regenerate artifacts into `work`'s store (one already here is kept), where
-    `verifier` holds the same files as the one they were made from (their mtimes then put back);
-    returns the keys restored. A verifier that differs restores nothing (one line says so)."""
+    """The archive's regenerate artifacts into `work`'s store, each whole (its files, then its
+    record) or not at all, where `verifier` holds the same files as the one they were made from
+    (their mtimes then put back); returns the keys restored. One already here, or being made, is
+    kept. An archive that is not ours or a verifier that differs restores nothing: one line says
+    why, and regenerate runs again."""
+    store = Store(str(work), STORE)
+    restored = []
     with tarfile.open(archive) as tar:
-        manifest = json.load(tar.extractfile(MANIFEST))
+        try:
+            manifest = json.load(tar.extractfile(MANIFEST))
+            by_key = _members(tar, list(manifest["keys"])) if isinstance(manifest["files"], dict) else "its manifest"
+        except (KeyError, TypeError, ValueError):
+            by_key = "its manifest"
+        if isinstance(by_key, str):
+            log(f"{archive}: not a carried archive ({by_key}: want plain files under {STAGE}/<key>/): not used, regenerate runs again")
+            return []
         here = stamps(verifier)
         if {n: s["sha256"] for n, s in here.items()} != {n: s["sha256"] for n, s in manifest["files"].items()}:
             differ = sorted(n for n in {*here, *manifest["files"]} if (here.get(n) or {}).get("sha256") != (manifest["files"].get(n) or {}).get("sha256"))
@@ -112,31 +145,48 @@ def restore(work: Path, verifier: Path, archive: Path) -> list[str]:
             return []
         for name, s in manifest["files"].items():
             os.utime(verifier / name, ns=(s["mtime_ns"], s["mtime_ns"]))
-        if bad := [m.name for m in tar.getmembers() if m.name != MANIFEST and not _member_ok(m)]:
-            raise SystemExit(f"{archive}: not a carried archive ({bad[0]}): want files under {STORE}/ only")
-        new = [k for k in manifest["keys"] if not (work / STORE / f"{k}.json").exists()]
-        members = [m for m in tar.getmembers() if m.name != MANIFEST and Path(m.name).parts[3].removesuffix(".json") in new]
-        # the record last: an artifact is complete once its record is there
-        members.sort(key=lambda m: m.name.endswith(".json") and len(Path(m.name).parts) == 4)
-        for d in (work / "outputs", work / "outputs/artifacts", work / STORE):
-            d.mkdir(mode=0o700, exist_ok=True)  # private, as the store makes them (artifact_store.private_dirs)
-        tar.extractall(work, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    packed = work / PACKED  # what the laptop has already: the next pack only when more is complete
-    packed.write_text(json.dumps(sorted({*manifest["keys"], *(json.loads(packed.read_text()) if packed.is_file() else [])})))
-    log(f"{archive}: regenerate artifacts {', '.join(new) or 'none new'} restored ({len(manifest['keys']) - len(new)} already here)")
-    return new
+        for key, members in by_key.items():
+            record = next((m for m in members if m.name == f"{STAGE}/{key}.json"), None)
+            made = json.load(tar.extractfile(record)) if record else {}
+            if made.get("key") != key or made.get("stage") != STAGE or store.record(STAGE, key) or os.path.exists(store.dir(STAGE, key)):
+                continue  # not whole in the archive; complete here already; or this store's own, unfinished
+            fd = store.lock(STAGE, key, "carried.py restore")
+            if fd is None:
+                continue  # a run is making it
+            try:
+                tmp = Path(store.dir(STAGE, f".carried-{key}"))
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(mode=0o700)
+                for m in members:
+                    rel = Path(*Path(m.name).parts[2:])
+                    if m is record or not rel.parts:
+                        continue
+                    if m.isdir():
+                        (tmp / rel).mkdir(mode=0o700, parents=True, exist_ok=True)
+                    else:
+                        (tmp / rel).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                        fd_out = os.open(tmp / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                        with os.fdopen(fd_out, "wb") as f:
+                            shutil.copyfileobj(tar.extractfile(m), f)
+                tmp.rename(store.dir(STAGE, key))
+                store.complete(STAGE, key, made)  # last: the artifact is complete
+                restored.append(key)
+            finally:
+                os.close(fd)
+    log(f"{archive}: regenerate artifacts {', '.join(restored) or 'none'} restored, of {len(manifest['keys'])} carried")
+    return restored
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    pk = sub.add_parser("pack", help="the complete regenerate artifacts into OUT (only when new ones are complete)")
+    pk = sub.add_parser("pack", help="the complete regenerate artifacts into OUT")
     pk.add_argument("workdir", type=Path)
     pk.add_argument("out", type=Path)
     pk.add_argument("--verifier", default="outputs/smollm2-verifier", help="the verifier directory, relative to WORKDIR")
     args = p.parse_args(argv)
     files = pack(args.workdir, args.out, args.verifier)
-    print(", ".join(f"{f} ({f.stat().st_size / 2**20:.1f} MiB)" for f in files) if files else "no regenerate artifact completed since the last pack")
+    print(", ".join(f"{f} ({f.stat().st_size / 2**20:.1f} MiB)" for f in files) if files else "no complete regenerate artifact yet")
 
 
 if __name__ == "__main__":

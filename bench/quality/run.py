@@ -919,16 +919,15 @@ def levers_study(args) -> None:
         if unknown := [a for a in picked if a not in levers]:
             raise SystemExit(f"--arms: {', '.join(unknown)} not in --levers {args.levers} (its arms: {', '.join(levers)})")
         levers = {name: flags for name, flags in levers.items() if name in picked}
-    if args.reference_only:
-        if baseline not in levers:
-            raise SystemExit(f"--reference-only: `speculators train` trains on the baseline's data; --arms must name {baseline}")
-        levers = {baseline: levers[baseline]}
+    if args.reference_only and list(levers) != [baseline]:
+        raise SystemExit(f"--reference-only: `speculators train` trains on the baseline's data alone; give --arms {baseline}")
     work = Path(args.workdir or f"quality-levers-{verifier}-{args.size}").resolve()
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     load_before = os.getloadavg()
     summary = build_smollm2(spec, work, args.gguf, spec.stage_args["extract"].get("threads")) if verifier == "smollm2" else build_verifier(args.size, spec, work)
-    carried_keys = carried.restore(work, work / verifier_dir(verifier), Path(args.carried)) if args.carried else []
+    if args.carried:
+        carried.restore(work, work / verifier_dir(verifier), Path(args.carried))
     done = PhaseRecord(work)
     arms: list[dict] = []
     drafts: dict[str, Path] = {}
@@ -964,12 +963,14 @@ def levers_study(args) -> None:
             finished = {st: artifact_finished(paths[st]) if st in paths else {} for st in stages}
             regenerate, prepare = finished["regenerate"], finished["prepare"]
             arm = f"{name}@{n}"
-            if paths["regenerate"].name in carried_keys:
-                log(f"{arm}: regenerate's artifact {paths['regenerate'].name} is the carried one (made in an earlier session)")
+            # made by a run this workdir never had: carried from an earlier session (carried.py)
+            carried_in = not (work / "runs" / json.loads(Path(f"{paths['regenerate']}.json").read_text())["made_by"]).is_dir()
+            if carried_in:
+                log(f"{arm}: regenerate's artifact {paths['regenerate'].name} is a carried one (made in an earlier session)")
             entry = {"arm": arm, "lever": name, "data_prompts": n, "flags": flags, "run": phase["run"],
                      "rows": prepare.get("rows_kept"), "loops": (regenerate.get("loops") or {}).get("share"),
                      "truncated_share": prepare.get("truncated_share"), "tokens": prepare.get("total_tokens"), "max_seq_len": prepare.get("max_seq_len"),
-                     "carried_regenerate": paths["regenerate"].name in carried_keys,
+                     "carried_regenerate": carried_in,
                      "seconds": {st: finished[st].get("seconds") for st in COST_STAGES}, "disk_bytes": {st: disk_bytes(paths[st]) for st in DISK_STAGES}}
             if not args.reference_only:
                 drafts[arm] = paths["train"]

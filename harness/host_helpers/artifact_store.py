@@ -160,6 +160,16 @@ def hub_revision(repo_id: str) -> str | None:
     return revision if len(revision) == 40 and all(c in "0123456789abcdef" for c in revision) else None
 
 
+def tree_files(full: str) -> list[tuple[str, str]]:
+    """An input directory's files as its identity counts them, (name relative to it, path): links
+    followed (a hub snapshot is links into blobs), hidden names left out, in a stable order."""
+    found = []
+    for root, dirs, files in os.walk(full, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [(os.path.relpath(os.path.join(root, name), full), os.path.join(root, name)) for name in sorted(files) if not name.startswith(".")]
+    return found
+
+
 def identify(path: str, workdir: str, digests: Digests) -> dict:
     """What an input from outside the store is: a file by its content, a directory by its files
     (tree_entry), a hub id by the revision the box's hub cache holds for it (none yet: the first
@@ -168,13 +178,7 @@ def identify(path: str, workdir: str, digests: Digests) -> dict:
     if os.path.isfile(full):
         return {"file": digests.of(full)}
     if os.path.isdir(full):
-        entries = {}
-        for root, dirs, files in os.walk(full, followlinks=True):  # a hub snapshot is links into blobs
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in sorted(files):
-                if not name.startswith("."):
-                    p = os.path.join(root, name)
-                    entries[os.path.relpath(p, full)] = tree_entry(p, digests)
+        entries = {name: tree_entry(p, digests) for name, p in tree_files(full)}
         return {"tree": digest(entries), "files": len(entries)}
     if wire.is_hub_id(path):  # a hub id, or a path that no run made yet: either is told apart once it is there
         return {"missing": path, "hub_revision": hub_revision(path)}
