@@ -34,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from harness.host_helpers.artifact_store import KEY_RE, Store, tree_files  # noqa: E402
+from harness.sync.hashing import sha256_file  # noqa: E402
 
 STAGE = "regenerate"
 STORE = "outputs/artifacts"  # the study's artifact store (its harness runs' output_dir "outputs")
@@ -46,17 +47,9 @@ def log(msg: str) -> None:
     print(f"[carried] {msg}", file=sys.stderr, flush=True)
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def stamps(verifier: Path) -> dict[str, dict]:
     """Each file of the verifier directory, as the store's key counts them (tree_files): its content and mtime."""
-    return {name: {"sha256": file_sha256(path), "mtime_ns": os.stat(path).st_mtime_ns} for name, path in tree_files(str(verifier))}
+    return {name: {"sha256": sha256_file(path), "mtime_ns": os.stat(path).st_mtime_ns} for name, path in tree_files(str(verifier))}
 
 
 def complete_keys(store: Store) -> list[str]:
