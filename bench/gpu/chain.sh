@@ -43,8 +43,8 @@
 #                PARTS=levers GGUF=.../SmolLM2-135M-Instruct.Q4_1.gguf RESULTS=/tmp/lvr LEVERS_SIZE=16 LEVERS_ARMS=baseline \
 #                  LEVERS_ARGS="--size cpu --train-deadline-s 90 --measure-max-s 90" bash bench/gpu/chain.sh --job
 #                (then RESULTS=/tmp/lvr2 LEVERS_ARMS=replies-2 LEVERS_ARGS="--size cpu --skip-speculators --measure-max-s 90")
-#              A machine goes back with its disk: the calls bring back levers-regenerate.tgz (bench/quality/carried.py pack;
-#              over 15 MiB in .partN files: cat them) whenever an arm's regenerate has completed. The next session carries
+#              A machine goes back with its disk: once an arm's regenerate has completed, every call brings back
+#              levers-regenerate.tgz (bench/quality/carried.py pack; over 15 MiB in .partN files: cat them). The next session carries
 #              it in (`python bench/gpu/vllm_carry.py pack .carry-lw levers-regenerate.tgz`, .carry-lw1 beside .carry3) and
 #              the study reuses those replies where every input is the same (run.py --carried). At 20,000 prompts, where
 #              one session cannot train ours and the reference: LEVERS_ARGS=--skip-speculators in one session,
@@ -193,7 +193,7 @@ cp -r "$results"/. "$OUT/" 2>/dev/null || true
 # each split's taus once measured, and the logs; a session that ends mid-study keeps them
 if part levers && [ -d "$levers_work" ]; then
   (cd "$levers_work" && tar czf "$OUT/levers-work.tgz" --ignore-failed-read $(ls -d phases.json taus ./*.log levers/*.log 2>/dev/null)) || true
-  # and regenerate's artifacts, once each is complete (a few MiB at 20,000 prompts): the next session reuses them
+  # and regenerate's complete artifacts (a few MiB at 20,000 prompts; every call, as a call's files may not come back)
   python3 bench/quality/carried.py pack "$levers_work" "$OUT/levers-regenerate.tgz" || true
 fi
 cp /tmp/detached/chain.log "$OUT/chain.log" 2>/dev/null || true
