@@ -108,7 +108,7 @@ def _members(tar: tarfile.TarFile, keys: list[str]) -> dict[str, list[tarfile.Ta
         parts = Path(m.name).parts
         is_record = len(parts) == 2 and parts[1].endswith(".json")
         key = parts[1].removesuffix(".json") if is_record else parts[1] if len(parts) >= 2 else None
-        if parts[0] != STAGE or key not in by_key or ".." in parts or m.name.startswith("/") or not (m.isfile() if is_record else m.isfile() or m.isdir()):
+        if parts[:1] != (STAGE,) or key not in by_key or ".." in parts or m.name.startswith("/") or not (m.isfile() if is_record else m.isfile() or m.isdir()):
             return m.name
         by_key[key].append(m)
     return by_key
@@ -140,8 +140,8 @@ def restore(work: Path, verifier: Path, archive: Path) -> list[str]:
             os.utime(verifier / name, ns=(s["mtime_ns"], s["mtime_ns"]))
         for key, members in by_key.items():
             record = next((m for m in members if m.name == f"{STAGE}/{key}.json"), None)
-            made = json.load(tar.extractfile(record)) if record else {}
-            if made.get("key") != key or made.get("stage") != STAGE or store.record(STAGE, key) or os.path.exists(store.dir(STAGE, key)):
+            recorded = json.load(tar.extractfile(record)) if record else {}
+            if recorded.get("key") != key or recorded.get("stage") != STAGE or store.record(STAGE, key) or os.path.exists(store.dir(STAGE, key)):
                 continue  # not whole in the archive; complete here already; or this store's own, unfinished
             fd = store.lock(STAGE, key, "carried.py restore")
             if fd is None:
@@ -162,7 +162,7 @@ def restore(work: Path, verifier: Path, archive: Path) -> list[str]:
                         with os.fdopen(fd_out, "wb") as f:
                             shutil.copyfileobj(tar.extractfile(m), f)
                 tmp.rename(store.dir(STAGE, key))
-                store.complete(STAGE, key, made)  # last: the artifact is complete
+                store.complete(STAGE, key, recorded)  # last: the artifact is complete
                 restored.append(key)
             finally:
                 os.close(fd)
